@@ -1,0 +1,750 @@
+//! The operator's configuration: TOML types, parsing and validation.
+//!
+//! Parsing and the checks that need no filesystem ([`Config::parse`]) are pure and can be
+//! unit-tested and fuzzed without privileges. [`Config::load`] adds the host checks
+//! (existence, symlinks, ownership, permissions) that must pass before any process exists.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Default config location.
+pub const DEFAULT_CONFIG: &str = "/etc/sealnode/sealnode.toml";
+/// The config schema this build understands.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Where role directories appear inside the sandbox. Fixed, so policies can name them.
+pub const INSIDE_MODELS: &str = "/models";
+pub const INSIDE_SCRATCH: &str = "/scratch";
+pub const INSIDE_CREDENTIAL: &str = "/run/sealnode/credential";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+pub enum Role {
+    Engine,
+    Node,
+}
+
+impl Role {
+    pub const ALL: [Role; 2] = [Role::Engine, Role::Node];
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Engine => "engine",
+            Role::Node => "node",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Config format version; must equal [`SCHEMA_VERSION`].
+    pub schema: u32,
+    pub cell: Cell,
+    pub engine: RoleConfig,
+    pub node: RoleConfig,
+    /// The file this config was read from (not part of the TOML).
+    #[serde(skip)]
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cell {
+    /// Hostname inside the cell (UTS namespace).
+    #[serde(default = "default_hostname")]
+    pub hostname: String,
+    /// Persistent state (receipts, generation counter).
+    pub state_dir: PathBuf,
+    /// Runtime files (control socket).
+    pub runtime_dir: PathBuf,
+    /// Host users the roles run as when sealnode runs as root. Ignored when rootless.
+    pub rootful: Option<RootfulUsers>,
+}
+
+fn default_hostname() -> String {
+    "sealnode".to_string()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RootfulUsers {
+    /// A user name (`"sealnode-engine"`) or numeric `"uid:gid"`.
+    pub engine: String,
+    pub node: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleConfig {
+    /// argv of the role's program; argv[0] is an absolute path as seen inside the sandbox.
+    pub command: Vec<String>,
+    /// Optional sha256 pin of the program (64 hex digits).
+    pub sha256: Option<String>,
+    /// TCP port the engine listens on (engine only, required there).
+    pub port: Option<u32>,
+    /// Seccomp policy (seccompiler JSON with a filter named after the role).
+    pub seccomp: PathBuf,
+    /// Landlock rules file (TOML).
+    pub landlock: PathBuf,
+    /// Engine only: model directory, mounted at /models.
+    pub models: Option<PathBuf>,
+    /// Engine only: mount the model dir writable (default read-only).
+    #[serde(default)]
+    pub models_writable: bool,
+    /// The role's own writable directory, mounted at /scratch (noexec); HOME and cwd.
+    pub scratch: PathBuf,
+    /// Node only: credential file, mounted read-only at /run/sealnode/credential.
+    pub credential: Option<PathBuf>,
+    /// Extra read-only binds (e.g. a Python install or venv).
+    #[serde(default)]
+    pub ro_binds: Vec<Bind>,
+    /// Device nodes bound into this role only (e.g. GPUs).
+    #[serde(default)]
+    pub devices: Vec<PathBuf>,
+    /// Size of the private /tmp tmpfs, MiB.
+    #[serde(default = "default_tmp_mb")]
+    pub tmp_size_mb: u64,
+    #[serde(default)]
+    pub env: EnvConfig,
+    #[serde(default)]
+    pub rlimits: Rlimits,
+}
+
+fn default_tmp_mb() -> u64 {
+    64
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bind {
+    /// Host path.
+    pub src: PathBuf,
+    /// Path inside the sandbox (default: same as src).
+    pub dst: Option<PathBuf>,
+    /// Allow executing files from this bind (default true: binds are for programs).
+    #[serde(default = "yes")]
+    pub exec: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Bind {
+    pub fn inside(&self) -> &Path {
+        self.dst.as_deref().unwrap_or(&self.src)
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvConfig {
+    /// Explicit values.
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    /// Names passed through from the launcher's environment when present.
+    #[serde(default)]
+    pub pass: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rlimits {
+    #[serde(default = "d_nofile")]
+    pub nofile: u64,
+    #[serde(default = "d_nproc")]
+    pub nproc: u64,
+    #[serde(default = "d_fsize")]
+    pub fsize_mb: u64,
+    #[serde(default = "d_memlock")]
+    pub memlock_kb: u64,
+}
+
+fn d_nofile() -> u64 {
+    4096
+}
+fn d_nproc() -> u64 {
+    512
+}
+fn d_fsize() -> u64 {
+    4096
+}
+fn d_memlock() -> u64 {
+    64
+}
+
+impl Default for Rlimits {
+    fn default() -> Self {
+        Rlimits {
+            nofile: d_nofile(),
+            nproc: d_nproc(),
+            fsize_mb: d_fsize(),
+            memlock_kb: d_memlock(),
+        }
+    }
+}
+
+/// Host uid/gid a role runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ids {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Who is launching, which decides rootful vs rootless.
+#[derive(Debug, Clone, Copy)]
+pub struct Invoker {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Invoker {
+    pub fn current() -> Self {
+        Invoker {
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        }
+    }
+    pub fn rootful(&self) -> bool {
+        self.uid == 0
+    }
+}
+
+/// Names that must never reach a role: proxies would route loopback engine calls away.
+pub fn is_proxy_var(name: &str) -> bool {
+    name.to_ascii_lowercase().ends_with("_proxy")
+}
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Does `a` contain `b` (or equal it), path-component-wise?
+fn contains(a: &Path, b: &Path) -> bool {
+    b.starts_with(a)
+}
+
+impl Config {
+    /// Parse and check everything that needs no filesystem access.
+    pub fn parse(text: &str, file: &Path) -> Result<Config> {
+        // Check the schema first so a newer file gets the clearest message.
+        let probe: toml::Table = toml::from_str(text).map_err(|e| {
+            Error::config(file, toml_field(&e, text), e.message().trim().to_string())
+        })?;
+        match probe.get("schema") {
+            None => {
+                return Err(Error::config(
+                    file,
+                    "schema",
+                    "missing; this build reads schema = 1",
+                ))
+            }
+            Some(toml::Value::Integer(v)) if *v == i64::from(SCHEMA_VERSION) => {}
+            Some(toml::Value::Integer(v)) if *v > i64::from(SCHEMA_VERSION) => {
+                return Err(Error::config(
+                    file,
+                    "schema",
+                    format!(
+                        "schema {v} is newer than this sealnode understands (1); upgrade sealnode"
+                    ),
+                ))
+            }
+            Some(v) => {
+                return Err(Error::config(
+                    file,
+                    "schema",
+                    format!("unsupported schema {v}; expected 1"),
+                ))
+            }
+        }
+        let mut cfg: Config = toml::from_str(text).map_err(|e| {
+            Error::config(file, toml_field(&e, text), e.message().trim().to_string())
+        })?;
+        cfg.file = file.to_path_buf();
+        cfg.check_pure()?;
+        Ok(cfg)
+    }
+
+    /// Read, parse and check a config file, including host checks.
+    pub fn load(file: &Path, inv: &Invoker) -> Result<Config> {
+        if !file.is_absolute() {
+            let abs = std::env::current_dir()
+                .map_err(|e| Error::io("current directory", e))?
+                .join(file);
+            return Config::load(&abs, inv);
+        }
+        check_trusted_file(file, file, "(config file)", inv)?;
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::config(file, "(config file)", format!("cannot read: {e}")))?;
+        let cfg = Config::parse(&text, file)?;
+        cfg.check_host(inv)?;
+        Ok(cfg)
+    }
+
+    pub fn role(&self, role: Role) -> &RoleConfig {
+        match role {
+            Role::Engine => &self.engine,
+            Role::Node => &self.node,
+        }
+    }
+
+    fn err(&self, field: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::config(&self.file, field, reason)
+    }
+
+    fn check_pure(&self) -> Result<()> {
+        let h = &self.cell.hostname;
+        if h.is_empty()
+            || h.len() > 64
+            || !h
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        {
+            return Err(self.err("cell.hostname", "must be 1-64 characters of [A-Za-z0-9.-]"));
+        }
+        self.abs("cell.state_dir", &self.cell.state_dir)?;
+        self.abs("cell.runtime_dir", &self.cell.runtime_dir)?;
+        if let Some(u) = &self.cell.rootful {
+            parse_user_spec(&u.engine).map_err(|r| self.err("cell.rootful.engine", r))?;
+            parse_user_spec(&u.node).map_err(|r| self.err("cell.rootful.node", r))?;
+            if u.engine == u.node {
+                return Err(self.err(
+                    "cell.rootful.node",
+                    "engine and node must run as different users",
+                ));
+            }
+        }
+        for role in Role::ALL {
+            self.check_role_pure(role)?;
+        }
+        self.check_overlaps()
+    }
+
+    fn abs(&self, field: &str, p: &Path) -> Result<()> {
+        if !p.is_absolute() {
+            return Err(self.err(
+                field,
+                format!("{} is a relative path; use an absolute path", p.display()),
+            ));
+        }
+        if p.components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(self.err(field, format!("{} contains '..'", p.display())));
+        }
+        Ok(())
+    }
+
+    fn check_role_pure(&self, role: Role) -> Result<()> {
+        let r = self.role(role);
+        let f = |k: &str| format!("{role}.{k}");
+        match r.command.first() {
+            None => return Err(self.err(f("command"), "must name a program")),
+            Some(p) => self.abs(&f("command[0]"), Path::new(p))?,
+        }
+        if let Some(d) = &r.sha256 {
+            if d.len() != 64 || !d.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(self.err(f("sha256"), "must be 64 hexadecimal digits"));
+            }
+        }
+        match (role, r.port) {
+            (Role::Engine, None) => {
+                return Err(self.err(
+                    f("port"),
+                    "the engine must declare the TCP port it listens on",
+                ))
+            }
+            (Role::Engine, Some(p)) if !(1..=65535).contains(&p) => {
+                return Err(self.err(f("port"), format!("{p} is out of range 1-65535")))
+            }
+            (Role::Node, Some(_)) => {
+                return Err(self.err(f("port"), "only the engine listens; the node has no port"))
+            }
+            _ => {}
+        }
+        self.abs(&f("seccomp"), &r.seccomp)?;
+        self.abs(&f("landlock"), &r.landlock)?;
+        self.abs(&f("scratch"), &r.scratch)?;
+        match (role, &r.models) {
+            (Role::Engine, Some(m)) => self.abs(&f("models"), m)?,
+            (Role::Node, Some(_)) => {
+                return Err(self.err(f("models"), "only the engine sees models"))
+            }
+            _ => {}
+        }
+        if role == Role::Node && r.models_writable {
+            return Err(self.err(f("models_writable"), "only the engine has a model dir"));
+        }
+        match (role, &r.credential) {
+            (Role::Node, Some(c)) => self.abs(&f("credential"), c)?,
+            (Role::Engine, Some(_)) => {
+                return Err(self.err(
+                    f("credential"),
+                    "the engine never sees the node's credential",
+                ))
+            }
+            _ => {}
+        }
+        for (i, b) in r.ro_binds.iter().enumerate() {
+            self.abs(&f(&format!("ro_binds[{i}].src")), &b.src)?;
+            self.abs(&f(&format!("ro_binds[{i}].dst")), b.inside())?;
+            let inside = b.inside();
+            for reserved in [
+                "/",
+                "/proc",
+                "/dev",
+                "/tmp",
+                "/etc",
+                INSIDE_SCRATCH,
+                INSIDE_MODELS,
+                "/run",
+            ] {
+                if inside == Path::new(reserved)
+                    || (reserved != "/" && inside.starts_with(reserved))
+                {
+                    return Err(self.err(
+                        f(&format!("ro_binds[{i}].dst")),
+                        format!(
+                            "{} is reserved for the sandbox's own layout",
+                            inside.display()
+                        ),
+                    ));
+                }
+            }
+        }
+        for (i, d) in r.devices.iter().enumerate() {
+            self.abs(&f(&format!("devices[{i}]")), d)?;
+            if !d.starts_with("/dev/") {
+                return Err(self.err(f(&format!("devices[{i}]")), "devices must live under /dev/"));
+            }
+        }
+        if r.tmp_size_mb == 0 || r.tmp_size_mb > 65536 {
+            return Err(self.err(f("tmp_size_mb"), "must be between 1 and 65536"));
+        }
+        for (k, _) in &r.env.set {
+            if !valid_env_name(k) {
+                return Err(self.err(f(&format!("env.set.{k}")), "not a valid variable name"));
+            }
+            if is_proxy_var(k) {
+                return Err(self.err(f(&format!("env.set.{k}")), "proxy variables never reach a role (they would route loopback engine calls through a proxy)"));
+            }
+        }
+        for (i, k) in r.env.pass.iter().enumerate() {
+            if !valid_env_name(k) {
+                return Err(self.err(
+                    f(&format!("env.pass[{i}]")),
+                    format!("{k:?} is not a valid variable name"),
+                ));
+            }
+            if is_proxy_var(k) {
+                return Err(self.err(
+                    f(&format!("env.pass[{i}]")),
+                    format!("{k} is a proxy variable; proxies never reach a role"),
+                ));
+            }
+        }
+        let l = &r.rlimits;
+        for (k, v) in [
+            ("nofile", l.nofile),
+            ("nproc", l.nproc),
+            ("fsize_mb", l.fsize_mb),
+        ] {
+            if v == 0 || v > (1 << 40) {
+                return Err(self.err(
+                    f(&format!("rlimits.{k}")),
+                    "must be a positive, finite number",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every host path a role binds, with whether it is writable and the field naming it.
+    pub fn host_paths(&self, role: Role) -> Vec<(String, &Path, bool)> {
+        let r = self.role(role);
+        let mut v = vec![(format!("{role}.scratch"), r.scratch.as_path(), true)];
+        if let Some(m) = &r.models {
+            v.push((format!("{role}.models"), m.as_path(), r.models_writable));
+        }
+        if let Some(c) = &r.credential {
+            v.push((format!("{role}.credential"), c.as_path(), false));
+        }
+        for (i, b) in r.ro_binds.iter().enumerate() {
+            v.push((format!("{role}.ro_binds[{i}].src"), b.src.as_path(), false));
+        }
+        v
+    }
+
+    /// A writable dir must not overlap any other bound path, in either role.
+    fn check_overlaps(&self) -> Result<()> {
+        let all: Vec<_> = Role::ALL.iter().flat_map(|r| self.host_paths(*r)).collect();
+        for (i, (fa, a, wa)) in all.iter().enumerate() {
+            for (fb, b, wb) in all.iter().skip(i + 1) {
+                if (*wa || *wb) && (contains(a, b) || contains(b, a)) {
+                    let (wf, wp, of, op) = if *wa { (fa, a, fb, b) } else { (fb, b, fa, a) };
+                    return Err(self.err(
+                        wf.clone(),
+                        format!(
+                            "writable {} overlaps {} ({of}); writable dirs must be disjoint from every other bound path",
+                            wp.display(),
+                            op.display()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Which host ids each role runs as.
+    pub fn role_ids(&self, role: Role, inv: &Invoker) -> Result<Ids> {
+        if !inv.rootful() {
+            return Ok(Ids {
+                uid: inv.uid,
+                gid: inv.gid,
+            });
+        }
+        let Some(u) = &self.cell.rootful else {
+            return Err(self.err(
+                "cell.rootful",
+                "required when sealnode runs as root: name an unprivileged user per role (engine = \"sealnode-engine\", node = \"sealnode-node\")",
+            ));
+        };
+        let (field, spec) = match role {
+            Role::Engine => ("cell.rootful.engine", &u.engine),
+            Role::Node => ("cell.rootful.node", &u.node),
+        };
+        let ids = match parse_user_spec(spec).map_err(|r| self.err(field, r))? {
+            UserSpec::Ids(ids) => ids,
+            UserSpec::Name(n) => match nix::unistd::User::from_name(&n) {
+                Ok(Some(u)) => Ids { uid: u.uid.as_raw(), gid: u.gid.as_raw() },
+                Ok(None) => return Err(self.err(field, format!("no such user {n:?} (create it: useradd --system --no-create-home --shell /usr/sbin/nologin {n})"))),
+                Err(e) => return Err(self.err(field, format!("cannot look up user {n:?}: {e}"))),
+            },
+        };
+        if ids.uid == 0 || ids.gid == 0 {
+            return Err(self.err(field, "must be an unprivileged user (uid and gid not 0)"));
+        }
+        Ok(ids)
+    }
+
+    /// Host checks: files exist, no symlinks on role paths, ownership and modes.
+    fn check_host(&self, inv: &Invoker) -> Result<()> {
+        let mut ids = Vec::new();
+        for role in Role::ALL {
+            ids.push(self.role_ids(role, inv)?);
+        }
+        if inv.rootful() && ids[0] == ids[1] {
+            return Err(self.err(
+                "cell.rootful.node",
+                "engine and node must run as different users",
+            ));
+        }
+        for (role, owner) in Role::ALL.into_iter().zip(ids) {
+            let r = self.role(role);
+            check_trusted_file(&self.file, &r.seccomp, &format!("{role}.seccomp"), inv)?;
+            check_trusted_file(&self.file, &r.landlock, &format!("{role}.landlock"), inv)?;
+            for (field, path, writable) in self.host_paths(role) {
+                let md = self.no_symlink_stat(&field, path)?;
+                let is_dir = md.is_dir();
+                let want_dir = !field.ends_with(".credential");
+                if want_dir && !field.contains("ro_binds") && !is_dir {
+                    return Err(self.err(field, format!("{} is not a directory", path.display())));
+                }
+                if field.ends_with(".credential") && !md.is_file() {
+                    return Err(
+                        self.err(field, format!("{} is not a regular file", path.display()))
+                    );
+                }
+                let mode = md.mode() & 0o7777;
+                if mode & 0o022 != 0 {
+                    return Err(self.err(
+                        field,
+                        format!("{} is writable by group or others (mode {:o}); make it 0755/0700 or stricter", path.display(), mode),
+                    ));
+                }
+                if writable {
+                    if md.uid() != owner.uid {
+                        return Err(self.err(
+                            field,
+                            format!("{} is owned by uid {} but the {role} runs as uid {}; chown it to the role's user", path.display(), md.uid(), owner.uid),
+                        ));
+                    }
+                } else if md.uid() != 0 && md.uid() != inv.uid && md.uid() != owner.uid {
+                    return Err(self.err(
+                        field,
+                        format!("{} is owned by uid {}, another user; it must be owned by root, the launcher or the role", path.display(), md.uid()),
+                    ));
+                }
+                if field.ends_with(".credential") && mode & 0o077 != 0 {
+                    return Err(self.err(
+                        field,
+                        format!(
+                            "{} is readable by group or others (mode {:o}); chmod 0400",
+                            path.display(),
+                            mode
+                        ),
+                    ));
+                }
+            }
+            for (i, d) in r.devices.iter().enumerate() {
+                let md = std::fs::symlink_metadata(d).map_err(|e| {
+                    self.err(
+                        format!("{role}.devices[{i}]"),
+                        format!("{}: {e}", d.display()),
+                    )
+                })?;
+                use std::os::unix::fs::FileTypeExt;
+                if !(md.file_type().is_char_device() || md.file_type().is_block_device()) {
+                    return Err(self.err(
+                        format!("{role}.devices[{i}]"),
+                        format!("{} is not a device node", d.display()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stat a path, refusing symlinks in any component.
+    fn no_symlink_stat(&self, field: &str, path: &Path) -> Result<std::fs::Metadata> {
+        match crate::sys::open_path_no_symlinks(path) {
+            Ok(fd) => std::fs::File::from(fd)
+                .metadata()
+                .map_err(|e| self.err(field, format!("{}: {e}", path.display()))),
+            Err(nix::errno::Errno::ELOOP) => Err(self.err(
+                field,
+                format!(
+                    "{} is reached through a symlink; name the real path",
+                    path.display()
+                ),
+            )),
+            Err(nix::errno::Errno::ENOENT) => {
+                Err(self.err(field, format!("{} does not exist", path.display())))
+            }
+            Err(e) => Err(self.err(field, format!("{}: {}", path.display(), e.desc()))),
+        }
+    }
+}
+
+/// A policy or config file sealnode trusts must exist and, when running as root, be writable
+/// by root only (otherwise an unprivileged user could rewrite the sandbox).
+fn check_trusted_file(cfg: &Path, file: &Path, field: &str, inv: &Invoker) -> Result<()> {
+    let md = std::fs::metadata(file)
+        .map_err(|e| Error::config(cfg, field, format!("{}: {e}", file.display())))?;
+    if !md.is_file() {
+        return Err(Error::config(
+            cfg,
+            field,
+            format!("{} is not a regular file", file.display()),
+        ));
+    }
+    if inv.rootful() && (md.uid() != 0 || md.mode() & 0o022 != 0) {
+        return Err(Error::config(
+            cfg,
+            field,
+            format!(
+                "{} is writable by a non-root user (owner uid {}, mode {:o}); as root sealnode only trusts root-owned files not writable by group/others",
+                file.display(),
+                md.uid(),
+                md.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+enum UserSpec {
+    Name(String),
+    Ids(Ids),
+}
+
+fn parse_user_spec(s: &str) -> std::result::Result<UserSpec, String> {
+    if let Some((u, g)) = s.split_once(':') {
+        let uid = u
+            .parse()
+            .map_err(|_| format!("{s:?}: uid must be a number"))?;
+        let gid = g
+            .parse()
+            .map_err(|_| format!("{s:?}: gid must be a number"))?;
+        if uid == 0 || gid == 0 {
+            return Err("must be an unprivileged user (uid and gid not 0)".into());
+        }
+        return Ok(UserSpec::Ids(Ids { uid, gid }));
+    }
+    if s.is_empty()
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(format!("{s:?} is neither a user name nor \"uid:gid\""));
+    }
+    if s == "root" {
+        return Err("must be an unprivileged user, not root".into());
+    }
+    Ok(UserSpec::Name(s.to_string()))
+}
+
+/// The field a toml error is about, with its line: "engine.colour (line 12)".
+fn toml_field(e: &toml::de::Error, text: &str) -> String {
+    let line = e
+        .span()
+        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    // Walk back from the error to the nearest [table] header to name the section.
+    let section = e.span().and_then(|s| {
+        text[..s.start.min(text.len())].lines().rev().find_map(|l| {
+            l.trim()
+                .strip_prefix('[')
+                .and_then(|l| l.split(']').next())
+                .map(str::to_string)
+        })
+    });
+    let key = e.span().map(|s| {
+        text[s.start.min(text.len())..s.end.min(text.len())]
+            .split(['=', '\n'])
+            .next()
+            .unwrap_or("")
+            .trim()
+            .trim_matches('"')
+            .to_string()
+    });
+    let mut name = match (section, key) {
+        (Some(sec), Some(k))
+            if !k.is_empty()
+                && !k.starts_with('[')
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) =>
+        {
+            format!("{sec}.{k}")
+        }
+        (Some(sec), _) => sec,
+        (None, Some(k))
+            if !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) =>
+        {
+            k
+        }
+        _ => "(syntax)".to_string(),
+    };
+    if let Some(l) = line {
+        name.push_str(&format!(" (line {l})"));
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests;

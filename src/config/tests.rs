@@ -1,0 +1,1 @@
+// Unit tests for config parsing and validation live here (see below).

@@ -1,0 +1,232 @@
+//! `sealnode doctor`: what this kernel offers and what each fact means for sealnode.
+
+use std::path::Path;
+
+use nix::errno::Errno;
+use serde::Serialize;
+
+use crate::sys;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub level: Level,
+    pub value: String,
+    pub meaning: String,
+}
+
+fn sysctl(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Why creating a user namespace failed, and what to change.
+pub fn explain_userns_failure(e: Errno) -> (String, String) {
+    let uid = nix::unistd::geteuid();
+    if sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1")
+        && !uid.is_root()
+    {
+        return (
+            format!("cannot create a user namespace as uid {uid}: {e} — AppArmor restricts unprivileged user namespaces (Ubuntu 23.10+)"),
+            "run sealnode as root under its systemd unit, or install an AppArmor profile granting `userns,` to the sealnode binary (e.g. /etc/apparmor.d/sealnode: `profile sealnode /usr/bin/sealnode flags=(unconfined) { userns, }`), or set kernel.apparmor_restrict_unprivileged_userns=0".into(),
+        );
+    }
+    if sysctl("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0")
+        && !uid.is_root()
+    {
+        return (
+            format!("cannot create a user namespace as uid {uid}: {e} — kernel.unprivileged_userns_clone is 0"),
+            "sysctl -w kernel.unprivileged_userns_clone=1, or run sealnode as root".into(),
+        );
+    }
+    if sysctl("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return (
+            format!("cannot create a user namespace: {e} — user.max_user_namespaces is 0"),
+            "sysctl -w user.max_user_namespaces=15000".into(),
+        );
+    }
+    if e == Errno::EPERM && Path::new("/.dockerenv").exists() {
+        return (
+            format!("cannot create namespaces: {e} — the container runtime's seccomp profile forbids it"),
+            "run sealnode on the host, or give its container a seccomp profile that allows clone with namespace flags".into(),
+        );
+    }
+    (
+        format!("cannot create the sandbox's namespaces (user, mount, pid, net, ipc, uts, cgroup): {e}"),
+        "check `sealnode doctor`; the kernel needs CONFIG_USER_NS, CONFIG_PID_NS, CONFIG_NET_NS, CONFIG_IPC_NS, CONFIG_UTS_NS, CONFIG_CGROUPS".into(),
+    )
+}
+
+/// Try creating every namespace a role uses, in a child that exits at once.
+fn try_namespaces() -> Result<(), Errno> {
+    // SAFETY: doctor is single-threaded; the child only calls _exit.
+    let pid = unsafe { sys::clone_fork(crate::sandbox::spawn::NAMESPACES) }?;
+    if pid == 0 {
+        sys::exit_now(0);
+    }
+    nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None)?;
+    Ok(())
+}
+
+pub fn checks(min_abi: u8) -> Vec<Check> {
+    let mut v = Vec::new();
+    let uid = nix::unistd::geteuid();
+    let mode = if uid.is_root() {
+        "rootful (each role runs as its own host user)"
+    } else {
+        "rootless (roles run as the invoking user)"
+    };
+    v.push(Check {
+        name: "mode",
+        level: Level::Ok,
+        value: format!("uid {uid}"),
+        meaning: mode.into(),
+    });
+
+    match try_namespaces() {
+        Ok(()) => v.push(Check {
+            name: "user namespaces",
+            level: Level::Ok,
+            value: "available".into(),
+            meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user".into(),
+        }),
+        Err(e) => {
+            let (what, fix) = explain_userns_failure(e);
+            v.push(Check { name: "user namespaces", level: Level::Fail, value: e.desc().into(), meaning: format!("{what}; fix: {fix}") });
+        }
+    }
+    if let Some(a) = sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") {
+        let on = a == "1";
+        v.push(Check {
+            name: "apparmor userns restriction",
+            level: if on && !uid.is_root() { Level::Warn } else { Level::Ok },
+            value: format!("kernel.apparmor_restrict_unprivileged_userns = {a}"),
+            meaning: if on {
+                "Ubuntu 23.10+ restricts unprivileged user namespaces: rootless sealnode needs an AppArmor profile with `userns,` (root is not affected)".into()
+            } else {
+                "no AppArmor restriction on user namespaces".into()
+            },
+        });
+    }
+    let abi = sys::landlock_abi();
+    v.push(Check {
+        name: "landlock",
+        level: if abi >= i32::from(min_abi) { Level::Ok } else { Level::Fail },
+        value: format!("ABI {abi}"),
+        meaning: if abi >= i32::from(min_abi) {
+            format!("files, TCP ports (ABI 4+) and scopes (ABI 6+) are enforced; the policies need ABI {min_abi}")
+        } else {
+            format!("the policies need ABI {min_abi}; sealnode refuses to start (boot a kernel >= 6.12 with landlock in lsm=)")
+        },
+    });
+    // SAFETY-free check: PR_GET_SECCOMP returns the current mode, EINVAL without CONFIG_SECCOMP.
+    let sec = sys::prctl(libc::PR_GET_SECCOMP, 0);
+    let filter_ok = std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.contains("Seccomp_filters"))
+        .unwrap_or(false);
+    v.push(Check {
+        name: "seccomp",
+        level: if sec.is_ok() && filter_ok {
+            Level::Ok
+        } else {
+            Level::Fail
+        },
+        value: if sec.is_ok() {
+            "filter mode available".into()
+        } else {
+            "absent".into()
+        },
+        meaning: "each role gets a seccomp-BPF allowlist; without it sealnode refuses to start"
+            .into(),
+    });
+    let cg2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        })
+        .unwrap_or_default();
+    let base = if cg2 {
+        "/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup/unified"
+    };
+    let delegated = nix::unistd::access(
+        format!("{base}{own}/cgroup.procs").as_str(),
+        nix::unistd::AccessFlags::W_OK,
+    )
+    .is_ok();
+    v.push(Check {
+        name: "cgroup v2",
+        level: if cg2 { Level::Ok } else { Level::Warn },
+        value: format!(
+            "{}; own cgroup {own}{}",
+            if cg2 { "unified" } else if hybrid { "hybrid (v1 controllers + v2 tree)" } else { "v1 only" },
+            if delegated { " (writable: delegated)" } else { "" }
+        ),
+        meaning: "memory and task limits for the whole cell come from the systemd unit (MemoryMax, TasksMax); per-role sub-cgroups need a delegated v2 subtree".into(),
+    });
+    if let Some(u) = sysctl("/proc/sys/kernel/io_uring_disabled") {
+        v.push(Check {
+            name: "io_uring",
+            level: if u == "0" { Level::Warn } else { Level::Ok },
+            value: format!("kernel.io_uring_disabled = {u}"),
+            meaning: if u == "0" {
+                "io_uring is open to every process (it bypasses seccomp argument checks); sealnode's filters deny io_uring_setup in roles; consider sysctl kernel.io_uring_disabled=2 host-wide".into()
+            } else {
+                "io_uring restricted host-wide; sealnode's filters deny it in roles as well".into()
+            },
+        });
+    }
+    if let Some(t) = sysctl("/proc/sys/dev/tty/legacy_tiocsti") {
+        v.push(Check {
+            name: "TIOCSTI",
+            level: if t == "1" { Level::Warn } else { Level::Ok },
+            value: format!("dev.tty.legacy_tiocsti = {t}"),
+            meaning: if t == "1" {
+                "terminal input injection is allowed host-wide; sealnode blocks it in roles (new session, seccomp on the ioctl's low 32 bits); consider dev.tty.legacy_tiocsti=0".into()
+            } else {
+                "terminal input injection disabled host-wide".into()
+            },
+        });
+    }
+    v
+}
+
+/// Print the report; return the process exit code (1 if something required is missing).
+pub fn report(checks: &[Check], json: bool) -> i32 {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(checks).unwrap_or_default()
+        );
+    } else {
+        for c in checks {
+            let tag = match c.level {
+                Level::Ok => "ok  ",
+                Level::Warn => "warn",
+                Level::Fail => "FAIL",
+            };
+            println!("[{tag}] {:<28} {}\n       {}", c.name, c.value, c.meaning);
+        }
+    }
+    if checks.iter().any(|c| c.level == Level::Fail) {
+        if !json {
+            println!("\nsealnode cannot run here until every FAIL above is fixed.");
+        }
+        1
+    } else {
+        0
+    }
+}

@@ -1,0 +1,15 @@
+//! sealnode: a hardened launcher that seals an LLM engine and the frutebox node.
+//!
+//! Layout: [`config`] (the operator's TOML), [`policy`] (seccomp and Landlock files),
+//! [`sandbox`] (one role's sandbox: plan, clone, the child's setup sequence), [`doctor`]
+//! (kernel facts), [`probe`] (facts from inside a sandbox), [`sys`] (raw syscalls).
+
+pub mod config;
+pub mod doctor;
+pub mod error;
+pub mod policy;
+pub mod probe;
+pub mod sandbox;
+pub mod sys;
+
+pub use error::{Error, Result};

@@ -1,0 +1,154 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use sealnode::config::{Config, Invoker, Role, DEFAULT_CONFIG};
+use sealnode::sandbox::{self, Plan, Program, SETUP_FAILED};
+
+/// Hardened launcher for sealed LLM-inference nodes.
+#[derive(Parser, Debug)]
+#[command(name = "sealnode", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command inside one role's complete sandbox instead of the role's own program.
+    ///
+    /// stdin/stdout/stderr pass through; the exit code passes through (128+N for signal N);
+    /// 125 if the sandbox could not be set up (the failing step and errno are printed).
+    Exec {
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Which role's sandbox.
+        #[arg(long, value_enum)]
+        role: Role,
+        /// Command and arguments (argv[0] absolute, or a name found in the sandbox's PATH).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Report what this kernel offers sealnode and what each fact means.
+    Doctor {
+        /// Config file (its policies' minimum Landlock ABI is checked when given).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run sealnode's probe inside a role's sandbox and print what it sees (JSON).
+    #[command(hide = true)]
+    Probe {
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        #[arg(long, value_enum)]
+        role: Role,
+        /// Extra probe attempts: --read P, --write P, --list P, --exec-copy P, --connect A, --bind A, --kill PID.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Internal: the probe itself, inside the sandbox.
+    #[command(name = "__probe-inside", hide = true)]
+    ProbeInside {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALNODE_LOG")
+        .unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Build the plan and run it to completion; any failure before the workload runs is 125.
+fn run_sandboxed(
+    config: &std::path::Path,
+    role: Role,
+    argv: Vec<String>,
+    program: Option<Program>,
+) -> ExitCode {
+    let inv = Invoker::current();
+    let result = Config::load(config, &inv)
+        .and_then(|cfg| Plan::build(&cfg, role, &inv, Some(argv), program))
+        .and_then(|plan| {
+            let sb = sandbox::spawn(&plan)?;
+            tracing::info!(role = %role, pid = sb.pid.as_raw(), "sandbox started");
+            let code = sandbox::run_to_exit(sb);
+            drop(plan);
+            Ok(code)
+        });
+    match result {
+        Ok(code) => exit(code),
+        Err(e) => {
+            eprintln!("sealnode: {e}");
+            exit(SETUP_FAILED)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::ProbeInside { .. }) {
+        init_logging();
+    }
+    match cli.command {
+        Command::Exec {
+            config,
+            role,
+            command,
+        } => run_sandboxed(&config, role, command, None),
+        Command::Probe { config, role, args } => {
+            let fd = match sandbox::plan::sealed_self() {
+                Ok(fd) => fd,
+                Err(e) => {
+                    eprintln!("sealnode: {e}");
+                    return exit(SETUP_FAILED);
+                }
+            };
+            let mut argv = vec!["sealnode-probe".to_string(), "__probe-inside".to_string()];
+            argv.extend(args);
+            run_sandboxed(&config, role, argv, Some(Program::SealedSelf(fd)))
+        }
+        Command::ProbeInside { args } => exit(sealnode::probe::run_inside(&args)),
+        Command::Doctor { config, json } => {
+            let inv = Invoker::current();
+            let mut min_abi = 6;
+            if let Some(c) = config {
+                match Config::load(&c, &inv) {
+                    Ok(cfg) => {
+                        for r in Role::ALL {
+                            match sealnode::policy::landlock::Rules::load(&cfg.role(r).landlock) {
+                                Ok(rules) => min_abi = min_abi.max(rules.min_abi),
+                                Err(e) => {
+                                    eprintln!("sealnode: {e}");
+                                    return exit(1);
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("sealnode: {e}");
+                        return exit(1);
+                    }
+                }
+            }
+            exit(sealnode::doctor::report(
+                &sealnode::doctor::checks(min_abi),
+                json,
+            ))
+        }
+    }
+}

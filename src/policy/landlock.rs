@@ -1,0 +1,384 @@
+//! Landlock policy: TOML rules files under `landlock-rules/`.
+//!
+//! A rules file names paths *inside* the sandbox, the access each gets, TCP ports the role
+//! may bind or connect to, the scopes to enforce and the minimum ABI it needs. Tokens
+//! (`@scratch`, `@models`, `@credential`, `@ro_binds`, `@devices`, `@engine_port`) are expanded
+//! from the config, so one policy fits every operator's layout.
+
+use std::ffi::CString;
+use std::path::Path;
+
+use landlock::{
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use serde::Deserialize;
+
+use crate::config::{Config, Role, INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
+use crate::error::{Error, Result};
+
+/// Newest ABI whose rights sealnode knows how to use.
+pub const KNOWN_ABI: u8 = 7;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rules {
+    /// Refuse to start on kernels with a lower Landlock ABI.
+    pub min_abi: u8,
+    #[serde(default)]
+    pub fs: Vec<FsRule>,
+    #[serde(default)]
+    pub net: NetRules,
+    #[serde(default)]
+    pub scope: Scopes,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsRule {
+    pub paths: Vec<String>,
+    pub access: Vec<String>,
+    /// Skip paths that do not exist in the sandbox (e.g. /lib64 on aarch64).
+    #[serde(default)]
+    pub optional: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetRules {
+    #[serde(default)]
+    pub bind: Vec<Port>,
+    #[serde(default)]
+    pub connect: Vec<Port>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Port {
+    Number(u16),
+    Token(String),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scopes {
+    #[serde(default = "yes")]
+    pub abstract_unix_socket: bool,
+    #[serde(default = "yes")]
+    pub signal: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for Scopes {
+    fn default() -> Self {
+        Scopes {
+            abstract_unix_socket: true,
+            signal: true,
+        }
+    }
+}
+
+/// Access names a rule may use: the groups, then single rights. (name, rights, minimum ABI)
+fn access_by_name(name: &str) -> Option<(BitFlags<AccessFs>, u8)> {
+    use AccessFs::*;
+    Some(match name {
+        "read" => (ReadFile | ReadDir, 1),
+        "exec" => (Execute.into(), 1),
+        "write" => (
+            WriteFile
+                | RemoveDir
+                | RemoveFile
+                | MakeDir
+                | MakeReg
+                | MakeSock
+                | MakeFifo
+                | MakeSym
+                | Refer
+                | Truncate,
+            3,
+        ),
+        "read_file" => (ReadFile.into(), 1),
+        "read_dir" => (ReadDir.into(), 1),
+        "execute" => (Execute.into(), 1),
+        "write_file" => (WriteFile.into(), 1),
+        "remove_file" => (RemoveFile.into(), 1),
+        "remove_dir" => (RemoveDir.into(), 1),
+        "make_reg" => (MakeReg.into(), 1),
+        "make_dir" => (MakeDir.into(), 1),
+        "make_sym" => (MakeSym.into(), 1),
+        "make_sock" => (MakeSock.into(), 1),
+        "make_fifo" => (MakeFifo.into(), 1),
+        "make_char" => (MakeChar.into(), 1),
+        "make_block" => (MakeBlock.into(), 1),
+        "refer" => (Refer.into(), 2),
+        "truncate" => (Truncate.into(), 3),
+        "ioctl_dev" => (IoctlDev.into(), 5),
+        _ => return None,
+    })
+}
+
+fn abi_of(v: u8) -> ABI {
+    ABI::from(i32::from(v))
+}
+
+impl Rules {
+    pub fn parse(text: &str, file: &Path) -> Result<Rules> {
+        let rules: Rules = toml::from_str(text)
+            .map_err(|e| Error::policy(file, e.message().trim().to_string()))?;
+        if rules.min_abi == 0 || rules.min_abi > KNOWN_ABI {
+            return Err(Error::policy(
+                file,
+                format!("min_abi {} is outside 1-{KNOWN_ABI}", rules.min_abi),
+            ));
+        }
+        for (i, r) in rules.fs.iter().enumerate() {
+            if r.paths.is_empty() || r.access.is_empty() {
+                return Err(Error::policy(
+                    file,
+                    format!("fs[{i}]: needs paths and access"),
+                ));
+            }
+            for a in &r.access {
+                let Some((_, need)) = access_by_name(a) else {
+                    return Err(Error::policy(
+                        file,
+                        format!("fs[{i}]: unknown access {a:?}"),
+                    ));
+                };
+                if need > rules.min_abi {
+                    return Err(Error::policy(
+                        file,
+                        format!(
+                            "fs[{i}]: access {a:?} needs Landlock ABI {need} but min_abi is {}",
+                            rules.min_abi
+                        ),
+                    ));
+                }
+            }
+            for p in &r.paths {
+                if !(p.starts_with('/') || TOKENS.contains(&p.as_str())) {
+                    return Err(Error::policy(
+                        file,
+                        format!("fs[{i}]: {p:?} is neither an absolute path nor one of {TOKENS:?}"),
+                    ));
+                }
+            }
+        }
+        let net_used = !rules.net.bind.is_empty() || !rules.net.connect.is_empty();
+        if rules.min_abi < 4 {
+            return Err(Error::policy(
+                file,
+                "min_abi must be at least 4: sealnode restricts TCP bind/connect ports (ABI 4)",
+            ));
+        }
+        if (rules.scope.signal || rules.scope.abstract_unix_socket) && rules.min_abi < 6 {
+            return Err(Error::policy(
+                file,
+                "scopes need Landlock ABI 6; raise min_abi or turn the scopes off",
+            ));
+        }
+        for p in rules.net.bind.iter().chain(&rules.net.connect) {
+            match p {
+                Port::Number(0) => return Err(Error::policy(file, "port 0 is not a port")),
+                Port::Token(t) if t != "@engine_port" => {
+                    return Err(Error::policy(
+                        file,
+                        format!("unknown port token {t:?} (known: \"@engine_port\")"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        let _ = net_used;
+        Ok(rules)
+    }
+
+    pub fn load(file: &Path) -> Result<Rules> {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::policy(file, format!("cannot read: {e}")))?;
+        Rules::parse(&text, file)
+    }
+}
+
+const TOKENS: [&str; 6] = [
+    "@scratch",
+    "@models",
+    "@credential",
+    "@ro_binds",
+    "@ro_binds_exec",
+    "@devices",
+];
+
+/// A rules file with tokens expanded for one role of one config; ready for the child.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub abi: u8,
+    pub fs: Vec<(CString, BitFlags<AccessFs>, bool)>,
+    pub bind: Vec<u16>,
+    pub connect: Vec<u16>,
+    pub scopes: BitFlags<Scope>,
+}
+
+impl Rules {
+    pub fn resolve(&self, cfg: &Config, role: Role) -> Resolved {
+        let r = cfg.role(role);
+        let expand = |p: &str| -> Vec<String> {
+            match p {
+                "@scratch" => vec![INSIDE_SCRATCH.into()],
+                "@models" => r.models.iter().map(|_| INSIDE_MODELS.to_string()).collect(),
+                "@credential" => r
+                    .credential
+                    .iter()
+                    .map(|_| INSIDE_CREDENTIAL.to_string())
+                    .collect(),
+                "@ro_binds" => r
+                    .ro_binds
+                    .iter()
+                    .map(|b| b.inside().display().to_string())
+                    .collect(),
+                "@ro_binds_exec" => r
+                    .ro_binds
+                    .iter()
+                    .filter(|b| b.exec)
+                    .map(|b| b.inside().display().to_string())
+                    .collect(),
+                "@devices" => r.devices.iter().map(|d| d.display().to_string()).collect(),
+                other => vec![other.to_string()],
+            }
+        };
+        let mut fs = Vec::new();
+        for rule in &self.fs {
+            let access = rule
+                .access
+                .iter()
+                .filter_map(|a| access_by_name(a))
+                .fold(BitFlags::EMPTY, |acc, (f, _)| acc | f);
+            for p in &rule.paths {
+                // Tokens that expand to nothing (no model dir) simply add no rule.
+                let optional = rule.optional || p.starts_with('@');
+                for path in expand(p) {
+                    if let Ok(c) = CString::new(path) {
+                        fs.push((c, access, optional));
+                    }
+                }
+            }
+        }
+        let port = |p: &Port| match p {
+            Port::Number(n) => Some(*n),
+            Port::Token(_) => cfg.engine.port.and_then(|p| u16::try_from(p).ok()),
+        };
+        let mut scopes = BitFlags::EMPTY;
+        if self.scope.abstract_unix_socket {
+            scopes |= Scope::AbstractUnixSocket;
+        }
+        if self.scope.signal {
+            scopes |= Scope::Signal;
+        }
+        Resolved {
+            abi: self.min_abi,
+            fs,
+            bind: self.net.bind.iter().filter_map(port).collect(),
+            connect: self.net.connect.iter().filter_map(port).collect(),
+            scopes,
+        }
+    }
+}
+
+/// Where a Landlock application failed (for the child's error record).
+#[derive(Debug, Clone, Copy)]
+pub enum ApplyError {
+    Ruleset(i32),
+    Path(usize, i32),
+    Restrict(i32),
+    NotEnforced,
+}
+
+fn errno_of<E: std::error::Error + 'static>(e: &E) -> i32 {
+    // The landlock crate wraps io::Error; walk the source chain for the OS error.
+    let mut cur: Option<&dyn std::error::Error> = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error().unwrap_or(libc::EINVAL);
+        }
+        cur = c.source();
+    }
+    libc::EINVAL
+}
+
+/// Build the ruleset and restrict the calling thread. Runs in the child after pivot_root,
+/// so paths are the sandbox's own.
+pub fn apply(res: &Resolved) -> std::result::Result<(), ApplyError> {
+    let abi = abi_of(res.abi);
+    let handled_fs = AccessFs::from_all(abi);
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(handled_fs)
+        .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
+        .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    if !res.scopes.is_empty() {
+        ruleset = ruleset
+            .scope(res.scopes)
+            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    }
+    let mut created = ruleset
+        .create()
+        .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    for (i, (path, access, optional)) in res.fs.iter().enumerate() {
+        let fd = match PathFd::new(path.as_c_str().to_str().unwrap_or("")) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let errno = errno_of(&e);
+                if *optional && errno == libc::ENOENT {
+                    continue;
+                }
+                return Err(ApplyError::Path(i, errno));
+            }
+        };
+        // Directory-only rights are invalid on a file: keep the file rights for file rules.
+        let is_dir = nix::sys::stat::fstat(&fd)
+            .map(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
+            .unwrap_or(false);
+        let rights = if is_dir {
+            *access
+        } else {
+            *access & AccessFs::from_file(abi)
+        };
+        created = created
+            .add_rule(PathBeneath::new(fd, rights & handled_fs))
+            .map_err(|e| ApplyError::Path(i, errno_of(&e)))?;
+    }
+    for p in &res.bind {
+        created = created
+            .add_rule(NetPort::new(*p, AccessNet::BindTcp))
+            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    }
+    for p in &res.connect {
+        created = created
+            .add_rule(NetPort::new(*p, AccessNet::ConnectTcp))
+            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    }
+    let status = created
+        .restrict_self()
+        .map_err(|e| ApplyError::Restrict(errno_of(&e)))?;
+    if status.ruleset != RulesetStatus::FullyEnforced {
+        return Err(ApplyError::NotEnforced);
+    }
+    Ok(())
+}
+
+/// Deny-all ruleset for sealnode's own in-sandbox init: it needs no files and no network.
+pub fn deny_all(abi: u8) -> std::result::Result<(), ApplyError> {
+    let abi = abi_of(abi);
+    Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(abi))
+        .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
+        .and_then(|r| r.scope(Scope::from_all(abi)))
+        .and_then(|r| r.create())
+        .and_then(|r| r.restrict_self())
+        .map_err(|e| ApplyError::Restrict(errno_of(&e)))
+        .map(drop)
+}

@@ -1,0 +1,186 @@
+//! Seccomp policy: seccompiler JSON files under `seccomp/`, one filter per role.
+//!
+//! Loading lints the JSON for the pitfalls real escapes used (see DESIGN.md §3) before
+//! compiling it, so a weakened policy is refused rather than installed.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use seccompiler::{BpfProgram, TargetArch};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// The kernel refuses programs longer than this (BPF_MAXINSNS).
+pub const MAX_INSNS: usize = 4096;
+
+/// Lint a seccompiler JSON document: allowlists only, every rule commented, no rule set that
+/// mixes an unconditional and a conditional rule for one syscall (seccompiler would silently
+/// keep only the conditional one).
+pub fn lint(text: &str, file: &Path) -> Result<()> {
+    let doc: Value = serde_json::from_str(text)
+        .map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
+    let filters = doc
+        .as_object()
+        .ok_or_else(|| Error::policy(file, "top level must be an object of named filters"))?;
+    for (name, f) in filters {
+        let err = |r: String| Error::policy(file, format!("filter {name:?}: {r}"));
+        let mismatch = f.get("mismatch_action").or_else(|| f.get("default_action"));
+        match mismatch {
+            None => return Err(err("missing mismatch_action".into())),
+            Some(Value::String(s)) if s == "allow" || s == "log" => return Err(err(format!(
+                "mismatch_action {s:?} turns the allowlist into a denylist; use {{\"errno\": 38}}"
+            ))),
+            _ => {}
+        }
+        match f.get("match_action").or_else(|| f.get("filter_action")) {
+            Some(Value::String(s)) if s == "allow" => {}
+            _ => {
+                return Err(err(
+                    "match_action must be \"allow\" (policies are allowlists)".into(),
+                ))
+            }
+        }
+        let rules = f
+            .get("filter")
+            .and_then(Value::as_array)
+            .ok_or_else(|| err("missing \"filter\" array".into()))?;
+        let mut kinds: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
+        for (i, r) in rules.iter().enumerate() {
+            let sc = r
+                .get("syscall")
+                .and_then(Value::as_str)
+                .ok_or_else(|| err(format!("rule {i}: missing syscall")))?;
+            if !r
+                .get("comment")
+                .and_then(Value::as_str)
+                .is_some_and(|c| !c.trim().is_empty())
+            {
+                return Err(err(format!(
+                    "rule {i} ({sc}): every rule needs a \"comment\" saying why it is allowed"
+                )));
+            }
+            let e = kinds.entry(sc).or_default();
+            if r.get("args").is_some() {
+                e.1 = true;
+            } else {
+                e.0 = true;
+            }
+            if e.0 && e.1 {
+                return Err(err(format!(
+                    "{sc} has both an unconditional and a conditional rule; seccompiler keeps only the conditional one"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Read, lint and compile the filter named after `role` for `arch`.
+pub fn compile_file(file: &Path, role: &str, arch: TargetArch) -> Result<BpfProgram> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::policy(file, format!("cannot read: {e}")))?;
+    compile_text(&text, file, role, arch)
+}
+
+/// Legacy syscalls that exist on x86_64 only (aarch64 and riscv64 have just the *at/modern
+/// forms). Rules naming them are dropped when compiling for those architectures; any other
+/// unknown name is still an error, so typos are caught.
+pub const X86_64_ONLY: &[&str] = &[
+    "open",
+    "stat",
+    "lstat",
+    "access",
+    "readlink",
+    "dup2",
+    "unlink",
+    "rename",
+    "mkdir",
+    "rmdir",
+    "pipe",
+    "getpgrp",
+    "alarm",
+    "time",
+    "poll",
+    "select",
+    "epoll_create",
+    "epoll_wait",
+    "eventfd",
+    "arch_prctl",
+    "vfork",
+    "fork",
+    "creat",
+    "link",
+    "symlink",
+    "chmod",
+    "chown",
+    "lchown",
+    "utime",
+    "utimes",
+    "getdents",
+    "inotify_init",
+    "signalfd",
+    "pause",
+    "futimesat",
+    "mknod",
+];
+
+fn for_arch(text: &str, file: &Path, arch: TargetArch) -> Result<String> {
+    if matches!(arch, TargetArch::x86_64) {
+        return Ok(text.to_string());
+    }
+    let mut doc: Value = serde_json::from_str(text)
+        .map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
+    if let Some(filters) = doc.as_object_mut() {
+        for f in filters.values_mut() {
+            if let Some(rules) = f.get_mut("filter").and_then(Value::as_array_mut) {
+                rules.retain(|r| {
+                    !r.get("syscall")
+                        .and_then(Value::as_str)
+                        .is_some_and(|s| X86_64_ONLY.contains(&s))
+                });
+            }
+        }
+    }
+    Ok(doc.to_string())
+}
+
+pub fn compile_text(text: &str, file: &Path, role: &str, arch: TargetArch) -> Result<BpfProgram> {
+    lint(text, file)?;
+    let text = for_arch(text, file, arch)?;
+    let mut map = seccompiler::compile_from_json(text.as_bytes(), arch)
+        .map_err(|e| Error::policy(file, format!("does not compile for {arch:?}: {e}")))?;
+    let prog = map
+        .remove(role)
+        .ok_or_else(|| Error::policy(file, format!("has no filter named {role:?}")))?;
+    if prog.len() >= MAX_INSNS {
+        return Err(Error::policy(
+            file,
+            format!(
+                "filter {role:?} compiles to {} instructions; the kernel limit is {MAX_INSNS}",
+                prog.len()
+            ),
+        ));
+    }
+    Ok(prog)
+}
+
+/// The architecture sealnode runs on.
+pub fn native_arch() -> TargetArch {
+    #[cfg(target_arch = "x86_64")]
+    return TargetArch::x86_64;
+    #[cfg(target_arch = "aarch64")]
+    return TargetArch::aarch64;
+    #[cfg(target_arch = "riscv64")]
+    return TargetArch::riscv64;
+}
+
+/// Install the filter on the calling thread (sets no_new_privs first).
+pub fn install(prog: &BpfProgram) -> std::result::Result<(), nix::errno::Errno> {
+    seccompiler::apply_filter(prog).map_err(|e| match e {
+        seccompiler::Error::Prctl(io) | seccompiler::Error::Seccomp(io) => {
+            nix::errno::Errno::from_raw(io.raw_os_error().unwrap_or(libc::EINVAL))
+        }
+        _ => nix::errno::Errno::EINVAL,
+    })
+}

@@ -1,0 +1,369 @@
+//! The probe: sealnode re-executed (from a sealed in-memory copy) inside a role's sandbox,
+//! reporting facts and the outcome of escape attempts as JSON. Tests and operators read it;
+//! it asserts nothing itself.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+
+use nix::errno::Errno;
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct Attempt {
+    pub name: String,
+    /// Did the operation succeed? (For an escape attempt, true is a failure of the sandbox.)
+    pub ok: bool,
+    /// errno when it failed.
+    pub errno: Option<i32>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub pid: i32,
+    pub ppid: i32,
+    pub hostname: String,
+    pub cwd: String,
+    /// Selected /proc/self/status fields (CapInh, CapPrm, CapEff, CapBnd, CapAmb, NoNewPrivs, Seccomp).
+    pub status: BTreeMap<String, String>,
+    /// Network interfaces and whether each is up.
+    pub interfaces: BTreeMap<String, bool>,
+    /// Pids visible in /proc.
+    pub pids: Vec<i32>,
+    pub env: BTreeMap<String, String>,
+    /// Open fds (besides the one used to list them).
+    pub fds: Vec<i32>,
+    /// rlimits: name -> [soft, hard] (u64::MAX = unlimited).
+    pub rlimits: BTreeMap<String, [u64; 2]>,
+    pub attempts: Vec<Attempt>,
+}
+
+fn attempt(name: impl Into<String>, r: Result<(), Errno>) -> Attempt {
+    Attempt {
+        name: name.into(),
+        ok: r.is_ok(),
+        errno: r.err().map(|e| e as i32),
+        error: r.err().map(|e| e.desc().to_string()),
+    }
+}
+
+fn raw(r: libc::c_long) -> Result<libc::c_long, Errno> {
+    Errno::result(r)
+}
+
+fn status_fields() -> BTreeMap<String, String> {
+    let keys = [
+        "CapInh",
+        "CapPrm",
+        "CapEff",
+        "CapBnd",
+        "CapAmb",
+        "NoNewPrivs",
+        "Seccomp",
+        "Seccomp_filters",
+    ];
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| keys.contains(k))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn interfaces() -> BTreeMap<String, bool> {
+    let names: Vec<String> = std::fs::read_to_string("/proc/self/net/dev")
+        .unwrap_or_default()
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next().map(|n| n.trim().to_string()))
+        .collect();
+    names
+        .into_iter()
+        .map(|n| {
+            let up = iface_up(&n);
+            (n, up)
+        })
+        .collect()
+}
+
+fn iface_up(name: &str) -> bool {
+    // SAFETY: plain socket(2); closed below.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return false;
+    }
+    // SAFETY: ifreq is plain old data; zero is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, c) in ifr.ifr_name.iter_mut().zip(name.bytes().take(15)) {
+        *d = c as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS fills the ifreq we own.
+    let r = unsafe { libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr) };
+    // SAFETY: s is our fd.
+    unsafe { libc::close(s) };
+    // SAFETY: ifru_flags is the member SIOCGIFFLAGS sets.
+    r == 0 && unsafe { ifr.ifr_ifru.ifru_flags } & libc::IFF_UP as libc::c_short != 0
+}
+
+fn rlimits() -> BTreeMap<String, [u64; 2]> {
+    use nix::sys::resource::{getrlimit, Resource};
+    [
+        ("core", Resource::RLIMIT_CORE),
+        ("nofile", Resource::RLIMIT_NOFILE),
+        ("nproc", Resource::RLIMIT_NPROC),
+        ("fsize", Resource::RLIMIT_FSIZE),
+        ("memlock", Resource::RLIMIT_MEMLOCK),
+    ]
+    .into_iter()
+    .filter_map(|(n, r)| getrlimit(r).ok().map(|(s, h)| (n.to_string(), [s, h])))
+    .collect()
+}
+
+fn fds() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return vec![];
+    };
+    let mut v: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort();
+    // The highest is the directory fd read_dir itself used.
+    v.pop();
+    v
+}
+
+/// The built-in escape attempts: each must fail in a role's sandbox.
+fn builtin_attempts() -> Vec<Attempt> {
+    let mut v = Vec::new();
+    // SAFETY (all raw syscalls below): arguments are integers or pointers to locals that
+    // outlive the call; a successful clone child exits immediately.
+    v.push(attempt(
+        "unshare_user",
+        raw(unsafe { libc::unshare(libc::CLONE_NEWUSER) } as _).map(drop),
+    ));
+    v.push(attempt(
+        "unshare_net",
+        raw(unsafe { libc::unshare(libc::CLONE_NEWNET) } as _).map(drop),
+    ));
+    let clone_r = raw(unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            0,
+            0,
+            0,
+            0,
+        )
+    });
+    if clone_r == Ok(0) {
+        crate::sys::exit_now(0);
+    }
+    if let Ok(pid) = clone_r {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
+    }
+    v.push(attempt("clone_newuser", clone_r.map(drop)));
+    let mut args = [0u64; 11];
+    args[0] = libc::CLONE_NEWUSER as u64;
+    let c3 = raw(unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            args.as_mut_ptr(),
+            std::mem::size_of_val(&args),
+        )
+    });
+    if c3 == Ok(0) {
+        crate::sys::exit_now(0);
+    }
+    v.push(attempt("clone3", c3.map(drop)));
+    v.push(attempt(
+        "mount_tmpfs",
+        nix::mount::mount(
+            Some("none"),
+            "/tmp",
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        ),
+    ));
+    let c: u8 = b'x';
+    v.push(attempt(
+        "ioctl_tiocsti",
+        raw(unsafe { libc::ioctl(0, libc::TIOCSTI, &c) } as _).map(drop),
+    ));
+    v.push(attempt(
+        "ioctl_tiocsti_high_bits",
+        raw(unsafe {
+            libc::syscall(
+                libc::SYS_ioctl,
+                0,
+                0xffff_ffff_0000_0000u64 | libc::TIOCSTI as u64,
+                &c,
+            )
+        })
+        .map(drop),
+    ));
+    let linux_arg: u8 = 6;
+    v.push(attempt(
+        "ioctl_tioclinux",
+        raw(unsafe { libc::ioctl(0, libc::TIOCLINUX, &linux_arg) } as _).map(drop),
+    ));
+    let mut params = [0u8; 120];
+    let ring = raw(unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) });
+    if let Ok(fd) = ring {
+        let _ = nix::unistd::close(fd as i32);
+    }
+    v.push(attempt("io_uring_setup", ring.map(drop)));
+    for (name, dom, ty) in [
+        ("socket_raw_inet", libc::AF_INET, libc::SOCK_RAW),
+        ("socket_packet", libc::AF_PACKET, libc::SOCK_RAW),
+        ("socket_netlink", libc::AF_NETLINK, libc::SOCK_RAW),
+        ("socket_alg", libc::AF_ALG, libc::SOCK_SEQPACKET),
+        ("socket_vsock", libc::AF_VSOCK, libc::SOCK_STREAM),
+    ] {
+        let s = raw(unsafe { libc::socket(dom, ty | libc::SOCK_CLOEXEC, 0) } as _);
+        if let Ok(fd) = s {
+            let _ = nix::unistd::close(fd as i32);
+        }
+        v.push(attempt(name, s.map(drop)));
+    }
+    v.push(attempt(
+        "ptrace_init",
+        raw(unsafe { libc::ptrace(libc::PTRACE_ATTACH, 1, 0, 0) }).map(drop),
+    ));
+    v.push(attempt(
+        "setuid_0",
+        raw(unsafe { libc::setuid(0) } as _).map(drop),
+    ));
+    v.push(attempt(
+        "chroot",
+        raw(unsafe { libc::chroot(c"/tmp".as_ptr()) } as _).map(drop),
+    ));
+    v.push(attempt(
+        "bpf",
+        raw(unsafe { libc::syscall(libc::SYS_bpf, 0, 0, 0) }).map(drop),
+    ));
+    v.push(attempt(
+        "perf_event_open",
+        raw(unsafe { libc::syscall(libc::SYS_perf_event_open, 0, 0, -1, -1, 0) }).map(drop),
+    ));
+    v.push(attempt(
+        "userfaultfd",
+        raw(unsafe { libc::syscall(libc::SYS_userfaultfd, 0) }).map(drop),
+    ));
+    v.push(attempt(
+        "keyctl",
+        raw(unsafe { libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) }).map(drop),
+    ));
+    v.push(attempt(
+        "kill_init",
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(1),
+            nix::sys::signal::Signal::SIGTERM,
+        ),
+    ));
+    v
+}
+
+/// Extra attempts from the command line.
+fn requested_attempts(args: &[String]) -> Vec<Attempt> {
+    let mut v = Vec::new();
+    let mut it = args.iter();
+    while let Some(op) = it.next() {
+        let Some(arg) = it.next() else { break };
+        let name = format!("{}:{arg}", op.trim_start_matches('-'));
+        let r = match op.as_str() {
+            "--read" => std::fs::read(arg).map(drop).map_err(io_errno),
+            "--list" => std::fs::read_dir(arg).map(drop).map_err(io_errno),
+            "--write" => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(arg)
+                .map(drop)
+                .map_err(io_errno),
+            "--exec-copy" => exec_copy(arg),
+            "--connect" => std::net::TcpStream::connect(arg.as_str())
+                .map(drop)
+                .map_err(io_errno),
+            "--bind" => std::net::TcpListener::bind(arg.as_str())
+                .map(drop)
+                .map_err(io_errno),
+            "--kill" => arg
+                .parse::<i32>()
+                .map_err(|_| Errno::EINVAL)
+                .and_then(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None)),
+            _ => Err(Errno::EINVAL),
+        };
+        v.push(attempt(name, r));
+    }
+    v
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// Copy our own binary to `path`, make it executable and try to run it.
+fn exec_copy(path: &str) -> Result<(), Errno> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::copy("/proc/self/exe", path).map_err(io_errno)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(io_errno)?;
+    // SAFETY: fork in the single-threaded probe; the child only execs or exits.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => {
+            let p = CString::new(path).unwrap_or_default();
+            let r = nix::unistd::execv(&p, &[c"probe-exec", c"--version"]);
+            crate::sys::exit_now(100 + r.err().map(|e| e as i32).unwrap_or(0).min(100))
+        }
+        nix::unistd::ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None)? {
+            nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+            nix::sys::wait::WaitStatus::Exited(_, c) if c > 100 => Err(Errno::from_raw(c - 100)),
+            _ => Err(Errno::ECHILD),
+        },
+    }
+}
+
+/// Entry point inside the sandbox. Prints the report as one JSON line.
+pub fn run_inside(args: &[String]) -> i32 {
+    let mut attempts = builtin_attempts();
+    attempts.extend(requested_attempts(args));
+    let pids = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let report = Report {
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+        groups: nix::unistd::getgroups()
+            .map(|g| g.iter().map(|g| g.as_raw()).collect())
+            .unwrap_or_default(),
+        pid: nix::unistd::getpid().as_raw(),
+        ppid: nix::unistd::getppid().as_raw(),
+        hostname: nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default(),
+        cwd: std::env::current_dir()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        status: status_fields(),
+        interfaces: interfaces(),
+        pids,
+        env: std::env::vars().collect(),
+        fds: fds(),
+        rlimits: rlimits(),
+        attempts,
+    };
+    match serde_json::to_string(&report) {
+        Ok(s) => {
+            println!("{s}");
+            0
+        }
+        Err(_) => 1,
+    }
+}

@@ -1,0 +1,67 @@
+//! Credentials and capabilities: become the role's ids, then shed every capability.
+
+use caps::CapSet;
+use nix::errno::Errno;
+use nix::unistd::{setresgid, setresuid, Gid, Uid};
+
+use crate::config::Ids;
+use crate::sys;
+
+fn caps_err(_: caps::errors::CapsError) -> Errno {
+    Errno::EPERM
+}
+
+/// Rootful: drop root's supplementary groups and use the role's ids for file access while
+/// keeping every capability of the cell's user namespace for the mounts that follow.
+pub fn rootful_fs_ids(ids: Ids) -> Result<(), Errno> {
+    nix::unistd::setgroups(&[])?;
+    nix::unistd::setfsgid(Gid::from_raw(ids.gid));
+    nix::unistd::setfsuid(Uid::from_raw(ids.uid));
+    // setfs*id report no errors; read them back.
+    if nix::unistd::setfsuid(Uid::from_raw(ids.uid)).as_raw() != ids.uid {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
+}
+
+/// Switch to the role's gid then uid, keeping the permitted set for the capability drop
+/// that follows (the bounding set can only be reduced while CAP_SETPCAP is held).
+pub fn set_ids(ids: Ids) -> Result<(), Errno> {
+    sys::prctl(libc::PR_SET_KEEPCAPS, 1)?;
+    setresgid(
+        Gid::from_raw(ids.gid),
+        Gid::from_raw(ids.gid),
+        Gid::from_raw(ids.gid),
+    )?;
+    setresuid(
+        Uid::from_raw(ids.uid),
+        Uid::from_raw(ids.uid),
+        Uid::from_raw(ids.uid),
+    )
+}
+
+/// Drop every capability in all five sets (bounding first, while CAP_SETPCAP is usable),
+/// set no_new_privs, and verify nothing is left.
+pub fn drop_all() -> Result<(), Errno> {
+    let permitted = caps::read(None, CapSet::Permitted).map_err(caps_err)?;
+    caps::set(None, CapSet::Effective, &permitted).map_err(caps_err)?;
+    sys::drop_bounding_set()?;
+    caps::clear(None, CapSet::Ambient).map_err(caps_err)?;
+    caps::clear(None, CapSet::Inheritable).map_err(caps_err)?;
+    caps::clear(None, CapSet::Effective).map_err(caps_err)?;
+    caps::clear(None, CapSet::Permitted).map_err(caps_err)?;
+    sys::prctl(libc::PR_SET_KEEPCAPS, 0)?;
+    sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
+    for set in [
+        CapSet::Bounding,
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
+        if !caps::read(None, set).map_err(caps_err)?.is_empty() {
+            return Err(Errno::EPERM);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! sealnode's pid 1 inside the sandbox: confines itself, then reaps and forwards signals
+//! until the workload exits, and exits with the workload's status. Its exit tears down the
+//! pid namespace: the kernel kills every process left in it.
+
+use nix::errno::Errno;
+use nix::sys::signal::{
+    kill, sigaction, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal,
+};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::caps;
+use super::child::{fail, ChildFds};
+use super::plan::Plan;
+use super::stage::Stage;
+use crate::policy::landlock;
+use crate::sys;
+
+/// Signals the launcher may send that init passes on to the workload.
+const FORWARD: [Signal; 6] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+extern "C" fn noop(_: libc::c_int) {}
+
+fn confine(plan: &Plan) -> Result<(), Errno> {
+    // Same ids as the workload, so init can still signal it without any capability.
+    caps::set_ids(plan.ids)?;
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+    caps::drop_all()?;
+    // Not dumpable: the workload (same uid) cannot ptrace or read init's memory.
+    sys::prctl(libc::PR_SET_DUMPABLE, 0)?;
+    // Init needs no file and no network at all.
+    landlock::deny_all(plan.landlock.abi).map_err(|_| Errno::EPERM)?;
+    // pid 1 ignores signals whose disposition is SIG_DFL: install handlers, then wait for them.
+    let act = SigAction::new(
+        SigHandler::Handler(noop),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for s in FORWARD.iter().chain([Signal::SIGCHLD].iter()) {
+        // SAFETY: the handler does nothing; signals are consumed with sigwait below.
+        unsafe { sigaction(*s, &act) }?;
+    }
+    Ok(())
+}
+
+fn wait_set() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in FORWARD {
+        set.add(s);
+    }
+    set.add(Signal::SIGCHLD);
+    set
+}
+
+pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
+    let set = wait_set();
+    if let Err(e) = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
+        .and_then(|_| confine(plan))
+    {
+        let _ = kill(workload, Signal::SIGKILL);
+        fail(fds, Stage::ConfineInit, 0, e);
+    }
+    // Our copy of the error pipe closes now; the workload's closes at exec -> parent sees EOF.
+    let _ = nix::unistd::close(fds.err);
+    let _ = nix::unistd::close(fds.sync);
+    loop {
+        match set.wait() {
+            Ok(Signal::SIGCHLD) => reap(workload),
+            Ok(sig) => {
+                let _ = kill(workload, sig);
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Reap every exited child; exit with the workload's status once it is gone.
+fn reap(workload: Pid) {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == workload => sys::exit_now(code),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == workload => {
+                sys::exit_now(128 + sig as i32)
+            }
+            Ok(WaitStatus::StillAlive) => return,
+            Ok(_) => continue,
+            Err(Errno::EINTR) => continue,
+            Err(_) => sys::exit_now(128 + libc::SIGKILL),
+        }
+    }
+}

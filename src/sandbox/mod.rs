@@ -1,0 +1,13 @@
+//! One role's sandbox: plan in the parent, clone, id maps, the child's setup, wait.
+
+pub mod caps;
+pub mod child;
+pub mod init;
+pub mod mounts;
+pub mod plan;
+pub mod spawn;
+pub mod stage;
+
+pub use plan::{Plan, Program};
+pub use spawn::{run_to_exit, spawn, Sandbox};
+pub use stage::{Stage, SETUP_FAILED};

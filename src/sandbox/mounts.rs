@@ -1,0 +1,248 @@
+//! Mount steps the child performs to build the private root, and the pivot into it.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::stat::{fstat, lstat, Mode};
+use nix::unistd::{chdir, mkdir};
+
+use super::plan::Mount;
+use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+
+type R = Result<(), Errno>;
+
+fn ms_flags(attrs: u64) -> MsFlags {
+    let mut f = MsFlags::empty();
+    for (a, m) in [
+        (MOUNT_ATTR_RDONLY, MsFlags::MS_RDONLY),
+        (MOUNT_ATTR_NOSUID, MsFlags::MS_NOSUID),
+        (MOUNT_ATTR_NODEV, MsFlags::MS_NODEV),
+        (MOUNT_ATTR_NOEXEC, MsFlags::MS_NOEXEC),
+    ] {
+        if attrs & a != 0 {
+            f |= m;
+        }
+    }
+    f
+}
+
+/// mkdir -p (mode 0755); existing directories are fine.
+fn mkdir_p(path: &Path) -> R {
+    let mut cur = std::path::PathBuf::new();
+    for c in path.components() {
+        cur.push(c);
+        match mkdir(&cur, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn as_path(c: &CStr) -> &Path {
+    Path::new(std::ffi::OsStr::from_bytes(c.to_bytes()))
+}
+
+fn parent_of(c: &CStr) -> &Path {
+    as_path(c).parent().unwrap_or(Path::new("/"))
+}
+
+fn exists(c: &CStr) -> bool {
+    lstat(c).is_ok()
+}
+
+/// Create an empty file to bind a file onto.
+fn touch(path: &CStr) -> R {
+    let fd = nix::fcntl::open(
+        path,
+        nix::fcntl::OFlag::O_CREAT
+            | nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_CLOEXEC
+            | nix::fcntl::OFlag::O_NOFOLLOW,
+        Mode::from_bits_truncate(0o644),
+    )?;
+    drop(fd);
+    Ok(())
+}
+
+fn bind_fd(fd: &OwnedFd, dst: &CStr) -> R {
+    use std::os::fd::AsRawFd;
+    let src =
+        CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|_| Errno::EINVAL)?;
+    mount(
+        Some(src.as_c_str()),
+        dst,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+}
+
+/// Open (O_PATH) and verify the source of every bind before anything is mounted: the new
+/// root's tmpfs may cover the host path (e.g. a scratch dir under /tmp).
+pub fn open_source(m: &Mount) -> Result<Option<OwnedFd>, Errno> {
+    let Mount::Bind {
+        src,
+        check,
+        nofollow,
+        ..
+    } = m
+    else {
+        return Ok(None);
+    };
+    let raw = if *nofollow {
+        sys::open_path_no_symlinks_c(src)?
+    } else {
+        sys::open_path_c(src)?
+    };
+    let fd = owned(raw);
+    if let Some((dev, ino)) = check {
+        let st = fstat(&fd)?;
+        if st.st_dev != *dev || st.st_ino != *ino {
+            // Swapped between the parent's validation and now: refuse.
+            return Err(Errno::ESTALE);
+        }
+    }
+    Ok(Some(fd))
+}
+
+/// Perform one mount step (paths are absolute, under the new root's mount point).
+pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
+    match m {
+        Mount::Tmpfs { dst, opts, attrs } => {
+            mkdir_p(as_path(dst))?;
+            mount(
+                Some("tmpfs"),
+                dst.as_c_str(),
+                Some("tmpfs"),
+                ms_flags(*attrs),
+                Some(opts.as_c_str()),
+            )
+        }
+        Mount::Bind {
+            dst, dir, attrs, ..
+        } => {
+            let fd = src.ok_or(Errno::EBADF)?;
+            if *dir {
+                mkdir_p(as_path(dst))?;
+            } else {
+                mkdir_p(parent_of(dst))?;
+                touch(dst)?;
+            }
+            bind_fd(fd, dst)?;
+            // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
+            sys::mount_setattr(dst, *attrs, true)
+        }
+        Mount::Symlink { target, dst } => {
+            mkdir_p(parent_of(dst))?;
+            nix::unistd::symlinkat(target.as_c_str(), nix::fcntl::AT_FDCWD, dst.as_c_str())
+        }
+        Mount::File { dst, contents } => {
+            mkdir_p(parent_of(dst))?;
+            let fd = nix::fcntl::open(
+                dst.as_c_str(),
+                nix::fcntl::OFlag::O_CREAT
+                    | nix::fcntl::OFlag::O_WRONLY
+                    | nix::fcntl::OFlag::O_TRUNC
+                    | nix::fcntl::OFlag::O_CLOEXEC
+                    | nix::fcntl::OFlag::O_NOFOLLOW,
+                Mode::from_bits_truncate(0o644),
+            )?;
+            use std::os::fd::AsRawFd;
+            sys::write_all(fd.as_raw_fd(), contents)
+        }
+        Mount::Proc { dst } => {
+            mkdir_p(as_path(dst))?;
+            mount(
+                Some("proc"),
+                dst.as_c_str(),
+                Some("proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+        }
+        Mount::MaskFile { dst } => {
+            if !exists(dst) {
+                return Ok(());
+            }
+            mount(
+                Some("/dev/null"),
+                dst.as_c_str(),
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )?;
+            sys::mount_setattr(
+                dst,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                false,
+            )
+        }
+        Mount::MaskDir { dst } => {
+            if !exists(dst) {
+                return Ok(());
+            }
+            mount(
+                Some("tmpfs"),
+                dst.as_c_str(),
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("size=4k,nr_inodes=1,mode=0555"),
+            )
+        }
+        Mount::Freeze { dst } => sys::mount_setattr(dst, MOUNT_ATTR_RDONLY, false),
+        Mount::ReadOnly { dst } => {
+            if !exists(dst) {
+                return Ok(());
+            }
+            mount(
+                Some(dst.as_c_str()),
+                dst.as_c_str(),
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )?;
+            sys::mount_setattr(
+                dst,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                true,
+            )
+        }
+    }
+}
+
+fn owned(raw: std::os::fd::RawFd) -> OwnedFd {
+    // SAFETY: `raw` was just returned by a successful open and is owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(raw) }
+}
+
+/// pivot_root into `newroot`, detach the host's root, freeze the root tmpfs read-only and
+/// enter the role's working directory.
+pub fn pivot(newroot: &CStr, workdir: &CStr) -> R {
+    chdir(newroot)?;
+    // pivot_root(".", "."): the old root ends up stacked on the new one and is detached below.
+    sys::pivot_root(c".", c".")?;
+    umount2(".", MntFlags::MNT_DETACH)?;
+    chdir("/")?;
+    sys::mount_setattr(
+        c"/",
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        false,
+    )?;
+    chdir(workdir)
+}
+
+/// Make every mount private so nothing propagates back to the host.
+pub fn make_private() -> R {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+}

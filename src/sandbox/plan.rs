@@ -1,0 +1,480 @@
+//! The plan: everything the child needs, computed in the parent before any clone.
+//!
+//! Paths are opened and checked, policies compiled, strings turned into C strings and pointer
+//! arrays, so the child only performs system calls in order. A bad policy fails here, before
+//! a process exists.
+
+use std::ffi::{CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use seccompiler::BpfProgram;
+
+use crate::config::{Config, Ids, Invoker, Role, INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
+use crate::error::{Error, Result};
+use crate::policy::{landlock, seccomp};
+
+/// Where the child assembles the new root inside its private mount namespace.
+/// The host's /tmp is only overmounted in the child's own mount namespace.
+pub const NEWROOT: &str = "/tmp";
+
+/// Read-only system paths every role sees (when they exist on the host). Symlinks (e.g.
+/// Debian's /lib -> usr/lib) are recreated as symlinks rather than bound.
+pub const SYSTEM_RO: &[&str] = &[
+    "/usr",                 // programs, libraries, Python's and the CA store's real files
+    "/bin",                 // usually a symlink into /usr
+    "/sbin",                // usually a symlink into /usr
+    "/lib",                 // dynamic loader and libc (symlink on merged-/usr systems)
+    "/lib64",               // x86_64 loader path
+    "/etc/ld.so.cache",     // library lookup without scanning
+    "/etc/localtime",       // time zone (llama-server, Python)
+    "/etc/ssl",             // CA bundle and OpenSSL config for TLS to the gateway
+    "/etc/ca-certificates", // targets of /etc/ssl/certs links on Debian
+    "/etc/alternatives",    // targets of /usr/bin/* alternatives links
+    "/etc/protocols",       // getprotobyname (Python's socket module)
+    "/etc/services",        // getservbyname
+    "/sys/devices/system/cpu/possible", // CPU count (llama.cpp, Python's os.cpu_count)
+    "/sys/devices/system/cpu/online", // CPU count
+];
+
+/// Device nodes every role gets.
+pub const BASE_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// /proc entries hidden behind /dev/null (files) or an empty read-only tmpfs (dirs).
+pub const PROC_MASK_FILES: &[&str] = &[
+    "/proc/kcore",
+    "/proc/kallsyms",
+    "/proc/sysrq-trigger",
+    "/proc/timer_list",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/sched_debug",
+    "/proc/kmsg",
+];
+pub const PROC_MASK_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/asound", "/proc/firmware"];
+/// /proc subtrees kept visible but read-only.
+pub const PROC_READONLY: &[&str] = &["/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"];
+
+use crate::sys::{
+    MOUNT_ATTR_NODEV as NODEV, MOUNT_ATTR_NOEXEC as NOEXEC, MOUNT_ATTR_NOSUID as NOSUID,
+    MOUNT_ATTR_RDONLY as RDONLY,
+};
+
+/// One step of building the root, in order.
+#[derive(Debug, Clone)]
+pub enum Mount {
+    /// tmpfs at `dst` (absolute, under NEWROOT).
+    Tmpfs {
+        dst: CString,
+        opts: CString,
+        attrs: u64,
+    },
+    /// Bind host `src` on `dst`; `check` = (dev, ino) the parent validated; `nofollow` refuses
+    /// symlinks in any component (role paths).
+    Bind {
+        src: CString,
+        dst: CString,
+        dir: bool,
+        attrs: u64,
+        check: Option<(u64, u64)>,
+        nofollow: bool,
+    },
+    /// Symlink `dst` -> `target`.
+    Symlink { target: CString, dst: CString },
+    /// Regular file with generated contents.
+    File { dst: CString, contents: Vec<u8> },
+    /// Fresh procfs (from inside the new pid namespace).
+    Proc { dst: CString },
+    /// Hide a /proc file behind /dev/null (skipped if absent).
+    MaskFile { dst: CString },
+    /// Hide a /proc dir behind an empty read-only tmpfs (skipped if absent).
+    MaskDir { dst: CString },
+    /// Make an existing subtree read-only (skipped if absent).
+    ReadOnly { dst: CString },
+    /// Make one mount read-only once populated (not its submounts).
+    Freeze { dst: CString },
+}
+
+impl Mount {
+    pub fn describe(&self) -> String {
+        let s = |c: &CString| c.to_string_lossy().trim_start_matches(NEWROOT).to_string();
+        match self {
+            Mount::Tmpfs { dst, .. } => format!("tmpfs on {}", s(dst)),
+            Mount::Bind { src, dst, .. } => format!("bind {} -> {}", src.to_string_lossy(), s(dst)),
+            Mount::Symlink { target, dst } => {
+                format!("symlink {} -> {}", s(dst), target.to_string_lossy())
+            }
+            Mount::File { dst, .. } => format!("write {}", s(dst)),
+            Mount::Proc { dst } => format!("proc on {}", s(dst)),
+            Mount::MaskFile { dst } => format!("mask {}", s(dst)),
+            Mount::MaskDir { dst } => format!("mask {}", s(dst)),
+            Mount::ReadOnly { dst } => format!("read-only {}", s(dst)),
+            Mount::Freeze { dst } => format!("freeze {}", s(dst)),
+        }
+    }
+}
+
+/// What to execute at the end.
+#[derive(Debug)]
+pub enum Program {
+    /// A path inside the sandbox (or a bare name searched in the sandbox's PATH).
+    Path(CString),
+    /// sealnode's own sealed copy (memfd), for probes; executed via /proc/self/fd.
+    SealedSelf(std::os::fd::OwnedFd),
+}
+
+/// Everything the child needs.
+#[derive(Debug)]
+pub struct Plan {
+    pub role: Role,
+    pub ids: Ids,
+    pub rootful: bool,
+    pub hostname: CString,
+    pub mounts: Vec<Mount>,
+    pub workdir: CString,
+    pub rlimits: Vec<(nix::sys::resource::Resource, u64)>,
+    pub landlock: landlock::Resolved,
+    pub seccomp: BpfProgram,
+    /// Candidate executable paths (one, or the PATH search of a bare name).
+    pub exec_paths: Vec<CString>,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    // Keeps the sealed self copy open until the child has exec'd it.
+    pub program: Program,
+}
+
+/// NULL-terminated pointer array into `strings` (valid while `strings` lives).
+pub fn ptr_array(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+fn cstr(p: impl AsRef<OsStr>) -> Result<CString> {
+    CString::new(p.as_ref().as_bytes())
+        .map_err(|_| Error::io("path", std::io::Error::from_raw_os_error(libc::EINVAL)))
+}
+
+fn under_root(inside: &Path) -> Result<CString> {
+    let mut s = PathBuf::from(NEWROOT);
+    s.push(inside.strip_prefix("/").unwrap_or(inside));
+    cstr(s)
+}
+
+/// The environment: a fixed base, explicit values, and allowlisted names from the launcher.
+/// Never the launcher's environment as a whole; never a proxy variable.
+pub fn build_env(
+    cfg: &Config,
+    role: Role,
+    launcher_env: &[(String, String)],
+) -> Vec<(String, String)> {
+    let r = cfg.role(role);
+    let mut env: std::collections::BTreeMap<String, String> = [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", INSIDE_SCRATCH),
+        ("TMPDIR", "/tmp"),
+        ("LANG", "C.UTF-8"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for name in &r.env.pass {
+        if let Some((_, v)) = launcher_env.iter().find(|(k, _)| k == name) {
+            env.insert(name.clone(), v.clone());
+        }
+    }
+    for (k, v) in &r.env.set {
+        env.insert(k.clone(), v.clone());
+    }
+    env.retain(|k, _| !crate::config::is_proxy_var(k));
+    env.into_iter().collect()
+}
+
+fn generated_etc(cfg: &Config, ids: Ids) -> Vec<(&'static str, String)> {
+    let host = &cfg.cell.hostname;
+    vec![
+        ("/etc/hostname", format!("{host}\n")),
+        ("/etc/hosts", format!("127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost\n")),
+        (
+            "/etc/passwd",
+            format!("sealnode:x:{}:{}:sealnode role:{INSIDE_SCRATCH}:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", ids.uid, ids.gid),
+        ),
+        ("/etc/group", format!("sealnode:x:{}:\nnogroup:x:65534:\n", ids.gid)),
+        ("/etc/nsswitch.conf", "passwd: files\ngroup: files\nhosts: files\n".to_string()),
+        ("/etc/host.conf", "multi on\n".to_string()),
+        ("/etc/resolv.conf", "# no DNS inside the sealnode cell; egress names are in /etc/hosts\n".to_string()),
+    ]
+}
+
+impl Plan {
+    /// Build the plan for running `argv` (or the role's own command) in `role`'s sandbox.
+    pub fn build(
+        cfg: &Config,
+        role: Role,
+        inv: &Invoker,
+        argv: Option<Vec<String>>,
+        program: Option<Program>,
+    ) -> Result<Plan> {
+        let r = cfg.role(role);
+        let ids = cfg.role_ids(role, inv)?;
+        let kernel_abi = crate::sys::landlock_abi();
+        let rules = landlock::Rules::load(&r.landlock)?;
+        if kernel_abi < i32::from(rules.min_abi) {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "{}: needs Landlock ABI {} but this kernel offers {} ({})",
+                    r.landlock.display(),
+                    rules.min_abi,
+                    kernel_abi,
+                    if kernel_abi == 0 { "Landlock disabled or absent" } else { "kernel too old" }
+                ),
+                fix: "boot a kernel >= 6.12 with CONFIG_SECURITY_LANDLOCK=y and \"landlock\" in the lsm= list (see `sealnode doctor`)".into(),
+            });
+        }
+        let landlock = rules.resolve(cfg, role);
+        let seccomp = seccomp::compile_file(&r.seccomp, role.name(), seccomp::native_arch())?;
+
+        let mut mounts = vec![Mount::Tmpfs {
+            dst: cstr(NEWROOT)?,
+            opts: cstr("size=1m,nr_inodes=4096,mode=0755")?,
+            attrs: NOSUID | NODEV,
+        }];
+        // System paths, read-only; symlinks recreated.
+        for p in SYSTEM_RO {
+            let path = Path::new(p);
+            let Ok(md) = std::fs::symlink_metadata(path) else {
+                continue;
+            };
+            if md.file_type().is_symlink() {
+                let target =
+                    std::fs::read_link(path).map_err(|e| Error::io(format!("readlink {p}"), e))?;
+                mounts.push(Mount::Symlink {
+                    target: cstr(&target)?,
+                    dst: under_root(path)?,
+                });
+            } else {
+                mounts.push(Mount::Bind {
+                    src: cstr(path)?,
+                    dst: under_root(path)?,
+                    dir: md.is_dir(),
+                    attrs: RDONLY | NOSUID | NODEV,
+                    check: None,
+                    nofollow: false,
+                });
+            }
+        }
+        // Role paths: no symlinks, identity checked again in the child.
+        let role_bind = |src: &Path, inside: &Path, writable: bool, exec: bool| -> Result<Mount> {
+            let fd = crate::sys::open_path_no_symlinks(src)
+                .map_err(|e| Error::errno(format!("open {}", src.display()), e))?;
+            let md = std::fs::File::from(fd)
+                .metadata()
+                .map_err(|e| Error::io(format!("stat {}", src.display()), e))?;
+            let mut attrs = NOSUID | NODEV;
+            if !writable {
+                attrs |= RDONLY;
+            }
+            if writable || !exec {
+                attrs |= NOEXEC;
+            }
+            Ok(Mount::Bind {
+                src: cstr(src)?,
+                dst: under_root(inside)?,
+                dir: md.is_dir(),
+                attrs,
+                check: Some((md.dev(), md.ino())),
+                nofollow: true,
+            })
+        };
+        if let Some(m) = &r.models {
+            mounts.push(role_bind(
+                m,
+                Path::new(INSIDE_MODELS),
+                r.models_writable,
+                false,
+            )?);
+        }
+        mounts.push(role_bind(
+            &r.scratch,
+            Path::new(INSIDE_SCRATCH),
+            true,
+            false,
+        )?);
+        if let Some(c) = &r.credential {
+            mounts.push(role_bind(c, Path::new(INSIDE_CREDENTIAL), false, false)?);
+        }
+        for b in &r.ro_binds {
+            mounts.push(role_bind(&b.src, b.inside(), false, b.exec)?);
+        }
+        // Minimal /dev: tmpfs without devices of its own; device nodes are bind mounts.
+        mounts.push(Mount::Tmpfs {
+            dst: under_root(Path::new("/dev"))?,
+            opts: cstr("size=64k,nr_inodes=64,mode=0755")?,
+            attrs: NOSUID | NODEV | NOEXEC,
+        });
+        for d in BASE_DEVICES
+            .iter()
+            .map(Path::new)
+            .chain(r.devices.iter().map(PathBuf::as_path))
+        {
+            mounts.push(Mount::Bind {
+                src: cstr(d)?,
+                dst: under_root(d)?,
+                dir: false,
+                attrs: NOSUID | NOEXEC,
+                check: None,
+                nofollow: true,
+            });
+        }
+        for (name, target) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            mounts.push(Mount::Symlink {
+                target: cstr(target)?,
+                dst: under_root(&Path::new("/dev").join(name))?,
+            });
+        }
+        let tmp_opts = format!("size={}m,nr_inodes=65536,mode=1777", r.tmp_size_mb);
+        mounts.push(Mount::Tmpfs {
+            dst: under_root(Path::new("/dev/shm"))?,
+            opts: cstr(&tmp_opts)?,
+            attrs: NOSUID | NODEV | NOEXEC,
+        });
+        // /dev is populated: nothing more may be created in it.
+        mounts.push(Mount::Freeze {
+            dst: under_root(Path::new("/dev"))?,
+        });
+        mounts.push(Mount::Tmpfs {
+            dst: under_root(Path::new("/tmp"))?,
+            opts: cstr(&tmp_opts)?,
+            attrs: NOSUID | NODEV | NOEXEC,
+        });
+        // Fresh /proc for the new pid namespace, with the kernel's sharp edges hidden.
+        mounts.push(Mount::Proc {
+            dst: under_root(Path::new("/proc"))?,
+        });
+        for p in PROC_MASK_FILES {
+            mounts.push(Mount::MaskFile {
+                dst: under_root(Path::new(p))?,
+            });
+        }
+        for p in PROC_MASK_DIRS {
+            mounts.push(Mount::MaskDir {
+                dst: under_root(Path::new(p))?,
+            });
+        }
+        for p in PROC_READONLY {
+            mounts.push(Mount::ReadOnly {
+                dst: under_root(Path::new(p))?,
+            });
+        }
+        for (p, contents) in generated_etc(cfg, ids) {
+            mounts.push(Mount::File {
+                dst: under_root(Path::new(p))?,
+                contents: contents.into_bytes(),
+            });
+        }
+
+        let argv = argv.unwrap_or_else(|| r.command.clone());
+        let Some(prog0) = argv.first() else {
+            return Err(Error::config(
+                &cfg.file,
+                format!("{role}.command"),
+                "empty command",
+            ));
+        };
+        let launcher_env: Vec<(String, String)> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
+        let env = build_env(cfg, role, &launcher_env);
+        let exec_paths = match &program {
+            Some(Program::SealedSelf(fd)) => {
+                use std::os::fd::AsRawFd;
+                vec![cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()))?]
+            }
+            _ if prog0.contains('/') => vec![cstr(prog0)?],
+            _ => {
+                let path = env
+                    .iter()
+                    .find(|(k, _)| k == "PATH")
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or("/usr/bin:/bin");
+                path.split(':')
+                    .filter(|d| d.starts_with('/'))
+                    .map(|d| cstr(format!("{d}/{prog0}")))
+                    .collect::<Result<_>>()?
+            }
+        };
+        let l = &r.rlimits;
+        Ok(Plan {
+            role,
+            ids,
+            rootful: inv.rootful(),
+            hostname: cstr(&cfg.cell.hostname)?,
+            mounts,
+            workdir: cstr(INSIDE_SCRATCH)?,
+            rlimits: vec![
+                (nix::sys::resource::Resource::RLIMIT_CORE, 0),
+                (nix::sys::resource::Resource::RLIMIT_NOFILE, l.nofile),
+                (nix::sys::resource::Resource::RLIMIT_NPROC, l.nproc),
+                (
+                    nix::sys::resource::Resource::RLIMIT_FSIZE,
+                    l.fsize_mb.saturating_mul(1 << 20),
+                ),
+                (
+                    nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+                    l.memlock_kb.saturating_mul(1 << 10),
+                ),
+            ],
+            landlock,
+            seccomp,
+            exec_paths,
+            argv: argv.iter().map(cstr).collect::<Result<_>>()?,
+            envp: env
+                .iter()
+                .map(|(k, v)| cstr(format!("{k}={v}")))
+                .collect::<Result<_>>()?,
+            program: program.unwrap_or(Program::Path(cstr(prog0)?)),
+        })
+    }
+}
+
+/// A sealed, read-only in-memory copy of the running sealnode binary, for probes: nothing in
+/// the sandbox can modify it, and it needs no path inside the sandbox.
+pub fn sealed_self() -> Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    let fd = memfd_create(
+        "sealnode-probe",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(|e| Error::errno("memfd_create", e))?;
+    let mut src =
+        std::fs::File::open("/proc/self/exe").map_err(|e| Error::io("open /proc/self/exe", e))?;
+    let mut dst = std::fs::File::from(fd);
+    std::io::copy(&mut src, &mut dst).map_err(|e| Error::io("copy sealnode into memfd", e))?;
+    let fd: std::os::fd::OwnedFd = dst.into();
+    fcntl(
+        &fd,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SEAL
+                | SealFlag::F_SEAL_SHRINK
+                | SealFlag::F_SEAL_GROW
+                | SealFlag::F_SEAL_WRITE,
+        ),
+    )
+    .map_err(|e| Error::errno("seal memfd", e))?;
+    Ok(fd)
+}

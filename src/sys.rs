@@ -1,0 +1,266 @@
+//! Raw system calls that nix does not wrap (or wraps in a way the child cannot use).
+//! Every `unsafe` block in sealnode lives here, each with its SAFETY argument.
+
+use std::ffi::CStr;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use nix::errno::Errno;
+
+/// Open `path` as an O_PATH fd, failing with ELOOP if any component is a symlink.
+pub fn open_path_no_symlinks(path: &Path) -> Result<OwnedFd, Errno> {
+    use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    openat2(nix::fcntl::AT_FDCWD, path, how)
+}
+
+/// Same as [`open_path_no_symlinks`] but with a pre-built C string (no allocation: child-safe).
+pub fn open_path_no_symlinks_c(path: &CStr) -> Result<RawFd, Errno> {
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: path is a valid NUL-terminated string and `how` a valid open_how of the size passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    Errno::result(r).map(|fd| fd as RawFd)
+}
+
+/// Open `path` as an O_PATH fd, following symlinks (system paths).
+pub fn open_path_c(path: &CStr) -> Result<RawFd, Errno> {
+    // SAFETY: path is a valid NUL-terminated string.
+    let r = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    Errno::result(r)
+}
+
+/// clone(2) with fork semantics (no new stack) and the given namespace flags.
+/// Returns 0 in the child and the child's pid in the parent.
+///
+/// # Safety
+/// The caller must be single-threaded: the child continues on a copy of the caller's
+/// address space with only the calling thread, as after fork(2).
+pub unsafe fn clone_fork(flags: libc::c_int) -> Result<libc::pid_t, Errno> {
+    // SAFETY: a NULL stack gives fork semantics; the caller guarantees single-threadedness.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            0 as libc::c_ulong,
+        )
+    };
+    Errno::result(r).map(|p| p as libc::pid_t)
+}
+
+/// close_range(first, u32::MAX, CLOSE_RANGE_CLOEXEC): mark every fd from `first` on close-on-exec.
+pub fn cloexec_from(first: u32) -> Result<(), Errno> {
+    // SAFETY: close_range takes plain integers; CLOEXEC only sets flags and closes nothing.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// Close every fd in [first, last].
+pub fn close_range(first: u32, last: u32) -> Result<(), Errno> {
+    // SAFETY: close_range takes plain integers; the caller owns no Rust handles in that range.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+    Errno::result(r).map(drop)
+}
+
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// mount_setattr(path, AT_RECURSIVE?): add `set` attributes to a mount (and its submounts).
+/// Only adds restrictions, so locked flags inherited from the host are never cleared.
+pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { libc::AT_RECURSIVE } else { 0 };
+    // SAFETY: path is NUL-terminated; attr is a valid mount_attr of the size passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// pivot_root(new_root, put_old).
+pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> Result<(), Errno> {
+    // SAFETY: both are valid NUL-terminated paths.
+    let r = unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) };
+    Errno::result(r).map(drop)
+}
+
+/// Bring the loopback interface up (a new network namespace starts with it down).
+pub fn loopback_up() -> Result<(), Errno> {
+    // SAFETY: plain socket(2) call; the fd is owned below.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let s = Errno::result(s)?;
+    // SAFETY: s is a fresh fd we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(s) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *d = *s as libc::c_char;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
+    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) })?;
+    // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
+    unsafe { ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
+    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) })?;
+    Ok(())
+}
+
+/// The Landlock ABI version the running kernel offers (0 if none).
+pub fn landlock_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a NULL attr and size 0 and the VERSION flag, the call only returns a number.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if r < 0 {
+        0
+    } else {
+        r as i32
+    }
+}
+
+/// write(2) that retries on EINTR and short writes; no allocation (child-safe).
+pub fn write_all(fd: RawFd, mut buf: &[u8]) -> Result<(), Errno> {
+    while !buf.is_empty() {
+        // SAFETY: buf is a valid readable slice of buf.len() bytes.
+        let r = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        match Errno::result(r) {
+            Ok(n) => buf = &buf[n as usize..],
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// read(2) retrying on EINTR; returns the byte count (0 = EOF).
+pub fn read_retry(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
+    loop {
+        // SAFETY: buf is a valid writable slice of buf.len() bytes.
+        let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        match Errno::result(r) {
+            Ok(n) => return Ok(n as usize),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// execve(2) with pre-built argv/envp pointer arrays (NULL-terminated). Returns only on error.
+pub fn execve(path: &CStr, argv: &[*const libc::c_char], envp: &[*const libc::c_char]) -> Errno {
+    debug_assert!(argv.last().is_some_and(|p| p.is_null()));
+    debug_assert!(envp.last().is_some_and(|p| p.is_null()));
+    // SAFETY: path is NUL-terminated; argv and envp are NULL-terminated arrays of pointers to
+    // NUL-terminated strings that outlive the call (owned by the caller's plan).
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    Errno::last()
+}
+
+/// Exit immediately without running destructors or atexit handlers (child after clone).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no Rust state.
+    unsafe { libc::_exit(code) }
+}
+
+/// Drop every capability from the bounding set (needs CAP_SETPCAP in the effective set).
+pub fn drop_bounding_set() -> Result<(), Errno> {
+    for cap in 0..64 {
+        // SAFETY: PR_CAPBSET_DROP takes an integer capability number.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        match Errno::result(r) {
+            Ok(_) => {}
+            // Past the kernel's last capability.
+            Err(Errno::EINVAL) if cap > 0 => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// prctl(option, arg) for the integer-only options sealnode uses.
+pub fn prctl(option: libc::c_int, arg: libc::c_ulong) -> Result<(), Errno> {
+    // SAFETY: every option passed here takes plain integer arguments.
+    let r = unsafe {
+        libc::prctl(
+            option,
+            arg,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// Reset every catchable signal to its default disposition and unblock all signals.
+/// The launcher ignores SIGPIPE (Rust's runtime does) and blocks the signals it forwards;
+/// both would otherwise survive execve into the workload.
+pub fn reset_signals() -> Result<(), Errno> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
+    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for sig in Signal::iterator() {
+        if sig == Signal::SIGKILL || sig == Signal::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL has no handler code to be unsafe.
+        unsafe { sigaction(sig, &dfl) }?;
+    }
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+}
