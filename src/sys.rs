@@ -11,7 +11,7 @@ use nix::errno::Errno;
 pub fn open_path_no_symlinks(path: &Path) -> Result<OwnedFd, Errno> {
     use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
     let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
         .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
     openat2(nix::fcntl::AT_FDCWD, path, how)
 }
@@ -25,7 +25,7 @@ pub fn open_path_no_symlinks_c(path: &CStr) -> Result<RawFd, Errno> {
         resolve: u64,
     }
     let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
         mode: 0,
         resolve: libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
     };

@@ -1,1 +1,380 @@
-// Unit tests for config parsing and validation live here (see below).
+//! Config parsing and validation: every bad input gets one error naming file, field, reason.
+
+use super::*;
+use std::os::unix::fs::PermissionsExt;
+
+const GOOD: &str = r#"
+schema = 1
+[cell]
+state_dir = "/var/lib/sealnode"
+runtime_dir = "/run/sealnode"
+[engine]
+command = ["/usr/bin/llama-server", "--port", "8080"]
+port = 8080
+seccomp = "/usr/share/sealnode/seccomp/engine.json"
+landlock = "/usr/share/sealnode/landlock-rules/engine.toml"
+models = "/srv/models"
+scratch = "/var/lib/sealnode/engine"
+[node]
+command = ["/opt/venv/bin/python", "-I", "-m", "frutebox.provider"]
+seccomp = "/usr/share/sealnode/seccomp/node.json"
+landlock = "/usr/share/sealnode/landlock-rules/node.toml"
+scratch = "/var/lib/sealnode/node"
+credential = "/etc/sealnode/credential"
+ro_binds = [{ src = "/opt/venv" }]
+"#;
+
+fn parse(text: &str) -> Result<Config> {
+    Config::parse(text, Path::new("/etc/sealnode/test.toml"))
+}
+
+/// Parse `text` and return the error's (field, reason); panics if it parses.
+fn bad(text: &str) -> (String, String) {
+    match parse(text) {
+        Ok(_) => panic!("config unexpectedly valid:\n{text}"),
+        Err(Error::Config {
+            file,
+            field,
+            reason,
+        }) => {
+            assert_eq!(file, Path::new("/etc/sealnode/test.toml"));
+            (field, reason)
+        }
+        Err(e) => panic!("not a config error: {e}"),
+    }
+}
+
+fn with(from: &str, to: &str) -> String {
+    assert!(GOOD.contains(from), "{from}");
+    GOOD.replacen(from, to, 1)
+}
+
+#[test]
+fn good_config_parses() {
+    let c = parse(GOOD).expect("valid");
+    assert_eq!(c.engine.port, Some(8080));
+    assert_eq!(c.cell.hostname, "sealnode");
+    assert_eq!(c.node.rlimits.nofile, 4096);
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let (field, reason) = bad(&with("port = 8080", "port = 8080\ncolour = \"red\""));
+    assert!(
+        field.contains("colour") && field.contains("line"),
+        "{field}"
+    );
+    assert!(reason.contains("unknown field"), "{reason}");
+}
+
+#[test]
+fn relative_path_is_refused() {
+    let (field, reason) = bad(&with(
+        "scratch = \"/var/lib/sealnode/engine\"",
+        "scratch = \"var/lib/engine\"",
+    ));
+    assert_eq!(field, "engine.scratch");
+    assert!(reason.contains("relative"), "{reason}");
+    let (field, _) = bad(&with(
+        "/usr/share/sealnode/seccomp/node.json",
+        "seccomp/node.json",
+    ));
+    assert_eq!(field, "node.seccomp");
+    let (field, _) = bad(&with("\"/usr/bin/llama-server\"", "\"llama-server\""));
+    assert_eq!(field, "engine.command[0]");
+}
+
+#[test]
+fn dotdot_is_refused() {
+    let (field, reason) = bad(&with(
+        "models = \"/srv/models\"",
+        "models = \"/srv/../etc\"",
+    ));
+    assert_eq!(field, "engine.models");
+    assert!(reason.contains(".."));
+}
+
+#[test]
+fn port_out_of_range() {
+    let (field, reason) = bad(&with("port = 8080", "port = 70000"));
+    assert_eq!(field, "engine.port");
+    assert!(reason.contains("out of range"), "{reason}");
+    let (field, _) = bad(&with("port = 8080", "port = 0"));
+    assert_eq!(field, "engine.port");
+    let (field, _) = bad(&with("port = 8080\n", ""));
+    assert_eq!(field, "engine.port");
+}
+
+#[test]
+fn node_may_not_listen_or_see_models() {
+    let (field, _) = bad(&with(
+        "scratch = \"/var/lib/sealnode/node\"",
+        "scratch = \"/var/lib/sealnode/node\"\nport = 9000",
+    ));
+    assert_eq!(field, "node.port");
+    let (field, _) = bad(&with(
+        "scratch = \"/var/lib/sealnode/node\"",
+        "scratch = \"/var/lib/sealnode/node\"\nmodels = \"/srv/m2\"",
+    ));
+    assert_eq!(field, "node.models");
+}
+
+#[test]
+fn writable_dir_overlapping_readonly_is_refused() {
+    // Engine scratch inside the model dir.
+    let (field, reason) = bad(&with(
+        "scratch = \"/var/lib/sealnode/engine\"",
+        "scratch = \"/srv/models/tmp\"",
+    ));
+    assert_eq!(field, "engine.scratch");
+    assert!(reason.contains("overlaps"), "{reason}");
+    // Node scratch containing the venv bind.
+    let (field, _) = bad(&with(
+        "scratch = \"/var/lib/sealnode/node\"",
+        "scratch = \"/opt\"",
+    ));
+    assert_eq!(field, "node.scratch");
+    // Both roles sharing one writable dir.
+    let (field, _) = bad(&with(
+        "scratch = \"/var/lib/sealnode/node\"",
+        "scratch = \"/var/lib/sealnode/engine\"",
+    ));
+    assert!(field.ends_with(".scratch"), "{field}");
+}
+
+#[test]
+fn proxy_variables_never_pass() {
+    let (field, reason) = bad(&with(
+        "ro_binds = [{ src = \"/opt/venv\" }]",
+        "ro_binds = [{ src = \"/opt/venv\" }]\nenv = { pass = [\"HTTPS_PROXY\"] }",
+    ));
+    assert_eq!(field, "node.env.pass[0]");
+    assert!(reason.contains("proxy"));
+    let (field, _) = bad(&with(
+        "ro_binds = [{ src = \"/opt/venv\" }]",
+        "ro_binds = [{ src = \"/opt/venv\" }]\nenv = { set = { all_proxy = \"x\" } }",
+    ));
+    assert_eq!(field, "node.env.set.all_proxy");
+}
+
+#[test]
+fn schema_versions() {
+    let (field, reason) = bad(&GOOD.replace("schema = 1", "schema = 2"));
+    assert_eq!(field, "schema");
+    assert!(reason.contains("newer"), "{reason}");
+    let (field, _) = bad(&GOOD.replace("schema = 1", ""));
+    assert_eq!(field, "schema");
+}
+
+#[test]
+fn sha256_pin_format() {
+    let (field, _) = bad(&with("port = 8080", "port = 8080\nsha256 = \"abc\""));
+    assert_eq!(field, "engine.sha256");
+    parse(&with(
+        "port = 8080",
+        &format!("port = 8080\nsha256 = \"{}\"", "a".repeat(64)),
+    ))
+    .expect("valid pin");
+}
+
+#[test]
+fn reserved_bind_destinations() {
+    let (field, _) = bad(&with(
+        "ro_binds = [{ src = \"/opt/venv\" }]",
+        "ro_binds = [{ src = \"/opt/venv\", dst = \"/proc/x\" }]",
+    ));
+    assert_eq!(field, "node.ro_binds[0].dst");
+}
+
+#[test]
+fn rootful_users_must_differ_and_be_unprivileged() {
+    let (field, _) = bad(&with(
+        "runtime_dir = \"/run/sealnode\"",
+        "runtime_dir = \"/run/sealnode\"\nrootful = { engine = \"a\", node = \"a\" }",
+    ));
+    assert_eq!(field, "cell.rootful.node");
+    let (field, _) = bad(&with(
+        "runtime_dir = \"/run/sealnode\"",
+        "runtime_dir = \"/run/sealnode\"\nrootful = { engine = \"0:0\", node = \"5:5\" }",
+    ));
+    assert_eq!(field, "cell.rootful.engine");
+}
+
+// ---- host checks (real files in a temp dir) ----
+
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let h = Host { dir };
+        for d in ["models", "escratch", "nscratch", "venv", "pol"] {
+            std::fs::create_dir(h.p(d)).expect("mkdir");
+            std::fs::set_permissions(h.p(d), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+        }
+        std::fs::set_permissions(h.dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        std::fs::write(h.p("cred"), "c").expect("write");
+        std::fs::set_permissions(h.p("cred"), std::fs::Permissions::from_mode(0o600))
+            .expect("chmod");
+        if nix::unistd::geteuid().is_root() {
+            // Rootful: writable dirs and the credential belong to the role users.
+            for (p, id) in [("escratch", 61001), ("nscratch", 61002), ("cred", 61002)] {
+                std::os::unix::fs::chown(h.p(p), Some(id), Some(id)).expect("chown");
+            }
+        }
+        for f in [
+            "pol/engine.json",
+            "pol/node.json",
+            "pol/engine.toml",
+            "pol/node.toml",
+        ] {
+            std::fs::write(h.p(f), "{}").expect("write");
+            std::fs::set_permissions(h.p(f), std::fs::Permissions::from_mode(0o644))
+                .expect("chmod");
+        }
+        h
+    }
+    fn p(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+    fn config(&self) -> String {
+        let d = self.dir.path().display();
+        format!(
+            r#"schema = 1
+[cell]
+state_dir = "{d}"
+runtime_dir = "{d}"
+rootful = {{ engine = "61001:61001", node = "61002:61002" }}
+[engine]
+command = ["/usr/bin/true"]
+port = 8080
+seccomp = "{d}/pol/engine.json"
+landlock = "{d}/pol/engine.toml"
+models = "{d}/models"
+scratch = "{d}/escratch"
+[node]
+command = ["/usr/bin/true"]
+seccomp = "{d}/pol/node.json"
+landlock = "{d}/pol/node.toml"
+scratch = "{d}/nscratch"
+credential = "{d}/cred"
+ro_binds = [{{ src = "{d}/venv", dst = "/opt/venv" }}]
+"#
+        )
+    }
+    /// Run the host checks as if invoked by `inv`.
+    fn check(&self, text: &str, inv: Invoker) -> Result<Config> {
+        let f = self.p("c.toml");
+        std::fs::write(&f, text).expect("write");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let cfg = Config::parse(text, &f)?;
+        cfg.check_host(&inv)?;
+        Ok(cfg)
+    }
+    fn me(&self) -> Invoker {
+        // Rootless as the file owner: ownership checks compare against this uid.
+        let md = std::fs::metadata(self.dir.path()).expect("stat");
+        Invoker {
+            uid: md.uid(),
+            gid: md.gid(),
+        }
+    }
+}
+
+fn host_bad(h: &Host, text: &str) -> (String, String) {
+    match h.check(text, h.me()) {
+        Ok(_) => panic!("host check unexpectedly passed"),
+        Err(Error::Config { field, reason, .. }) => (field, reason),
+        Err(e) => panic!("not a config error: {e}"),
+    }
+}
+
+#[test]
+fn host_good() {
+    let h = Host::new();
+    h.check(&h.config(), h.me()).expect("valid");
+}
+
+#[test]
+fn host_missing_file() {
+    let h = Host::new();
+    std::fs::remove_dir(h.p("models")).expect("rm");
+    let (field, reason) = host_bad(&h, &h.config());
+    assert_eq!(field, "engine.models");
+    assert!(reason.contains("does not exist"), "{reason}");
+    let h = Host::new();
+    std::fs::remove_file(h.p("pol/node.json")).expect("rm");
+    let (field, _) = host_bad(&h, &h.config());
+    assert_eq!(field, "node.seccomp");
+}
+
+#[test]
+fn host_symlinked_role_dir() {
+    let h = Host::new();
+    std::fs::create_dir(h.p("real")).expect("mkdir");
+    std::fs::set_permissions(h.p("real"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::remove_dir(h.p("models")).expect("rm");
+    std::os::unix::fs::symlink(h.p("real"), h.p("models")).expect("symlink");
+    let (field, reason) = host_bad(&h, &h.config());
+    assert_eq!(field, "engine.models");
+    assert!(reason.contains("symlink"), "{reason}");
+}
+
+#[test]
+fn host_world_writable_dir() {
+    let h = Host::new();
+    std::fs::set_permissions(h.p("models"), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let (field, reason) = host_bad(&h, &h.config());
+    assert_eq!(field, "engine.models");
+    assert!(reason.contains("writable by group or others"), "{reason}");
+}
+
+#[test]
+fn host_dir_owned_by_another_user() {
+    let h = Host::new();
+    let mut inv = h.me();
+    // Pretend the launcher is someone else: the scratch dir then belongs to another user.
+    inv.uid = inv.uid.wrapping_add(4242);
+    match h.check(&h.config(), inv) {
+        Err(Error::Config { field, reason, .. }) => {
+            assert!(
+                field.ends_with("scratch")
+                    || field.ends_with("models")
+                    || field.ends_with("credential")
+                    || field.contains("ro_binds"),
+                "{field}"
+            );
+            assert!(reason.contains("owned by uid"), "{reason}");
+        }
+        other => panic!("expected ownership error, got {other:?}"),
+    }
+}
+
+#[test]
+fn host_credential_readable_by_others() {
+    let h = Host::new();
+    std::fs::set_permissions(h.p("cred"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let (field, reason) = host_bad(&h, &h.config());
+    assert_eq!(field, "node.credential");
+    assert!(reason.contains("readable by group or others"), "{reason}");
+}
+
+#[test]
+fn host_config_writable_by_non_root_when_root() {
+    let h = Host::new();
+    let f = h.p("c.toml");
+    std::fs::write(&f, h.config()).expect("write");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let inv = Invoker { uid: 0, gid: 0 };
+    match Config::load(&f, &inv) {
+        Err(Error::Config { field, reason, .. }) => {
+            assert_eq!(field, "(config file)");
+            assert!(reason.contains("writable by a non-root user"), "{reason}");
+        }
+        other => panic!("expected refusal, got {other:?}"),
+    }
+}

@@ -370,15 +370,73 @@ pub fn apply(res: &Resolved) -> std::result::Result<(), ApplyError> {
 }
 
 /// Deny-all ruleset for sealnode's own in-sandbox init: it needs no files and no network.
+/// No signal scope: the workload's domain is not nested in init's, and init must still be
+/// able to forward signals to it.
 pub fn deny_all(abi: u8) -> std::result::Result<(), ApplyError> {
     let abi = abi_of(abi);
-    Ruleset::default()
+    let scopes = if abi >= ABI::V6 {
+        BitFlags::from(Scope::AbstractUnixSocket)
+    } else {
+        BitFlags::EMPTY
+    };
+    let mut rs = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(AccessFs::from_all(abi))
         .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
-        .and_then(|r| r.scope(Scope::from_all(abi)))
-        .and_then(|r| r.create())
+        .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    if !scopes.is_empty() {
+        rs = rs
+            .scope(scopes)
+            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    }
+    rs.create()
         .and_then(|r| r.restrict_self())
         .map_err(|e| ApplyError::Restrict(errno_of(&e)))
         .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_rules_parse() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("landlock-rules");
+        for f in ["engine.toml", "node.toml"] {
+            let r = Rules::load(&root.join(f)).unwrap_or_else(|e| panic!("{e}"));
+            assert!(r.min_abi >= 6, "{f}: scopes need ABI 6");
+            assert!(r.scope.signal && r.scope.abstract_unix_socket, "{f}");
+        }
+        let engine = Rules::load(&root.join("engine.toml")).expect("engine");
+        assert!(engine.net.connect.is_empty(), "the engine connects nowhere");
+    }
+
+    #[test]
+    fn bad_rules_are_refused() {
+        let f = Path::new("rules.toml");
+        for (text, why) in [
+            ("min_abi = 9", "outside"),
+            (
+                "min_abi = 6\n[[fs]]\npaths = [\"/x\"]\naccess = [\"fly\"]",
+                "unknown access",
+            ),
+            (
+                "min_abi = 6\n[[fs]]\npaths = [\"x\"]\naccess = [\"read\"]",
+                "neither an absolute path",
+            ),
+            (
+                "min_abi = 4\n[[fs]]\npaths = [\"/x\"]\naccess = [\"ioctl_dev\"]",
+                "needs Landlock ABI 5",
+            ),
+            (
+                "min_abi = 6\n[net]\nbind = [\"@other\"]",
+                "unknown port token",
+            ),
+            ("min_abi = 6\nextra = 1", "unknown field"),
+            ("min_abi = 5", "scopes need"),
+        ] {
+            let e = Rules::parse(text, f).expect_err(text).to_string();
+            assert!(e.contains(why), "{text}: {e}");
+        }
+    }
 }

@@ -28,9 +28,11 @@ pub fn lint(text: &str, file: &Path) -> Result<()> {
         let mismatch = f.get("mismatch_action").or_else(|| f.get("default_action"));
         match mismatch {
             None => return Err(err("missing mismatch_action".into())),
-            Some(Value::String(s)) if s == "allow" || s == "log" => return Err(err(format!(
+            Some(Value::String(s)) if s == "allow" || s == "log" => {
+                return Err(err(format!(
                 "mismatch_action {s:?} turns the allowlist into a denylist; use {{\"errno\": 38}}"
-            ))),
+            )))
+            }
             _ => {}
         }
         match f.get("match_action").or_else(|| f.get("filter_action")) {
@@ -183,4 +185,160 @@ pub fn install(prog: &BpfProgram) -> std::result::Result<(), nix::errno::Errno> 
         }
         _ => nix::errno::Errno::EINVAL,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped() -> Vec<(std::path::PathBuf, &'static str)> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
+        vec![
+            (root.join("engine.json"), "engine"),
+            (root.join("node.json"), "node"),
+        ]
+    }
+
+    #[test]
+    fn shipped_filters_compile_for_every_arch_under_the_limit() {
+        for (file, role) in shipped() {
+            for arch in [TargetArch::x86_64, TargetArch::aarch64] {
+                let prog = compile_file(&file, role, arch).unwrap_or_else(|e| panic!("{e}"));
+                assert!(
+                    prog.len() < MAX_INSNS,
+                    "{} {arch:?}: {}",
+                    file.display(),
+                    prog.len()
+                );
+                assert!(prog.len() > 50, "suspiciously small filter");
+            }
+        }
+    }
+
+    #[test]
+    fn shipped_filters_are_linted_allowlists() {
+        for (file, role) in shipped() {
+            let text = std::fs::read_to_string(&file).expect("read");
+            lint(&text, &file).expect("lint");
+            let doc: Value = serde_json::from_str(&text).expect("json");
+            let f = &doc[role];
+            assert_ne!(f["mismatch_action"], Value::String("allow".into()));
+            assert_eq!(
+                f["mismatch_action"]["errno"], 38,
+                "denials answer ENOSYS (clone3 fallback)"
+            );
+            let names: Vec<&str> = f["filter"]
+                .as_array()
+                .expect("rules")
+                .iter()
+                .filter_map(|r| r["syscall"].as_str())
+                .collect();
+            for forbidden in [
+                "clone3",
+                "unshare",
+                "setns",
+                "mount",
+                "umount2",
+                "pivot_root",
+                "chroot",
+                "ptrace",
+                "bpf",
+                "keyctl",
+                "add_key",
+                "request_key",
+                "init_module",
+                "finit_module",
+                "delete_module",
+                "kexec_load",
+                "kexec_file_load",
+                "perf_event_open",
+                "userfaultfd",
+                "io_uring_setup",
+                "io_uring_enter",
+                "io_uring_register",
+                "fsopen",
+                "fsmount",
+                "fsconfig",
+                "open_tree",
+                "move_mount",
+                "mount_setattr",
+                "open_by_handle_at",
+                "name_to_handle_at",
+                "personality",
+                "syslog",
+                "iopl",
+                "ioperm",
+                "setuid",
+                "setgid",
+                "setgroups",
+                "setresuid",
+                "setresgid",
+                "capset",
+                "process_vm_readv",
+                "process_vm_writev",
+                "memfd_secret",
+                "landlock_create_ruleset",
+                "seccomp",
+                "quotactl",
+                "swapon",
+                "reboot",
+                "acct",
+                "vhangup",
+            ] {
+                assert!(
+                    !names.contains(&forbidden),
+                    "{} allows {forbidden}",
+                    file.display()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lint_refuses_allow_mismatch() {
+        let t = r#"{"r": {"mismatch_action": "allow", "match_action": "allow", "filter": []}}"#;
+        assert!(lint(t, Path::new("x.json"))
+            .unwrap_err()
+            .to_string()
+            .contains("denylist"));
+    }
+
+    #[test]
+    fn lint_refuses_mixed_rules() {
+        let t = r#"{"r": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [
+            {"syscall": "ioctl", "comment": "all"},
+            {"syscall": "ioctl", "comment": "some", "args": [{"index": 1, "type": "dword", "op": "eq", "val": 1}]}]}}"#;
+        assert!(lint(t, Path::new("x.json"))
+            .unwrap_err()
+            .to_string()
+            .contains("unconditional and a conditional"));
+    }
+
+    #[test]
+    fn lint_refuses_uncommented_rules() {
+        let t = r#"{"r": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [{"syscall": "read"}]}}"#;
+        assert!(lint(t, Path::new("x.json"))
+            .unwrap_err()
+            .to_string()
+            .contains("comment"));
+    }
+
+    #[test]
+    fn unknown_syscall_names_fail_on_every_arch() {
+        let t = r#"{"r": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [{"syscall": "raed", "comment": "typo"}]}}"#;
+        for arch in [TargetArch::x86_64, TargetArch::aarch64] {
+            assert!(compile_text(t, Path::new("x.json"), "r", arch).is_err());
+        }
+    }
+
+    #[test]
+    fn missing_role_filter_is_an_error() {
+        let t = r#"{"other": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [{"syscall": "read", "comment": "c"}]}}"#;
+        assert!(
+            compile_text(t, Path::new("x.json"), "node", TargetArch::x86_64)
+                .unwrap_err()
+                .to_string()
+                .contains("no filter named")
+        );
+    }
 }
