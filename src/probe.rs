@@ -308,9 +308,18 @@ fn io_errno(e: std::io::Error) -> Errno {
 
 /// Copy our own binary to `path`, make it executable and try to run it.
 fn exec_copy(path: &str) -> Result<(), Errno> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::copy("/proc/self/exe", path).map_err(io_errno)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(io_errno)?;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let me = std::fs::read("/proc/self/exe").map_err(io_errno)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o755)
+        .open(path)
+        .map_err(io_errno)?;
+    f.write_all(&me).map_err(io_errno)?;
+    drop(f);
     // SAFETY: fork in the single-threaded probe; the child only execs or exits.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {

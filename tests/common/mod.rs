@@ -1,0 +1,301 @@
+//! Shared fixtures for integration tests that run real sandboxes.
+//!
+//! Each test builds a private tree (model dir, scratch dirs, credential, config) and runs the
+//! real `sealnode` binary, as root (rootful: role users 61001/61002) and as an unprivileged
+//! user (uid 65534 via setpriv: rootless). Missing kernel features or tools skip loudly, and
+//! fail when `SEALNODE_TEST_REQUIRE` names them (`.ci/run` sets it).
+#![allow(dead_code)]
+
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+pub const ENGINE_IDS: (u32, u32) = (61001, 61001);
+pub const NODE_IDS: (u32, u32) = (61002, 61002);
+pub const NOBODY: u32 = 65534;
+
+/// Skip (loudly) or fail, depending on SEALNODE_TEST_REQUIRE.
+pub fn unavailable(feature: &str, why: &str) {
+    let required = std::env::var("SEALNODE_TEST_REQUIRE").unwrap_or_default();
+    if required
+        .split(',')
+        .any(|f| f.trim() == feature || f.trim() == "all")
+    {
+        panic!(
+            "required feature {feature:?} unavailable: {why} (SEALNODE_TEST_REQUIRE={required})"
+        );
+    }
+    eprintln!("\n!!! SKIPPED: feature {feature:?} unavailable: {why}\n!!! set SEALNODE_TEST_REQUIRE={feature} to make this a failure\n");
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// sealnode runs as root; each role runs as its own host uid.
+    Rootful,
+    /// sealnode runs as uid 65534 (via setpriv when the test is root), roles as that uid.
+    Rootless,
+}
+
+/// The modes this test process can exercise; says loudly what it cannot.
+pub fn modes() -> Vec<Mode> {
+    let mut v = Vec::new();
+    if is_root() {
+        v.push(Mode::Rootful);
+        if Path::new("/usr/bin/setpriv").exists() {
+            v.push(Mode::Rootless);
+        } else {
+            unavailable("rootless", "setpriv (util-linux) is missing");
+        }
+    } else {
+        unavailable("rootful", "tests are not running as root");
+        v.push(Mode::Rootless);
+    }
+    if sealnode::sys::landlock_abi() < 6 {
+        unavailable(
+            "landlock",
+            &format!("kernel Landlock ABI {} < 6", sealnode::sys::landlock_abi()),
+        );
+        return vec![];
+    }
+    v
+}
+
+pub struct Fixture {
+    pub mode: Mode,
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    pub config: PathBuf,
+    /// Extra TOML lines appended to [engine] / [node].
+    pub engine_extra: String,
+    pub node_extra: String,
+}
+
+fn mkdir(p: &Path, mode: u32, owner: Option<(u32, u32)>) {
+    std::fs::create_dir_all(p).expect("mkdir");
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    if let Some((u, g)) = owner {
+        chown(p, Some(u), Some(g)).expect("chown");
+    }
+}
+
+fn write(p: &Path, contents: &str, mode: u32, owner: Option<(u32, u32)>) {
+    std::fs::write(p, contents).expect("write");
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    if let Some((u, g)) = owner {
+        chown(p, Some(u), Some(g)).expect("chown");
+    }
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+impl Fixture {
+    pub fn new(mode: Mode, name: &str) -> Fixture {
+        let base = std::env::temp_dir().join(format!(
+            "sealnode-it-{}-{name}-{:?}",
+            std::process::id(),
+            mode
+        ));
+        let _ = std::fs::remove_dir_all(&base);
+        mkdir(&base, 0o755, None);
+        let (eo, no) = match mode {
+            Mode::Rootful => (Some(ENGINE_IDS), Some(NODE_IDS)),
+            Mode::Rootless if is_root() => (Some((NOBODY, NOBODY)), Some((NOBODY, NOBODY))),
+            Mode::Rootless => (None, None),
+        };
+        let launcher = if mode == Mode::Rootless && is_root() {
+            Some((NOBODY, NOBODY))
+        } else {
+            None
+        };
+        mkdir(&base.join("models"), 0o755, None);
+        write(
+            &base.join("models/model.gguf"),
+            "not really a model\n",
+            0o644,
+            None,
+        );
+        mkdir(&base.join("engine-scratch"), 0o700, eo);
+        mkdir(&base.join("node-scratch"), 0o700, no);
+        write(
+            &base.join("credential"),
+            "node-credential-token\n",
+            0o400,
+            no,
+        );
+        write(&base.join("host-secret"), "host secret\n", 0o644, None);
+        // The binary and policies are copied so any uid can reach them and they are root-owned.
+        let bin = base.join("sealnode");
+        std::fs::copy(env!("CARGO_BIN_EXE_sealnode"), &bin).expect("copy sealnode");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        mkdir(&base.join("policy"), 0o755, None);
+        for f in [
+            "seccomp/engine.json",
+            "seccomp/node.json",
+            "landlock-rules/engine.toml",
+            "landlock-rules/node.toml",
+        ] {
+            let dst = base
+                .join("policy")
+                .join(Path::new(f).file_name().expect("name"));
+            std::fs::copy(repo().join(f), &dst).expect("copy policy");
+            std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        }
+        let _ = launcher;
+        let f = Fixture {
+            mode,
+            dir: base.clone(),
+            bin,
+            config: base.join("sealnode.toml"),
+            engine_extra: String::new(),
+            node_extra: String::new(),
+        };
+        f.write_config();
+        f
+    }
+
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    pub fn write_config(&self) {
+        let d = self.dir.display();
+        let rootful = if self.mode == Mode::Rootful {
+            format!(
+                "rootful = {{ engine = \"{}:{}\", node = \"{}:{}\" }}\n",
+                ENGINE_IDS.0, ENGINE_IDS.1, NODE_IDS.0, NODE_IDS.1
+            )
+        } else {
+            String::new()
+        };
+        let text = format!(
+            r#"schema = 1
+[cell]
+hostname = "sealnode-test"
+state_dir = "{d}"
+runtime_dir = "{d}"
+{rootful}
+[engine]
+command = ["/usr/bin/true"]
+port = 18080
+seccomp = "{d}/policy/engine.json"
+landlock = "{d}/policy/engine.toml"
+models = "{d}/models"
+scratch = "{d}/engine-scratch"
+env = {{ set = {{ ENGINE_ONLY = "1" }} }}
+{}
+[node]
+command = ["/usr/bin/true"]
+seccomp = "{d}/policy/node.json"
+landlock = "{d}/policy/node.toml"
+scratch = "{d}/node-scratch"
+credential = "{d}/credential"
+env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"] }}
+{}
+"#,
+            self.engine_extra, self.node_extra
+        );
+        write(&self.config, &text, 0o644, None);
+    }
+
+    /// A Command running this fixture's sealnode as the mode's launcher.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = if self.mode == Mode::Rootless && is_root() {
+            let mut c = Command::new("/usr/bin/setpriv");
+            c.args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "--",
+            ])
+            .arg(&self.bin);
+            c
+        } else {
+            Command::new(&self.bin)
+        };
+        c.args(args).current_dir(&self.dir);
+        c
+    }
+
+    pub fn exec(&self, role: &str, argv: &[&str]) -> Output {
+        let cfg = self.config.display().to_string();
+        let mut args = vec!["exec", "--config", cfg.as_str(), "--role", role, "--"];
+        args.extend_from_slice(argv);
+        self.command(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sealnode")
+    }
+
+    /// Run the probe in `role`'s sandbox and parse its report.
+    pub fn probe(&self, role: &str, extra: &[&str]) -> serde_json::Value {
+        let cfg = self.config.display().to_string();
+        let mut args = vec!["probe", "--config", cfg.as_str(), "--role", role, "--"];
+        args.extend_from_slice(extra);
+        let out = self
+            .command(&args)
+            .env("SEALNODE_TEST_SECRET", "launcher-secret-value")
+            .env("HTTPS_PROXY", "http://proxy.invalid:3128")
+            .env("SEALNODE_TEST_PASS", "passed-through")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run probe");
+        assert!(
+            out.status.success(),
+            "{:?} probe failed: {}\n{}",
+            self.mode,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "probe output: {e}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Find the outcome of the probe attempt named `name`.
+pub fn attempt<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["attempts"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .find(|a| a["name"] == name)
+        .unwrap_or_else(|| panic!("no attempt {name}"))
+}
+
+/// Assert the attempt failed, with one of `errnos` if given.
+pub fn refused(report: &serde_json::Value, name: &str, errnos: &[i32]) {
+    let a = attempt(report, name);
+    assert_eq!(
+        a["ok"], false,
+        "attempt {name} SUCCEEDED inside the sandbox: {a}"
+    );
+    if !errnos.is_empty() {
+        let e = a["errno"].as_i64().expect("errno") as i32;
+        assert!(
+            errnos.contains(&e),
+            "attempt {name}: errno {e}, expected one of {errnos:?}: {a}"
+        );
+    }
+}
+
+pub fn which(p: &str) -> Option<PathBuf> {
+    let p = Path::new(p);
+    p.exists().then(|| p.to_path_buf())
+}

@@ -1,0 +1,418 @@
+//! Real sandboxes through `sealnode exec` / `sealnode probe`, as root and as an unprivileged
+//! user, asserting what the sandbox must refuse.
+
+mod common;
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const ENOSYS: i32 = libc::ENOSYS;
+const EPERM: i32 = libc::EPERM;
+const EACCES: i32 = libc::EACCES;
+const ENOENT: i32 = libc::ENOENT;
+const EROFS: i32 = libc::EROFS;
+
+#[test]
+fn probe_sees_every_layer_in_both_roles() {
+    for mode in modes() {
+        let f = Fixture::new(mode, "layers");
+        for role in ["engine", "node"] {
+            let secret = f.p("host-secret").display().to_string();
+            let r = f.probe(
+                role,
+                &[
+                    "--read",
+                    &secret,
+                    "--list",
+                    "/root",
+                    "--write",
+                    "/etc/passwd",
+                    "--write",
+                    "/usr/bin/x",
+                ],
+            );
+            let ctx = format!("{mode:?} {role}");
+            // Capabilities: all five sets empty; no_new_privs; seccomp filter mode.
+            for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+                assert_eq!(r["status"][set], "0000000000000000", "{ctx}: {set}");
+            }
+            assert_eq!(r["status"]["NoNewPrivs"], "1", "{ctx}");
+            assert_eq!(r["status"]["Seccomp"], "2", "{ctx}");
+            // Identity: the role's own unprivileged uid.
+            let want_uid = match (mode, role) {
+                (Mode::Rootful, "engine") => ENGINE_IDS.0,
+                (Mode::Rootful, _) => NODE_IDS.0,
+                (Mode::Rootless, _) if is_root() => NOBODY,
+                _ => nix::unistd::geteuid().as_raw(),
+            };
+            assert_eq!(r["uid"], want_uid, "{ctx}");
+            assert!(
+                r["groups"].as_array().expect("groups").is_empty() || mode == Mode::Rootless,
+                "{ctx}: groups {}",
+                r["groups"]
+            );
+            // Network: only lo, and it is up.
+            let ifs = r["interfaces"].as_object().expect("interfaces");
+            assert_eq!(ifs.len(), 1, "{ctx}: interfaces {ifs:?}");
+            assert_eq!(ifs["lo"], true, "{ctx}: lo must be up");
+            // Processes: only the sandbox's own init (1) and the probe.
+            assert_eq!(r["pids"], serde_json::json!([1, 2]), "{ctx}: visible pids");
+            assert_eq!(r["ppid"], 1, "{ctx}");
+            assert_eq!(r["hostname"], "sealnode-test", "{ctx}");
+            assert_eq!(r["cwd"], "/scratch", "{ctx}");
+            // Only stdio crosses into the role.
+            assert_eq!(r["fds"], serde_json::json!([0, 1, 2]), "{ctx}: fds");
+            // rlimits: no core dumps, finite limits.
+            assert_eq!(r["rlimits"]["core"], serde_json::json!([0, 0]), "{ctx}");
+            for l in ["nofile", "nproc", "fsize"] {
+                assert!(
+                    r["rlimits"][l][1].as_u64().expect("limit") < u64::MAX,
+                    "{ctx}: {l} unlimited"
+                );
+            }
+            // Kernel surface refused by seccomp (ENOSYS is sealnode's seccomp answer).
+            for a in [
+                "unshare_user",
+                "unshare_net",
+                "clone_newuser",
+                "clone3",
+                "mount_tmpfs",
+                "ioctl_tiocsti",
+                "ioctl_tiocsti_high_bits",
+                "ioctl_tioclinux",
+                "io_uring_setup",
+                "socket_raw_inet",
+                "socket_packet",
+                "socket_netlink",
+                "socket_alg",
+                "socket_vsock",
+                "ptrace_init",
+                "chroot",
+                "bpf",
+                "perf_event_open",
+                "userfaultfd",
+                "keyctl",
+                "setuid_0",
+            ] {
+                refused(&r, a, &[ENOSYS]);
+            }
+            // Signalling init: Landlock's signal scope.
+            refused(&r, "kill_init", &[EPERM]);
+            // Host files are not in the view at all; system dirs are read-only.
+            refused(&r, &format!("read:{secret}"), &[ENOENT]);
+            refused(&r, "list:/root", &[ENOENT]);
+            refused(&r, "write:/etc/passwd", &[EROFS, EACCES]);
+            refused(&r, "write:/usr/bin/x", &[EROFS, EACCES]);
+        }
+    }
+}
+
+#[test]
+fn role_dirs_and_exec_from_scratch() {
+    for mode in modes() {
+        let f = Fixture::new(mode, "dirs");
+        let r = f.probe(
+            "engine",
+            &[
+                "--read",
+                "/models/model.gguf",
+                "--write",
+                "/models/new",
+                "--write",
+                "/scratch/ok",
+                "--exec-copy",
+                "/scratch/bin",
+                "--exec-copy",
+                "/tmp/bin",
+                "--read",
+                "/run/sealnode/credential",
+            ],
+        );
+        let ctx = format!("{mode:?} engine");
+        assert_eq!(
+            attempt(&r, "read:/models/model.gguf")["ok"],
+            true,
+            "{ctx}: model dir readable"
+        );
+        refused(&r, "write:/models/new", &[EROFS, EACCES]);
+        assert_eq!(
+            attempt(&r, "write:/scratch/ok")["ok"],
+            true,
+            "{ctx}: scratch writable"
+        );
+        // Written to a writable dir, never executable (noexec mount + no Landlock exec right).
+        refused(&r, "exec-copy:/scratch/bin", &[EACCES]);
+        refused(&r, "exec-copy:/tmp/bin", &[EACCES]);
+        // The engine never sees the node's credential.
+        refused(&r, "read:/run/sealnode/credential", &[ENOENT]);
+        let n = f.probe(
+            "node",
+            &[
+                "--read",
+                "/run/sealnode/credential",
+                "--list",
+                "/models",
+                "--write",
+                "/run/sealnode/credential",
+            ],
+        );
+        assert_eq!(
+            attempt(&n, "read:/run/sealnode/credential")["ok"],
+            true,
+            "{mode:?} node reads its credential"
+        );
+        refused(&n, "write:/run/sealnode/credential", &[EROFS, EACCES]);
+        refused(&n, "list:/models", &[ENOENT]);
+        assert!(
+            f.p("engine-scratch/ok").exists(),
+            "{ctx}: scratch write reached the host dir"
+        );
+    }
+}
+
+#[test]
+fn tcp_ports_follow_landlock_rules() {
+    for mode in modes() {
+        let f = Fixture::new(mode, "ports");
+        let e = f.probe(
+            "engine",
+            &[
+                "--bind",
+                "127.0.0.1:18080",
+                "--bind",
+                "127.0.0.1:18081",
+                "--connect",
+                "127.0.0.1:18080",
+            ],
+        );
+        assert_eq!(
+            attempt(&e, "bind:127.0.0.1:18080")["ok"],
+            true,
+            "{mode:?}: engine binds its port"
+        );
+        refused(&e, "bind:127.0.0.1:18081", &[EACCES]);
+        // The engine has no connect at all (seccomp), whatever the port.
+        refused(&e, "connect:127.0.0.1:18080", &[ENOSYS]);
+        let n = f.probe(
+            "node",
+            &[
+                "--bind",
+                "127.0.0.1:18080",
+                "--connect",
+                "127.0.0.1:18080",
+                "--connect",
+                "127.0.0.1:22",
+            ],
+        );
+        refused(&n, "bind:127.0.0.1:18080", &[EACCES]);
+        // Allowed by Landlock, nothing listening in this sandbox's own netns.
+        refused(&n, "connect:127.0.0.1:18080", &[libc::ECONNREFUSED]);
+        refused(&n, "connect:127.0.0.1:22", &[EACCES]);
+    }
+}
+
+#[test]
+fn environment_is_exactly_the_config() {
+    for mode in modes() {
+        let f = Fixture::new(mode, "env");
+        let n = f.probe("node", &[]);
+        let env = n["env"].as_object().expect("env");
+        let mut keys: Vec<&str> = env.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "FRUTEBOX_ENGINE",
+                "HOME",
+                "LANG",
+                "PATH",
+                "SEALNODE_TEST_PASS",
+                "TMPDIR"
+            ],
+            "{mode:?}: node env"
+        );
+        assert_eq!(env["SEALNODE_TEST_PASS"], "passed-through");
+        assert_eq!(env["FRUTEBOX_ENGINE"], "llamacpp");
+        let e = f.probe("engine", &[]);
+        let env = e["env"].as_object().expect("env");
+        assert!(
+            !env.contains_key("SEALNODE_TEST_SECRET") && !env.contains_key("HTTPS_PROXY"),
+            "{mode:?}: launcher env leaked: {env:?}"
+        );
+        assert!(
+            !env.contains_key("SEALNODE_TEST_PASS"),
+            "{mode:?}: only the node passes it"
+        );
+        assert_eq!(env["ENGINE_ONLY"], "1");
+    }
+}
+
+#[test]
+fn exit_codes_and_stdio_pass_through() {
+    for mode in modes() {
+        let f = Fixture::new(mode, "exit");
+        let o = f.exec("node", &["/bin/sh", "-c", "echo out; echo err >&2; exit 7"]);
+        assert_eq!(
+            o.status.code(),
+            Some(7),
+            "{mode:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "out\n");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("err"));
+        let o = f.exec("node", &["/bin/sh", "-c", "kill -TERM $$"]);
+        assert_eq!(
+            o.status.code(),
+            Some(128 + libc::SIGTERM),
+            "{mode:?}: signal -> 128+N"
+        );
+        // stdin passes through.
+        let cfg = f.config.display().to_string();
+        let mut child = f
+            .command(&[
+                "exec", "--config", &cfg, "--role", "engine", "--", "/bin/cat",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(b"through the sandbox\n")
+            .expect("write");
+        let o = child.wait_with_output().expect("wait");
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "through the sandbox\n",
+            "{mode:?}"
+        );
+        // A bare name is searched in the sandbox's PATH.
+        assert_eq!(
+            f.exec("node", &["true"]).status.code(),
+            Some(0),
+            "{mode:?}: PATH search"
+        );
+    }
+}
+
+#[test]
+fn setup_failures_exit_125_with_the_step() {
+    for mode in modes() {
+        let f = Fixture::new(mode, "fail");
+        let o = f.exec("node", &["/nonexistent/program"]);
+        assert_eq!(o.status.code(), Some(125), "{mode:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("exec") && err.contains("ENOENT") && err.contains("/nonexistent/program"),
+            "{mode:?}: {err}"
+        );
+        // Not executable by Landlock/noexec: the model dir.
+        let o = f.exec("engine", &["/models/model.gguf"]);
+        assert_eq!(o.status.code(), Some(125), "{mode:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("EACCES"),
+            "{mode:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        // A bad config: named file and field, nothing started.
+        std::fs::write(
+            &f.config,
+            std::fs::read_to_string(&f.config)
+                .expect("read")
+                .replace("port = 18080", "port = 99999"),
+        )
+        .expect("write");
+        let o = f.exec("engine", &["/usr/bin/true"]);
+        assert_eq!(o.status.code(), Some(125));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("sealnode.toml")
+                && err.contains("engine.port")
+                && err.contains("out of range"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn supervisor_death_kills_the_sandbox() {
+    for mode in modes() {
+        let f = Fixture::new(mode, "pdeath");
+        let cfg = f.config.display().to_string();
+        let mut child = f
+            .command(&[
+                "exec",
+                "--config",
+                &cfg,
+                "--role",
+                "node",
+                "--",
+                "/bin/sleep",
+                "1000",
+            ])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        // Find the sandboxed sleep by its unique argument and our fixture's launcher.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let find = || -> Vec<i32> {
+            std::fs::read_dir("/proc")
+                .expect("proc")
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|p| {
+                    std::fs::read(format!("/proc/{p}/cmdline"))
+                        .map(|c| c == b"/bin/sleep\x001000\x00")
+                        .unwrap_or(false)
+                        && descends_from(*p, child.id() as i32)
+                })
+                .collect()
+        };
+        let mut pids = find();
+        while pids.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            pids = find();
+        }
+        assert_eq!(pids.len(), 1, "{mode:?}: sandboxed sleep not found");
+        // SIGKILL the launcher (through setpriv's exec it is the same pid).
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill");
+        let _ = child.wait();
+        let gone = Instant::now() + Duration::from_secs(1);
+        while std::path::Path::new(&format!("/proc/{}", pids[0])).exists() && Instant::now() < gone
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z "),
+            "{mode:?}: sandboxed process survived its supervisor: {stat}"
+        );
+    }
+}
+
+fn descends_from(mut pid: i32, ancestor: i32) -> bool {
+    for _ in 0..8 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else {
+            return false;
+        };
+        let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) else {
+            return false;
+        };
+        if ppid == ancestor {
+            return true;
+        }
+        pid = ppid;
+    }
+    false
+}
