@@ -434,7 +434,7 @@ impl Config {
         if r.tmp_size_mb == 0 || r.tmp_size_mb > 65536 {
             return Err(self.err(f("tmp_size_mb"), "must be between 1 and 65536"));
         }
-        for (k, _) in &r.env.set {
+        for k in r.env.set.keys() {
             if !valid_env_name(k) {
                 return Err(self.err(f(&format!("env.set.{k}")), "not a valid variable name"));
             }

@@ -50,10 +50,6 @@ fn attempt(name: impl Into<String>, r: Result<(), Errno>) -> Attempt {
     }
 }
 
-fn raw(r: libc::c_long) -> Result<libc::c_long, Errno> {
-    Errno::result(r)
-}
-
 fn status_fields() -> BTreeMap<String, String> {
     let keys = [
         "CapInh",
@@ -138,47 +134,43 @@ fn fds() -> Vec<i32> {
 
 /// The built-in escape attempts: each must fail in a role's sandbox.
 fn builtin_attempts() -> Vec<Attempt> {
+    use crate::sys::{syscall_ints as ints, syscall_with_buf as with_buf};
+    let drop_ok = |r: Result<i64, Errno>| r.map(drop);
     let mut v = Vec::new();
-    // SAFETY (all raw syscalls below): arguments are integers or pointers to locals that
-    // outlive the call; a successful clone child exits immediately.
     v.push(attempt(
         "unshare_user",
-        raw(unsafe { libc::unshare(libc::CLONE_NEWUSER) } as _).map(drop),
+        drop_ok(ints(
+            libc::SYS_unshare,
+            [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
+        )),
     ));
     v.push(attempt(
         "unshare_net",
-        raw(unsafe { libc::unshare(libc::CLONE_NEWNET) } as _).map(drop),
+        drop_ok(ints(
+            libc::SYS_unshare,
+            [libc::CLONE_NEWNET as u64, 0, 0, 0, 0, 0],
+        )),
     ));
-    let clone_r = raw(unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
-            0,
-            0,
-            0,
-            0,
-        )
-    });
+    // fork-style clone with a namespace flag; a child, should one exist, exits at once.
+    let clone_r = ints(
+        libc::SYS_clone,
+        [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0],
+    );
     if clone_r == Ok(0) {
         crate::sys::exit_now(0);
     }
     if let Ok(pid) = clone_r {
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
     }
-    v.push(attempt("clone_newuser", clone_r.map(drop)));
-    let mut args = [0u64; 11];
-    args[0] = libc::CLONE_NEWUSER as u64;
-    let c3 = raw(unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            args.as_mut_ptr(),
-            std::mem::size_of_val(&args),
-        )
-    });
+    v.push(attempt("clone_newuser", drop_ok(clone_r)));
+    // struct clone_args (88 bytes) with flags = CLONE_NEWUSER, no stack: fork semantics.
+    let mut args = [0u8; 88];
+    args[..8].copy_from_slice(&(libc::CLONE_NEWUSER as u64).to_ne_bytes());
+    let c3 = with_buf(libc::SYS_clone3, [0, 88, 0, 0, 0, 0], 0, &mut args);
     if c3 == Ok(0) {
         crate::sys::exit_now(0);
     }
-    v.push(attempt("clone3", c3.map(drop)));
+    v.push(attempt("clone3", drop_ok(c3)));
     v.push(attempt(
         "mount_tmpfs",
         nix::mount::mount(
@@ -189,34 +181,42 @@ fn builtin_attempts() -> Vec<Attempt> {
             None::<&str>,
         ),
     ));
-    let c: u8 = b'x';
+    let mut byte = [b'x'];
     v.push(attempt(
         "ioctl_tiocsti",
-        raw(unsafe { libc::ioctl(0, libc::TIOCSTI, &c) } as _).map(drop),
+        drop_ok(with_buf(
+            libc::SYS_ioctl,
+            [0, libc::TIOCSTI, 0, 0, 0, 0],
+            2,
+            &mut byte,
+        )),
     ));
+    // CVE-2019-10063: the high 32 bits set; the kernel ignores them, the filter must too.
     v.push(attempt(
         "ioctl_tiocsti_high_bits",
-        raw(unsafe {
-            libc::syscall(
-                libc::SYS_ioctl,
-                0,
-                0xffff_ffff_0000_0000u64 | libc::TIOCSTI as u64,
-                &c,
-            )
-        })
-        .map(drop),
+        drop_ok(with_buf(
+            libc::SYS_ioctl,
+            [0, 0xffff_ffff_0000_0000 | libc::TIOCSTI, 0, 0, 0, 0],
+            2,
+            &mut byte,
+        )),
     ));
-    let linux_arg: u8 = 6;
+    let mut sub = [6u8];
     v.push(attempt(
         "ioctl_tioclinux",
-        raw(unsafe { libc::ioctl(0, libc::TIOCLINUX, &linux_arg) } as _).map(drop),
+        drop_ok(with_buf(
+            libc::SYS_ioctl,
+            [0, libc::TIOCLINUX, 0, 0, 0, 0],
+            2,
+            &mut sub,
+        )),
     ));
     let mut params = [0u8; 120];
-    let ring = raw(unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) });
+    let ring = with_buf(libc::SYS_io_uring_setup, [1, 0, 0, 0, 0, 0], 1, &mut params);
     if let Ok(fd) = ring {
         let _ = nix::unistd::close(fd as i32);
     }
-    v.push(attempt("io_uring_setup", ring.map(drop)));
+    v.push(attempt("io_uring_setup", drop_ok(ring)));
     for (name, dom, ty) in [
         ("socket_raw_inet", libc::AF_INET, libc::SOCK_RAW),
         ("socket_packet", libc::AF_PACKET, libc::SOCK_RAW),
@@ -224,40 +224,37 @@ fn builtin_attempts() -> Vec<Attempt> {
         ("socket_alg", libc::AF_ALG, libc::SOCK_SEQPACKET),
         ("socket_vsock", libc::AF_VSOCK, libc::SOCK_STREAM),
     ] {
-        let s = raw(unsafe { libc::socket(dom, ty | libc::SOCK_CLOEXEC, 0) } as _);
+        let s = ints(
+            libc::SYS_socket,
+            [dom as u64, (ty | libc::SOCK_CLOEXEC) as u64, 0, 0, 0, 0],
+        );
         if let Ok(fd) = s {
             let _ = nix::unistd::close(fd as i32);
         }
-        v.push(attempt(name, s.map(drop)));
+        v.push(attempt(name, drop_ok(s)));
     }
     v.push(attempt(
         "ptrace_init",
-        raw(unsafe { libc::ptrace(libc::PTRACE_ATTACH, 1, 0, 0) }).map(drop),
+        drop_ok(ints(
+            libc::SYS_ptrace,
+            [libc::PTRACE_ATTACH as u64, 1, 0, 0, 0, 0],
+        )),
     ));
-    v.push(attempt(
-        "setuid_0",
-        raw(unsafe { libc::setuid(0) } as _).map(drop),
-    ));
-    v.push(attempt(
-        "chroot",
-        raw(unsafe { libc::chroot(c"/tmp".as_ptr()) } as _).map(drop),
-    ));
-    v.push(attempt(
-        "bpf",
-        raw(unsafe { libc::syscall(libc::SYS_bpf, 0, 0, 0) }).map(drop),
-    ));
+    v.push(attempt("setuid_0", drop_ok(ints(libc::SYS_setuid, [0; 6]))));
+    v.push(attempt("chroot", nix::unistd::chroot("/tmp")));
+    v.push(attempt("bpf", drop_ok(ints(libc::SYS_bpf, [0; 6]))));
     v.push(attempt(
         "perf_event_open",
-        raw(unsafe { libc::syscall(libc::SYS_perf_event_open, 0, 0, -1, -1, 0) }).map(drop),
+        drop_ok(ints(
+            libc::SYS_perf_event_open,
+            [0, 0, u64::MAX, u64::MAX, 0, 0],
+        )),
     ));
     v.push(attempt(
         "userfaultfd",
-        raw(unsafe { libc::syscall(libc::SYS_userfaultfd, 0) }).map(drop),
+        drop_ok(ints(libc::SYS_userfaultfd, [0; 6])),
     ));
-    v.push(attempt(
-        "keyctl",
-        raw(unsafe { libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) }).map(drop),
-    ));
+    v.push(attempt("keyctl", drop_ok(ints(libc::SYS_keyctl, [0; 6]))));
     v.push(attempt(
         "kill_init",
         nix::sys::signal::kill(

@@ -264,3 +264,27 @@ pub fn reset_signals() -> Result<(), Errno> {
     }
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
 }
+
+/// A raw system call whose arguments are plain integers (no pointers), for the probe's escape
+/// attempts. Returns the result or the errno.
+pub fn syscall_ints(nr: libc::c_long, args: [u64; 6]) -> Result<i64, Errno> {
+    // SAFETY: every argument is an integer the kernel reads by value; calls that take pointers
+    // are only made through `syscall_with_buf`, which supplies a valid buffer.
+    let r = unsafe { libc::syscall(nr, args[0], args[1], args[2], args[3], args[4], args[5]) };
+    Errno::result(r)
+}
+
+/// A raw system call whose argument `buf_index` is a pointer to `buf` (a writable buffer the
+/// kernel may read or fill, e.g. io_uring params or a TIOCSTI byte).
+pub fn syscall_with_buf(
+    nr: libc::c_long,
+    mut args: [u64; 6],
+    buf_index: usize,
+    buf: &mut [u8],
+) -> Result<i64, Errno> {
+    args[buf_index] = buf.as_mut_ptr() as u64;
+    // SAFETY: the pointer argument points to `buf`, valid and writable for its whole length,
+    // which the caller sizes for the call (largest kernel structure it may write).
+    let r = unsafe { libc::syscall(nr, args[0], args[1], args[2], args[3], args[4], args[5]) };
+    Errno::result(r)
+}

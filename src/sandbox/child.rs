@@ -127,7 +127,8 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Seccomp last: from here on only the role's allowlist, which must include execve.
     must(fds, Stage::Seccomp, 0, seccomp::install(&plan.seccomp));
     // Exec with the explicit environment; EOF on the error pipe tells the parent it happened.
-    exec(plan, fds)
+    let errno = exec(plan);
+    fail(fds, Stage::Exec, 0, errno)
 }
 
 fn wait_for_maps(sync: RawFd) -> Result<(), Errno> {
@@ -164,7 +165,8 @@ fn landlock_errno(fds: ChildFds, e: landlock::ApplyError) -> Errno {
     }
 }
 
-fn exec(plan: &Plan, fds: ChildFds) -> ! {
+/// execve each candidate path in turn (like execvp); returns the last error.
+fn exec(plan: &Plan) -> Errno {
     let argv = ptr_array(&plan.argv);
     let envp = ptr_array(&plan.envp);
     let mut last = Errno::ENOENT;
@@ -175,5 +177,5 @@ fn exec(plan: &Plan, fds: ChildFds) -> ! {
             break;
         }
     }
-    fail(fds, Stage::Exec, 0, last)
+    last
 }
