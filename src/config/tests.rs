@@ -378,3 +378,26 @@ fn host_config_writable_by_non_root_when_root() {
         other => panic!("expected refusal, got {other:?}"),
     }
 }
+
+#[test]
+fn shipped_examples_parse() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&root).expect("examples") {
+        let p = entry.expect("entry").path();
+        if p.extension().is_some_and(|e| e == "toml") {
+            Config::parse(&std::fs::read_to_string(&p).expect("read"), &p)
+                .unwrap_or_else(|e| panic!("{e}"));
+            seen += 1;
+        }
+    }
+    assert!(seen >= 1, "no examples found");
+    let demo = std::fs::read_to_string(root.join("demo/sealnode.toml.in")).expect("demo");
+    let filled = demo
+        .replace("@DEMO@", "/var/lib/sealnode-demo")
+        .replace("@POLICY@", "/usr/share/sealnode")
+        .replace("@VENV@", "/var/lib/sealnode-demo/py/venv")
+        .replace("@PYCOPY@", "/var/lib/sealnode-demo/py/python")
+        .replace("@PYPREFIX@", "/opt/python3.12");
+    Config::parse(&filled, Path::new("demo.toml")).unwrap_or_else(|e| panic!("{e}"));
+}

@@ -50,6 +50,13 @@ pub struct NetRules {
     pub bind: Vec<Port>,
     #[serde(default)]
     pub connect: Vec<Port>,
+    /// Leave TCP bind unrestricted by Landlock (programs that listen on random ports, e.g.
+    /// Ollama's runners). Weaker: say why in the policy file.
+    #[serde(default)]
+    pub bind_any: bool,
+    /// Leave TCP connect unrestricted by Landlock. Weaker: say why in the policy file.
+    #[serde(default)]
+    pub connect_any: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -193,6 +200,15 @@ impl Rules {
             }
         }
         let _ = net_used;
+        if rules.net.bind_any && !rules.net.bind.is_empty() {
+            return Err(Error::policy(
+                file,
+                "bind_any = true leaves bind unrestricted; drop the bind list or bind_any",
+            ));
+        }
+        if rules.net.connect_any && !rules.net.connect.is_empty() {
+            return Err(Error::policy(file, "connect_any = true leaves connect unrestricted; drop the connect list or connect_any"));
+        }
         Ok(rules)
     }
 
@@ -219,6 +235,8 @@ pub struct Resolved {
     pub fs: Vec<(CString, BitFlags<AccessFs>, bool)>,
     pub bind: Vec<u16>,
     pub connect: Vec<u16>,
+    /// TCP rights Landlock enforces (all of them unless the policy opted out).
+    pub handled_net: BitFlags<AccessNet>,
     pub scopes: BitFlags<Scope>,
 }
 
@@ -282,6 +300,16 @@ impl Rules {
             fs,
             bind: self.net.bind.iter().filter_map(port).collect(),
             connect: self.net.connect.iter().filter_map(port).collect(),
+            handled_net: {
+                let mut h = AccessNet::BindTcp | AccessNet::ConnectTcp;
+                if self.net.bind_any {
+                    h.remove(AccessNet::BindTcp);
+                }
+                if self.net.connect_any {
+                    h.remove(AccessNet::ConnectTcp);
+                }
+                h
+            },
             scopes,
         }
     }
@@ -316,8 +344,12 @@ pub fn apply(res: &Resolved) -> std::result::Result<(), ApplyError> {
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(handled_fs)
-        .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
         .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    if !res.handled_net.is_empty() {
+        ruleset = ruleset
+            .handle_access(res.handled_net)
+            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    }
     if !res.scopes.is_empty() {
         ruleset = ruleset
             .scope(res.scopes)
@@ -402,13 +434,21 @@ mod tests {
     #[test]
     fn shipped_rules_parse() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("landlock-rules");
-        for f in ["engine.toml", "node.toml"] {
+        for f in ["engine.toml", "node.toml", "engine-ollama.toml"] {
             let r = Rules::load(&root.join(f)).unwrap_or_else(|e| panic!("{e}"));
             assert!(r.min_abi >= 6, "{f}: scopes need ABI 6");
             assert!(r.scope.signal && r.scope.abstract_unix_socket, "{f}");
         }
         let engine = Rules::load(&root.join("engine.toml")).expect("engine");
-        assert!(engine.net.connect.is_empty(), "the engine connects nowhere");
+        assert!(
+            engine.net.connect.is_empty() && !engine.net.connect_any,
+            "the engine connects nowhere"
+        );
+        let node = Rules::load(&root.join("node.toml")).expect("node");
+        assert!(
+            node.net.bind.is_empty() && !node.net.bind_any && !node.net.connect_any,
+            "the node listens nowhere"
+        );
     }
 
     #[test]
@@ -434,6 +474,10 @@ mod tests {
             ),
             ("min_abi = 6\nextra = 1", "unknown field"),
             ("min_abi = 5", "scopes need"),
+            (
+                "min_abi = 6\n[net]\nbind = [80]\nbind_any = true",
+                "bind_any",
+            ),
         ] {
             let e = Rules::parse(text, f).expect_err(text).to_string();
             assert!(e.contains(why), "{text}: {e}");

@@ -72,6 +72,8 @@ pub struct Fixture {
     /// Extra TOML lines appended to [engine] / [node].
     pub engine_extra: String,
     pub node_extra: String,
+    /// Basename of the engine's policy files under seccomp/ and landlock-rules/.
+    pub engine_policy: String,
 }
 
 fn mkdir(p: &Path, mode: u32, owner: Option<(u32, u32)>) {
@@ -130,7 +132,8 @@ impl Fixture {
         );
         write(&base.join("host-secret"), "host secret\n", 0o644, None);
         // The binary and policies are copied so any uid can reach them and they are root-owned.
-        let bin = base.join("sealnode");
+        mkdir(&base.join("bin"), 0o755, None);
+        let bin = base.join("bin/sealnode");
         std::fs::copy(env!("CARGO_BIN_EXE_sealnode"), &bin).expect("copy sealnode");
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         mkdir(&base.join("policy"), 0o755, None);
@@ -146,7 +149,6 @@ impl Fixture {
             std::fs::copy(repo().join(f), &dst).expect("copy policy");
             std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         }
-        let _ = launcher;
         let f = Fixture {
             mode,
             dir: base.clone(),
@@ -154,6 +156,7 @@ impl Fixture {
             config: base.join("sealnode.toml"),
             engine_extra: String::new(),
             node_extra: String::new(),
+            engine_policy: "engine".into(),
         };
         f.write_config();
         f
@@ -183,8 +186,8 @@ runtime_dir = "{d}"
 [engine]
 command = ["/usr/bin/true"]
 port = 18080
-seccomp = "{d}/policy/engine.json"
-landlock = "{d}/policy/engine.toml"
+seccomp = "{d}/policy/{ep}.json"
+landlock = "{d}/policy/{ep}.toml"
 models = "{d}/models"
 scratch = "{d}/engine-scratch"
 env = {{ set = {{ ENGINE_ONLY = "1" }} }}
@@ -198,7 +201,9 @@ credential = "{d}/credential"
 env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"] }}
 {}
 "#,
-            self.engine_extra, self.node_extra
+            self.engine_extra,
+            self.node_extra,
+            ep = self.engine_policy
         );
         write(&self.config, &text, 0o644, None);
     }
