@@ -70,6 +70,25 @@ pub struct Cell {
     pub runtime_dir: PathBuf,
     /// Host users the roles run as when sealnode runs as root. Ignored when rootless.
     pub rootful: Option<RootfulUsers>,
+    /// Grace period between SIGTERM and SIGKILL when stopping a role, seconds.
+    #[serde(default = "default_stop_timeout")]
+    pub stop_timeout_s: u64,
+    /// Most concurrent forwarded connections per egress upstream.
+    #[serde(default = "default_egress_max")]
+    pub egress_max_connections: usize,
+    /// A forwarded connection idle this long (no byte either way) is closed, seconds.
+    #[serde(default = "default_egress_idle")]
+    pub egress_idle_timeout_s: u64,
+}
+
+fn default_stop_timeout() -> u64 {
+    10
+}
+fn default_egress_max() -> usize {
+    64
+}
+fn default_egress_idle() -> u64 {
+    600
 }
 
 fn default_hostname() -> String {
@@ -119,6 +138,63 @@ pub struct RoleConfig {
     pub env: EnvConfig,
     #[serde(default)]
     pub rlimits: Rlimits,
+    /// Node only: upstreams reachable through the launcher (e.g. the gateway).
+    #[serde(default)]
+    pub egress: Vec<Egress>,
+    /// Engine only: how `run` decides the engine is ready before starting the node.
+    #[serde(default)]
+    pub ready: Ready,
+    /// Restart the role when it exits: "no" (stop the cell, exit non-zero), "on-failure", "always".
+    #[serde(default)]
+    pub restart: Restart,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Egress {
+    /// The name the node dials (its usual URL's host); resolved outside the cell.
+    pub host: String,
+    /// The port the node dials, and the upstream's port.
+    pub port: u32,
+    /// Optional fixed upstream address ("ip:port") instead of resolving `host`.
+    pub connect: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ready {
+    /// "tcp": the port accepts a connection; "http": GET `path` answers 200.
+    #[serde(default = "default_ready_kind")]
+    pub kind: String,
+    #[serde(default = "default_ready_path")]
+    pub path: String,
+    #[serde(default = "default_ready_timeout")]
+    pub timeout_s: u64,
+}
+
+impl Default for Ready {
+    fn default() -> Self {
+        Ready { kind: default_ready_kind(), path: default_ready_path(), timeout_s: default_ready_timeout() }
+    }
+}
+
+fn default_ready_kind() -> String {
+    "tcp".into()
+}
+fn default_ready_path() -> String {
+    "/".into()
+}
+fn default_ready_timeout() -> u64 {
+    120
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Restart {
+    #[default]
+    No,
+    OnFailure,
+    Always,
 }
 
 fn default_tmp_mb() -> u64 {
@@ -186,12 +262,7 @@ fn d_memlock() -> u64 {
 
 impl Default for Rlimits {
     fn default() -> Self {
-        Rlimits {
-            nofile: d_nofile(),
-            nproc: d_nproc(),
-            fsize_mb: d_fsize(),
-            memlock_kb: d_memlock(),
-        }
+        Rlimits { nofile: d_nofile(), nproc: d_nproc(), fsize_mb: d_fsize(), memlock_kb: d_memlock() }
     }
 }
 
@@ -211,13 +282,17 @@ pub struct Invoker {
 
 impl Invoker {
     pub fn current() -> Self {
-        Invoker {
-            uid: nix::unistd::geteuid().as_raw(),
-            gid: nix::unistd::getegid().as_raw(),
-        }
+        Invoker { uid: nix::unistd::geteuid().as_raw(), gid: nix::unistd::getegid().as_raw() }
     }
     pub fn rootful(&self) -> bool {
         self.uid == 0
+    }
+}
+
+impl Config {
+    /// The cell-local address the node's i-th egress upstream gets (127.0.0.2, .3, ...).
+    pub fn egress_addr(i: usize) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::new(127, 0, 0, 2 + i as u8)
     }
 }
 
@@ -241,38 +316,22 @@ impl Config {
     /// Parse and check everything that needs no filesystem access.
     pub fn parse(text: &str, file: &Path) -> Result<Config> {
         // Check the schema first so a newer file gets the clearest message.
-        let probe: toml::Table = toml::from_str(text).map_err(|e| {
-            Error::config(file, toml_field(&e, text), e.message().trim().to_string())
-        })?;
+        let probe: toml::Table = toml::from_str(text)
+            .map_err(|e| Error::config(file, toml_field(&e, text), e.message().trim().to_string()))?;
         match probe.get("schema") {
-            None => {
-                return Err(Error::config(
-                    file,
-                    "schema",
-                    "missing; this build reads schema = 1",
-                ))
-            }
+            None => return Err(Error::config(file, "schema", "missing; this build reads schema = 1")),
             Some(toml::Value::Integer(v)) if *v == i64::from(SCHEMA_VERSION) => {}
             Some(toml::Value::Integer(v)) if *v > i64::from(SCHEMA_VERSION) => {
                 return Err(Error::config(
                     file,
                     "schema",
-                    format!(
-                        "schema {v} is newer than this sealnode understands (1); upgrade sealnode"
-                    ),
+                    format!("schema {v} is newer than this sealnode understands (1); upgrade sealnode"),
                 ))
             }
-            Some(v) => {
-                return Err(Error::config(
-                    file,
-                    "schema",
-                    format!("unsupported schema {v}; expected 1"),
-                ))
-            }
+            Some(v) => return Err(Error::config(file, "schema", format!("unsupported schema {v}; expected 1"))),
         }
-        let mut cfg: Config = toml::from_str(text).map_err(|e| {
-            Error::config(file, toml_field(&e, text), e.message().trim().to_string())
-        })?;
+        let mut cfg: Config = toml::from_str(text)
+            .map_err(|e| Error::config(file, toml_field(&e, text), e.message().trim().to_string()))?;
         cfg.file = file.to_path_buf();
         cfg.check_pure()?;
         Ok(cfg)
@@ -281,9 +340,7 @@ impl Config {
     /// Read, parse and check a config file, including host checks.
     pub fn load(file: &Path, inv: &Invoker) -> Result<Config> {
         if !file.is_absolute() {
-            let abs = std::env::current_dir()
-                .map_err(|e| Error::io("current directory", e))?
-                .join(file);
+            let abs = std::env::current_dir().map_err(|e| Error::io("current directory", e))?.join(file);
             return Config::load(&abs, inv);
         }
         check_trusted_file(file, file, "(config file)", inv)?;
@@ -307,24 +364,25 @@ impl Config {
 
     fn check_pure(&self) -> Result<()> {
         let h = &self.cell.hostname;
-        if h.is_empty()
-            || h.len() > 64
-            || !h
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-        {
+        if h.is_empty() || h.len() > 64 || !h.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') {
             return Err(self.err("cell.hostname", "must be 1-64 characters of [A-Za-z0-9.-]"));
         }
         self.abs("cell.state_dir", &self.cell.state_dir)?;
+        if self.cell.stop_timeout_s == 0 || self.cell.stop_timeout_s > 3600 {
+            return Err(self.err("cell.stop_timeout_s", "must be between 1 and 3600"));
+        }
+        if self.cell.egress_max_connections == 0 || self.cell.egress_max_connections > 65536 {
+            return Err(self.err("cell.egress_max_connections", "must be between 1 and 65536"));
+        }
+        if self.cell.egress_idle_timeout_s == 0 {
+            return Err(self.err("cell.egress_idle_timeout_s", "must be at least 1"));
+        }
         self.abs("cell.runtime_dir", &self.cell.runtime_dir)?;
         if let Some(u) = &self.cell.rootful {
             parse_user_spec(&u.engine).map_err(|r| self.err("cell.rootful.engine", r))?;
             parse_user_spec(&u.node).map_err(|r| self.err("cell.rootful.node", r))?;
             if u.engine == u.node {
-                return Err(self.err(
-                    "cell.rootful.node",
-                    "engine and node must run as different users",
-                ));
+                return Err(self.err("cell.rootful.node", "engine and node must run as different users"));
             }
         }
         for role in Role::ALL {
@@ -335,14 +393,9 @@ impl Config {
 
     fn abs(&self, field: &str, p: &Path) -> Result<()> {
         if !p.is_absolute() {
-            return Err(self.err(
-                field,
-                format!("{} is a relative path; use an absolute path", p.display()),
-            ));
+            return Err(self.err(field, format!("{} is a relative path; use an absolute path", p.display())));
         }
-        if p.components()
-            .any(|c| matches!(c, std::path::Component::ParentDir))
-        {
+        if p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
             return Err(self.err(field, format!("{} contains '..'", p.display())));
         }
         Ok(())
@@ -362,17 +415,12 @@ impl Config {
         }
         match (role, r.port) {
             (Role::Engine, None) => {
-                return Err(self.err(
-                    f("port"),
-                    "the engine must declare the TCP port it listens on",
-                ))
+                return Err(self.err(f("port"), "the engine must declare the TCP port it listens on"))
             }
             (Role::Engine, Some(p)) if !(1..=65535).contains(&p) => {
                 return Err(self.err(f("port"), format!("{p} is out of range 1-65535")))
             }
-            (Role::Node, Some(_)) => {
-                return Err(self.err(f("port"), "only the engine listens; the node has no port"))
-            }
+            (Role::Node, Some(_)) => return Err(self.err(f("port"), "only the engine listens; the node has no port")),
             _ => {}
         }
         self.abs(&f("seccomp"), &r.seccomp)?;
@@ -380,9 +428,7 @@ impl Config {
         self.abs(&f("scratch"), &r.scratch)?;
         match (role, &r.models) {
             (Role::Engine, Some(m)) => self.abs(&f("models"), m)?,
-            (Role::Node, Some(_)) => {
-                return Err(self.err(f("models"), "only the engine sees models"))
-            }
+            (Role::Node, Some(_)) => return Err(self.err(f("models"), "only the engine sees models")),
             _ => {}
         }
         if role == Role::Node && r.models_writable {
@@ -391,10 +437,7 @@ impl Config {
         match (role, &r.credential) {
             (Role::Node, Some(c)) => self.abs(&f("credential"), c)?,
             (Role::Engine, Some(_)) => {
-                return Err(self.err(
-                    f("credential"),
-                    "the engine never sees the node's credential",
-                ))
+                return Err(self.err(f("credential"), "the engine never sees the node's credential"))
             }
             _ => {}
         }
@@ -402,25 +445,11 @@ impl Config {
             self.abs(&f(&format!("ro_binds[{i}].src")), &b.src)?;
             self.abs(&f(&format!("ro_binds[{i}].dst")), b.inside())?;
             let inside = b.inside();
-            for reserved in [
-                "/",
-                "/proc",
-                "/dev",
-                "/tmp",
-                "/etc",
-                INSIDE_SCRATCH,
-                INSIDE_MODELS,
-                "/run",
-            ] {
-                if inside == Path::new(reserved)
-                    || (reserved != "/" && inside.starts_with(reserved))
-                {
+            for reserved in ["/", "/proc", "/dev", "/tmp", "/etc", INSIDE_SCRATCH, INSIDE_MODELS, "/run"] {
+                if inside == Path::new(reserved) || (reserved != "/" && inside.starts_with(reserved)) {
                     return Err(self.err(
                         f(&format!("ro_binds[{i}].dst")),
-                        format!(
-                            "{} is reserved for the sandbox's own layout",
-                            inside.display()
-                        ),
+                        format!("{} is reserved for the sandbox's own layout", inside.display()),
                     ));
                 }
             }
@@ -439,15 +468,15 @@ impl Config {
                 return Err(self.err(f(&format!("env.set.{k}")), "not a valid variable name"));
             }
             if is_proxy_var(k) {
-                return Err(self.err(f(&format!("env.set.{k}")), "proxy variables never reach a role (they would route loopback engine calls through a proxy)"));
+                return Err(self.err(
+                    f(&format!("env.set.{k}")),
+                    "proxy variables never reach a role (they would route loopback engine calls through a proxy)",
+                ));
             }
         }
         for (i, k) in r.env.pass.iter().enumerate() {
             if !valid_env_name(k) {
-                return Err(self.err(
-                    f(&format!("env.pass[{i}]")),
-                    format!("{k:?} is not a valid variable name"),
-                ));
+                return Err(self.err(f(&format!("env.pass[{i}]")), format!("{k:?} is not a valid variable name")));
             }
             if is_proxy_var(k) {
                 return Err(self.err(
@@ -456,17 +485,55 @@ impl Config {
                 ));
             }
         }
+        if role == Role::Engine && !r.egress.is_empty() {
+            return Err(self.err(f("egress"), "the engine has no egress at all (models are staged by the operator)"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, e) in r.egress.iter().enumerate() {
+            let fe = f(&format!("egress[{i}]"));
+            let h = &e.host;
+            if h.is_empty()
+                || h.len() > 253
+                || h.parse::<std::net::IpAddr>().is_ok()
+                || !h
+                    .split('.')
+                    .all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+            {
+                return Err(self.err(format!("{fe}.host"), format!("{h:?} must be a DNS name (the node dials it; sealnode maps it to a cell-local address in /etc/hosts)")));
+            }
+            if h == "localhost" {
+                return Err(self.err(format!("{fe}.host"), "localhost is the cell's own loopback"));
+            }
+            if !(1..=65535).contains(&e.port) {
+                return Err(self.err(format!("{fe}.port"), format!("{} is out of range 1-65535", e.port)));
+            }
+            if let Some(c) = &e.connect {
+                if c.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(self.err(format!("{fe}.connect"), format!("{c:?} must be an ip:port address")));
+                }
+            }
+            if !seen.insert((h.clone(), e.port)) {
+                return Err(self.err(fe, format!("{h}:{} is declared twice", e.port)));
+            }
+        }
+        if r.egress.len() > 250 {
+            return Err(self.err(f("egress"), "at most 250 upstreams"));
+        }
+        if role == Role::Engine {
+            if r.ready.kind != "tcp" && r.ready.kind != "http" {
+                return Err(self.err(f("ready.kind"), format!("{:?}: expected \"tcp\" or \"http\"", r.ready.kind)));
+            }
+            if !r.ready.path.starts_with('/') || r.ready.path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(self.err(f("ready.path"), "must be an absolute URL path without spaces"));
+            }
+            if r.ready.timeout_s == 0 || r.ready.timeout_s > 3600 {
+                return Err(self.err(f("ready.timeout_s"), "must be between 1 and 3600"));
+            }
+        }
         let l = &r.rlimits;
-        for (k, v) in [
-            ("nofile", l.nofile),
-            ("nproc", l.nproc),
-            ("fsize_mb", l.fsize_mb),
-        ] {
+        for (k, v) in [("nofile", l.nofile), ("nproc", l.nproc), ("fsize_mb", l.fsize_mb)] {
             if v == 0 || v > (1 << 40) {
-                return Err(self.err(
-                    f(&format!("rlimits.{k}")),
-                    "must be a positive, finite number",
-                ));
+                return Err(self.err(f(&format!("rlimits.{k}")), "must be a positive, finite number"));
             }
         }
         Ok(())
@@ -512,10 +579,7 @@ impl Config {
     /// Which host ids each role runs as.
     pub fn role_ids(&self, role: Role, inv: &Invoker) -> Result<Ids> {
         if !inv.rootful() {
-            return Ok(Ids {
-                uid: inv.uid,
-                gid: inv.gid,
-            });
+            return Ok(Ids { uid: inv.uid, gid: inv.gid });
         }
         let Some(u) = &self.cell.rootful else {
             return Err(self.err(
@@ -548,10 +612,7 @@ impl Config {
             ids.push(self.role_ids(role, inv)?);
         }
         if inv.rootful() && ids[0] == ids[1] {
-            return Err(self.err(
-                "cell.rootful.node",
-                "engine and node must run as different users",
-            ));
+            return Err(self.err("cell.rootful.node", "engine and node must run as different users"));
         }
         for (role, owner) in Role::ALL.into_iter().zip(ids) {
             let r = self.role(role);
@@ -565,54 +626,56 @@ impl Config {
                     return Err(self.err(field, format!("{} is not a directory", path.display())));
                 }
                 if field.ends_with(".credential") && !md.is_file() {
-                    return Err(
-                        self.err(field, format!("{} is not a regular file", path.display()))
-                    );
+                    return Err(self.err(field, format!("{} is not a regular file", path.display())));
                 }
                 let mode = md.mode() & 0o7777;
                 if mode & 0o022 != 0 {
                     return Err(self.err(
                         field,
-                        format!("{} is writable by group or others (mode {:o}); make it 0755/0700 or stricter", path.display(), mode),
+                        format!(
+                            "{} is writable by group or others (mode {:o}); make it 0755/0700 or stricter",
+                            path.display(),
+                            mode
+                        ),
                     ));
                 }
                 if writable {
                     if md.uid() != owner.uid {
                         return Err(self.err(
                             field,
-                            format!("{} is owned by uid {} but the {role} runs as uid {}; chown it to the role's user", path.display(), md.uid(), owner.uid),
+                            format!(
+                                "{} is owned by uid {} but the {role} runs as uid {}; chown it to the role's user",
+                                path.display(),
+                                md.uid(),
+                                owner.uid
+                            ),
                         ));
                     }
                 } else if md.uid() != 0 && md.uid() != inv.uid && md.uid() != owner.uid {
                     return Err(self.err(
                         field,
-                        format!("{} is owned by uid {}, another user; it must be owned by root, the launcher or the role", path.display(), md.uid()),
+                        format!(
+                            "{} is owned by uid {}, another user; it must be owned by root, the launcher or the role",
+                            path.display(),
+                            md.uid()
+                        ),
                     ));
                 }
                 if field.ends_with(".credential") && mode & 0o077 != 0 {
                     return Err(self.err(
                         field,
-                        format!(
-                            "{} is readable by group or others (mode {:o}); chmod 0400",
-                            path.display(),
-                            mode
-                        ),
+                        format!("{} is readable by group or others (mode {:o}); chmod 0400", path.display(), mode),
                     ));
                 }
             }
             for (i, d) in r.devices.iter().enumerate() {
-                let md = std::fs::symlink_metadata(d).map_err(|e| {
-                    self.err(
-                        format!("{role}.devices[{i}]"),
-                        format!("{}: {e}", d.display()),
-                    )
-                })?;
+                let md = std::fs::symlink_metadata(d)
+                    .map_err(|e| self.err(format!("{role}.devices[{i}]"), format!("{}: {e}", d.display())))?;
                 use std::os::unix::fs::FileTypeExt;
                 if !(md.file_type().is_char_device() || md.file_type().is_block_device()) {
-                    return Err(self.err(
-                        format!("{role}.devices[{i}]"),
-                        format!("{} is not a device node", d.display()),
-                    ));
+                    return Err(
+                        self.err(format!("{role}.devices[{i}]"), format!("{} is not a device node", d.display()))
+                    );
                 }
             }
         }
@@ -622,19 +685,13 @@ impl Config {
     /// Stat a path, refusing symlinks in any component.
     fn no_symlink_stat(&self, field: &str, path: &Path) -> Result<std::fs::Metadata> {
         match crate::sys::open_path_no_symlinks(path) {
-            Ok(fd) => std::fs::File::from(fd)
-                .metadata()
-                .map_err(|e| self.err(field, format!("{}: {e}", path.display()))),
-            Err(nix::errno::Errno::ELOOP) => Err(self.err(
-                field,
-                format!(
-                    "{} is reached through a symlink; name the real path",
-                    path.display()
-                ),
-            )),
-            Err(nix::errno::Errno::ENOENT) => {
-                Err(self.err(field, format!("{} does not exist", path.display())))
+            Ok(fd) => {
+                std::fs::File::from(fd).metadata().map_err(|e| self.err(field, format!("{}: {e}", path.display())))
             }
+            Err(nix::errno::Errno::ELOOP) => {
+                Err(self.err(field, format!("{} is reached through a symlink; name the real path", path.display())))
+            }
+            Err(nix::errno::Errno::ENOENT) => Err(self.err(field, format!("{} does not exist", path.display()))),
             Err(e) => Err(self.err(field, format!("{}: {}", path.display(), e.desc()))),
         }
     }
@@ -643,14 +700,9 @@ impl Config {
 /// A policy or config file sealnode trusts must exist and, when running as root, be writable
 /// by root only (otherwise an unprivileged user could rewrite the sandbox).
 fn check_trusted_file(cfg: &Path, file: &Path, field: &str, inv: &Invoker) -> Result<()> {
-    let md = std::fs::metadata(file)
-        .map_err(|e| Error::config(cfg, field, format!("{}: {e}", file.display())))?;
+    let md = std::fs::metadata(file).map_err(|e| Error::config(cfg, field, format!("{}: {e}", file.display())))?;
     if !md.is_file() {
-        return Err(Error::config(
-            cfg,
-            field,
-            format!("{} is not a regular file", file.display()),
-        ));
+        return Err(Error::config(cfg, field, format!("{} is not a regular file", file.display())));
     }
     if inv.rootful() && (md.uid() != 0 || md.mode() & 0o022 != 0) {
         return Err(Error::config(
@@ -674,22 +726,14 @@ enum UserSpec {
 
 fn parse_user_spec(s: &str) -> std::result::Result<UserSpec, String> {
     if let Some((u, g)) = s.split_once(':') {
-        let uid = u
-            .parse()
-            .map_err(|_| format!("{s:?}: uid must be a number"))?;
-        let gid = g
-            .parse()
-            .map_err(|_| format!("{s:?}: gid must be a number"))?;
+        let uid = u.parse().map_err(|_| format!("{s:?}: uid must be a number"))?;
+        let gid = g.parse().map_err(|_| format!("{s:?}: gid must be a number"))?;
         if uid == 0 || gid == 0 {
             return Err("must be an unprivileged user (uid and gid not 0)".into());
         }
         return Ok(UserSpec::Ids(Ids { uid, gid }));
     }
-    if s.is_empty()
-        || !s
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
+    if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         return Err(format!("{s:?} is neither a user name nor \"uid:gid\""));
     }
     if s == "root" {
@@ -700,17 +744,13 @@ fn parse_user_spec(s: &str) -> std::result::Result<UserSpec, String> {
 
 /// The field a toml error is about, with its line: "engine.colour (line 12)".
 fn toml_field(e: &toml::de::Error, text: &str) -> String {
-    let line = e
-        .span()
-        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
     // Walk back from the error to the nearest [table] header to name the section.
     let section = e.span().and_then(|s| {
-        text[..s.start.min(text.len())].lines().rev().find_map(|l| {
-            l.trim()
-                .strip_prefix('[')
-                .and_then(|l| l.split(']').next())
-                .map(str::to_string)
-        })
+        text[..s.start.min(text.len())]
+            .lines()
+            .rev()
+            .find_map(|l| l.trim().strip_prefix('[').and_then(|l| l.split(']').next()).map(str::to_string))
     });
     let key = e.span().map(|s| {
         text[s.start.min(text.len())..s.end.min(text.len())]
@@ -725,19 +765,12 @@ fn toml_field(e: &toml::de::Error, text: &str) -> String {
         (Some(sec), Some(k))
             if !k.is_empty()
                 && !k.starts_with('[')
-                && k.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) =>
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) =>
         {
             format!("{sec}.{k}")
         }
         (Some(sec), _) => sec,
-        (None, Some(k))
-            if !k.is_empty()
-                && k.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) =>
-        {
-            k
-        }
+        (None, Some(k)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) => k,
         _ => "(syntax)".to_string(),
     };
     if let Some(l) = line {

@@ -24,25 +24,19 @@ pub struct Check {
 }
 
 fn sysctl(path: &str) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }
 
 /// Why creating a user namespace failed, and what to change.
 pub fn explain_userns_failure(e: Errno) -> (String, String) {
     let uid = nix::unistd::geteuid();
-    if sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1")
-        && !uid.is_root()
-    {
+    if sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") && !uid.is_root() {
         return (
             format!("cannot create a user namespace as uid {uid}: {e} — AppArmor restricts unprivileged user namespaces (Ubuntu 23.10+)"),
             "run sealnode as root under its systemd unit, or install an AppArmor profile granting `userns,` to the sealnode binary (e.g. /etc/apparmor.d/sealnode: `profile sealnode /usr/bin/sealnode flags=(unconfined) { userns, }`), or set kernel.apparmor_restrict_unprivileged_userns=0".into(),
         );
     }
-    if sysctl("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0")
-        && !uid.is_root()
-    {
+    if sysctl("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") && !uid.is_root() {
         return (
             format!("cannot create a user namespace as uid {uid}: {e} — kernel.unprivileged_userns_clone is 0"),
             "sysctl -w kernel.unprivileged_userns_clone=1, or run sealnode as root".into(),
@@ -57,7 +51,8 @@ pub fn explain_userns_failure(e: Errno) -> (String, String) {
     if e == Errno::EPERM && Path::new("/.dockerenv").exists() {
         return (
             format!("cannot create namespaces: {e} — the container runtime's seccomp profile forbids it"),
-            "run sealnode on the host, or give its container a seccomp profile that allows clone with namespace flags".into(),
+            "run sealnode on the host, or give its container a seccomp profile that allows clone with namespace flags"
+                .into(),
         );
     }
     (
@@ -85,12 +80,7 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
     } else {
         "rootless (roles run as the invoking user)"
     };
-    v.push(Check {
-        name: "mode",
-        level: Level::Ok,
-        value: format!("uid {uid}"),
-        meaning: mode.into(),
-    });
+    v.push(Check { name: "mode", level: Level::Ok, value: format!("uid {uid}"), meaning: mode.into() });
 
     match try_namespaces() {
         Ok(()) => v.push(Check {
@@ -101,7 +91,12 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
         }),
         Err(e) => {
             let (what, fix) = explain_userns_failure(e);
-            v.push(Check { name: "user namespaces", level: Level::Fail, value: e.desc().into(), meaning: format!("{what}; fix: {fix}") });
+            v.push(Check {
+                name: "user namespaces",
+                level: Level::Fail,
+                value: e.desc().into(),
+                meaning: format!("{what}; fix: {fix}"),
+            });
         }
     }
     if let Some(a) = sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") {
@@ -130,43 +125,23 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
     });
     // SAFETY-free check: PR_GET_SECCOMP returns the current mode, EINVAL without CONFIG_SECCOMP.
     let sec = sys::prctl(libc::PR_GET_SECCOMP, 0);
-    let filter_ok = std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.contains("Seccomp_filters"))
-        .unwrap_or(false);
+    let filter_ok =
+        std::fs::read_to_string("/proc/self/status").map(|s| s.contains("Seccomp_filters")).unwrap_or(false);
     v.push(Check {
         name: "seccomp",
-        level: if sec.is_ok() && filter_ok {
-            Level::Ok
-        } else {
-            Level::Fail
-        },
-        value: if sec.is_ok() {
-            "filter mode available".into()
-        } else {
-            "absent".into()
-        },
-        meaning: "each role gets a seccomp-BPF allowlist; without it sealnode refuses to start"
-            .into(),
+        level: if sec.is_ok() && filter_ok { Level::Ok } else { Level::Fail },
+        value: if sec.is_ok() { "filter mode available".into() } else { "absent".into() },
+        meaning: "each role gets a seccomp-BPF allowlist; without it sealnode refuses to start".into(),
     });
     let cg2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
     let own = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
-        })
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string)))
         .unwrap_or_default();
-    let base = if cg2 {
-        "/sys/fs/cgroup"
-    } else {
-        "/sys/fs/cgroup/unified"
-    };
-    let delegated = nix::unistd::access(
-        format!("{base}{own}/cgroup.procs").as_str(),
-        nix::unistd::AccessFlags::W_OK,
-    )
-    .is_ok();
+    let base = if cg2 { "/sys/fs/cgroup" } else { "/sys/fs/cgroup/unified" };
+    let delegated =
+        nix::unistd::access(format!("{base}{own}/cgroup.procs").as_str(), nix::unistd::AccessFlags::W_OK).is_ok();
     v.push(Check {
         name: "cgroup v2",
         level: if cg2 { Level::Ok } else { Level::Warn },
@@ -207,10 +182,7 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
 /// Print the report; return the process exit code (1 if something required is missing).
 pub fn report(checks: &[Check], json: bool) -> i32 {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(checks).unwrap_or_default()
-        );
+        println!("{}", serde_json::to_string_pretty(checks).unwrap_or_default());
     } else {
         for c in checks {
             let tag = match c.level {

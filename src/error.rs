@@ -10,11 +10,7 @@ use thiserror::Error;
 pub enum Error {
     /// The configuration file is invalid: which file, which field, why.
     #[error("{file}: {field}: {reason}")]
-    Config {
-        file: PathBuf,
-        field: String,
-        reason: String,
-    },
+    Config { file: PathBuf, field: String, reason: String },
     /// A policy file (seccomp JSON or Landlock rules) is invalid.
     #[error("{file}: {reason}")]
     Policy { file: PathBuf, reason: String },
@@ -23,11 +19,7 @@ pub enum Error {
     Unsupported { what: String, fix: String },
     /// A step of the sandbox setup failed inside the child (reported over the error pipe).
     #[error("sandbox setup failed: {step}: {detail}: {errno} ({desc})", desc = errno.desc())]
-    Setup {
-        step: &'static str,
-        detail: String,
-        errno: Errno,
-    },
+    Setup { step: &'static str, detail: String, errno: Errno },
     /// A host-side system call or file operation failed.
     #[error("{what}: {source}")]
     Io {
@@ -38,37 +30,20 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn config(
-        file: impl Into<PathBuf>,
-        field: impl Into<String>,
-        reason: impl Into<String>,
-    ) -> Self {
-        Error::Config {
-            file: file.into(),
-            field: field.into(),
-            reason: reason.into(),
-        }
+    pub fn config(file: impl Into<PathBuf>, field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Config { file: file.into(), field: field.into(), reason: reason.into() }
     }
 
     pub fn policy(file: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        Error::Policy {
-            file: file.into(),
-            reason: reason.into(),
-        }
+        Error::Policy { file: file.into(), reason: reason.into() }
     }
 
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io {
-            what: what.into(),
-            source,
-        }
+        Error::Io { what: what.into(), source }
     }
 
     pub fn errno(what: impl Into<String>, errno: Errno) -> Self {
-        Error::Io {
-            what: what.into(),
-            source: std::io::Error::from_raw_os_error(errno as i32),
-        }
+        Error::Io { what: what.into(), source: std::io::Error::from_raw_os_error(errno as i32) }
     }
 }
 

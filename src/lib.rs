@@ -4,12 +4,15 @@
 //! [`sandbox`] (one role's sandbox: plan, clone, the child's setup sequence), [`doctor`]
 //! (kernel facts), [`probe`] (facts from inside a sandbox), [`sys`] (raw syscalls).
 
+pub mod cell;
 pub mod config;
 pub mod doctor;
+pub mod egress;
 pub mod error;
 pub mod policy;
 pub mod probe;
 pub mod sandbox;
+pub mod supervisor;
 pub mod sys;
 
 pub use error::{Error, Result};

@@ -16,6 +16,16 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the sealed node: the cell, the engine, then the node once the engine is ready;
+    /// supervise both until SIGTERM/SIGINT (exit 0) or a failure (non-zero).
+    ///
+    /// SIGHUP restarts both roles (the cell's network namespace stays). Notifies systemd
+    /// (READY=1 once the engine is ready and the node started, STATUS, WATCHDOG, STOPPING).
+    Run {
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
     /// Run a command inside one role's complete sandbox instead of the role's own program.
     ///
     /// stdin/stdout/stderr pass through; the exit code passes through (128+N for signal N);
@@ -59,12 +69,14 @@ enum Command {
     },
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALNODE_LOG")
-        .unwrap_or_else(|_| "warn".into());
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALNODE_LOG").unwrap_or_else(|_| default.into());
+    use std::io::IsTerminal;
+    // journald (or any pipe) gets plain lines: one event per line, no colour codes.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
 }
@@ -74,12 +86,7 @@ fn exit(code: i32) -> ExitCode {
 }
 
 /// Build the plan and run it to completion; any failure before the workload runs is 125.
-fn run_sandboxed(
-    config: &std::path::Path,
-    role: Role,
-    argv: Vec<String>,
-    program: Option<Program>,
-) -> ExitCode {
+fn run_sandboxed(config: &std::path::Path, role: Role, argv: Vec<String>, program: Option<Program>) -> ExitCode {
     let inv = Invoker::current();
     let result = Config::load(config, &inv)
         .and_then(|cfg| Plan::build(&cfg, role, &inv, Some(argv), program))
@@ -101,15 +108,24 @@ fn run_sandboxed(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::ProbeInside { .. }) {
-        init_logging();
+    match cli.command {
+        Command::ProbeInside { .. } => {}
+        Command::Run { .. } => init_logging("info"),
+        _ => init_logging("warn"),
     }
     match cli.command {
-        Command::Exec {
-            config,
-            role,
-            command,
-        } => run_sandboxed(&config, role, command, None),
+        Command::Run { config } => {
+            let inv = Invoker::current();
+            let sup = Config::load(&config, &inv).and_then(|cfg| sealnode::supervisor::Supervisor::new(cfg, inv));
+            match sup {
+                Ok(sup) => exit(sup.run()),
+                Err(e) => {
+                    eprintln!("sealnode: {e}");
+                    exit(SETUP_FAILED)
+                }
+            }
+        }
+        Command::Exec { config, role, command } => run_sandboxed(&config, role, command, None),
         Command::Probe { config, role, args } => {
             let fd = match sandbox::plan::sealed_self() {
                 Ok(fd) => fd,
@@ -145,10 +161,7 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            exit(sealnode::doctor::report(
-                &sealnode::doctor::checks(min_abi),
-                json,
-            ))
+            exit(sealnode::doctor::report(&sealnode::doctor::checks(min_abi), json))
         }
     }
 }

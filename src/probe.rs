@@ -51,16 +51,7 @@ fn attempt(name: impl Into<String>, r: Result<(), Errno>) -> Attempt {
 }
 
 fn status_fields() -> BTreeMap<String, String> {
-    let keys = [
-        "CapInh",
-        "CapPrm",
-        "CapEff",
-        "CapBnd",
-        "CapAmb",
-        "NoNewPrivs",
-        "Seccomp",
-        "Seccomp_filters",
-    ];
+    let keys = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Seccomp_filters"];
     std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
@@ -123,9 +114,7 @@ fn fds() -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return vec![];
     };
-    let mut v: Vec<i32> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    let mut v: Vec<i32> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
     v.sort();
     // The highest is the directory fd read_dir itself used.
     v.pop();
@@ -137,25 +126,10 @@ fn builtin_attempts() -> Vec<Attempt> {
     use crate::sys::{syscall_ints as ints, syscall_with_buf as with_buf};
     let drop_ok = |r: Result<i64, Errno>| r.map(drop);
     let mut v = Vec::new();
-    v.push(attempt(
-        "unshare_user",
-        drop_ok(ints(
-            libc::SYS_unshare,
-            [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
-        )),
-    ));
-    v.push(attempt(
-        "unshare_net",
-        drop_ok(ints(
-            libc::SYS_unshare,
-            [libc::CLONE_NEWNET as u64, 0, 0, 0, 0, 0],
-        )),
-    ));
+    v.push(attempt("unshare_user", drop_ok(ints(libc::SYS_unshare, [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]))));
+    v.push(attempt("unshare_net", drop_ok(ints(libc::SYS_unshare, [libc::CLONE_NEWNET as u64, 0, 0, 0, 0, 0]))));
     // fork-style clone with a namespace flag; a child, should one exist, exits at once.
-    let clone_r = ints(
-        libc::SYS_clone,
-        [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0],
-    );
+    let clone_r = ints(libc::SYS_clone, [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0]);
     if clone_r == Ok(0) {
         crate::sys::exit_now(0);
     }
@@ -173,43 +147,19 @@ fn builtin_attempts() -> Vec<Attempt> {
     v.push(attempt("clone3", drop_ok(c3)));
     v.push(attempt(
         "mount_tmpfs",
-        nix::mount::mount(
-            Some("none"),
-            "/tmp",
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        ),
+        nix::mount::mount(Some("none"), "/tmp", Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>),
     ));
     let mut byte = [b'x'];
-    v.push(attempt(
-        "ioctl_tiocsti",
-        drop_ok(with_buf(
-            libc::SYS_ioctl,
-            [0, libc::TIOCSTI, 0, 0, 0, 0],
-            2,
-            &mut byte,
-        )),
-    ));
+    v.push(attempt("ioctl_tiocsti", drop_ok(with_buf(libc::SYS_ioctl, [0, libc::TIOCSTI, 0, 0, 0, 0], 2, &mut byte))));
     // CVE-2019-10063: the high 32 bits set; the kernel ignores them, the filter must too.
     v.push(attempt(
         "ioctl_tiocsti_high_bits",
-        drop_ok(with_buf(
-            libc::SYS_ioctl,
-            [0, 0xffff_ffff_0000_0000 | libc::TIOCSTI, 0, 0, 0, 0],
-            2,
-            &mut byte,
-        )),
+        drop_ok(with_buf(libc::SYS_ioctl, [0, 0xffff_ffff_0000_0000 | libc::TIOCSTI, 0, 0, 0, 0], 2, &mut byte)),
     ));
     let mut sub = [6u8];
     v.push(attempt(
         "ioctl_tioclinux",
-        drop_ok(with_buf(
-            libc::SYS_ioctl,
-            [0, libc::TIOCLINUX, 0, 0, 0, 0],
-            2,
-            &mut sub,
-        )),
+        drop_ok(with_buf(libc::SYS_ioctl, [0, libc::TIOCLINUX, 0, 0, 0, 0], 2, &mut sub)),
     ));
     let mut params = [0u8; 120];
     let ring = with_buf(libc::SYS_io_uring_setup, [1, 0, 0, 0, 0, 0], 1, &mut params);
@@ -224,43 +174,22 @@ fn builtin_attempts() -> Vec<Attempt> {
         ("socket_alg", libc::AF_ALG, libc::SOCK_SEQPACKET),
         ("socket_vsock", libc::AF_VSOCK, libc::SOCK_STREAM),
     ] {
-        let s = ints(
-            libc::SYS_socket,
-            [dom as u64, (ty | libc::SOCK_CLOEXEC) as u64, 0, 0, 0, 0],
-        );
+        let s = ints(libc::SYS_socket, [dom as u64, (ty | libc::SOCK_CLOEXEC) as u64, 0, 0, 0, 0]);
         if let Ok(fd) = s {
             let _ = nix::unistd::close(fd as i32);
         }
         v.push(attempt(name, drop_ok(s)));
     }
-    v.push(attempt(
-        "ptrace_init",
-        drop_ok(ints(
-            libc::SYS_ptrace,
-            [libc::PTRACE_ATTACH as u64, 1, 0, 0, 0, 0],
-        )),
-    ));
+    v.push(attempt("ptrace_init", drop_ok(ints(libc::SYS_ptrace, [libc::PTRACE_ATTACH as u64, 1, 0, 0, 0, 0]))));
     v.push(attempt("setuid_0", drop_ok(ints(libc::SYS_setuid, [0; 6]))));
     v.push(attempt("chroot", nix::unistd::chroot("/tmp")));
     v.push(attempt("bpf", drop_ok(ints(libc::SYS_bpf, [0; 6]))));
-    v.push(attempt(
-        "perf_event_open",
-        drop_ok(ints(
-            libc::SYS_perf_event_open,
-            [0, 0, u64::MAX, u64::MAX, 0, 0],
-        )),
-    ));
-    v.push(attempt(
-        "userfaultfd",
-        drop_ok(ints(libc::SYS_userfaultfd, [0; 6])),
-    ));
+    v.push(attempt("perf_event_open", drop_ok(ints(libc::SYS_perf_event_open, [0, 0, u64::MAX, u64::MAX, 0, 0]))));
+    v.push(attempt("userfaultfd", drop_ok(ints(libc::SYS_userfaultfd, [0; 6]))));
     v.push(attempt("keyctl", drop_ok(ints(libc::SYS_keyctl, [0; 6]))));
     v.push(attempt(
         "kill_init",
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(1),
-            nix::sys::signal::Signal::SIGTERM,
-        ),
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(1), nix::sys::signal::Signal::SIGTERM),
     ));
     v
 }
@@ -275,19 +204,10 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
         let r = match op.as_str() {
             "--read" => std::fs::read(arg).map(drop).map_err(io_errno),
             "--list" => std::fs::read_dir(arg).map(drop).map_err(io_errno),
-            "--write" => std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(arg)
-                .map(drop)
-                .map_err(io_errno),
+            "--write" => std::fs::OpenOptions::new().create(true).append(true).open(arg).map(drop).map_err(io_errno),
             "--exec-copy" => exec_copy(arg),
-            "--connect" => std::net::TcpStream::connect(arg.as_str())
-                .map(drop)
-                .map_err(io_errno),
-            "--bind" => std::net::TcpListener::bind(arg.as_str())
-                .map(drop)
-                .map_err(io_errno),
+            "--connect" => std::net::TcpStream::connect(arg.as_str()).map(drop).map_err(io_errno),
+            "--bind" => std::net::TcpListener::bind(arg.as_str()).map(drop).map_err(io_errno),
             "--kill" => arg
                 .parse::<i32>()
                 .map_err(|_| Errno::EINVAL)
@@ -308,13 +228,8 @@ fn exec_copy(path: &str) -> Result<(), Errno> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let me = std::fs::read("/proc/self/exe").map_err(io_errno)?;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o755)
-        .open(path)
-        .map_err(io_errno)?;
+    let mut f =
+        std::fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o755).open(path).map_err(io_errno)?;
     f.write_all(&me).map_err(io_errno)?;
     drop(f);
     // SAFETY: fork in the single-threaded probe; the child only execs or exits.
@@ -337,26 +252,16 @@ pub fn run_inside(args: &[String]) -> i32 {
     let mut attempts = builtin_attempts();
     attempts.extend(requested_attempts(args));
     let pids = std::fs::read_dir("/proc")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
         .unwrap_or_default();
     let report = Report {
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
-        groups: nix::unistd::getgroups()
-            .map(|g| g.iter().map(|g| g.as_raw()).collect())
-            .unwrap_or_default(),
+        groups: nix::unistd::getgroups().map(|g| g.iter().map(|g| g.as_raw()).collect()).unwrap_or_default(),
         pid: nix::unistd::getpid().as_raw(),
         ppid: nix::unistd::getppid().as_raw(),
-        hostname: nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_default(),
-        cwd: std::env::current_dir()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
+        hostname: nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default(),
+        cwd: std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_default(),
         status: status_fields(),
         interfaces: interfaces(),
         pids,

@@ -73,14 +73,7 @@ pub unsafe fn clone_fork(flags: libc::c_int) -> Result<libc::pid_t, Errno> {
 /// close_range(first, u32::MAX, CLOSE_RANGE_CLOEXEC): mark every fd from `first` on close-on-exec.
 pub fn cloexec_from(first: u32) -> Result<(), Errno> {
     // SAFETY: close_range takes plain integers; CLOEXEC only sets flags and closes nothing.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            first,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     Errno::result(r).map(drop)
 }
 
@@ -107,12 +100,7 @@ struct MountAttr {
 /// mount_setattr(path, AT_RECURSIVE?): add `set` attributes to a mount (and its submounts).
 /// Only adds restrictions, so locked flags inherited from the host are never cleared.
 pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno> {
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
     let flags = if recursive { libc::AT_RECURSIVE } else { 0 };
     // SAFETY: path is NUL-terminated; attr is a valid mount_attr of the size passed.
     let r = unsafe {
@@ -237,15 +225,7 @@ pub fn drop_bounding_set() -> Result<(), Errno> {
 /// prctl(option, arg) for the integer-only options sealnode uses.
 pub fn prctl(option: libc::c_int, arg: libc::c_ulong) -> Result<(), Errno> {
     // SAFETY: every option passed here takes plain integer arguments.
-    let r = unsafe {
-        libc::prctl(
-            option,
-            arg,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-        )
-    };
+    let r = unsafe { libc::prctl(option, arg, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
     Errno::result(r).map(drop)
 }
 
@@ -276,15 +256,26 @@ pub fn syscall_ints(nr: libc::c_long, args: [u64; 6]) -> Result<i64, Errno> {
 
 /// A raw system call whose argument `buf_index` is a pointer to `buf` (a writable buffer the
 /// kernel may read or fill, e.g. io_uring params or a TIOCSTI byte).
-pub fn syscall_with_buf(
-    nr: libc::c_long,
-    mut args: [u64; 6],
-    buf_index: usize,
-    buf: &mut [u8],
-) -> Result<i64, Errno> {
+pub fn syscall_with_buf(nr: libc::c_long, mut args: [u64; 6], buf_index: usize, buf: &mut [u8]) -> Result<i64, Errno> {
     args[buf_index] = buf.as_mut_ptr() as u64;
     // SAFETY: the pointer argument points to `buf`, valid and writable for its whole length,
     // which the caller sizes for the call (largest kernel structure it may write).
     let r = unsafe { libc::syscall(nr, args[0], args[1], args[2], args[3], args[4], args[5]) };
     Errno::result(r)
+}
+
+/// Close every fd except those in `keep` (and stdio). Used first thing in children, so a
+/// long-lived sandbox init never holds the supervisor's other fds.
+pub fn close_all_except(keep: &[RawFd]) -> Result<(), Errno> {
+    let mut keep: Vec<u32> = keep.iter().filter(|&&f| f > 2).map(|&f| f as u32).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut next = 3u32;
+    for k in keep {
+        if k > next {
+            close_range(next, k - 1)?;
+        }
+        next = k + 1;
+    }
+    close_range(next, u32::MAX)
 }

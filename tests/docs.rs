@@ -17,10 +17,7 @@ fn snake(camel: &str) -> String {
 fn stages_in(src: &str) -> Vec<String> {
     let mut seen = Vec::new();
     for part in src.split("Stage::").skip(1) {
-        let ident: String = part
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric())
-            .collect();
+        let ident: String = part.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
         let name = snake(&ident);
         if !ident.is_empty() && ident != "ALL" && !seen.contains(&name) {
             seen.push(name);
@@ -33,13 +30,8 @@ fn stages_in(src: &str) -> Vec<String> {
 fn architecture_doc_lists_the_setup_steps_in_code_order() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("doc");
-    let section = doc
-        .split("## The child's setup sequence")
-        .nth(1)
-        .expect("section")
-        .split("\n## ")
-        .next()
-        .expect("end");
+    let section =
+        doc.split("## The child's setup sequence").nth(1).expect("section").split("\n## ").next().expect("end");
     let documented: Vec<String> = section
         .lines()
         .filter_map(|l| {
@@ -49,26 +41,16 @@ fn architecture_doc_lists_the_setup_steps_in_code_order() {
         })
         .collect();
     let declared: Vec<String> = Stage::ALL.iter().map(|s| s.name().to_string()).collect();
-    assert_eq!(
-        documented, declared,
-        "docs/architecture.md and Stage::ALL differ"
-    );
+    assert_eq!(documented, declared, "docs/architecture.md and Stage::ALL differ");
 
     // The code performs them in that order: child_main, with init's own step spliced in.
     let child = std::fs::read_to_string(root.join("src/sandbox/child.rs")).expect("child.rs");
     let body = child.split("pub fn child_main").nth(1).expect("child_main");
     let mut order = stages_in(body.split("\nfn ").next().expect("body"));
     let init = std::fs::read_to_string(root.join("src/sandbox/init.rs")).expect("init.rs");
-    let pos = order
-        .iter()
-        .position(|s| s == "fork_workload")
-        .expect("fork")
-        + 1;
+    let pos = order.iter().position(|s| s == "fork_workload").expect("fork") + 1;
     for (i, s) in stages_in(&init).into_iter().enumerate() {
         order.insert(pos + i, s);
     }
-    assert_eq!(
-        order, declared,
-        "child_main's step order differs from Stage::ALL"
-    );
+    assert_eq!(order, declared, "child_main's step order differs from Stage::ALL");
 }

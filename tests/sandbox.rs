@@ -23,16 +23,7 @@ fn probe_sees_every_layer_in_both_roles() {
             let secret = f.p("host-secret").display().to_string();
             let r = f.probe(
                 role,
-                &[
-                    "--read",
-                    &secret,
-                    "--list",
-                    "/root",
-                    "--write",
-                    "/etc/passwd",
-                    "--write",
-                    "/usr/bin/x",
-                ],
+                &["--read", &secret, "--list", "/root", "--write", "/etc/passwd", "--write", "/usr/bin/x"],
             );
             let ctx = format!("{mode:?} {role}");
             // Capabilities: all five sets empty; no_new_privs; seccomp filter mode.
@@ -68,10 +59,7 @@ fn probe_sees_every_layer_in_both_roles() {
             // rlimits: no core dumps, finite limits.
             assert_eq!(r["rlimits"]["core"], serde_json::json!([0, 0]), "{ctx}");
             for l in ["nofile", "nproc", "fsize"] {
-                assert!(
-                    r["rlimits"][l][1].as_u64().expect("limit") < u64::MAX,
-                    "{ctx}: {l} unlimited"
-                );
+                assert!(r["rlimits"][l][1].as_u64().expect("limit") < u64::MAX, "{ctx}: {l} unlimited");
             }
             // Kernel surface refused by seccomp (ENOSYS is sealnode's seccomp answer).
             for a in [
@@ -132,17 +120,9 @@ fn role_dirs_and_exec_from_scratch() {
             ],
         );
         let ctx = format!("{mode:?} engine");
-        assert_eq!(
-            attempt(&r, "read:/models/model.gguf")["ok"],
-            true,
-            "{ctx}: model dir readable"
-        );
+        assert_eq!(attempt(&r, "read:/models/model.gguf")["ok"], true, "{ctx}: model dir readable");
         refused(&r, "write:/models/new", &[EROFS, EACCES]);
-        assert_eq!(
-            attempt(&r, "write:/scratch/ok")["ok"],
-            true,
-            "{ctx}: scratch writable"
-        );
+        assert_eq!(attempt(&r, "write:/scratch/ok")["ok"], true, "{ctx}: scratch writable");
         // Written to a writable dir, never executable (noexec mount + no Landlock exec right).
         refused(&r, "exec-copy:/scratch/bin", &[EACCES]);
         refused(&r, "exec-copy:/tmp/bin", &[EACCES]);
@@ -150,26 +130,12 @@ fn role_dirs_and_exec_from_scratch() {
         refused(&r, "read:/run/sealnode/credential", &[ENOENT]);
         let n = f.probe(
             "node",
-            &[
-                "--read",
-                "/run/sealnode/credential",
-                "--list",
-                "/models",
-                "--write",
-                "/run/sealnode/credential",
-            ],
+            &["--read", "/run/sealnode/credential", "--list", "/models", "--write", "/run/sealnode/credential"],
         );
-        assert_eq!(
-            attempt(&n, "read:/run/sealnode/credential")["ok"],
-            true,
-            "{mode:?} node reads its credential"
-        );
+        assert_eq!(attempt(&n, "read:/run/sealnode/credential")["ok"], true, "{mode:?} node reads its credential");
         refused(&n, "write:/run/sealnode/credential", &[EROFS, EACCES]);
         refused(&n, "list:/models", &[ENOENT]);
-        assert!(
-            f.p("engine-scratch/ok").exists(),
-            "{ctx}: scratch write reached the host dir"
-        );
+        assert!(f.p("engine-scratch/ok").exists(), "{ctx}: scratch write reached the host dir");
     }
 }
 
@@ -179,34 +145,14 @@ fn tcp_ports_follow_landlock_rules() {
         let f = Fixture::new(mode, "ports");
         let e = f.probe(
             "engine",
-            &[
-                "--bind",
-                "127.0.0.1:18080",
-                "--bind",
-                "127.0.0.1:18081",
-                "--connect",
-                "127.0.0.1:18080",
-            ],
+            &["--bind", "127.0.0.1:18080", "--bind", "127.0.0.1:18081", "--connect", "127.0.0.1:18080"],
         );
-        assert_eq!(
-            attempt(&e, "bind:127.0.0.1:18080")["ok"],
-            true,
-            "{mode:?}: engine binds its port"
-        );
+        assert_eq!(attempt(&e, "bind:127.0.0.1:18080")["ok"], true, "{mode:?}: engine binds its port");
         refused(&e, "bind:127.0.0.1:18081", &[EACCES]);
         // The engine has no connect at all (seccomp), whatever the port.
         refused(&e, "connect:127.0.0.1:18080", &[ENOSYS]);
-        let n = f.probe(
-            "node",
-            &[
-                "--bind",
-                "127.0.0.1:18080",
-                "--connect",
-                "127.0.0.1:18080",
-                "--connect",
-                "127.0.0.1:22",
-            ],
-        );
+        let n = f
+            .probe("node", &["--bind", "127.0.0.1:18080", "--connect", "127.0.0.1:18080", "--connect", "127.0.0.1:22"]);
         refused(&n, "bind:127.0.0.1:18080", &[EACCES]);
         // Allowed by Landlock, nothing listening in this sandbox's own netns.
         refused(&n, "connect:127.0.0.1:18080", &[libc::ECONNREFUSED]);
@@ -224,14 +170,7 @@ fn environment_is_exactly_the_config() {
         keys.sort();
         assert_eq!(
             keys,
-            [
-                "FRUTEBOX_ENGINE",
-                "HOME",
-                "LANG",
-                "PATH",
-                "SEALNODE_TEST_PASS",
-                "TMPDIR"
-            ],
+            ["FRUTEBOX_ENGINE", "HOME", "LANG", "PATH", "SEALNODE_TEST_PASS", "TMPDIR"],
             "{mode:?}: node env"
         );
         assert_eq!(env["SEALNODE_TEST_PASS"], "passed-through");
@@ -242,10 +181,7 @@ fn environment_is_exactly_the_config() {
             !env.contains_key("SEALNODE_TEST_SECRET") && !env.contains_key("HTTPS_PROXY"),
             "{mode:?}: launcher env leaked: {env:?}"
         );
-        assert!(
-            !env.contains_key("SEALNODE_TEST_PASS"),
-            "{mode:?}: only the node passes it"
-        );
+        assert!(!env.contains_key("SEALNODE_TEST_PASS"), "{mode:?}: only the node passes it");
         assert_eq!(env["ENGINE_ONLY"], "1");
     }
 }
@@ -255,48 +191,24 @@ fn exit_codes_and_stdio_pass_through() {
     for mode in modes() {
         let f = Fixture::new(mode, "exit");
         let o = f.exec("node", &["/bin/sh", "-c", "echo out; echo err >&2; exit 7"]);
-        assert_eq!(
-            o.status.code(),
-            Some(7),
-            "{mode:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert_eq!(o.status.code(), Some(7), "{mode:?}: {}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(String::from_utf8_lossy(&o.stdout), "out\n");
         assert!(String::from_utf8_lossy(&o.stderr).contains("err"));
         let o = f.exec("node", &["/bin/sh", "-c", "kill -TERM $$"]);
-        assert_eq!(
-            o.status.code(),
-            Some(128 + libc::SIGTERM),
-            "{mode:?}: signal -> 128+N"
-        );
+        assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{mode:?}: signal -> 128+N");
         // stdin passes through.
         let cfg = f.config.display().to_string();
         let mut child = f
-            .command(&[
-                "exec", "--config", &cfg, "--role", "engine", "--", "/bin/cat",
-            ])
+            .command(&["exec", "--config", &cfg, "--role", "engine", "--", "/bin/cat"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(b"through the sandbox\n")
-            .expect("write");
+        child.stdin.take().expect("stdin").write_all(b"through the sandbox\n").expect("write");
         let o = child.wait_with_output().expect("wait");
-        assert_eq!(
-            String::from_utf8_lossy(&o.stdout),
-            "through the sandbox\n",
-            "{mode:?}"
-        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "through the sandbox\n", "{mode:?}");
         // A bare name is searched in the sandbox's PATH.
-        assert_eq!(
-            f.exec("node", &["true"]).status.code(),
-            Some(0),
-            "{mode:?}: PATH search"
-        );
+        assert_eq!(f.exec("node", &["true"]).status.code(), Some(0), "{mode:?}: PATH search");
     }
 }
 
@@ -322,20 +234,13 @@ fn setup_failures_exit_125_with_the_step() {
         // A bad config: named file and field, nothing started.
         std::fs::write(
             &f.config,
-            std::fs::read_to_string(&f.config)
-                .expect("read")
-                .replace("port = 18080", "port = 99999"),
+            std::fs::read_to_string(&f.config).expect("read").replace("port = 18080", "port = 99999"),
         )
         .expect("write");
         let o = f.exec("engine", &["/usr/bin/true"]);
         assert_eq!(o.status.code(), Some(125));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(
-            err.contains("sealnode.toml")
-                && err.contains("engine.port")
-                && err.contains("out of range"),
-            "{err}"
-        );
+        assert!(err.contains("sealnode.toml") && err.contains("engine.port") && err.contains("out of range"), "{err}");
     }
 }
 
@@ -345,16 +250,7 @@ fn supervisor_death_kills_the_sandbox() {
         let f = Fixture::new(mode, "pdeath");
         let cfg = f.config.display().to_string();
         let mut child = f
-            .command(&[
-                "exec",
-                "--config",
-                &cfg,
-                "--role",
-                "node",
-                "--",
-                "/bin/sleep",
-                "1000",
-            ])
+            .command(&["exec", "--config", &cfg, "--role", "node", "--", "/bin/sleep", "1000"])
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn");
@@ -365,9 +261,7 @@ fn supervisor_death_kills_the_sandbox() {
                 .expect("proc")
                 .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
                 .filter(|p| {
-                    std::fs::read(format!("/proc/{p}/cmdline"))
-                        .map(|c| c == b"/bin/sleep\x001000\x00")
-                        .unwrap_or(false)
+                    std::fs::read(format!("/proc/{p}/cmdline")).map(|c| c == b"/bin/sleep\x001000\x00").unwrap_or(false)
                         && descends_from(*p, child.id() as i32)
                 })
                 .collect()
@@ -379,15 +273,11 @@ fn supervisor_death_kills_the_sandbox() {
         }
         assert_eq!(pids.len(), 1, "{mode:?}: sandboxed sleep not found");
         // SIGKILL the launcher (through setpriv's exec it is the same pid).
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("kill");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL)
+            .expect("kill");
         let _ = child.wait();
         let gone = Instant::now() + Duration::from_secs(1);
-        while std::path::Path::new(&format!("/proc/{}", pids[0])).exists() && Instant::now() < gone
-        {
+        while std::path::Path::new(&format!("/proc/{}", pids[0])).exists() && Instant::now() < gone {
             std::thread::sleep(Duration::from_millis(10));
         }
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap_or_default();

@@ -11,21 +11,13 @@ use common::*;
 #[test]
 fn go_runtime_survives_the_engine_filter() {
     let Some(go) = which("/usr/bin/age-keygen") else {
-        return unavailable(
-            "go",
-            "no Go binary (apt-get install age provides /usr/bin/age-keygen)",
-        );
+        return unavailable("go", "no Go binary (apt-get install age provides /usr/bin/age-keygen)");
     };
     for mode in modes() {
         let f = Fixture::new(mode, "go");
         let o = f.exec("engine", &[go.to_str().expect("path")]);
         let out = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{mode:?}: Go program failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert_eq!(o.status.code(), Some(0), "{mode:?}: Go program failed: {}", String::from_utf8_lossy(&o.stderr));
         assert!(out.contains("AGE-SECRET-KEY-"), "{mode:?}: {out}");
     }
 }
@@ -33,16 +25,10 @@ fn go_runtime_survives_the_engine_filter() {
 #[test]
 fn c_http_server_serves_on_loopback_under_the_engine_policy() {
     let (Some(bb), Some(_)) = (which("/usr/bin/busybox"), which("/usr/bin/nsenter")) else {
-        return unavailable(
-            "httpd",
-            "busybox (apt-get install busybox-static) or nsenter missing",
-        );
+        return unavailable("httpd", "busybox (apt-get install busybox-static) or nsenter missing");
     };
     if !is_root() {
-        return unavailable(
-            "httpd",
-            "joining the sandbox's netns as a client needs root in this test",
-        );
+        return unavailable("httpd", "joining the sandbox's netns as a client needs root in this test");
     }
     for mode in modes() {
         let f = Fixture::new(mode, "httpd");
@@ -111,28 +97,16 @@ fn c_http_server_serves_on_loopback_under_the_engine_policy() {
             std::thread::sleep(Duration::from_millis(50));
         };
         assert_eq!(body, "served from the sealed engine\n", "{mode:?}");
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(launcher as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .expect("term");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher as i32), nix::sys::signal::Signal::SIGTERM)
+            .expect("term");
         let st = server.wait().expect("wait");
-        assert_eq!(
-            st.code(),
-            Some(128 + libc::SIGTERM),
-            "{mode:?}: SIGTERM forwarded to the workload"
-        );
+        assert_eq!(st.code(), Some(128 + libc::SIGTERM), "{mode:?}: SIGTERM forwarded to the workload");
     }
 }
 
 fn parent(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(") ")?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn grand_parent(pid: u32) -> Option<u32> {
@@ -145,35 +119,26 @@ fn python() -> Option<(String, String, String)> {
     let copy = std::env::var("SEALNODE_TEST_PYTHON").ok()?;
     let prefix = std::env::var("SEALNODE_TEST_PYTHON_PREFIX").ok()?;
     let venv = std::env::var("SEALNODE_TEST_VENV").ok()?;
-    std::path::Path::new(&format!("{venv}/bin/python"))
-        .exists()
-        .then_some((copy, prefix, venv))
+    std::path::Path::new(&format!("{venv}/bin/python")).exists().then_some((copy, prefix, venv))
 }
 
 #[test]
 fn frutebox_node_runs_under_the_node_policy() {
     let Some((copy, prefix, venv)) = python() else {
-        return unavailable("frutebox", "SEALNODE_TEST_PYTHON/_PREFIX/_VENV not set (.ci/run prepares Python 3.12 + frutebox-node 0.1.0)");
+        return unavailable(
+            "frutebox",
+            "SEALNODE_TEST_PYTHON/_PREFIX/_VENV not set (.ci/run prepares Python 3.12 + frutebox-node 0.1.0)",
+        );
     };
     for mode in modes() {
         let mut f = Fixture::new(mode, "frutebox");
-        f.node_extra = format!(
-            "ro_binds = [{{ src = \"{copy}\", dst = \"{prefix}\" }}, {{ src = \"{venv}\" }}]"
-        );
+        f.node_extra = format!("ro_binds = [{{ src = \"{copy}\", dst = \"{prefix}\" }}, {{ src = \"{venv}\" }}]");
         f.write_config();
         let py = format!("{venv}/bin/python");
         let o = f.exec("node", &[&py, "-I", "-m", "frutebox.provider", "--help"]);
         let out = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{mode:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        assert!(
-            out.contains("frutebox provider node") && out.contains("--gateway-url"),
-            "{mode:?}: {out}"
-        );
+        assert_eq!(o.status.code(), Some(0), "{mode:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(out.contains("frutebox provider node") && out.contains("--gateway-url"), "{mode:?}: {out}");
         // What the node does at start-up: the nvidia-smi probe fails with an errno (not a
         // seccomp kill), TLS context loads the CA store, threads and asyncio work, the state
         // file is written in its own dir.
@@ -197,17 +162,10 @@ print(open("/run/sealnode/credential").read().strip())
 "#;
         let o = f.exec("node", &[&py, "-I", "-c", script]);
         let out = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{mode:?}: {}\n{out}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert_eq!(o.status.code(), Some(0), "{mode:?}: {}\n{out}", String::from_utf8_lossy(&o.stderr));
         assert!(out.contains("nvidia-smi errno 2"), "{mode:?}: {out}");
         assert!(
-            out.contains("asyncio")
-                && out.contains("thread")
-                && out.contains("node-credential-token"),
+            out.contains("asyncio") && out.contains("thread") && out.contains("node-credential-token"),
             "{mode:?}: {out}"
         );
         assert!(f.p("node-scratch/state.json").exists());

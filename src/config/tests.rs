@@ -32,11 +32,7 @@ fn parse(text: &str) -> Result<Config> {
 fn bad(text: &str) -> (String, String) {
     match parse(text) {
         Ok(_) => panic!("config unexpectedly valid:\n{text}"),
-        Err(Error::Config {
-            file,
-            field,
-            reason,
-        }) => {
+        Err(Error::Config { file, field, reason }) => {
             assert_eq!(file, Path::new("/etc/sealnode/test.toml"));
             (field, reason)
         }
@@ -60,25 +56,16 @@ fn good_config_parses() {
 #[test]
 fn unknown_key_is_named() {
     let (field, reason) = bad(&with("port = 8080", "port = 8080\ncolour = \"red\""));
-    assert!(
-        field.contains("colour") && field.contains("line"),
-        "{field}"
-    );
+    assert!(field.contains("colour") && field.contains("line"), "{field}");
     assert!(reason.contains("unknown field"), "{reason}");
 }
 
 #[test]
 fn relative_path_is_refused() {
-    let (field, reason) = bad(&with(
-        "scratch = \"/var/lib/sealnode/engine\"",
-        "scratch = \"var/lib/engine\"",
-    ));
+    let (field, reason) = bad(&with("scratch = \"/var/lib/sealnode/engine\"", "scratch = \"var/lib/engine\""));
     assert_eq!(field, "engine.scratch");
     assert!(reason.contains("relative"), "{reason}");
-    let (field, _) = bad(&with(
-        "/usr/share/sealnode/seccomp/node.json",
-        "seccomp/node.json",
-    ));
+    let (field, _) = bad(&with("/usr/share/sealnode/seccomp/node.json", "seccomp/node.json"));
     assert_eq!(field, "node.seccomp");
     let (field, _) = bad(&with("\"/usr/bin/llama-server\"", "\"llama-server\""));
     assert_eq!(field, "engine.command[0]");
@@ -86,10 +73,7 @@ fn relative_path_is_refused() {
 
 #[test]
 fn dotdot_is_refused() {
-    let (field, reason) = bad(&with(
-        "models = \"/srv/models\"",
-        "models = \"/srv/../etc\"",
-    ));
+    let (field, reason) = bad(&with("models = \"/srv/models\"", "models = \"/srv/../etc\""));
     assert_eq!(field, "engine.models");
     assert!(reason.contains(".."));
 }
@@ -107,10 +91,8 @@ fn port_out_of_range() {
 
 #[test]
 fn node_may_not_listen_or_see_models() {
-    let (field, _) = bad(&with(
-        "scratch = \"/var/lib/sealnode/node\"",
-        "scratch = \"/var/lib/sealnode/node\"\nport = 9000",
-    ));
+    let (field, _) =
+        bad(&with("scratch = \"/var/lib/sealnode/node\"", "scratch = \"/var/lib/sealnode/node\"\nport = 9000"));
     assert_eq!(field, "node.port");
     let (field, _) = bad(&with(
         "scratch = \"/var/lib/sealnode/node\"",
@@ -122,23 +104,14 @@ fn node_may_not_listen_or_see_models() {
 #[test]
 fn writable_dir_overlapping_readonly_is_refused() {
     // Engine scratch inside the model dir.
-    let (field, reason) = bad(&with(
-        "scratch = \"/var/lib/sealnode/engine\"",
-        "scratch = \"/srv/models/tmp\"",
-    ));
+    let (field, reason) = bad(&with("scratch = \"/var/lib/sealnode/engine\"", "scratch = \"/srv/models/tmp\""));
     assert_eq!(field, "engine.scratch");
     assert!(reason.contains("overlaps"), "{reason}");
     // Node scratch containing the venv bind.
-    let (field, _) = bad(&with(
-        "scratch = \"/var/lib/sealnode/node\"",
-        "scratch = \"/opt\"",
-    ));
+    let (field, _) = bad(&with("scratch = \"/var/lib/sealnode/node\"", "scratch = \"/opt\""));
     assert_eq!(field, "node.scratch");
     // Both roles sharing one writable dir.
-    let (field, _) = bad(&with(
-        "scratch = \"/var/lib/sealnode/node\"",
-        "scratch = \"/var/lib/sealnode/engine\"",
-    ));
+    let (field, _) = bad(&with("scratch = \"/var/lib/sealnode/node\"", "scratch = \"/var/lib/sealnode/engine\""));
     assert!(field.ends_with(".scratch"), "{field}");
 }
 
@@ -170,19 +143,13 @@ fn schema_versions() {
 fn sha256_pin_format() {
     let (field, _) = bad(&with("port = 8080", "port = 8080\nsha256 = \"abc\""));
     assert_eq!(field, "engine.sha256");
-    parse(&with(
-        "port = 8080",
-        &format!("port = 8080\nsha256 = \"{}\"", "a".repeat(64)),
-    ))
-    .expect("valid pin");
+    parse(&with("port = 8080", &format!("port = 8080\nsha256 = \"{}\"", "a".repeat(64)))).expect("valid pin");
 }
 
 #[test]
 fn reserved_bind_destinations() {
-    let (field, _) = bad(&with(
-        "ro_binds = [{ src = \"/opt/venv\" }]",
-        "ro_binds = [{ src = \"/opt/venv\", dst = \"/proc/x\" }]",
-    ));
+    let (field, _) =
+        bad(&with("ro_binds = [{ src = \"/opt/venv\" }]", "ro_binds = [{ src = \"/opt/venv\", dst = \"/proc/x\" }]"));
     assert_eq!(field, "node.ro_binds[0].dst");
 }
 
@@ -212,29 +179,20 @@ impl Host {
         let h = Host { dir };
         for d in ["models", "escratch", "nscratch", "venv", "pol"] {
             std::fs::create_dir(h.p(d)).expect("mkdir");
-            std::fs::set_permissions(h.p(d), std::fs::Permissions::from_mode(0o755))
-                .expect("chmod");
+            std::fs::set_permissions(h.p(d), std::fs::Permissions::from_mode(0o755)).expect("chmod");
         }
-        std::fs::set_permissions(h.dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
+        std::fs::set_permissions(h.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
         std::fs::write(h.p("cred"), "c").expect("write");
-        std::fs::set_permissions(h.p("cred"), std::fs::Permissions::from_mode(0o600))
-            .expect("chmod");
+        std::fs::set_permissions(h.p("cred"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
         if nix::unistd::geteuid().is_root() {
             // Rootful: writable dirs and the credential belong to the role users.
             for (p, id) in [("escratch", 61001), ("nscratch", 61002), ("cred", 61002)] {
                 std::os::unix::fs::chown(h.p(p), Some(id), Some(id)).expect("chown");
             }
         }
-        for f in [
-            "pol/engine.json",
-            "pol/node.json",
-            "pol/engine.toml",
-            "pol/node.toml",
-        ] {
+        for f in ["pol/engine.json", "pol/node.json", "pol/engine.toml", "pol/node.toml"] {
             std::fs::write(h.p(f), "{}").expect("write");
-            std::fs::set_permissions(h.p(f), std::fs::Permissions::from_mode(0o644))
-                .expect("chmod");
+            std::fs::set_permissions(h.p(f), std::fs::Permissions::from_mode(0o644)).expect("chmod");
         }
         h
     }
@@ -278,10 +236,7 @@ ro_binds = [{{ src = "{d}/venv", dst = "/opt/venv" }}]
     fn me(&self) -> Invoker {
         // Rootless as the file owner: ownership checks compare against this uid.
         let md = std::fs::metadata(self.dir.path()).expect("stat");
-        Invoker {
-            uid: md.uid(),
-            gid: md.gid(),
-        }
+        Invoker { uid: md.uid(), gid: md.gid() }
     }
 }
 
@@ -386,8 +341,7 @@ fn shipped_examples_parse() {
     for entry in std::fs::read_dir(&root).expect("examples") {
         let p = entry.expect("entry").path();
         if p.extension().is_some_and(|e| e == "toml") {
-            Config::parse(&std::fs::read_to_string(&p).expect("read"), &p)
-                .unwrap_or_else(|e| panic!("{e}"));
+            Config::parse(&std::fs::read_to_string(&p).expect("read"), &p).unwrap_or_else(|e| panic!("{e}"));
             seen += 1;
         }
     }

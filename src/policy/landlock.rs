@@ -9,8 +9,8 @@ use std::ffi::CString;
 use std::path::Path;
 
 use landlock::{
-    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use serde::Deserialize;
 
@@ -81,10 +81,7 @@ fn yes() -> bool {
 
 impl Default for Scopes {
     fn default() -> Self {
-        Scopes {
-            abstract_unix_socket: true,
-            signal: true,
-        }
+        Scopes { abstract_unix_socket: true, signal: true }
     }
 }
 
@@ -95,16 +92,7 @@ fn access_by_name(name: &str) -> Option<(BitFlags<AccessFs>, u8)> {
         "read" => (ReadFile | ReadDir, 1),
         "exec" => (Execute.into(), 1),
         "write" => (
-            WriteFile
-                | RemoveDir
-                | RemoveFile
-                | MakeDir
-                | MakeReg
-                | MakeSock
-                | MakeFifo
-                | MakeSym
-                | Refer
-                | Truncate,
+            WriteFile | RemoveDir | RemoveFile | MakeDir | MakeReg | MakeSock | MakeFifo | MakeSym | Refer | Truncate,
             3,
         ),
         "read_file" => (ReadFile.into(), 1),
@@ -133,35 +121,22 @@ fn abi_of(v: u8) -> ABI {
 
 impl Rules {
     pub fn parse(text: &str, file: &Path) -> Result<Rules> {
-        let rules: Rules = toml::from_str(text)
-            .map_err(|e| Error::policy(file, e.message().trim().to_string()))?;
+        let rules: Rules = toml::from_str(text).map_err(|e| Error::policy(file, e.message().trim().to_string()))?;
         if rules.min_abi == 0 || rules.min_abi > KNOWN_ABI {
-            return Err(Error::policy(
-                file,
-                format!("min_abi {} is outside 1-{KNOWN_ABI}", rules.min_abi),
-            ));
+            return Err(Error::policy(file, format!("min_abi {} is outside 1-{KNOWN_ABI}", rules.min_abi)));
         }
         for (i, r) in rules.fs.iter().enumerate() {
             if r.paths.is_empty() || r.access.is_empty() {
-                return Err(Error::policy(
-                    file,
-                    format!("fs[{i}]: needs paths and access"),
-                ));
+                return Err(Error::policy(file, format!("fs[{i}]: needs paths and access")));
             }
             for a in &r.access {
                 let Some((_, need)) = access_by_name(a) else {
-                    return Err(Error::policy(
-                        file,
-                        format!("fs[{i}]: unknown access {a:?}"),
-                    ));
+                    return Err(Error::policy(file, format!("fs[{i}]: unknown access {a:?}")));
                 };
                 if need > rules.min_abi {
                     return Err(Error::policy(
                         file,
-                        format!(
-                            "fs[{i}]: access {a:?} needs Landlock ABI {need} but min_abi is {}",
-                            rules.min_abi
-                        ),
+                        format!("fs[{i}]: access {a:?} needs Landlock ABI {need} but min_abi is {}", rules.min_abi),
                     ));
                 }
             }
@@ -182,18 +157,15 @@ impl Rules {
             ));
         }
         if (rules.scope.signal || rules.scope.abstract_unix_socket) && rules.min_abi < 6 {
-            return Err(Error::policy(
-                file,
-                "scopes need Landlock ABI 6; raise min_abi or turn the scopes off",
-            ));
+            return Err(Error::policy(file, "scopes need Landlock ABI 6; raise min_abi or turn the scopes off"));
         }
         for p in rules.net.bind.iter().chain(&rules.net.connect) {
             match p {
                 Port::Number(0) => return Err(Error::policy(file, "port 0 is not a port")),
-                Port::Token(t) if t != "@engine_port" => {
+                Port::Token(t) if t != "@engine_port" && t != "@egress_ports" => {
                     return Err(Error::policy(
                         file,
-                        format!("unknown port token {t:?} (known: \"@engine_port\")"),
+                        format!("unknown port token {t:?} (known: \"@engine_port\", \"@egress_ports\")"),
                     ))
                 }
                 _ => {}
@@ -207,26 +179,21 @@ impl Rules {
             ));
         }
         if rules.net.connect_any && !rules.net.connect.is_empty() {
-            return Err(Error::policy(file, "connect_any = true leaves connect unrestricted; drop the connect list or connect_any"));
+            return Err(Error::policy(
+                file,
+                "connect_any = true leaves connect unrestricted; drop the connect list or connect_any",
+            ));
         }
         Ok(rules)
     }
 
     pub fn load(file: &Path) -> Result<Rules> {
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| Error::policy(file, format!("cannot read: {e}")))?;
+        let text = std::fs::read_to_string(file).map_err(|e| Error::policy(file, format!("cannot read: {e}")))?;
         Rules::parse(&text, file)
     }
 }
 
-const TOKENS: [&str; 6] = [
-    "@scratch",
-    "@models",
-    "@credential",
-    "@ro_binds",
-    "@ro_binds_exec",
-    "@devices",
-];
+const TOKENS: [&str; 6] = ["@scratch", "@models", "@credential", "@ro_binds", "@ro_binds_exec", "@devices"];
 
 /// A rules file with tokens expanded for one role of one config; ready for the child.
 #[derive(Debug, Clone)]
@@ -247,33 +214,19 @@ impl Rules {
             match p {
                 "@scratch" => vec![INSIDE_SCRATCH.into()],
                 "@models" => r.models.iter().map(|_| INSIDE_MODELS.to_string()).collect(),
-                "@credential" => r
-                    .credential
-                    .iter()
-                    .map(|_| INSIDE_CREDENTIAL.to_string())
-                    .collect(),
-                "@ro_binds" => r
-                    .ro_binds
-                    .iter()
-                    .map(|b| b.inside().display().to_string())
-                    .collect(),
-                "@ro_binds_exec" => r
-                    .ro_binds
-                    .iter()
-                    .filter(|b| b.exec)
-                    .map(|b| b.inside().display().to_string())
-                    .collect(),
+                "@credential" => r.credential.iter().map(|_| INSIDE_CREDENTIAL.to_string()).collect(),
+                "@ro_binds" => r.ro_binds.iter().map(|b| b.inside().display().to_string()).collect(),
+                "@ro_binds_exec" => {
+                    r.ro_binds.iter().filter(|b| b.exec).map(|b| b.inside().display().to_string()).collect()
+                }
                 "@devices" => r.devices.iter().map(|d| d.display().to_string()).collect(),
                 other => vec![other.to_string()],
             }
         };
         let mut fs = Vec::new();
         for rule in &self.fs {
-            let access = rule
-                .access
-                .iter()
-                .filter_map(|a| access_by_name(a))
-                .fold(BitFlags::EMPTY, |acc, (f, _)| acc | f);
+            let access =
+                rule.access.iter().filter_map(|a| access_by_name(a)).fold(BitFlags::EMPTY, |acc, (f, _)| acc | f);
             for p in &rule.paths {
                 // Tokens that expand to nothing (no model dir) simply add no rule.
                 let optional = rule.optional || p.starts_with('@');
@@ -284,9 +237,14 @@ impl Rules {
                 }
             }
         }
-        let port = |p: &Port| match p {
-            Port::Number(n) => Some(*n),
-            Port::Token(_) => cfg.engine.port.and_then(|p| u16::try_from(p).ok()),
+        let ports = |p: &Port| -> Vec<u16> {
+            match p {
+                Port::Number(n) => vec![*n],
+                Port::Token(t) if t == "@egress_ports" => {
+                    r.egress.iter().filter_map(|e| u16::try_from(e.port).ok()).collect()
+                }
+                Port::Token(_) => cfg.engine.port.and_then(|p| u16::try_from(p).ok()).into_iter().collect(),
+            }
         };
         let mut scopes = BitFlags::EMPTY;
         if self.scope.abstract_unix_socket {
@@ -298,8 +256,8 @@ impl Rules {
         Resolved {
             abi: self.min_abi,
             fs,
-            bind: self.net.bind.iter().filter_map(port).collect(),
-            connect: self.net.connect.iter().filter_map(port).collect(),
+            bind: self.net.bind.iter().flat_map(ports).collect(),
+            connect: self.net.connect.iter().flat_map(ports).collect(),
             handled_net: {
                 let mut h = AccessNet::BindTcp | AccessNet::ConnectTcp;
                 if self.net.bind_any {
@@ -346,18 +304,12 @@ pub fn apply(res: &Resolved) -> std::result::Result<(), ApplyError> {
         .handle_access(handled_fs)
         .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     if !res.handled_net.is_empty() {
-        ruleset = ruleset
-            .handle_access(res.handled_net)
-            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+        ruleset = ruleset.handle_access(res.handled_net).map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     }
     if !res.scopes.is_empty() {
-        ruleset = ruleset
-            .scope(res.scopes)
-            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+        ruleset = ruleset.scope(res.scopes).map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     }
-    let mut created = ruleset
-        .create()
-        .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+    let mut created = ruleset.create().map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     for (i, (path, access, optional)) in res.fs.iter().enumerate() {
         let fd = match PathFd::new(path.as_c_str().to_str().unwrap_or("")) {
             Ok(fd) => fd,
@@ -370,31 +322,21 @@ pub fn apply(res: &Resolved) -> std::result::Result<(), ApplyError> {
             }
         };
         // Directory-only rights are invalid on a file: keep the file rights for file rules.
-        let is_dir = nix::sys::stat::fstat(&fd)
-            .map(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
-            .unwrap_or(false);
-        let rights = if is_dir {
-            *access
-        } else {
-            *access & AccessFs::from_file(abi)
-        };
+        let is_dir = nix::sys::stat::fstat(&fd).map(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR).unwrap_or(false);
+        let rights = if is_dir { *access } else { *access & AccessFs::from_file(abi) };
         created = created
             .add_rule(PathBeneath::new(fd, rights & handled_fs))
             .map_err(|e| ApplyError::Path(i, errno_of(&e)))?;
     }
     for p in &res.bind {
-        created = created
-            .add_rule(NetPort::new(*p, AccessNet::BindTcp))
-            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+        created =
+            created.add_rule(NetPort::new(*p, AccessNet::BindTcp)).map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     }
     for p in &res.connect {
-        created = created
-            .add_rule(NetPort::new(*p, AccessNet::ConnectTcp))
-            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+        created =
+            created.add_rule(NetPort::new(*p, AccessNet::ConnectTcp)).map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     }
-    let status = created
-        .restrict_self()
-        .map_err(|e| ApplyError::Restrict(errno_of(&e)))?;
+    let status = created.restrict_self().map_err(|e| ApplyError::Restrict(errno_of(&e)))?;
     if status.ruleset != RulesetStatus::FullyEnforced {
         return Err(ApplyError::NotEnforced);
     }
@@ -406,25 +348,16 @@ pub fn apply(res: &Resolved) -> std::result::Result<(), ApplyError> {
 /// able to forward signals to it.
 pub fn deny_all(abi: u8) -> std::result::Result<(), ApplyError> {
     let abi = abi_of(abi);
-    let scopes = if abi >= ABI::V6 {
-        BitFlags::from(Scope::AbstractUnixSocket)
-    } else {
-        BitFlags::EMPTY
-    };
+    let scopes = if abi >= ABI::V6 { BitFlags::from(Scope::AbstractUnixSocket) } else { BitFlags::EMPTY };
     let mut rs = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(AccessFs::from_all(abi))
         .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
         .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     if !scopes.is_empty() {
-        rs = rs
-            .scope(scopes)
-            .map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
+        rs = rs.scope(scopes).map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     }
-    rs.create()
-        .and_then(|r| r.restrict_self())
-        .map_err(|e| ApplyError::Restrict(errno_of(&e)))
-        .map(drop)
+    rs.create().and_then(|r| r.restrict_self()).map_err(|e| ApplyError::Restrict(errno_of(&e))).map(drop)
 }
 
 #[cfg(test)]
@@ -440,15 +373,9 @@ mod tests {
             assert!(r.scope.signal && r.scope.abstract_unix_socket, "{f}");
         }
         let engine = Rules::load(&root.join("engine.toml")).expect("engine");
-        assert!(
-            engine.net.connect.is_empty() && !engine.net.connect_any,
-            "the engine connects nowhere"
-        );
+        assert!(engine.net.connect.is_empty() && !engine.net.connect_any, "the engine connects nowhere");
         let node = Rules::load(&root.join("node.toml")).expect("node");
-        assert!(
-            node.net.bind.is_empty() && !node.net.bind_any && !node.net.connect_any,
-            "the node listens nowhere"
-        );
+        assert!(node.net.bind.is_empty() && !node.net.bind_any && !node.net.connect_any, "the node listens nowhere");
     }
 
     #[test]
@@ -456,28 +383,13 @@ mod tests {
         let f = Path::new("rules.toml");
         for (text, why) in [
             ("min_abi = 9", "outside"),
-            (
-                "min_abi = 6\n[[fs]]\npaths = [\"/x\"]\naccess = [\"fly\"]",
-                "unknown access",
-            ),
-            (
-                "min_abi = 6\n[[fs]]\npaths = [\"x\"]\naccess = [\"read\"]",
-                "neither an absolute path",
-            ),
-            (
-                "min_abi = 4\n[[fs]]\npaths = [\"/x\"]\naccess = [\"ioctl_dev\"]",
-                "needs Landlock ABI 5",
-            ),
-            (
-                "min_abi = 6\n[net]\nbind = [\"@other\"]",
-                "unknown port token",
-            ),
+            ("min_abi = 6\n[[fs]]\npaths = [\"/x\"]\naccess = [\"fly\"]", "unknown access"),
+            ("min_abi = 6\n[[fs]]\npaths = [\"x\"]\naccess = [\"read\"]", "neither an absolute path"),
+            ("min_abi = 4\n[[fs]]\npaths = [\"/x\"]\naccess = [\"ioctl_dev\"]", "needs Landlock ABI 5"),
+            ("min_abi = 6\n[net]\nbind = [\"@other\"]", "unknown port token"),
             ("min_abi = 6\nextra = 1", "unknown field"),
             ("min_abi = 5", "scopes need"),
-            (
-                "min_abi = 6\n[net]\nbind = [80]\nbind_any = true",
-                "bind_any",
-            ),
+            ("min_abi = 6\n[net]\nbind = [80]\nbind_any = true", "bind_any"),
         ] {
             let e = Rules::parse(text, f).expect_err(text).to_string();
             assert!(e.contains(why), "{text}: {e}");

@@ -18,11 +18,8 @@ pub const MAX_INSNS: usize = 4096;
 /// mixes an unconditional and a conditional rule for one syscall (seccompiler would silently
 /// keep only the conditional one).
 pub fn lint(text: &str, file: &Path) -> Result<()> {
-    let doc: Value = serde_json::from_str(text)
-        .map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
-    let filters = doc
-        .as_object()
-        .ok_or_else(|| Error::policy(file, "top level must be an object of named filters"))?;
+    let doc: Value = serde_json::from_str(text).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
+    let filters = doc.as_object().ok_or_else(|| Error::policy(file, "top level must be an object of named filters"))?;
     for (name, f) in filters {
         let err = |r: String| Error::policy(file, format!("filter {name:?}: {r}"));
         let mismatch = f.get("mismatch_action").or_else(|| f.get("default_action"));
@@ -30,37 +27,22 @@ pub fn lint(text: &str, file: &Path) -> Result<()> {
             None => return Err(err("missing mismatch_action".into())),
             Some(Value::String(s)) if s == "allow" || s == "log" => {
                 return Err(err(format!(
-                "mismatch_action {s:?} turns the allowlist into a denylist; use {{\"errno\": 38}}"
-            )))
+                    "mismatch_action {s:?} turns the allowlist into a denylist; use {{\"errno\": 38}}"
+                )))
             }
             _ => {}
         }
         match f.get("match_action").or_else(|| f.get("filter_action")) {
             Some(Value::String(s)) if s == "allow" => {}
-            _ => {
-                return Err(err(
-                    "match_action must be \"allow\" (policies are allowlists)".into(),
-                ))
-            }
+            _ => return Err(err("match_action must be \"allow\" (policies are allowlists)".into())),
         }
-        let rules = f
-            .get("filter")
-            .and_then(Value::as_array)
-            .ok_or_else(|| err("missing \"filter\" array".into()))?;
+        let rules = f.get("filter").and_then(Value::as_array).ok_or_else(|| err("missing \"filter\" array".into()))?;
         let mut kinds: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
         for (i, r) in rules.iter().enumerate() {
-            let sc = r
-                .get("syscall")
-                .and_then(Value::as_str)
-                .ok_or_else(|| err(format!("rule {i}: missing syscall")))?;
-            if !r
-                .get("comment")
-                .and_then(Value::as_str)
-                .is_some_and(|c| !c.trim().is_empty())
-            {
-                return Err(err(format!(
-                    "rule {i} ({sc}): every rule needs a \"comment\" saying why it is allowed"
-                )));
+            let sc =
+                r.get("syscall").and_then(Value::as_str).ok_or_else(|| err(format!("rule {i}: missing syscall")))?;
+            if !r.get("comment").and_then(Value::as_str).is_some_and(|c| !c.trim().is_empty()) {
+                return Err(err(format!("rule {i} ({sc}): every rule needs a \"comment\" saying why it is allowed")));
             }
             let e = kinds.entry(sc).or_default();
             if r.get("args").is_some() {
@@ -80,8 +62,7 @@ pub fn lint(text: &str, file: &Path) -> Result<()> {
 
 /// Read, lint and compile the filter named after `role` for `arch`.
 pub fn compile_file(file: &Path, role: &str, arch: TargetArch) -> Result<BpfProgram> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| Error::policy(file, format!("cannot read: {e}")))?;
+    let text = std::fs::read_to_string(file).map_err(|e| Error::policy(file, format!("cannot read: {e}")))?;
     compile_text(&text, file, role, arch)
 }
 
@@ -131,16 +112,11 @@ fn for_arch(text: &str, file: &Path, arch: TargetArch) -> Result<String> {
     if matches!(arch, TargetArch::x86_64) {
         return Ok(text.to_string());
     }
-    let mut doc: Value = serde_json::from_str(text)
-        .map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
+    let mut doc: Value = serde_json::from_str(text).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
     if let Some(filters) = doc.as_object_mut() {
         for f in filters.values_mut() {
             if let Some(rules) = f.get_mut("filter").and_then(Value::as_array_mut) {
-                rules.retain(|r| {
-                    !r.get("syscall")
-                        .and_then(Value::as_str)
-                        .is_some_and(|s| X86_64_ONLY.contains(&s))
-                });
+                rules.retain(|r| !r.get("syscall").and_then(Value::as_str).is_some_and(|s| X86_64_ONLY.contains(&s)));
             }
         }
     }
@@ -152,16 +128,11 @@ pub fn compile_text(text: &str, file: &Path, role: &str, arch: TargetArch) -> Re
     let text = for_arch(text, file, arch)?;
     let mut map = seccompiler::compile_from_json(text.as_bytes(), arch)
         .map_err(|e| Error::policy(file, format!("does not compile for {arch:?}: {e}")))?;
-    let prog = map
-        .remove(role)
-        .ok_or_else(|| Error::policy(file, format!("has no filter named {role:?}")))?;
+    let prog = map.remove(role).ok_or_else(|| Error::policy(file, format!("has no filter named {role:?}")))?;
     if prog.len() >= MAX_INSNS {
         return Err(Error::policy(
             file,
-            format!(
-                "filter {role:?} compiles to {} instructions; the kernel limit is {MAX_INSNS}",
-                prog.len()
-            ),
+            format!("filter {role:?} compiles to {} instructions; the kernel limit is {MAX_INSNS}", prog.len()),
         ));
     }
     Ok(prog)
@@ -193,10 +164,7 @@ mod tests {
 
     fn shipped() -> Vec<(std::path::PathBuf, &'static str)> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
-        vec![
-            (root.join("engine.json"), "engine"),
-            (root.join("node.json"), "node"),
-        ]
+        vec![(root.join("engine.json"), "engine"), (root.join("node.json"), "node")]
     }
 
     #[test]
@@ -204,12 +172,7 @@ mod tests {
         for (file, role) in shipped() {
             for arch in [TargetArch::x86_64, TargetArch::aarch64] {
                 let prog = compile_file(&file, role, arch).unwrap_or_else(|e| panic!("{e}"));
-                assert!(
-                    prog.len() < MAX_INSNS,
-                    "{} {arch:?}: {}",
-                    file.display(),
-                    prog.len()
-                );
+                assert!(prog.len() < MAX_INSNS, "{} {arch:?}: {}", file.display(), prog.len());
                 assert!(prog.len() > 50, "suspiciously small filter");
             }
         }
@@ -223,16 +186,9 @@ mod tests {
             let doc: Value = serde_json::from_str(&text).expect("json");
             let f = &doc[role];
             assert_ne!(f["mismatch_action"], Value::String("allow".into()));
-            assert_eq!(
-                f["mismatch_action"]["errno"], 38,
-                "denials answer ENOSYS (clone3 fallback)"
-            );
-            let names: Vec<&str> = f["filter"]
-                .as_array()
-                .expect("rules")
-                .iter()
-                .filter_map(|r| r["syscall"].as_str())
-                .collect();
+            assert_eq!(f["mismatch_action"]["errno"], 38, "denials answer ENOSYS (clone3 fallback)");
+            let names: Vec<&str> =
+                f["filter"].as_array().expect("rules").iter().filter_map(|r| r["syscall"].as_str()).collect();
             for forbidden in [
                 "clone3",
                 "unshare",
@@ -285,11 +241,7 @@ mod tests {
                 "acct",
                 "vhangup",
             ] {
-                assert!(
-                    !names.contains(&forbidden),
-                    "{} allows {forbidden}",
-                    file.display()
-                );
+                assert!(!names.contains(&forbidden), "{} allows {forbidden}", file.display());
             }
         }
     }
@@ -297,10 +249,7 @@ mod tests {
     #[test]
     fn lint_refuses_allow_mismatch() {
         let t = r#"{"r": {"mismatch_action": "allow", "match_action": "allow", "filter": []}}"#;
-        assert!(lint(t, Path::new("x.json"))
-            .unwrap_err()
-            .to_string()
-            .contains("denylist"));
+        assert!(lint(t, Path::new("x.json")).unwrap_err().to_string().contains("denylist"));
     }
 
     #[test]
@@ -308,19 +257,14 @@ mod tests {
         let t = r#"{"r": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [
             {"syscall": "ioctl", "comment": "all"},
             {"syscall": "ioctl", "comment": "some", "args": [{"index": 1, "type": "dword", "op": "eq", "val": 1}]}]}}"#;
-        assert!(lint(t, Path::new("x.json"))
-            .unwrap_err()
-            .to_string()
-            .contains("unconditional and a conditional"));
+        assert!(lint(t, Path::new("x.json")).unwrap_err().to_string().contains("unconditional and a conditional"));
     }
 
     #[test]
     fn lint_refuses_uncommented_rules() {
-        let t = r#"{"r": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [{"syscall": "read"}]}}"#;
-        assert!(lint(t, Path::new("x.json"))
-            .unwrap_err()
-            .to_string()
-            .contains("comment"));
+        let t =
+            r#"{"r": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [{"syscall": "read"}]}}"#;
+        assert!(lint(t, Path::new("x.json")).unwrap_err().to_string().contains("comment"));
     }
 
     #[test]
@@ -334,11 +278,9 @@ mod tests {
     #[test]
     fn missing_role_filter_is_an_error() {
         let t = r#"{"other": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [{"syscall": "read", "comment": "c"}]}}"#;
-        assert!(
-            compile_text(t, Path::new("x.json"), "node", TargetArch::x86_64)
-                .unwrap_err()
-                .to_string()
-                .contains("no filter named")
-        );
+        assert!(compile_text(t, Path::new("x.json"), "node", TargetArch::x86_64)
+            .unwrap_err()
+            .to_string()
+            .contains("no filter named"));
     }
 }

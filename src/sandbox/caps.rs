@@ -28,16 +28,8 @@ pub fn rootful_fs_ids(ids: Ids) -> Result<(), Errno> {
 /// that follows (the bounding set can only be reduced while CAP_SETPCAP is held).
 pub fn set_ids(ids: Ids) -> Result<(), Errno> {
     sys::prctl(libc::PR_SET_KEEPCAPS, 1)?;
-    setresgid(
-        Gid::from_raw(ids.gid),
-        Gid::from_raw(ids.gid),
-        Gid::from_raw(ids.gid),
-    )?;
-    setresuid(
-        Uid::from_raw(ids.uid),
-        Uid::from_raw(ids.uid),
-        Uid::from_raw(ids.uid),
-    )
+    setresgid(Gid::from_raw(ids.gid), Gid::from_raw(ids.gid), Gid::from_raw(ids.gid))?;
+    setresuid(Uid::from_raw(ids.uid), Uid::from_raw(ids.uid), Uid::from_raw(ids.uid))
 }
 
 /// Drop every capability in all five sets (bounding first, while CAP_SETPCAP is usable),
@@ -52,13 +44,7 @@ pub fn drop_all() -> Result<(), Errno> {
     caps::clear(None, CapSet::Permitted).map_err(caps_err)?;
     sys::prctl(libc::PR_SET_KEEPCAPS, 0)?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
-    for set in [
-        CapSet::Bounding,
-        CapSet::Ambient,
-        CapSet::Inheritable,
-        CapSet::Effective,
-        CapSet::Permitted,
-    ] {
+    for set in [CapSet::Bounding, CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
         if !caps::read(None, set).map_err(caps_err)?.is_empty() {
             return Err(Errno::EPERM);
         }

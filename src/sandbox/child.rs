@@ -24,11 +24,7 @@ pub struct ChildFds {
 
 /// Report a failed step to the parent and exit 125.
 pub fn fail(fds: ChildFds, stage: Stage, item: usize, errno: Errno) -> ! {
-    let rec = Record {
-        stage: stage as u32,
-        item: item as u32,
-        errno: errno as i32,
-    };
+    let rec = Record { stage: stage as u32, item: item as u32, errno: errno as i32 };
     let _ = sys::write_all(fds.err, &rec.encode());
     sys::exit_now(SETUP_FAILED)
 }
@@ -44,12 +40,10 @@ fn must<T>(fds: ChildFds, stage: Stage, item: usize, r: Result<T, Errno>) -> T {
 /// ipc, uts and cgroup namespaces. Never returns: execs the workload or exits 125.
 pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Die with the launcher: first, so no later step can outlive a dead supervisor.
-    must(
-        fds,
-        Stage::DieWithParent,
-        0,
-        sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong),
-    );
+    must(fds, Stage::DieWithParent, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
+    // Keep only the setup pipes (and the program fd): sandbox init lives as long as the role and
+    // must not hold the supervisor's sockets, listeners or another role's pipes.
+    must(fds, Stage::CloseInheritedFds, 0, sys::close_all_except(&[fds.err, fds.sync, plan.program_fd()]));
     // New session, no controlling terminal: closes TIOCSTI/TIOCLINUX injection into the host tty.
     must(fds, Stage::NewSession, 0, setsid().map(drop));
     // Block until the parent wrote uid_map/gid_map; EOF means the launcher died meanwhile.
@@ -62,38 +56,20 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Before any mount: nothing we mount may propagate back to the host.
     must(fds, Stage::PrivatePropagation, 0, mounts::make_private());
     // Open and re-verify every bind source before the new root's tmpfs can cover it.
-    let sources: Vec<_> = plan
-        .mounts
-        .iter()
-        .enumerate()
-        .map(|(i, m)| must(fds, Stage::OpenSources, i, mounts::open_source(m)))
-        .collect();
+    let sources: Vec<_> =
+        plan.mounts.iter().enumerate().map(|(i, m)| must(fds, Stage::OpenSources, i, mounts::open_source(m))).collect();
     // Private root: tmpfs, read-only system binds, role dirs, minimal /dev, /tmp, fresh masked /proc, /etc.
     for (i, (m, src)) in plan.mounts.iter().zip(&sources).enumerate() {
         must(fds, Stage::BuildRoot, i, mounts::apply(m, src.as_ref()));
     }
     drop(sources);
     // Enter the new root and detach the host's; the root tmpfs itself becomes read-only.
-    must(
-        fds,
-        Stage::PivotRoot,
-        0,
-        mounts::pivot(
-            &std::ffi::CString::new(NEWROOT).unwrap_or_default(),
-            &plan.workdir,
-        ),
-    );
+    must(fds, Stage::PivotRoot, 0, mounts::pivot(&std::ffi::CString::new(NEWROOT).unwrap_or_default(), &plan.workdir));
     // A new netns starts with lo down; bring it up while CAP_NET_ADMIN (cell userns) is held.
     must(fds, Stage::LoopbackUp, 0, sys::loopback_up());
     // The cell's own hostname (UTS namespace), while CAP_SYS_ADMIN is held.
-    must(
-        fds,
-        Stage::Hostname,
-        0,
-        sethostname(plan.hostname.to_str().unwrap_or("sealnode")),
-    );
+    must(fds, Stage::Hostname, 0, sethostname(plan.hostname.to_str().unwrap_or("sealnode")));
     // Pid 1 stays behind as a minimal init (reaps, forwards signals); the workload is its child.
-    // SAFETY-free: fork in a single-threaded process (the launcher never starts threads).
     let forked = must(fds, Stage::ForkWorkload, 0, fork_workload());
     if let ForkResult::Parent { child } = forked {
         init::run(plan, child, fds);
@@ -102,12 +78,7 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     must(fds, Stage::ResetSignals, 0, sys::reset_signals());
     // Limits before dropping privilege, so the role cannot raise them back.
     for (i, (res, val)) in plan.rlimits.iter().enumerate() {
-        must(
-            fds,
-            Stage::Rlimits,
-            i,
-            nix::sys::resource::setrlimit(*res, *val, *val),
-        );
+        must(fds, Stage::Rlimits, i, nix::sys::resource::setrlimit(*res, *val, *val));
     }
     // Become the role's gid then uid (rootful: its own host uid; rootless: the invoking uid).
     must(fds, Stage::Credentials, 0, caps::set_ids(plan.ids));
@@ -118,12 +89,7 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Nothing but stdio may cross into the workload (the error pipe closes at exec).
     must(fds, Stage::CloseFds, 0, sys::cloexec_from(3));
     // Landlock after pivot_root (rules name the sandbox's paths) and before seccomp (needs its syscalls).
-    must(
-        fds,
-        Stage::Landlock,
-        0,
-        landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)),
-    );
+    must(fds, Stage::Landlock, 0, landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));
     // Seccomp last: from here on only the role's allowlist, which must include execve.
     must(fds, Stage::Seccomp, 0, seccomp::install(&plan.seccomp));
     // Exec with the explicit environment; EOF on the error pipe tells the parent it happened.
@@ -155,12 +121,8 @@ fn rearm_parent_death() -> Result<(), Errno> {
 
 fn landlock_errno(fds: ChildFds, e: landlock::ApplyError) -> Errno {
     match e {
-        landlock::ApplyError::Path(i, errno) => {
-            fail(fds, Stage::Landlock, i + 1, Errno::from_raw(errno))
-        }
-        landlock::ApplyError::Ruleset(errno) | landlock::ApplyError::Restrict(errno) => {
-            Errno::from_raw(errno)
-        }
+        landlock::ApplyError::Path(i, errno) => fail(fds, Stage::Landlock, i + 1, Errno::from_raw(errno)),
+        landlock::ApplyError::Ruleset(errno) | landlock::ApplyError::Restrict(errno) => Errno::from_raw(errno),
         landlock::ApplyError::NotEnforced => Errno::EOPNOTSUPP,
     }
 }

@@ -3,9 +3,7 @@
 //! pid namespace: the kernel kills every process left in it.
 
 use nix::errno::Errno;
-use nix::sys::signal::{
-    kill, sigaction, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal,
-};
+use nix::sys::signal::{kill, sigaction, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
@@ -17,14 +15,8 @@ use crate::policy::landlock;
 use crate::sys;
 
 /// Signals the launcher may send that init passes on to the workload.
-const FORWARD: [Signal; 6] = [
-    Signal::SIGTERM,
-    Signal::SIGINT,
-    Signal::SIGHUP,
-    Signal::SIGQUIT,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-];
+const FORWARD: [Signal; 6] =
+    [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
 
 extern "C" fn noop(_: libc::c_int) {}
 
@@ -38,11 +30,7 @@ fn confine(plan: &Plan) -> Result<(), Errno> {
     // Init needs no file and no network at all.
     landlock::deny_all(plan.landlock.abi).map_err(|_| Errno::EPERM)?;
     // pid 1 ignores signals whose disposition is SIG_DFL: install handlers, then wait for them.
-    let act = SigAction::new(
-        SigHandler::Handler(noop),
-        SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
+    let act = SigAction::new(SigHandler::Handler(noop), SaFlags::SA_RESTART, SigSet::empty());
     for s in FORWARD.iter().chain([Signal::SIGCHLD].iter()) {
         // SAFETY: the handler does nothing; signals are consumed with sigwait below.
         unsafe { sigaction(*s, &act) }?;
@@ -61,9 +49,7 @@ fn wait_set() -> SigSet {
 
 pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
     let set = wait_set();
-    if let Err(e) = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
-        .and_then(|_| confine(plan))
-    {
+    if let Err(e) = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None).and_then(|_| confine(plan)) {
         let _ = kill(workload, Signal::SIGKILL);
         fail(fds, Stage::ConfineInit, 0, e);
     }
@@ -86,9 +72,7 @@ fn reap(workload: Pid) {
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(pid, code)) if pid == workload => sys::exit_now(code),
-            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == workload => {
-                sys::exit_now(128 + sig as i32)
-            }
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == workload => sys::exit_now(128 + sig as i32),
             Ok(WaitStatus::StillAlive) => return,
             Ok(_) => continue,
             Err(Errno::EINTR) => continue,

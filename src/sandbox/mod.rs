@@ -9,5 +9,5 @@ pub mod spawn;
 pub mod stage;
 
 pub use plan::{Plan, Program};
-pub use spawn::{run_to_exit, spawn, Sandbox};
+pub use spawn::{run_to_exit, spawn, spawn_in, Sandbox};
 pub use stage::{Stage, SETUP_FAILED};

@@ -71,34 +71,17 @@ fn touch(path: &CStr) -> R {
 
 fn bind_fd(fd: &OwnedFd, dst: &CStr) -> R {
     use std::os::fd::AsRawFd;
-    let src =
-        CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|_| Errno::EINVAL)?;
-    mount(
-        Some(src.as_c_str()),
-        dst,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
+    let src = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|_| Errno::EINVAL)?;
+    mount(Some(src.as_c_str()), dst, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
 }
 
 /// Open (O_PATH) and verify the source of every bind before anything is mounted: the new
 /// root's tmpfs may cover the host path (e.g. a scratch dir under /tmp).
 pub fn open_source(m: &Mount) -> Result<Option<OwnedFd>, Errno> {
-    let Mount::Bind {
-        src,
-        check,
-        nofollow,
-        ..
-    } = m
-    else {
+    let Mount::Bind { src, check, nofollow, .. } = m else {
         return Ok(None);
     };
-    let raw = if *nofollow {
-        sys::open_path_no_symlinks_c(src)?
-    } else {
-        sys::open_path_c(src)?
-    };
+    let raw = if *nofollow { sys::open_path_no_symlinks_c(src)? } else { sys::open_path_c(src)? };
     let fd = owned(raw);
     if let Some((dev, ino)) = check {
         let st = fstat(&fd)?;
@@ -115,17 +98,9 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
     match m {
         Mount::Tmpfs { dst, opts, attrs } => {
             mkdir_p(as_path(dst))?;
-            mount(
-                Some("tmpfs"),
-                dst.as_c_str(),
-                Some("tmpfs"),
-                ms_flags(*attrs),
-                Some(opts.as_c_str()),
-            )
+            mount(Some("tmpfs"), dst.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))
         }
-        Mount::Bind {
-            dst, dir, attrs, ..
-        } => {
+        Mount::Bind { dst, dir, attrs, .. } => {
             let fd = src.ok_or(Errno::EBADF)?;
             if *dir {
                 mkdir_p(as_path(dst))?;
@@ -169,18 +144,8 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             if !exists(dst) {
                 return Ok(());
             }
-            mount(
-                Some("/dev/null"),
-                dst.as_c_str(),
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )?;
-            sys::mount_setattr(
-                dst,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                false,
-            )
+            mount(Some("/dev/null"), dst.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+            sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, false)
         }
         Mount::MaskDir { dst } => {
             if !exists(dst) {
@@ -206,11 +171,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 MsFlags::MS_BIND | MsFlags::MS_REC,
                 None::<&str>,
             )?;
-            sys::mount_setattr(
-                dst,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                true,
-            )
+            sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, true)
         }
     }
 }
@@ -228,21 +189,11 @@ pub fn pivot(newroot: &CStr, workdir: &CStr) -> R {
     sys::pivot_root(c".", c".")?;
     umount2(".", MntFlags::MNT_DETACH)?;
     chdir("/")?;
-    sys::mount_setattr(
-        c"/",
-        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        false,
-    )?;
+    sys::mount_setattr(c"/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
     chdir(workdir)
 }
 
 /// Make every mount private so nothing propagates back to the host.
 pub fn make_private() -> R {
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
 }

@@ -22,30 +22,24 @@ pub const NEWROOT: &str = "/tmp";
 /// Read-only system paths every role sees (when they exist on the host). Symlinks (e.g.
 /// Debian's /lib -> usr/lib) are recreated as symlinks rather than bound.
 pub const SYSTEM_RO: &[&str] = &[
-    "/usr",                 // programs, libraries, Python's and the CA store's real files
-    "/bin",                 // usually a symlink into /usr
-    "/sbin",                // usually a symlink into /usr
-    "/lib",                 // dynamic loader and libc (symlink on merged-/usr systems)
-    "/lib64",               // x86_64 loader path
-    "/etc/ld.so.cache",     // library lookup without scanning
-    "/etc/localtime",       // time zone (llama-server, Python)
-    "/etc/ssl",             // CA bundle and OpenSSL config for TLS to the gateway
-    "/etc/ca-certificates", // targets of /etc/ssl/certs links on Debian
-    "/etc/alternatives",    // targets of /usr/bin/* alternatives links
-    "/etc/protocols",       // getprotobyname (Python's socket module)
-    "/etc/services",        // getservbyname
+    "/usr",                             // programs, libraries, Python's and the CA store's real files
+    "/bin",                             // usually a symlink into /usr
+    "/sbin",                            // usually a symlink into /usr
+    "/lib",                             // dynamic loader and libc (symlink on merged-/usr systems)
+    "/lib64",                           // x86_64 loader path
+    "/etc/ld.so.cache",                 // library lookup without scanning
+    "/etc/localtime",                   // time zone (llama-server, Python)
+    "/etc/ssl",                         // CA bundle and OpenSSL config for TLS to the gateway
+    "/etc/ca-certificates",             // targets of /etc/ssl/certs links on Debian
+    "/etc/alternatives",                // targets of /usr/bin/* alternatives links
+    "/etc/protocols",                   // getprotobyname (Python's socket module)
+    "/etc/services",                    // getservbyname
     "/sys/devices/system/cpu/possible", // CPU count (llama.cpp, Python's os.cpu_count)
-    "/sys/devices/system/cpu/online", // CPU count
+    "/sys/devices/system/cpu/online",   // CPU count
 ];
 
 /// Device nodes every role gets.
-pub const BASE_DEVICES: &[&str] = &[
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/random",
-    "/dev/urandom",
-];
+pub const BASE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
 
 /// /proc entries hidden behind /dev/null (files) or an empty read-only tmpfs (dirs).
 pub const PROC_MASK_FILES: &[&str] = &[
@@ -63,29 +57,17 @@ pub const PROC_MASK_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/asound"
 pub const PROC_READONLY: &[&str] = &["/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"];
 
 use crate::sys::{
-    MOUNT_ATTR_NODEV as NODEV, MOUNT_ATTR_NOEXEC as NOEXEC, MOUNT_ATTR_NOSUID as NOSUID,
-    MOUNT_ATTR_RDONLY as RDONLY,
+    MOUNT_ATTR_NODEV as NODEV, MOUNT_ATTR_NOEXEC as NOEXEC, MOUNT_ATTR_NOSUID as NOSUID, MOUNT_ATTR_RDONLY as RDONLY,
 };
 
 /// One step of building the root, in order.
 #[derive(Debug, Clone)]
 pub enum Mount {
     /// tmpfs at `dst` (absolute, under NEWROOT).
-    Tmpfs {
-        dst: CString,
-        opts: CString,
-        attrs: u64,
-    },
+    Tmpfs { dst: CString, opts: CString, attrs: u64 },
     /// Bind host `src` on `dst`; `check` = (dev, ino) the parent validated; `nofollow` refuses
     /// symlinks in any component (role paths).
-    Bind {
-        src: CString,
-        dst: CString,
-        dir: bool,
-        attrs: u64,
-        check: Option<(u64, u64)>,
-        nofollow: bool,
-    },
+    Bind { src: CString, dst: CString, dir: bool, attrs: u64, check: Option<(u64, u64)>, nofollow: bool },
     /// Symlink `dst` -> `target`.
     Symlink { target: CString, dst: CString },
     /// Regular file with generated contents.
@@ -128,6 +110,9 @@ pub enum Program {
     Path(CString),
     /// sealnode's own sealed copy (memfd), for probes; executed via /proc/self/fd.
     SealedSelf(std::os::fd::OwnedFd),
+    /// The role's program, opened and its sha256 verified by the parent; executed from this
+    /// very fd via /proc/self/fd, so there is no window to swap the file.
+    Verified(std::os::fd::OwnedFd),
 }
 
 /// Everything the child needs.
@@ -150,18 +135,24 @@ pub struct Plan {
     pub program: Program,
 }
 
+impl Plan {
+    /// The fd the workload is executed from, if any (-1 otherwise).
+    pub fn program_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match &self.program {
+            Program::SealedSelf(fd) | Program::Verified(fd) => fd.as_raw_fd(),
+            Program::Path(_) => -1,
+        }
+    }
+}
+
 /// NULL-terminated pointer array into `strings` (valid while `strings` lives).
 pub fn ptr_array(strings: &[CString]) -> Vec<*const libc::c_char> {
-    strings
-        .iter()
-        .map(|s| s.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect()
+    strings.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
 }
 
 fn cstr(p: impl AsRef<OsStr>) -> Result<CString> {
-    CString::new(p.as_ref().as_bytes())
-        .map_err(|_| Error::io("path", std::io::Error::from_raw_os_error(libc::EINVAL)))
+    CString::new(p.as_ref().as_bytes()).map_err(|_| Error::io("path", std::io::Error::from_raw_os_error(libc::EINVAL)))
 }
 
 fn under_root(inside: &Path) -> Result<CString> {
@@ -172,21 +163,13 @@ fn under_root(inside: &Path) -> Result<CString> {
 
 /// The environment: a fixed base, explicit values, and allowlisted names from the launcher.
 /// Never the launcher's environment as a whole; never a proxy variable.
-pub fn build_env(
-    cfg: &Config,
-    role: Role,
-    launcher_env: &[(String, String)],
-) -> Vec<(String, String)> {
+pub fn build_env(cfg: &Config, role: Role, launcher_env: &[(String, String)]) -> Vec<(String, String)> {
     let r = cfg.role(role);
-    let mut env: std::collections::BTreeMap<String, String> = [
-        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        ("HOME", INSIDE_SCRATCH),
-        ("TMPDIR", "/tmp"),
-        ("LANG", "C.UTF-8"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let mut env: std::collections::BTreeMap<String, String> =
+        [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", INSIDE_SCRATCH), ("TMPDIR", "/tmp"), ("LANG", "C.UTF-8")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
     for name in &r.env.pass {
         if let Some((_, v)) = launcher_env.iter().find(|(k, _)| k == name) {
             env.insert(name.clone(), v.clone());
@@ -199,11 +182,16 @@ pub fn build_env(
     env.into_iter().collect()
 }
 
-fn generated_etc(cfg: &Config, ids: Ids) -> Vec<(&'static str, String)> {
+fn generated_etc(cfg: &Config, role: Role, ids: Ids) -> Vec<(&'static str, String)> {
     let host = &cfg.cell.hostname;
+    let mut hosts = format!("127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost\n");
+    // Each egress upstream's name points at its forwarder inside the cell.
+    for (i, e) in cfg.role(role).egress.iter().enumerate() {
+        hosts.push_str(&format!("{}\t{}\n", Config::egress_addr(i), e.host));
+    }
     vec![
         ("/etc/hostname", format!("{host}\n")),
-        ("/etc/hosts", format!("127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost\n")),
+        ("/etc/hosts", hosts),
         (
             "/etc/passwd",
             format!("sealnode:x:{}:{}:sealnode role:{INSIDE_SCRATCH}:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", ids.uid, ids.gid),
@@ -255,12 +243,8 @@ impl Plan {
                 continue;
             };
             if md.file_type().is_symlink() {
-                let target =
-                    std::fs::read_link(path).map_err(|e| Error::io(format!("readlink {p}"), e))?;
-                mounts.push(Mount::Symlink {
-                    target: cstr(&target)?,
-                    dst: under_root(path)?,
-                });
+                let target = std::fs::read_link(path).map_err(|e| Error::io(format!("readlink {p}"), e))?;
+                mounts.push(Mount::Symlink { target: cstr(&target)?, dst: under_root(path)? });
             } else {
                 mounts.push(Mount::Bind {
                     src: cstr(path)?,
@@ -276,9 +260,7 @@ impl Plan {
         let role_bind = |src: &Path, inside: &Path, writable: bool, exec: bool| -> Result<Mount> {
             let fd = crate::sys::open_path_no_symlinks(src)
                 .map_err(|e| Error::errno(format!("open {}", src.display()), e))?;
-            let md = std::fs::File::from(fd)
-                .metadata()
-                .map_err(|e| Error::io(format!("stat {}", src.display()), e))?;
+            let md = std::fs::File::from(fd).metadata().map_err(|e| Error::io(format!("stat {}", src.display()), e))?;
             let mut attrs = NOSUID | NODEV;
             if !writable {
                 attrs |= RDONLY;
@@ -296,19 +278,9 @@ impl Plan {
             })
         };
         if let Some(m) = &r.models {
-            mounts.push(role_bind(
-                m,
-                Path::new(INSIDE_MODELS),
-                r.models_writable,
-                false,
-            )?);
+            mounts.push(role_bind(m, Path::new(INSIDE_MODELS), r.models_writable, false)?);
         }
-        mounts.push(role_bind(
-            &r.scratch,
-            Path::new(INSIDE_SCRATCH),
-            true,
-            false,
-        )?);
+        mounts.push(role_bind(&r.scratch, Path::new(INSIDE_SCRATCH), true, false)?);
         if let Some(c) = &r.credential {
             mounts.push(role_bind(c, Path::new(INSIDE_CREDENTIAL), false, false)?);
         }
@@ -321,11 +293,7 @@ impl Plan {
             opts: cstr("size=64k,nr_inodes=64,mode=0755")?,
             attrs: NOSUID | NODEV | NOEXEC,
         });
-        for d in BASE_DEVICES
-            .iter()
-            .map(Path::new)
-            .chain(r.devices.iter().map(PathBuf::as_path))
-        {
+        for d in BASE_DEVICES.iter().map(Path::new).chain(r.devices.iter().map(PathBuf::as_path)) {
             mounts.push(Mount::Bind {
                 src: cstr(d)?,
                 dst: under_root(d)?,
@@ -341,10 +309,7 @@ impl Plan {
             ("stdout", "/proc/self/fd/1"),
             ("stderr", "/proc/self/fd/2"),
         ] {
-            mounts.push(Mount::Symlink {
-                target: cstr(target)?,
-                dst: under_root(&Path::new("/dev").join(name))?,
-            });
+            mounts.push(Mount::Symlink { target: cstr(target)?, dst: under_root(&Path::new("/dev").join(name))? });
         }
         let tmp_opts = format!("size={}m,nr_inodes=65536,mode=1777", r.tmp_size_mb);
         mounts.push(Mount::Tmpfs {
@@ -353,64 +318,48 @@ impl Plan {
             attrs: NOSUID | NODEV | NOEXEC,
         });
         // /dev is populated: nothing more may be created in it.
-        mounts.push(Mount::Freeze {
-            dst: under_root(Path::new("/dev"))?,
-        });
+        mounts.push(Mount::Freeze { dst: under_root(Path::new("/dev"))? });
         mounts.push(Mount::Tmpfs {
             dst: under_root(Path::new("/tmp"))?,
             opts: cstr(&tmp_opts)?,
             attrs: NOSUID | NODEV | NOEXEC,
         });
         // Fresh /proc for the new pid namespace, with the kernel's sharp edges hidden.
-        mounts.push(Mount::Proc {
-            dst: under_root(Path::new("/proc"))?,
-        });
+        mounts.push(Mount::Proc { dst: under_root(Path::new("/proc"))? });
         for p in PROC_MASK_FILES {
-            mounts.push(Mount::MaskFile {
-                dst: under_root(Path::new(p))?,
-            });
+            mounts.push(Mount::MaskFile { dst: under_root(Path::new(p))? });
         }
         for p in PROC_MASK_DIRS {
-            mounts.push(Mount::MaskDir {
-                dst: under_root(Path::new(p))?,
-            });
+            mounts.push(Mount::MaskDir { dst: under_root(Path::new(p))? });
         }
         for p in PROC_READONLY {
-            mounts.push(Mount::ReadOnly {
-                dst: under_root(Path::new(p))?,
-            });
+            mounts.push(Mount::ReadOnly { dst: under_root(Path::new(p))? });
         }
-        for (p, contents) in generated_etc(cfg, ids) {
-            mounts.push(Mount::File {
-                dst: under_root(Path::new(p))?,
-                contents: contents.into_bytes(),
-            });
+        for (p, contents) in generated_etc(cfg, role, ids) {
+            mounts.push(Mount::File { dst: under_root(Path::new(p))?, contents: contents.into_bytes() });
         }
 
+        // The role's own program with a pin: verified now (before every start) and executed
+        // from the verified fd. `exec` runs another command, so the pin does not apply there.
+        let program = match (&program, &argv, &r.sha256) {
+            (None, None, Some(want)) => Some(Program::Verified(verify_pinned(cfg, role, want)?)),
+            _ => program,
+        };
         let argv = argv.unwrap_or_else(|| r.command.clone());
         let Some(prog0) = argv.first() else {
-            return Err(Error::config(
-                &cfg.file,
-                format!("{role}.command"),
-                "empty command",
-            ));
+            return Err(Error::config(&cfg.file, format!("{role}.command"), "empty command"));
         };
-        let launcher_env: Vec<(String, String)> = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .collect();
+        let launcher_env: Vec<(String, String)> =
+            std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
         let env = build_env(cfg, role, &launcher_env);
         let exec_paths = match &program {
-            Some(Program::SealedSelf(fd)) => {
+            Some(Program::SealedSelf(fd)) | Some(Program::Verified(fd)) => {
                 use std::os::fd::AsRawFd;
                 vec![cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()))?]
             }
             _ if prog0.contains('/') => vec![cstr(prog0)?],
             _ => {
-                let path = env
-                    .iter()
-                    .find(|(k, _)| k == "PATH")
-                    .map(|(_, v)| v.as_str())
-                    .unwrap_or("/usr/bin:/bin");
+                let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or("/usr/bin:/bin");
                 path.split(':')
                     .filter(|d| d.starts_with('/'))
                     .map(|d| cstr(format!("{d}/{prog0}")))
@@ -429,26 +378,61 @@ impl Plan {
                 (nix::sys::resource::Resource::RLIMIT_CORE, 0),
                 (nix::sys::resource::Resource::RLIMIT_NOFILE, l.nofile),
                 (nix::sys::resource::Resource::RLIMIT_NPROC, l.nproc),
-                (
-                    nix::sys::resource::Resource::RLIMIT_FSIZE,
-                    l.fsize_mb.saturating_mul(1 << 20),
-                ),
-                (
-                    nix::sys::resource::Resource::RLIMIT_MEMLOCK,
-                    l.memlock_kb.saturating_mul(1 << 10),
-                ),
+                (nix::sys::resource::Resource::RLIMIT_FSIZE, l.fsize_mb.saturating_mul(1 << 20)),
+                (nix::sys::resource::Resource::RLIMIT_MEMLOCK, l.memlock_kb.saturating_mul(1 << 10)),
             ],
             landlock,
             seccomp,
             exec_paths,
             argv: argv.iter().map(cstr).collect::<Result<_>>()?,
-            envp: env
-                .iter()
-                .map(|(k, v)| cstr(format!("{k}={v}")))
-                .collect::<Result<_>>()?,
+            envp: env.iter().map(|(k, v)| cstr(format!("{k}={v}"))).collect::<Result<_>>()?,
             program: program.unwrap_or(Program::Path(cstr(prog0)?)),
         })
     }
+}
+
+/// The host path of a path inside the sandbox: through an extra bind, or the same path
+/// (system binds keep their paths).
+fn host_path(cfg: &Config, role: Role, inside: &Path) -> PathBuf {
+    for b in &cfg.role(role).ro_binds {
+        if let Ok(rest) = inside.strip_prefix(b.inside()) {
+            return b.src.join(rest);
+        }
+    }
+    inside.to_path_buf()
+}
+
+/// Open the role's program and check its sha256 against the pin.
+fn verify_pinned(cfg: &Config, role: Role, want: &str) -> Result<std::os::fd::OwnedFd> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let inside = Path::new(&cfg.role(role).command[0]);
+    let path = host_path(cfg, role, inside);
+    let field = format!("{role}.sha256");
+    let mut f = std::fs::File::open(&path)
+        .map_err(|e| Error::config(&cfg.file, &field, format!("cannot open {} to verify it: {e}", path.display())))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let found = hex::encode(h.finalize());
+    if !found.eq_ignore_ascii_case(want) {
+        return Err(Error::config(
+            &cfg.file,
+            field,
+            format!(
+                "{} does not match its pin: expected sha256 {}, found {found}; refusing to start",
+                path.display(),
+                want.to_ascii_lowercase()
+            ),
+        ));
+    }
+    Ok(f.into())
 }
 
 /// A sealed, read-only in-memory copy of the running sealnode binary, for probes: nothing in
@@ -456,23 +440,16 @@ impl Plan {
 pub fn sealed_self() -> Result<std::os::fd::OwnedFd> {
     use nix::fcntl::{fcntl, FcntlArg, SealFlag};
     use nix::sys::memfd::{memfd_create, MFdFlags};
-    let fd = memfd_create(
-        "sealnode-probe",
-        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-    )
-    .map_err(|e| Error::errno("memfd_create", e))?;
-    let mut src =
-        std::fs::File::open("/proc/self/exe").map_err(|e| Error::io("open /proc/self/exe", e))?;
+    let fd = memfd_create("sealnode-probe", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
+        .map_err(|e| Error::errno("memfd_create", e))?;
+    let mut src = std::fs::File::open("/proc/self/exe").map_err(|e| Error::io("open /proc/self/exe", e))?;
     let mut dst = std::fs::File::from(fd);
     std::io::copy(&mut src, &mut dst).map_err(|e| Error::io("copy sealnode into memfd", e))?;
     let fd: std::os::fd::OwnedFd = dst.into();
     fcntl(
         &fd,
         FcntlArg::F_ADD_SEALS(
-            SealFlag::F_SEAL_SEAL
-                | SealFlag::F_SEAL_SHRINK
-                | SealFlag::F_SEAL_GROW
-                | SealFlag::F_SEAL_WRITE,
+            SealFlag::F_SEAL_SEAL | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE,
         ),
     )
     .map_err(|e| Error::errno("seal memfd", e))?;

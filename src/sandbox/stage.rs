@@ -6,6 +6,7 @@
 #[repr(u32)]
 pub enum Stage {
     DieWithParent = 1,
+    CloseInheritedFds,
     NewSession,
     WaitForIdMaps,
     RootfulFsIds,
@@ -29,8 +30,9 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 21] = [
+    pub const ALL: [Stage; 22] = [
         Stage::DieWithParent,
+        Stage::CloseInheritedFds,
         Stage::NewSession,
         Stage::WaitForIdMaps,
         Stage::RootfulFsIds,
@@ -56,6 +58,7 @@ impl Stage {
     pub fn name(self) -> &'static str {
         match self {
             Stage::DieWithParent => "die_with_parent",
+            Stage::CloseInheritedFds => "close_inherited_fds",
             Stage::NewSession => "new_session",
             Stage::WaitForIdMaps => "wait_for_id_maps",
             Stage::RootfulFsIds => "rootful_fs_ids",
@@ -106,11 +109,7 @@ impl Record {
 
     pub fn decode(b: &[u8; Self::SIZE]) -> Record {
         let w = |i: usize| [b[i], b[i + 1], b[i + 2], b[i + 3]];
-        Record {
-            stage: u32::from_ne_bytes(w(0)),
-            item: u32::from_ne_bytes(w(4)),
-            errno: i32::from_ne_bytes(w(8)),
-        }
+        Record { stage: u32::from_ne_bytes(w(0)), item: u32::from_ne_bytes(w(4)), errno: i32::from_ne_bytes(w(8)) }
     }
 }
 

@@ -17,13 +17,8 @@ pub const NOBODY: u32 = 65534;
 /// Skip (loudly) or fail, depending on SEALNODE_TEST_REQUIRE.
 pub fn unavailable(feature: &str, why: &str) {
     let required = std::env::var("SEALNODE_TEST_REQUIRE").unwrap_or_default();
-    if required
-        .split(',')
-        .any(|f| f.trim() == feature || f.trim() == "all")
-    {
-        panic!(
-            "required feature {feature:?} unavailable: {why} (SEALNODE_TEST_REQUIRE={required})"
-        );
+    if required.split(',').any(|f| f.trim() == feature || f.trim() == "all") {
+        panic!("required feature {feature:?} unavailable: {why} (SEALNODE_TEST_REQUIRE={required})");
     }
     eprintln!("\n!!! SKIPPED: feature {feature:?} unavailable: {why}\n!!! set SEALNODE_TEST_REQUIRE={feature} to make this a failure\n");
 }
@@ -55,10 +50,7 @@ pub fn modes() -> Vec<Mode> {
         v.push(Mode::Rootless);
     }
     if sealnode::sys::landlock_abi() < 6 {
-        unavailable(
-            "landlock",
-            &format!("kernel Landlock ABI {} < 6", sealnode::sys::landlock_abi()),
-        );
+        unavailable("landlock", &format!("kernel Landlock ABI {} < 6", sealnode::sys::landlock_abi()));
         return vec![];
     }
     v
@@ -98,11 +90,7 @@ pub fn repo() -> PathBuf {
 
 impl Fixture {
     pub fn new(mode: Mode, name: &str) -> Fixture {
-        let base = std::env::temp_dir().join(format!(
-            "sealnode-it-{}-{name}-{:?}",
-            std::process::id(),
-            mode
-        ));
+        let base = std::env::temp_dir().join(format!("sealnode-it-{}-{name}-{:?}", std::process::id(), mode));
         let _ = std::fs::remove_dir_all(&base);
         mkdir(&base, 0o755, None);
         let (eo, no) = match mode {
@@ -110,26 +98,12 @@ impl Fixture {
             Mode::Rootless if is_root() => (Some((NOBODY, NOBODY)), Some((NOBODY, NOBODY))),
             Mode::Rootless => (None, None),
         };
-        let launcher = if mode == Mode::Rootless && is_root() {
-            Some((NOBODY, NOBODY))
-        } else {
-            None
-        };
+        let launcher = if mode == Mode::Rootless && is_root() { Some((NOBODY, NOBODY)) } else { None };
         mkdir(&base.join("models"), 0o755, None);
-        write(
-            &base.join("models/model.gguf"),
-            "not really a model\n",
-            0o644,
-            None,
-        );
+        write(&base.join("models/model.gguf"), "not really a model\n", 0o644, None);
         mkdir(&base.join("engine-scratch"), 0o700, eo);
         mkdir(&base.join("node-scratch"), 0o700, no);
-        write(
-            &base.join("credential"),
-            "node-credential-token\n",
-            0o400,
-            no,
-        );
+        write(&base.join("credential"), "node-credential-token\n", 0o400, no);
         write(&base.join("host-secret"), "host secret\n", 0o644, None);
         // The binary and policies are copied so any uid can reach them and they are root-owned.
         mkdir(&base.join("bin"), 0o755, None);
@@ -137,15 +111,9 @@ impl Fixture {
         std::fs::copy(env!("CARGO_BIN_EXE_sealnode"), &bin).expect("copy sealnode");
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         mkdir(&base.join("policy"), 0o755, None);
-        for f in [
-            "seccomp/engine.json",
-            "seccomp/node.json",
-            "landlock-rules/engine.toml",
-            "landlock-rules/node.toml",
-        ] {
-            let dst = base
-                .join("policy")
-                .join(Path::new(f).file_name().expect("name"));
+        for f in ["seccomp/engine.json", "seccomp/node.json", "landlock-rules/engine.toml", "landlock-rules/node.toml"]
+        {
+            let dst = base.join("policy").join(Path::new(f).file_name().expect("name"));
             std::fs::copy(repo().join(f), &dst).expect("copy policy");
             std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         }
@@ -212,15 +180,7 @@ env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"]
     pub fn command(&self, args: &[&str]) -> Command {
         let mut c = if self.mode == Mode::Rootless && is_root() {
             let mut c = Command::new("/usr/bin/setpriv");
-            c.args([
-                "--reuid",
-                "65534",
-                "--regid",
-                "65534",
-                "--clear-groups",
-                "--",
-            ])
-            .arg(&self.bin);
+            c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"]).arg(&self.bin);
             c
         } else {
             Command::new(&self.bin)
@@ -233,10 +193,7 @@ env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"]
         let cfg = self.config.display().to_string();
         let mut args = vec!["exec", "--config", cfg.as_str(), "--role", role, "--"];
         args.extend_from_slice(argv);
-        self.command(&args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run sealnode")
+        self.command(&args).stdin(Stdio::null()).output().expect("run sealnode")
     }
 
     /// Run the probe in `role`'s sandbox and parse its report.
@@ -259,12 +216,8 @@ env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"]
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "probe output: {e}: {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("probe output: {e}: {}", String::from_utf8_lossy(&out.stdout)))
     }
 }
 
@@ -287,16 +240,10 @@ pub fn attempt<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json:
 /// Assert the attempt failed, with one of `errnos` if given.
 pub fn refused(report: &serde_json::Value, name: &str, errnos: &[i32]) {
     let a = attempt(report, name);
-    assert_eq!(
-        a["ok"], false,
-        "attempt {name} SUCCEEDED inside the sandbox: {a}"
-    );
+    assert_eq!(a["ok"], false, "attempt {name} SUCCEEDED inside the sandbox: {a}");
     if !errnos.is_empty() {
         let e = a["errno"].as_i64().expect("errno") as i32;
-        assert!(
-            errnos.contains(&e),
-            "attempt {name}: errno {e}, expected one of {errnos:?}: {a}"
-        );
+        assert!(errnos.contains(&e), "attempt {name}: errno {e}, expected one of {errnos:?}: {a}");
     }
 }
 

@@ -1,0 +1,562 @@
+//! `sealnode run`: the cell, both roles, egress, readiness, restarts and shutdown, driven by
+//! one single-threaded epoll loop (signals arrive through a signalfd).
+//!
+//! Order: create the cell (netns + egress listeners), start the engine, wait until it is
+//! ready (TCP accept or HTTP 200 on loopback inside the cell), start the node, tell systemd
+//! READY=1. Stop: node first, then engine, each SIGTERM then SIGKILL after the grace period;
+//! scratch is wiped; the model dir is never touched.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{connect, getsockopt, sockopt, SockaddrIn};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use sd_notify::NotifyState;
+
+use crate::cell::Cell;
+use crate::config::{Config, Invoker, Restart, Role};
+use crate::egress::{Forwarder, Upstream, TOKEN_KIND};
+use crate::error::{Error, Result};
+use crate::sandbox::{self, Plan};
+
+const TOKEN_SIGNAL: u64 = 1 << 56;
+const TOKEN_PROBE: u64 = 4 << 56;
+/// Time between readiness attempts.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// Restart backoff bounds; a role that ran this long resets its backoff.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+const STABLE_AFTER: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Down,
+    Running(Pid),
+    Stopping(Pid, Instant),
+    /// Restart scheduled at this time.
+    Waiting(Instant),
+}
+
+#[derive(Debug)]
+struct Slot {
+    role: Role,
+    state: State,
+    started: Option<Instant>,
+    restarts: u32,
+    backoff: Duration,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum ProbeStep {
+    Connecting,
+    Reading,
+}
+
+#[derive(Debug)]
+struct Probe {
+    fd: Option<OwnedFd>,
+    step: ProbeStep,
+    buf: Vec<u8>,
+    next_try: Instant,
+    deadline: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    Exit,
+    Restart,
+}
+
+#[derive(Debug)]
+pub struct Supervisor {
+    cfg: Config,
+    inv: Invoker,
+    cell: Cell,
+    epoll: Epoll,
+    sigfd: SignalFd,
+    fwd: Forwarder,
+    slots: [Slot; 2],
+    probe: Option<Probe>,
+    stopping: Option<(i32, After)>,
+    ready_sent: bool,
+    watchdog: Option<(Duration, Instant)>,
+    next_sweep: Option<Instant>,
+}
+
+fn notify(states: &[NotifyState]) {
+    let _ = sd_notify::notify(false, states);
+}
+
+fn status_code(ws: WaitStatus) -> Option<i32> {
+    match ws {
+        WaitStatus::Exited(_, c) => Some(c),
+        WaitStatus::Signaled(_, s, _) => Some(128 + s as i32),
+        _ => None,
+    }
+}
+
+/// Remove everything inside `dir` (not `dir` itself), never following symlinks.
+pub fn wipe(dir: &std::path::Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+impl Supervisor {
+    /// Create the cell and the event loop. Nothing runs yet.
+    pub fn new(cfg: Config, inv: Invoker) -> Result<Supervisor> {
+        // Orphans of anything we start are reaped here.
+        crate::sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1).map_err(|e| Error::errno("PR_SET_CHILD_SUBREAPER", e))?;
+        let set = sandbox::spawn::launcher_sigset();
+        nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, Some(&set), None)
+            .map_err(|e| Error::errno("sigprocmask", e))?;
+        let sigfd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(|e| Error::errno("signalfd", e))?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| Error::errno("epoll_create1", e))?;
+        epoll
+            .add(sigfd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNAL))
+            .map_err(|e| Error::errno("epoll_ctl", e))?;
+
+        let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, &inv)).collect::<Result<_>>()?;
+        let egress: Vec<(Ipv4Addr, u16)> =
+            cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
+        let abi = crate::policy::landlock::Rules::load(&cfg.node.landlock)?.min_abi;
+        let mut cell = Cell::create(&ids, inv.rootful(), &egress, abi)?;
+        let upstreams = std::mem::take(&mut cell.listeners)
+            .into_iter()
+            .zip(&cfg.node.egress)
+            .map(|(l, e)| {
+                Upstream::new(e.host.clone(), e.port as u16, e.connect.as_ref().and_then(|c| c.parse().ok()), l)
+            })
+            .collect();
+        let fwd = Forwarder::new(
+            upstreams,
+            cfg.cell.egress_max_connections,
+            Duration::from_secs(cfg.cell.egress_idle_timeout_s),
+            &epoll,
+        )
+        .map_err(|e| Error::errno("epoll_ctl (egress)", e))?;
+        tracing::info!(cell_pid = cell.pid.as_raw(), egress = cfg.node.egress.len(), "cell created");
+        let mut usec = 0;
+        let watchdog =
+            sd_notify::watchdog_enabled(false, &mut usec).then(|| (Duration::from_micros(usec / 2), Instant::now()));
+        let slot = |role| Slot { role, state: State::Down, started: None, restarts: 0, backoff: BACKOFF_MIN };
+        Ok(Supervisor {
+            cfg,
+            inv,
+            cell,
+            epoll,
+            sigfd,
+            fwd,
+            slots: [slot(Role::Engine), slot(Role::Node)],
+            probe: None,
+            stopping: None,
+            ready_sent: false,
+            watchdog,
+            next_sweep: None,
+        })
+    }
+
+    fn slot(&mut self, role: Role) -> &mut Slot {
+        &mut self.slots[role as usize]
+    }
+
+    /// Run until stopped. Returns the exit code (0 after SIGTERM/SIGINT, 1 after a failure).
+    pub fn run(mut self) -> i32 {
+        for role in Role::ALL {
+            self.wipe_scratch(role);
+        }
+        if let Err(code) = self.start(Role::Engine) {
+            return code;
+        }
+        let mut events = vec![EpollEvent::empty(); 64];
+        loop {
+            let timeout = self.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+            let timeout = match timeout {
+                Some(t) => EpollTimeout::try_from(t.as_millis().min(60_000) as u64 + 1).unwrap_or(EpollTimeout::NONE),
+                None => EpollTimeout::NONE,
+            };
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => 0,
+                Err(e) => {
+                    tracing::error!(error = %e, "epoll_wait failed");
+                    self.begin_stop(1, After::Exit);
+                    0
+                }
+            };
+            for ev in events.iter().take(n) {
+                let token = ev.data();
+                match token & TOKEN_KIND {
+                    TOKEN_SIGNAL => self.on_signals(),
+                    TOKEN_PROBE => self.advance_probe(),
+                    _ => self.fwd.handle(&self.epoll, token),
+                }
+            }
+            self.on_timers();
+            if let Some((code, after)) = self.stopping {
+                if self.slots.iter().all(|s| s.state == State::Down) {
+                    for role in Role::ALL {
+                        self.wipe_scratch(role);
+                    }
+                    self.fwd.close_all(&self.epoll);
+                    self.stopping = None;
+                    match after {
+                        After::Exit => {
+                            for s in self.fwd.stats() {
+                                tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
+                            }
+                            tracing::info!(code, "cell stopped");
+                            return code;
+                        }
+                        After::Restart => {
+                            tracing::info!("restarting both roles");
+                            if let Err(code) = self.start(Role::Engine) {
+                                return code;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let mut d: Vec<Instant> = Vec::new();
+        for s in &self.slots {
+            match s.state {
+                State::Stopping(_, at) | State::Waiting(at) => d.push(at),
+                _ => {}
+            }
+        }
+        if let Some(p) = &self.probe {
+            d.push(p.deadline);
+            if p.fd.is_none() {
+                d.push(p.next_try);
+            }
+        }
+        if let Some((iv, last)) = self.watchdog {
+            d.push(last + iv);
+        }
+        if let Some(s) = self.next_sweep {
+            d.push(s);
+        }
+        d.into_iter().min()
+    }
+
+    fn wipe_scratch(&self, role: Role) {
+        let dir = &self.cfg.role(role).scratch;
+        if let Err(e) = wipe(dir) {
+            tracing::warn!(role = %role, dir = %dir.display(), error = %e, "could not wipe scratch");
+        }
+    }
+
+    /// Start a role. Errors stop the cell (returned as the exit code when nothing runs yet).
+    fn start(&mut self, role: Role) -> std::result::Result<(), i32> {
+        let started = Plan::build(&self.cfg, role, &self.inv, None, None)
+            .and_then(|plan| sandbox::spawn_in(&plan, Some(&self.cell)));
+        match started {
+            Ok(sb) => {
+                tracing::info!(role = %role, pid = sb.pid.as_raw(), "role started");
+                let s = self.slot(role);
+                s.state = State::Running(sb.pid);
+                s.started = Some(Instant::now());
+                notify(&[NotifyState::Status(&format!("{role} started"))]);
+                if role == Role::Engine {
+                    self.begin_probe();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(role = %role, error = %e, "role failed to start");
+                eprintln!("sealnode: {e}");
+                let nothing_running = self.slots.iter().all(|s| matches!(s.state, State::Down | State::Waiting(_)));
+                self.begin_stop(1, After::Exit);
+                if nothing_running {
+                    Err(sandbox::SETUP_FAILED)
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn begin_probe(&mut self) {
+        let timeout = Duration::from_secs(self.cfg.engine.ready.timeout_s);
+        self.probe = Some(Probe {
+            fd: None,
+            step: ProbeStep::Connecting,
+            buf: Vec::new(),
+            next_try: Instant::now(),
+            deadline: Instant::now() + timeout,
+        });
+    }
+
+    fn try_probe(&mut self) {
+        let port = self.cfg.engine.port.unwrap_or(0) as u16;
+        let Some(p) = self.probe.as_mut() else { return };
+        p.next_try = Instant::now() + PROBE_INTERVAL;
+        let Ok(fd) = self.cell.socket() else { return };
+        match connect(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))) {
+            Ok(()) | Err(Errno::EINPROGRESS) => {}
+            Err(_) => return,
+        }
+        if self.epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLOUT, TOKEN_PROBE)).is_ok() {
+            p.step = ProbeStep::Connecting;
+            p.buf.clear();
+            p.fd = Some(fd);
+        }
+    }
+
+    fn probe_failed(&mut self) {
+        if let Some(p) = self.probe.as_mut() {
+            if let Some(fd) = p.fd.take() {
+                let _ = self.epoll.delete(fd.as_fd());
+            }
+        }
+    }
+
+    fn advance_probe(&mut self) {
+        let http = self.cfg.engine.ready.kind == "http";
+        let path = self.cfg.engine.ready.path.clone();
+        let Some(p) = self.probe.as_mut() else { return };
+        let Some(fd) = p.fd.as_ref() else { return };
+        match p.step {
+            ProbeStep::Connecting => {
+                if !matches!(getsockopt(fd, sockopt::SocketError), Ok(0)) {
+                    return self.probe_failed();
+                }
+                if !http {
+                    return self.engine_ready();
+                }
+                let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nUser-Agent: sealnode-readiness\r\n\r\n");
+                if nix::unistd::write(fd, req.as_bytes()).ok() != Some(req.len()) {
+                    return self.probe_failed();
+                }
+                p.step = ProbeStep::Reading;
+                let _ = self.epoll.modify(fd.as_fd(), &mut EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_PROBE));
+            }
+            ProbeStep::Reading => {
+                let mut b = [0u8; 512];
+                match nix::unistd::read(fd, &mut b) {
+                    Ok(0) | Err(_) => return self.probe_failed(),
+                    Ok(n) => p.buf.extend_from_slice(&b[..n]),
+                }
+                if let Some(end) = p.buf.windows(2).position(|w| w == b"\r\n") {
+                    let line = String::from_utf8_lossy(&p.buf[..end]).into_owned();
+                    if line.split_whitespace().nth(1) == Some("200") {
+                        return self.engine_ready();
+                    }
+                    tracing::debug!(status = %line, "engine not ready yet");
+                    return self.probe_failed();
+                }
+                if p.buf.len() > 4096 {
+                    self.probe_failed();
+                }
+            }
+        }
+    }
+
+    fn engine_ready(&mut self) {
+        self.probe_failed();
+        self.probe = None;
+        tracing::info!(role = "engine", "engine ready");
+        if self.stopping.is_some() {
+            return;
+        }
+        if self.slots[Role::Node as usize].state == State::Down && self.start(Role::Node).is_err() {
+            return;
+        }
+        if !self.ready_sent && matches!(self.slots[Role::Node as usize].state, State::Running(_)) {
+            self.ready_sent = true;
+            notify(&[NotifyState::Ready, NotifyState::Status("engine ready, node running")]);
+        }
+    }
+
+    fn on_signals(&mut self) {
+        while let Ok(Some(info)) = self.sigfd.read_signal() {
+            match Signal::try_from(info.ssi_signo as i32) {
+                Ok(Signal::SIGCHLD) => self.reap(),
+                Ok(Signal::SIGTERM) | Ok(Signal::SIGINT) | Ok(Signal::SIGQUIT) => {
+                    tracing::info!(signal = info.ssi_signo, "stopping the cell");
+                    self.begin_stop(0, After::Exit);
+                }
+                Ok(Signal::SIGHUP) => {
+                    tracing::info!("SIGHUP: restarting both roles (the cell's network stays)");
+                    self.begin_stop(0, After::Restart);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        loop {
+            let ws = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(ws) => ws,
+            };
+            let (Some(pid), Some(code)) = (ws.pid(), status_code(ws)) else { continue };
+            if pid == self.cell.pid {
+                tracing::error!(code, "the cell init died; stopping");
+                self.begin_stop(1, After::Exit);
+                continue;
+            }
+            for i in 0..2 {
+                let s = &self.slots[i];
+                let role = s.role;
+                match s.state {
+                    State::Stopping(p, _) if p == pid => {
+                        tracing::info!(role = %role, pid = pid.as_raw(), code, "role stopped");
+                        self.slots[i].state = State::Down;
+                    }
+                    State::Running(p) if p == pid => self.role_exited(role, pid, code),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn role_exited(&mut self, role: Role, pid: Pid, code: i32) {
+        let policy = self.cfg.role(role).restart;
+        let restart =
+            self.stopping.is_none() && (policy == Restart::Always || (policy == Restart::OnFailure && code != 0));
+        let s = self.slot(role);
+        if s.started.is_some_and(|t| t.elapsed() >= STABLE_AFTER) {
+            s.backoff = BACKOFF_MIN;
+        }
+        if restart {
+            let delay = s.backoff;
+            s.backoff = (s.backoff * 2).min(BACKOFF_MAX);
+            s.restarts += 1;
+            s.state = State::Waiting(Instant::now() + delay);
+            tracing::warn!(role = %role, pid = pid.as_raw(), code, restart_in_ms = delay.as_millis() as u64, restarts = s.restarts, "role exited; restarting");
+            notify(&[NotifyState::Status(&format!("{role} exited with {code}; restarting"))]);
+            if role == Role::Engine {
+                self.probe_failed();
+                self.probe = None;
+            }
+        } else {
+            s.state = State::Down;
+            if self.stopping.is_none() {
+                tracing::error!(role = %role, pid = pid.as_raw(), code, "role exited; stopping the cell (restart = \"{}\")", match policy { Restart::No => "no", Restart::OnFailure => "on-failure", Restart::Always => "always" });
+                eprintln!("sealnode: {role} exited with status {code}; stopping the cell");
+                self.begin_stop(1, After::Exit);
+            }
+        }
+    }
+
+    fn begin_stop(&mut self, code: i32, after: After) {
+        match self.stopping {
+            // A failure during a restart or a second signal keeps the stricter outcome.
+            Some((c, a)) => {
+                self.stopping = Some((
+                    c.max(code),
+                    if a == After::Exit || after == After::Exit { After::Exit } else { After::Restart },
+                ))
+            }
+            None => self.stopping = Some((code, after)),
+        }
+        if after == After::Exit {
+            notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+        }
+        self.probe_failed();
+        self.probe = None;
+        for s in self.slots.iter_mut() {
+            if let State::Waiting(_) = s.state {
+                s.state = State::Down;
+            }
+        }
+        self.stop_next();
+    }
+
+    /// Stop in reverse order: the node first, the engine once the node is down.
+    fn stop_next(&mut self) {
+        let grace = Duration::from_secs(self.cfg.cell.stop_timeout_s);
+        for role in [Role::Node, Role::Engine] {
+            let s = self.slot(role);
+            match s.state {
+                State::Running(pid) => {
+                    tracing::info!(role = %role, pid = pid.as_raw(), "stopping role (SIGTERM)");
+                    let _ = kill(pid, Signal::SIGTERM);
+                    s.state = State::Stopping(pid, Instant::now() + grace);
+                    return;
+                }
+                State::Stopping(..) => return,
+                _ => {}
+            }
+        }
+    }
+
+    fn on_timers(&mut self) {
+        let now = Instant::now();
+        if self.stopping.is_some() {
+            self.stop_next();
+        }
+        for i in 0..2 {
+            match self.slots[i].state {
+                State::Stopping(pid, at) if at <= now => {
+                    tracing::warn!(role = %self.slots[i].role, pid = pid.as_raw(), "grace period over; SIGKILL");
+                    let _ = kill(pid, Signal::SIGKILL);
+                    self.slots[i].state = State::Stopping(pid, now + Duration::from_secs(3600));
+                }
+                State::Waiting(at) if at <= now && self.stopping.is_none() => {
+                    let role = self.slots[i].role;
+                    self.slots[i].state = State::Down;
+                    // The node restarts only once the engine is ready again.
+                    if role == Role::Engine || self.probe.is_none() {
+                        let _ = self.start(role);
+                    } else {
+                        self.slots[i].state = State::Waiting(now + PROBE_INTERVAL);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(p) = &self.probe {
+            if p.deadline <= now {
+                let secs = self.cfg.engine.ready.timeout_s;
+                tracing::error!(timeout_s = secs, "engine not ready in time");
+                eprintln!(
+                    "sealnode: the engine did not become ready within {secs} s ({} check on 127.0.0.1:{})",
+                    self.cfg.engine.ready.kind,
+                    self.cfg.engine.port.unwrap_or(0)
+                );
+                self.begin_stop(1, After::Exit);
+            } else if p.fd.is_none() && p.next_try <= now {
+                self.try_probe();
+            }
+        }
+        if let Some((iv, last)) = self.watchdog {
+            if last + iv <= now {
+                notify(&[NotifyState::Watchdog]);
+                self.watchdog = Some((iv, now));
+            }
+        }
+        if self.next_sweep.is_none_or(|s| s <= now) {
+            self.next_sweep = self.fwd.sweep(&self.epoll);
+        }
+    }
+
+    /// Per-upstream counters (for logs and, later, the control socket).
+    pub fn egress_stats(&self) -> Vec<crate::egress::Stats> {
+        self.fwd.stats()
+    }
+}
+
+/// The address a role's forwarder listens on, for docs and tests.
+pub fn egress_listen_addr(i: usize, port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(Config::egress_addr(i), port))
+}
