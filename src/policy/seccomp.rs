@@ -41,7 +41,7 @@ pub fn lint(text: &str, file: &Path) -> Result<()> {
         for (i, r) in rules.iter().enumerate() {
             let sc =
                 r.get("syscall").and_then(Value::as_str).ok_or_else(|| err(format!("rule {i}: missing syscall")))?;
-            if !r.get("comment").and_then(Value::as_str).is_some_and(|c| !c.trim().is_empty()) {
+            if r.get("comment").and_then(Value::as_str).is_none_or(|c| c.trim().is_empty()) {
                 return Err(err(format!("rule {i} ({sc}): every rule needs a \"comment\" saying why it is allowed")));
             }
             let e = kinds.entry(sc).or_default();
