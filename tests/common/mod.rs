@@ -98,7 +98,6 @@ impl Fixture {
             Mode::Rootless if is_root() => (Some((NOBODY, NOBODY)), Some((NOBODY, NOBODY))),
             Mode::Rootless => (None, None),
         };
-        let launcher = if mode == Mode::Rootless && is_root() { Some((NOBODY, NOBODY)) } else { None };
         mkdir(&base.join("models"), 0o755, None);
         write(&base.join("models/model.gguf"), "not really a model\n", 0o644, None);
         mkdir(&base.join("engine-scratch"), 0o700, eo);
