@@ -155,6 +155,18 @@ impl Cell {
             let _ = waitpid(pid, None);
             e
         };
+        // Hold the namespaces now: once the cell init confines itself (not dumpable) its
+        // /proc/PID/ns entries are closed to a rootless supervisor.
+        let ns = |n: &str| {
+            nix::fcntl::open(
+                format!("/proc/{pid}/ns/{n}").as_str(),
+                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|e| Error::errno(format!("open /proc/{pid}/ns/{n}"), e))
+        };
+        let userns = ns("user").map_err(abort)?;
+        let netns = ns("net").map_err(abort)?;
         let mut uids: Vec<u32> = ids.iter().map(|i| i.uid).collect();
         let mut gids: Vec<u32> = ids.iter().map(|i| i.gid).collect();
         uids.sort_unstable();
@@ -191,16 +203,6 @@ impl Cell {
             }
             _ => return Err(abort(Error::errno("cell init sent no listeners", Errno::EPROTO))),
         }
-        let ns = |n: &str| {
-            nix::fcntl::open(
-                format!("/proc/{pid}/ns/{n}").as_str(),
-                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::empty(),
-            )
-            .map_err(|e| Error::errno(format!("open /proc/{pid}/ns/{n}"), e))
-        };
-        let userns = ns("user").map_err(abort)?;
-        let netns = ns("net").map_err(abort)?;
         Ok(Cell { pid, userns, netns, ctl: sup, listeners, _alive: sync_w })
     }
 

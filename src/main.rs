@@ -57,7 +57,8 @@ enum Command {
         config: PathBuf,
         #[arg(long, value_enum)]
         role: Role,
-        /// Extra probe attempts: --read P, --write P, --list P, --exec-copy P, --connect A, --bind A, --kill PID.
+        /// Extra probe attempts: --read P, --write P, --list P, --open P, --exec-copy P, --connect A, --fetch A,
+        /// --bind A, --connect-abstract NAME, --kill PID.
         #[arg(last = true)]
         args: Vec<String>,
     },

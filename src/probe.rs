@@ -208,6 +208,10 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
             "--exec-copy" => exec_copy(arg),
             "--connect" => std::net::TcpStream::connect(arg.as_str()).map(drop).map_err(io_errno),
             "--bind" => std::net::TcpListener::bind(arg.as_str()).map(drop).map_err(io_errno),
+            "--stat" => std::fs::symlink_metadata(arg).map(drop).map_err(io_errno),
+            "--fetch" => fetch(arg),
+            "--connect-abstract" => connect_abstract(arg),
+            "--open" => std::fs::OpenOptions::new().read(true).write(true).open(arg).map(drop).map_err(io_errno),
             "--kill" => arg
                 .parse::<i32>()
                 .map_err(|_| Errno::EINVAL)
@@ -217,6 +221,27 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
         v.push(attempt(name, r));
     }
     v
+}
+
+/// Connect, send a line, and succeed only if the peer answers with some bytes.
+fn fetch(addr: &str) -> Result<(), Errno> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).map_err(io_errno)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5))).map_err(io_errno)?;
+    s.write_all(b"ping\n").map_err(io_errno)?;
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf).map_err(io_errno)? {
+        0 => Err(Errno::ECONNRESET),
+        _ => Ok(()),
+    }
+}
+
+/// Connect to an abstract unix socket (`name` without the leading NUL).
+fn connect_abstract(name: &str) -> Result<(), Errno> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    connect(fd.as_raw_fd(), &UnixAddr::new_abstract(name.as_bytes())?)
 }
 
 fn io_errno(e: std::io::Error) -> Errno {

@@ -66,6 +66,11 @@ pub struct Fixture {
     pub node_extra: String,
     /// Basename of the engine's policy files under seccomp/ and landlock-rules/.
     pub engine_policy: String,
+    /// TOML arrays for the roles' commands.
+    pub engine_cmd: String,
+    pub node_cmd: String,
+    /// Extra [cell] lines.
+    pub cell_extra: String,
 }
 
 fn mkdir(p: &Path, mode: u32, owner: Option<(u32, u32)>) {
@@ -107,7 +112,11 @@ impl Fixture {
         // The binary and policies are copied so any uid can reach them and they are root-owned.
         mkdir(&base.join("bin"), 0o755, None);
         let bin = base.join("bin/sealnode");
-        std::fs::copy(env!("CARGO_BIN_EXE_sealnode"), &bin).expect("copy sealnode");
+        // A hard link, not a copy: a copy is open for writing while other test threads fork,
+        // and exec'ing it then fails with ETXTBSY.
+        if std::fs::hard_link(env!("CARGO_BIN_EXE_sealnode"), &bin).is_err() {
+            std::fs::copy(env!("CARGO_BIN_EXE_sealnode"), &bin).expect("copy sealnode");
+        }
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         mkdir(&base.join("policy"), 0o755, None);
         for f in ["seccomp/engine.json", "seccomp/node.json", "landlock-rules/engine.toml", "landlock-rules/node.toml"]
@@ -124,6 +133,9 @@ impl Fixture {
             engine_extra: String::new(),
             node_extra: String::new(),
             engine_policy: "engine".into(),
+            engine_cmd: "[\"/usr/bin/true\"]".into(),
+            node_cmd: "[\"/usr/bin/true\"]".into(),
+            cell_extra: String::new(),
         };
         f.write_config();
         f
@@ -150,8 +162,9 @@ hostname = "sealnode-test"
 state_dir = "{d}"
 runtime_dir = "{d}"
 {rootful}
+{cell_extra}
 [engine]
-command = ["/usr/bin/true"]
+command = {engine_cmd}
 port = 18080
 seccomp = "{d}/policy/{ep}.json"
 landlock = "{d}/policy/{ep}.toml"
@@ -160,7 +173,7 @@ scratch = "{d}/engine-scratch"
 env = {{ set = {{ ENGINE_ONLY = "1" }} }}
 {}
 [node]
-command = ["/usr/bin/true"]
+command = {node_cmd}
 seccomp = "{d}/policy/node.json"
 landlock = "{d}/policy/node.toml"
 scratch = "{d}/node-scratch"
@@ -170,7 +183,10 @@ env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"]
 "#,
             self.engine_extra,
             self.node_extra,
-            ep = self.engine_policy
+            ep = self.engine_policy,
+            cell_extra = self.cell_extra,
+            engine_cmd = self.engine_cmd,
+            node_cmd = self.node_cmd,
         );
         write(&self.config, &text, 0o644, None);
     }

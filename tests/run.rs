@@ -1,0 +1,376 @@
+//! `sealnode run`: real cells as root and as an unprivileged user.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{UnixDatagram, UnixListener};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const ENGINE_PORT: u16 = 18080;
+
+/// A host-side upstream that answers every connection with a greeting.
+fn upstream(greeting: &'static str) -> (TcpListener, u16) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let l2 = l.try_clone().expect("clone");
+    std::thread::spawn(move || {
+        for s in l2.incoming().flatten() {
+            let mut s = s;
+            let _ = s.write_all(greeting.as_bytes());
+        }
+    });
+    (l, port)
+}
+
+/// A cell fixture: sealnode's binary is visible read-only at /opt/sealnode in both roles.
+fn cell(
+    mode: Mode,
+    name: &str,
+    engine_sh: &str,
+    node_sh: &str,
+    extra_node: &str,
+    extra_engine: &str,
+    cell_extra: &str,
+) -> Fixture {
+    let mut f = Fixture::new(mode, name);
+    std::fs::write(f.p("models/hello.txt"), "hello from the sealed engine\n").expect("write");
+    let q = |s: &str| serde_json::to_string(s).expect("quote");
+    f.engine_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", q(engine_sh));
+    f.node_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", q(node_sh));
+    let bin = f.p("bin").display().to_string();
+    f.engine_extra = format!("ro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]\n{extra_engine}");
+    f.node_extra = format!("ro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]\n{extra_node}");
+    f.cell_extra = format!("stop_timeout_s = 2\n{cell_extra}");
+    f.write_config();
+    f
+}
+
+const HTTPD: &str = "exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models";
+
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+fn start(f: &Fixture, envs: &[(&str, &str)]) -> Running {
+    let cfg = f.config.display().to_string();
+    let mut cmd = f.command(&["run", "--config", &cfg]);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn run");
+    let out = child.stdout.take().expect("stdout");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut err = child.stderr.take().expect("stderr");
+    let e2 = stderr.clone();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 4096];
+        while let Ok(n) = err.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            e2.lock().expect("lock").push_str(&String::from_utf8_lossy(&b[..n]));
+        }
+    });
+    Running { child, lines, stderr }
+}
+
+impl Running {
+    /// The next stdout line matching `pred`, within `secs`.
+    fn line(&self, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if pred(&l) => return l,
+                Ok(_) => continue,
+                Err(_) => panic!("no matching output within {secs}s; stderr:\n{}", self.stderr()),
+            }
+        }
+    }
+    fn stderr(&self) -> String {
+        self.stderr.lock().expect("lock").clone()
+    }
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+    /// SIGTERM and wait; returns (exit code, seconds it took).
+    fn stop(mut self) -> (Option<i32>, f64, String) {
+        let t = Instant::now();
+        let _ = kill(self.pid(), Signal::SIGTERM);
+        let st = wait_timeout(&mut self.child, 20);
+        std::thread::sleep(Duration::from_millis(50));
+        (st, t.elapsed().as_secs_f64(), self.stderr())
+    }
+}
+
+fn wait_timeout(child: &mut Child, secs: u64) -> Option<i32> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return st.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sealnode run did not exit within {secs}s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn report(line: &str) -> serde_json::Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+#[test]
+fn cell_isolation_egress_and_clean_stop() {
+    for mode in modes() {
+        let (_up, up_port) = upstream("hello-from-upstream\n");
+        let (_other, other_port) = upstream("undeclared\n");
+        let abs_name = format!("sealnode-test-{}-{mode:?}", std::process::id());
+        let abs = UnixListener::bind_addr(
+            &std::os::unix::net::SocketAddr::from_abstract_name(abs_name.as_bytes()).expect("abs"),
+        )
+        .expect("abstract listener");
+        let engine_sh = format!(
+            "/opt/sealnode/sealnode __probe-inside --connect 127.0.0.1:{ENGINE_PORT} --connect 127.0.0.1:{up_port} --stat /dev/fuse --stat /dev/net/tun --write /models/x; {HTTPD}"
+        );
+        let node_sh = format!(
+            "echo state > /scratch/state; /opt/sealnode/sealnode __probe-inside --fetch 127.0.0.1:{ENGINE_PORT} --fetch gw.test:{up_port} --connect 127.0.0.1:{up_port} --connect 127.0.0.1:{other_port} --connect-abstract {abs_name} --stat /dev/fuse --bind 127.0.0.1:18081; exec sleep 1000"
+        );
+        let node_extra =
+            format!("egress = [{{ host = \"gw.test\", port = {up_port}, connect = \"127.0.0.1:{up_port}\" }}]");
+        let f = cell(
+            mode,
+            "iso",
+            &engine_sh,
+            &node_sh,
+            &node_extra,
+            "devices = [\"/dev/fuse\"]\nready = { kind = \"http\", path = \"/hello.txt\" }",
+            "",
+        );
+        std::fs::write(f.p("engine-scratch/stale"), "x").ok();
+        let run = start(&f, &[]);
+        let e = report(&run.line(30, |l| l.contains("\"ENGINE_ONLY\"")));
+        let n = report(&run.line(30, |l| l.contains("\"FRUTEBOX_ENGINE\"")));
+        let ctx = format!("{mode:?}");
+        // The engine: no connect at all (seccomp), not even to itself or the upstream's port.
+        refused(&e, &format!("connect:127.0.0.1:{ENGINE_PORT}"), &[libc::ENOSYS]);
+        refused(&e, &format!("connect:127.0.0.1:{up_port}"), &[libc::ENOSYS]);
+        refused(&e, "write:/models/x", &[libc::EROFS, libc::EACCES]);
+        // The declared device is in the engine's view only; undeclared ones nowhere.
+        assert_eq!(attempt(&e, "stat:/dev/fuse")["ok"], true, "{ctx}: declared device missing in the engine");
+        refused(&e, "stat:/dev/net/tun", &[libc::ENOENT]);
+        refused(&n, "stat:/dev/fuse", &[libc::ENOENT]);
+        // The node reaches the engine, and the upstream only through declared egress.
+        assert_eq!(attempt(&n, &format!("fetch:127.0.0.1:{ENGINE_PORT}"))["ok"], true, "{ctx}: node -> engine: {n}");
+        assert_eq!(
+            attempt(&n, &format!("fetch:gw.test:{up_port}"))["ok"],
+            true,
+            "{ctx}: node -> egress -> upstream: {n}"
+        );
+        // The host's loopback is not the cell's (netns), even on an allowed port.
+        refused(&n, &format!("connect:127.0.0.1:{up_port}"), &[libc::ECONNREFUSED]);
+        // An undeclared port: Landlock.
+        refused(&n, &format!("connect:127.0.0.1:{other_port}"), &[libc::EACCES]);
+        // The host's abstract unix sockets live in the host's netns.
+        refused(&n, &format!("connect-abstract:{abs_name}"), &[libc::ECONNREFUSED]);
+        refused(&n, "bind:127.0.0.1:18081", &[libc::EACCES]);
+        // Neither sees the other's processes: each pid namespace holds init, sh and the probe.
+        for (r, who) in [(&e, "engine"), (&n, "node")] {
+            let pids = r["pids"].as_array().expect("pids").len();
+            assert!(pids <= 3, "{ctx}: {who} sees {pids} pids: {}", r["pids"]);
+            assert_eq!(r["interfaces"].as_object().expect("ifs").len(), 1, "{ctx}: {who} interfaces");
+        }
+        drop(abs);
+        let (code, secs, err) = run.stop();
+        assert_eq!(code, Some(0), "{ctx}: {err}");
+        assert!(secs < 5.0, "{ctx}: stop took {secs}s");
+        // Scratch wiped on stop, model dir untouched.
+        for d in ["engine-scratch", "node-scratch"] {
+            let left: Vec<_> = std::fs::read_dir(f.p(d)).expect("scratch").collect();
+            assert!(left.is_empty(), "{ctx}: {d} not wiped: {left:?}");
+        }
+        assert!(f.p("models/hello.txt").exists() && f.p("models/model.gguf").exists(), "{ctx}: model dir touched");
+        assert!(err.contains("egress totals") && err.contains(&format!("gw.test:{up_port}")), "{ctx}: {err}");
+    }
+}
+
+#[test]
+fn supervisor_sigkill_leaves_nothing_behind() {
+    for mode in modes() {
+        let f = cell(mode, "kill", HTTPD, "echo node-up; exec sleep 1000", "", "", "");
+        let mut run = start(&f, &[]);
+        run.line(30, |l| l == "node-up");
+        let sup = run.child.id() as i32;
+        let mut tree = descendants(sup);
+        assert!(tree.len() >= 4, "{mode:?}: expected cell init, two role inits and workloads: {tree:?}");
+        kill(run.pid(), Signal::SIGKILL).expect("kill");
+        let _ = run.child.wait();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            tree.retain(|p| alive(*p));
+            if tree.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(tree.is_empty(), "{mode:?}: survived the supervisor by 1s: {tree:?}");
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| !s.contains(") Z ")).unwrap_or(false)
+}
+
+fn ppid(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn descendants(root: i32) -> Vec<i32> {
+    let all: Vec<i32> =
+        std::fs::read_dir("/proc").expect("proc").filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    all.into_iter()
+        .filter(|p| {
+            let mut cur = *p;
+            for _ in 0..10 {
+                match ppid(cur) {
+                    Some(pp) if pp == root => return true,
+                    Some(pp) if pp > 1 => cur = pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+#[test]
+fn crashed_engine_is_restarted_and_the_node_reconnects() {
+    for mode in modes() {
+        // First run: serve, then crash after 1.5 s. Later runs: serve.
+        let engine_sh = format!(
+            "if [ ! -e /scratch/crashed ]; then touch /scratch/crashed; /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & sleep 1.5; kill $!; exit 3; fi; {HTTPD}"
+        );
+        let node_sh = "while true; do if /usr/bin/busybox wget -q -O /dev/null http://127.0.0.1:18080/hello.txt; then echo OK; else echo FAIL; fi; sleep 0.1; done";
+        let f = cell(mode, "restart", &engine_sh, node_sh, "", "restart = \"on-failure\"", "");
+        let run = start(&f, &[]);
+        run.line(30, |l| l == "OK");
+        run.line(30, |l| l == "FAIL");
+        run.line(30, |l| l == "OK");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(err.contains("role exited; restarting") && err.contains("code=3"), "{mode:?}: {err}");
+    }
+}
+
+#[test]
+fn crashed_role_without_restart_stops_the_cell() {
+    for mode in modes() {
+        let f = cell(
+            mode,
+            "norestart",
+            "/usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & sleep 1; exit 7",
+            "echo node-up; exec sleep 1000",
+            "",
+            "",
+            "",
+        );
+        let mut run = start(&f, &[]);
+        run.line(30, |l| l == "node-up");
+        let code = wait_timeout(&mut run.child, 20);
+        std::thread::sleep(Duration::from_millis(50));
+        let err = run.stderr();
+        assert_eq!(code, Some(1), "{mode:?}: {err}");
+        assert!(err.contains("engine exited with status 7"), "{mode:?}: {err}");
+        assert!(descendants(run.child.id() as i32).is_empty());
+    }
+}
+
+#[test]
+fn grace_period_then_sigkill() {
+    for mode in modes() {
+        let f = cell(mode, "grace", HTTPD, "trap '' TERM; echo node-up; while true; do sleep 1; done", "", "", "");
+        let run = start(&f, &[]);
+        run.line(30, |l| l == "node-up");
+        let (code, secs, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!((1.5..6.0).contains(&secs), "{mode:?}: stop took {secs}s (grace 2s)");
+        assert!(err.contains("grace period over; SIGKILL"), "{mode:?}: {err}");
+    }
+}
+
+#[test]
+fn sd_notify_messages_arrive_in_order() {
+    for mode in modes() {
+        let f = cell(mode, "notify", HTTPD, "echo node-up; exec sleep 1000", "", "", "");
+        let sock_path = f.p("notify.sock");
+        let sock = UnixDatagram::bind(&sock_path).expect("bind notify socket");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let path = sock_path.display().to_string();
+        let run = start(&f, &[("NOTIFY_SOCKET", path.as_str())]);
+        run.line(30, |l| l == "node-up");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        sock.set_nonblocking(true).expect("nonblocking");
+        let mut msgs = Vec::new();
+        let mut b = [0u8; 4096];
+        while let Ok(n) = sock.recv(&mut b) {
+            msgs.push(String::from_utf8_lossy(&b[..n]).into_owned());
+        }
+        let pos = |needle: &str| msgs.iter().position(|m| m.lines().any(|l| l == needle || l.starts_with(needle)));
+        let started = pos("STATUS=engine started").unwrap_or_else(|| panic!("{mode:?}: {msgs:?}"));
+        let ready = pos("READY=1").unwrap_or_else(|| panic!("{mode:?}: no READY: {msgs:?}"));
+        let stopping = pos("STOPPING=1").unwrap_or_else(|| panic!("{mode:?}: no STOPPING: {msgs:?}"));
+        assert!(started < ready && ready < stopping, "{mode:?}: order: {msgs:?}");
+        assert_eq!(msgs.iter().filter(|m| m.contains("READY=1")).count(), 1, "{mode:?}: READY once: {msgs:?}");
+    }
+}
+
+fn sha256_of(path: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(std::fs::read(path).expect("read")))
+}
+
+#[test]
+fn engine_binary_pin_is_enforced() {
+    for mode in modes() {
+        let good = sha256_of("/usr/bin/busybox");
+        let f = cell(mode, "pin", HTTPD, "echo node-up; exec sleep 1000", "", &format!("sha256 = \"{good}\""), "");
+        let run = start(&f, &[]);
+        run.line(30, |l| l == "node-up");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: pinned binary must start: {err}");
+        let bad = "0".repeat(64);
+        let f = cell(mode, "pin-bad", HTTPD, "echo node-up; exec sleep 1000", "", &format!("sha256 = \"{bad}\""), "");
+        let cfg = f.config.display().to_string();
+        let o = f.command(&["run", "--config", &cfg]).stdin(Stdio::null()).output().expect("run");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
+        assert!(
+            err.contains("engine.sha256")
+                && err.contains(&format!("expected sha256 {bad}"))
+                && err.contains(&format!("found {good}")),
+            "{mode:?}: {err}"
+        );
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("node-up"), "{mode:?}: the node started anyway");
+    }
+}
