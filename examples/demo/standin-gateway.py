@@ -1,0 +1,83 @@
+"""STAND-IN GATEWAY for the sealnode demo and tests. Not the real frutebox gateway.
+
+Runs on the host, outside the cell, and speaks just enough of the gateway side of
+frutebox-node's WebSocket protocol (JSON frames: the node sends `register`; we answer
+`registered`, send one plain `job` and one streamed `job`; the node answers `chunk`s and
+`result`s) to prove a job's round trip through sealnode's declared egress. Prints what it
+receives, exits 0 once both results arrived with content, non-zero on error or timeout.
+
+    python standin-gateway.py --port 18765 [--model standin] [--timeout 90]
+"""
+import argparse
+import asyncio
+import json
+import sys
+
+import websockets
+
+
+async def serve(port, model, timeout):
+    done = asyncio.get_running_loop().create_future()
+
+    async def handler(ws):
+        reg = json.loads(await ws.recv())
+        if reg.get("type") != "register":
+            done.set_result(f"first frame was {reg.get('type')!r}, not register")
+            return
+        print(f"gateway: node {reg['id']!r} registered (models {reg['models']}, "
+              f"{reg['compute_type']}, {reg['cpu_cores']} cores)", flush=True)
+        await ws.send(json.dumps({"type": "registered", "id": reg["id"], "status": "active"}))
+        jobs = {
+            "job-plain": {"type": "job", "id": "job-plain", "model": model,
+                          "messages": [{"role": "user", "content": "What is a sealed node?"}]},
+            "job-stream": {"type": "job", "id": "job-stream", "model": model, "stream": True,
+                           "messages": [{"role": "user", "content": "Stream me an answer."}]},
+        }
+        for j in jobs.values():
+            print(f"gateway: -> {j['id']} ({'streamed' if j.get('stream') else 'plain'}): {j['messages'][0]['content']}", flush=True)
+            await ws.send(json.dumps(j))
+        chunks, results = {}, {}
+        async for raw in ws:
+            msg = json.loads(raw)
+            kind = msg.get("type")
+            if kind == "chunk":
+                chunks.setdefault(msg["id"], []).append(msg["text"])
+            elif kind == "result":
+                results[msg["id"]] = msg
+                streamed = "".join(chunks.get(msg["id"], []))
+                print(f"gateway: <- {msg['id']} result: {msg['content']!r}"
+                      + (f" (streamed as {len(chunks.get(msg['id'], []))} chunks: {streamed!r})" if streamed else "")
+                      + f" backend={msg.get('backend')}", flush=True)
+                if set(results) == set(jobs):
+                    ok = all(r["content"] for r in results.values()) and \
+                        "".join(chunks.get("job-stream", [])) == results["job-stream"]["content"]
+                    done.set_result(None if ok else f"bad results: {results} chunks: {chunks}")
+                    return
+            elif kind == "error":
+                done.set_result(f"node reported an error: {msg}")
+                return
+
+    async with websockets.serve(handler, "127.0.0.1", port):
+        print(f"gateway: listening on 127.0.0.1:{port}", flush=True)
+        try:
+            err = await asyncio.wait_for(done, timeout)
+        except asyncio.TimeoutError:
+            err = f"no results within {timeout}s"
+    if err:
+        print(f"gateway: FAILED: {err}", flush=True)
+        return 1
+    print("gateway: job round trip complete", flush=True)
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, default=18765)
+    p.add_argument("--model", default="standin")
+    p.add_argument("--timeout", type=float, default=90)
+    a = p.parse_args()
+    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout)))
+
+
+if __name__ == "__main__":
+    main()
