@@ -112,6 +112,23 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
             },
         });
     }
+    // A fresh proc mount from a user namespace needs the current /proc fully visible.
+    let over: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+        .filter(|mp| mp.starts_with("/proc/") && mp != "/proc/sys/fs/binfmt_misc")
+        .collect();
+    v.push(Check {
+        name: "/proc fully visible",
+        level: if over.is_empty() { Level::Ok } else { Level::Fail },
+        value: if over.is_empty() { "no over-mounts".into() } else { format!("over-mounted: {}", over.join(", ")) },
+        meaning: if over.is_empty() {
+            "each role can get its own fresh /proc".into()
+        } else {
+            "the kernel refuses a fresh /proc in a user namespace while /proc has over-mounts; remove ProtectKernelTunables=, ProtectKernelLogs=, ProtectProc= from the unit (sealnode masks /proc inside each role itself)".into()
+        },
+    });
     let abi = sys::landlock_abi();
     v.push(Check {
         name: "landlock",

@@ -11,9 +11,11 @@ use common::*;
 
 #[test]
 fn job_round_trip_through_the_sealed_node() {
-    let (Ok(copy), Ok(prefix), Ok(venv)) =
-        (std::env::var("SEALNODE_TEST_PYTHON"), std::env::var("SEALNODE_TEST_PYTHON_PREFIX"), std::env::var("SEALNODE_TEST_VENV"))
-    else {
+    let (Ok(copy), Ok(prefix), Ok(venv)) = (
+        std::env::var("SEALNODE_TEST_PYTHON"),
+        std::env::var("SEALNODE_TEST_PYTHON_PREFIX"),
+        std::env::var("SEALNODE_TEST_VENV"),
+    ) else {
         return unavailable("frutebox", "SEALNODE_TEST_PYTHON/_PREFIX/_VENV not set (.ci/run prepares them)");
     };
     for (i, mode) in modes().into_iter().enumerate() {
@@ -27,25 +29,47 @@ fn job_round_trip_through_the_sealed_node() {
         let py = format!("{venv}/bin/python");
         let binds = format!("ro_binds = [{{ src = \"{copy}\", dst = \"{prefix}\" }}, {{ src = \"{venv}\" }}");
         f.engine_cmd = format!("[\"{py}\", \"-I\", \"-u\", \"/opt/standin/standin-engine.py\", \"--port\", \"18080\"]");
-        f.engine_extra = format!("{binds}, {{ src = \"{}\", dst = \"/opt/standin\" }}]\nready = {{ kind = \"http\", path = \"/\" }}", standin.display());
+        f.engine_extra = format!(
+            "{binds}, {{ src = \"{}\", dst = \"/opt/standin\" }}]\nready = {{ kind = \"http\", path = \"/\" }}",
+            standin.display()
+        );
         f.node_cmd = format!(
             "[\"{py}\", \"-I\", \"-u\", \"-m\", \"frutebox.provider\", \"--id\", \"it-node\", \"--gateway-url\", \"ws://gateway.test:{gw_port}/provider/ws\", \"--models\", \"standin\", \"--compute-type\", \"cpu\", \"--memory-gb\", \"2\", \"--cpu-cores\", \"1\"]"
         );
-        f.node_extra = format!("{binds}]\negress = [{{ host = \"gateway.test\", port = {gw_port}, connect = \"127.0.0.1:{gw_port}\" }}]");
+        f.node_extra = format!(
+            "{binds}]\negress = [{{ host = \"gateway.test\", port = {gw_port}, connect = \"127.0.0.1:{gw_port}\" }}]"
+        );
         f.write_config();
         // The node's environment for the Ollama-speaking stand-in engine (replaces the fixture's).
         let text = std::fs::read_to_string(&f.config).expect("read");
         let env = "env = { set = { FRUTEBOX_ENGINE = \"ollama\", OLLAMA_HOST = \"http://127.0.0.1:18080\", FRUTEBOX_OLLAMA_MODEL = \"standin\", FRUTEBOX_NODE_STATE_FILE = \"/scratch/state\" } }";
-        let text: String = text.lines().map(|l| if l.starts_with("env = { set = { FRUTEBOX_ENGINE") { env.to_string() } else { l.to_string() }).collect::<Vec<_>>().join("\n");
+        let text: String = text
+            .lines()
+            .map(|l| if l.starts_with("env = { set = { FRUTEBOX_ENGINE") { env.to_string() } else { l.to_string() })
+            .collect::<Vec<_>>()
+            .join("\n");
         std::fs::write(&f.config, text).expect("write");
         let mut gw = Command::new(&py)
-            .args(["-u", &standin.join("standin-gateway.py").display().to_string(), "--port", &gw_port.to_string(), "--timeout", "60"])
+            .args([
+                "-u",
+                &standin.join("standin-gateway.py").display().to_string(),
+                "--port",
+                &gw_port.to_string(),
+                "--timeout",
+                "60",
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .expect("gateway");
         std::thread::sleep(Duration::from_millis(500));
         let cfg = f.config.display().to_string();
-        let mut run = f.command(&["run", "--config", &cfg]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run");
+        let mut run = f
+            .command(&["run", "--config", &cfg])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run");
         let deadline = Instant::now() + Duration::from_secs(70);
         let gw_status = loop {
             if let Some(st) = gw.try_wait().expect("wait") {
@@ -71,7 +95,12 @@ fn job_round_trip_through_the_sealed_node() {
         };
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(gw_status.success(), "{mode:?}: gateway: {gw_out}\nsealnode: {err}");
-        assert!(gw_out.contains("job-plain result: 'Hello from the sealed stand-in engine. You asked: What is a sealed node?'"), "{mode:?}: {gw_out}");
+        assert!(
+            gw_out.contains(
+                "job-plain result: 'Hello from the sealed stand-in engine. You asked: What is a sealed node?'"
+            ),
+            "{mode:?}: {gw_out}"
+        );
         assert!(gw_out.contains("job-stream result") && gw_out.contains("streamed as"), "{mode:?}: {gw_out}");
         assert_eq!(out.status.code(), Some(0), "{mode:?}: {err}");
         assert!(err.contains(&format!("gateway.test:{gw_port}")) && err.contains("egress totals"), "{mode:?}: {err}");

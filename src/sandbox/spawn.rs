@@ -185,6 +185,17 @@ fn setup_error(plan: &Plan, rec: Record) -> Error {
         Some(Stage::Credentials) => format!("uid {} gid {}", plan.ids.uid, plan.ids.gid),
         _ => String::new(),
     };
+    let mut detail = detail;
+    if stage == Some(Stage::BuildRoot)
+        && matches!(plan.mounts.get(item), Some(Mount::Proc { .. }))
+        && rec.errno == libc::EPERM
+    {
+        detail.push_str(
+            " (the kernel refuses a fresh /proc in a user namespace while the host's /proc has over-mounts: \
+             systemd's ProtectKernelTunables=, ProtectKernelLogs=, ProtectProc= or a container runtime's masks; \
+             `sealnode doctor` lists them)",
+        );
+    }
     Error::Setup {
         step: stage.map(Stage::name).unwrap_or("unknown"),
         detail: if detail.is_empty() { format!("{} role", plan.role) } else { format!("{} role: {detail}", plan.role) },
