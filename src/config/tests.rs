@@ -352,6 +352,7 @@ fn shipped_examples_parse() {
         .replace("@POLICY@", "/usr/share/sealnode")
         .replace("@VENV@", "/var/lib/sealnode-demo/py/venv")
         .replace("@PYCOPY@", "/var/lib/sealnode-demo/py/python")
-        .replace("@PYPREFIX@", "/opt/python3.12");
+        .replace("@PYPREFIX@", "/opt/python3.12")
+        .replace("@GWPORT@", "18765");
     Config::parse(&filled, Path::new("demo.toml")).unwrap_or_else(|e| panic!("{e}"));
 }
