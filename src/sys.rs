@@ -279,3 +279,26 @@ pub fn close_all_except(keep: &[RawFd]) -> Result<(), Errno> {
     }
     close_range(next, u32::MAX)
 }
+
+/// Has every writer of this pipe gone (POLLHUP)? The launcher holds the write end of the
+/// sync pipe for as long as it lives, so this tells a child whether its launcher died.
+pub fn pipe_hung_up(fd: RawFd) -> bool {
+    use std::os::fd::BorrowedFd;
+    // SAFETY: fd is a pipe end the caller keeps open for the duration of the call.
+    let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let mut pfd = [nix::poll::PollFd::new(bfd, nix::poll::PollFlags::POLLIN)];
+    match nix::poll::poll(&mut pfd, nix::poll::PollTimeout::ZERO) {
+        Ok(_) => pfd[0].revents().is_some_and(|r| r.contains(nix::poll::PollFlags::POLLHUP)),
+        Err(_) => true,
+    }
+}
+
+/// Re-arm PR_SET_PDEATHSIG (any credential change clears it) and make sure the launcher did
+/// not die before it was armed.
+pub fn rearm_pdeathsig(sync: RawFd) -> Result<(), Errno> {
+    prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+    if pipe_hung_up(sync) {
+        return Err(Errno::ESRCH);
+    }
+    Ok(())
+}

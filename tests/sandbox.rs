@@ -306,3 +306,58 @@ fn descends_from(mut pid: i32, ancestor: i32) -> bool {
     }
     false
 }
+
+/// SIGKILL the launcher in the middle of setup (right after it wrote the id maps), many times:
+/// the half-built sandbox must never outlive it. (Found by review: a credential change during
+/// setup had cleared the parent-death signal.)
+#[test]
+fn launcher_killed_during_setup_leaves_nothing() {
+    for mode in modes() {
+        let f = Fixture::new(mode, "setup-race");
+        let cfg = f.config.display().to_string();
+        let mut survivors = Vec::new();
+        for _ in 0..15 {
+            let mut child = f
+                .command(&["exec", "--config", &cfg, "--role", "node", "--", "/bin/sleep", "7"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn");
+            let launcher = child.id();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let mut init = None;
+            while Instant::now() < deadline {
+                let kids =
+                    std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).unwrap_or_default();
+                if let Some(k) = kids.split_whitespace().next() {
+                    init = Some(k.to_string());
+                    if !std::fs::read_to_string(format!("/proc/{k}/uid_map")).unwrap_or_default().trim().is_empty() {
+                        break;
+                    }
+                }
+            }
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher as i32), nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait();
+            let Some(init) = init else { continue };
+            let gone = Instant::now() + Duration::from_secs(1);
+            loop {
+                let stat = std::fs::read_to_string(format!("/proc/{init}/stat")).unwrap_or_default();
+                if stat.is_empty() || stat.contains(") Z ") {
+                    break;
+                }
+                if Instant::now() > gone {
+                    survivors.push(init.clone());
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(init.parse().unwrap_or(0)),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        assert!(survivors.is_empty(), "{mode:?}: sandbox inits survived their launcher: {survivors:?}");
+    }
+}

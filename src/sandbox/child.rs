@@ -50,8 +50,9 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     must(fds, Stage::WaitForIdMaps, 0, wait_for_maps(fds.sync));
     // Rootful only: shed root's groups while setgroups is permitted, and create files as the
     // role (our kuid 0 is unmapped in the cell; creating files as it fails with EOVERFLOW).
+    // That credential change clears PDEATHSIG: re-arm it and check the launcher still lives.
     if plan.rootful {
-        must(fds, Stage::RootfulFsIds, 0, caps::rootful_fs_ids(plan.ids));
+        must(fds, Stage::RootfulFsIds, 0, caps::rootful_fs_ids(plan.ids).and_then(|()| sys::rearm_pdeathsig(fds.sync)));
     }
     // Before any mount: nothing we mount may propagate back to the host.
     must(fds, Stage::PrivatePropagation, 0, mounts::make_private());

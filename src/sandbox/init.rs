@@ -20,10 +20,11 @@ const FORWARD: [Signal; 6] =
 
 extern "C" fn noop(_: libc::c_int) {}
 
-fn confine(plan: &Plan) -> Result<(), Errno> {
+fn confine(plan: &Plan, fds: ChildFds) -> Result<(), Errno> {
     // Same ids as the workload, so init can still signal it without any capability.
     caps::set_ids(plan.ids)?;
-    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+    // The id change cleared PDEATHSIG: re-arm it, and give up if the launcher is already gone.
+    sys::rearm_pdeathsig(fds.sync)?;
     caps::drop_all()?;
     // Not dumpable: the workload (same uid) cannot ptrace or read init's memory.
     sys::prctl(libc::PR_SET_DUMPABLE, 0)?;
@@ -49,7 +50,9 @@ fn wait_set() -> SigSet {
 
 pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
     let set = wait_set();
-    if let Err(e) = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None).and_then(|_| confine(plan)) {
+    if let Err(e) =
+        nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None).and_then(|_| confine(plan, fds))
+    {
         let _ = kill(workload, Signal::SIGKILL);
         fail(fds, Stage::ConfineInit, 0, e);
     }
