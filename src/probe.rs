@@ -187,6 +187,21 @@ fn builtin_attempts() -> Vec<Attempt> {
     v.push(attempt("perf_event_open", drop_ok(ints(libc::SYS_perf_event_open, [0, 0, u64::MAX, u64::MAX, 0, 0]))));
     v.push(attempt("userfaultfd", drop_ok(ints(libc::SYS_userfaultfd, [0; 6]))));
     v.push(attempt("keyctl", drop_ok(ints(libc::SYS_keyctl, [0; 6]))));
+    // A setuid/setgid file planted in a writable dir would be setuid on the host.
+    let mut path = b"/tmp/probe-suid\0".to_vec();
+    let flags = (libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC) as u64;
+    let suid = with_buf(libc::SYS_openat, [libc::AT_FDCWD as u64, 0, flags, 0o4755, 0, 0], 1, &mut path);
+    if let Ok(fd) = suid {
+        let _ = nix::unistd::close(fd as i32);
+    }
+    let _ = std::fs::remove_file("/tmp/probe-suid");
+    v.push(attempt("create_setuid", drop_ok(suid)));
+    let chmod = std::fs::File::create("/tmp/probe-plain").map_err(io_errno).and_then(|f| {
+        use std::os::fd::AsRawFd;
+        drop_ok(ints(libc::SYS_fchmod, [f.as_raw_fd() as u64, 0o2755, 0, 0, 0, 0]))
+    });
+    let _ = std::fs::remove_file("/tmp/probe-plain");
+    v.push(attempt("chmod_setgid", chmod));
     v.push(attempt(
         "kill_init",
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(1), nix::sys::signal::Signal::SIGTERM),

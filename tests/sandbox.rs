@@ -84,6 +84,8 @@ fn probe_sees_every_layer_in_both_roles() {
                 "userfaultfd",
                 "keyctl",
                 "setuid_0",
+                "create_setuid",
+                "chmod_setgid",
             ] {
                 refused(&r, a, &[ENOSYS]);
             }
