@@ -614,59 +614,12 @@ impl Config {
         if inv.rootful() && ids[0] == ids[1] {
             return Err(self.err("cell.rootful.node", "engine and node must run as different users"));
         }
-        for (role, owner) in Role::ALL.into_iter().zip(ids) {
+        for role in Role::ALL {
             let r = self.role(role);
             check_trusted_file(&self.file, &r.seccomp, &format!("{role}.seccomp"), inv)?;
             check_trusted_file(&self.file, &r.landlock, &format!("{role}.landlock"), inv)?;
             for (field, path, writable) in self.host_paths(role) {
-                let md = self.no_symlink_stat(&field, path)?;
-                let is_dir = md.is_dir();
-                let want_dir = !field.ends_with(".credential");
-                if want_dir && !field.contains("ro_binds") && !is_dir {
-                    return Err(self.err(field, format!("{} is not a directory", path.display())));
-                }
-                if field.ends_with(".credential") && !md.is_file() {
-                    return Err(self.err(field, format!("{} is not a regular file", path.display())));
-                }
-                let mode = md.mode() & 0o7777;
-                if mode & 0o022 != 0 {
-                    return Err(self.err(
-                        field,
-                        format!(
-                            "{} is writable by group or others (mode {:o}); make it 0755/0700 or stricter",
-                            path.display(),
-                            mode
-                        ),
-                    ));
-                }
-                if writable {
-                    if md.uid() != owner.uid {
-                        return Err(self.err(
-                            field,
-                            format!(
-                                "{} is owned by uid {} but the {role} runs as uid {}; chown it to the role's user",
-                                path.display(),
-                                md.uid(),
-                                owner.uid
-                            ),
-                        ));
-                    }
-                } else if md.uid() != 0 && md.uid() != inv.uid && md.uid() != owner.uid {
-                    return Err(self.err(
-                        field,
-                        format!(
-                            "{} is owned by uid {}, another user; it must be owned by root, the launcher or the role",
-                            path.display(),
-                            md.uid()
-                        ),
-                    ));
-                }
-                if field.ends_with(".credential") && mode & 0o077 != 0 {
-                    return Err(self.err(
-                        field,
-                        format!("{} is readable by group or others (mode {:o}); chmod 0400", path.display(), mode),
-                    ));
-                }
+                self.checked_role_path(role, &field, path, writable, inv)?;
             }
             for (i, d) in r.devices.iter().enumerate() {
                 let md = std::fs::symlink_metadata(d)
@@ -680,6 +633,69 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Open a role path without following symlinks and check it (type, mode, owner) on that
+    /// very descriptor. Returns its metadata, so the caller records (dev, inode) of exactly
+    /// what was checked: a path swapped later is caught in the child (ESTALE).
+    pub fn checked_role_path(
+        &self,
+        role: Role,
+        field: &str,
+        path: &Path,
+        writable: bool,
+        inv: &Invoker,
+    ) -> Result<std::fs::Metadata> {
+        let owner = self.role_ids(role, inv)?;
+        let md = self.no_symlink_stat(field, path)?;
+        let is_dir = md.is_dir();
+        let want_dir = !field.ends_with(".credential");
+        if want_dir && !field.contains("ro_binds") && !is_dir {
+            return Err(self.err(field.to_string(), format!("{} is not a directory", path.display())));
+        }
+        if field.ends_with(".credential") && !md.is_file() {
+            return Err(self.err(field.to_string(), format!("{} is not a regular file", path.display())));
+        }
+        let mode = md.mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(self.err(
+                field.to_string(),
+                format!(
+                    "{} is writable by group or others (mode {:o}); make it 0755/0700 or stricter",
+                    path.display(),
+                    mode
+                ),
+            ));
+        }
+        if writable {
+            if md.uid() != owner.uid {
+                return Err(self.err(
+                    field.to_string(),
+                    format!(
+                        "{} is owned by uid {} but the {role} runs as uid {}; chown it to the role's user",
+                        path.display(),
+                        md.uid(),
+                        owner.uid
+                    ),
+                ));
+            }
+        } else if md.uid() != 0 && md.uid() != inv.uid && md.uid() != owner.uid {
+            return Err(self.err(
+                field.to_string(),
+                format!(
+                    "{} is owned by uid {}, another user; it must be owned by root, the launcher or the role",
+                    path.display(),
+                    md.uid()
+                ),
+            ));
+        }
+        if field.ends_with(".credential") && mode & 0o077 != 0 {
+            return Err(self.err(
+                field.to_string(),
+                format!("{} is readable by group or others (mode {:o}); chmod 0400", path.display(), mode),
+            ));
+        }
+        Ok(md)
     }
 
     /// Stat a path, refusing symlinks in any component.

@@ -363,3 +363,49 @@ fn launcher_killed_during_setup_leaves_nothing() {
         assert!(survivors.is_empty(), "{mode:?}: sandbox inits survived their launcher: {survivors:?}");
     }
 }
+
+/// A role dir swapped (renameat2 RENAME_EXCHANGE) with a decoy that fails validation, over and
+/// over while sealnode starts: the decoy must never be mounted. Either the real dir is used,
+/// or validation refuses, or the child sees the swap (ESTALE). (Found by review: the checks
+/// and the recorded identity came from two different opens.)
+#[test]
+fn swapped_role_dir_is_never_mounted() {
+    if !is_root() {
+        return unavailable("rootful", "the swapper needs to create a root-owned decoy");
+    }
+    for mode in modes() {
+        let f = Fixture::new(mode, "swap");
+        let good = f.p("node-scratch");
+        let decoy = f.p("decoy");
+        std::fs::create_dir(&decoy).expect("decoy");
+        std::fs::write(decoy.join("marker"), "UNVALIDATED").expect("marker");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s2, g2, d2) = (stop.clone(), good.clone(), decoy.clone());
+        let swapper = std::thread::spawn(move || {
+            use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+            while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = renameat2(AT_FDCWD, &g2, AT_FDCWD, &d2, RenameFlags::RENAME_EXCHANGE);
+            }
+        });
+        let mut outcomes = std::collections::BTreeMap::new();
+        for _ in 0..40 {
+            let o = f.exec("node", &["/bin/cat", "/scratch/marker"]);
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            assert!(!out.contains("UNVALIDATED"), "{mode:?}: the unvalidated decoy was mounted as /scratch");
+            let err = String::from_utf8_lossy(&o.stderr);
+            let kind = if err.contains("ESTALE") {
+                "estale"
+            } else if err.contains("node.scratch") {
+                "refused by validation"
+            } else {
+                "real dir"
+            };
+            *outcomes.entry(kind).or_insert(0) += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().expect("swapper");
+        eprintln!("{mode:?}: {outcomes:?}");
+    }
+}

@@ -256,11 +256,10 @@ impl Plan {
                 });
             }
         }
-        // Role paths: no symlinks, identity checked again in the child.
-        let role_bind = |src: &Path, inside: &Path, writable: bool, exec: bool| -> Result<Mount> {
-            let fd = crate::sys::open_path_no_symlinks(src)
-                .map_err(|e| Error::errno(format!("open {}", src.display()), e))?;
-            let md = std::fs::File::from(fd).metadata().map_err(|e| Error::io(format!("stat {}", src.display()), e))?;
+        // Role paths: opened without symlinks and checked (owner, mode) on that same fd, whose
+        // (dev, inode) the child verifies again right before mounting.
+        let role_bind = |field: String, src: &Path, inside: &Path, writable: bool, exec: bool| -> Result<Mount> {
+            let md = cfg.checked_role_path(role, &field, src, writable, inv)?;
             let mut attrs = NOSUID | NODEV;
             if !writable {
                 attrs |= RDONLY;
@@ -278,14 +277,14 @@ impl Plan {
             })
         };
         if let Some(m) = &r.models {
-            mounts.push(role_bind(m, Path::new(INSIDE_MODELS), r.models_writable, false)?);
+            mounts.push(role_bind(format!("{role}.models"), m, Path::new(INSIDE_MODELS), r.models_writable, false)?);
         }
-        mounts.push(role_bind(&r.scratch, Path::new(INSIDE_SCRATCH), true, false)?);
+        mounts.push(role_bind(format!("{role}.scratch"), &r.scratch, Path::new(INSIDE_SCRATCH), true, false)?);
         if let Some(c) = &r.credential {
-            mounts.push(role_bind(c, Path::new(INSIDE_CREDENTIAL), false, false)?);
+            mounts.push(role_bind(format!("{role}.credential"), c, Path::new(INSIDE_CREDENTIAL), false, false)?);
         }
-        for b in &r.ro_binds {
-            mounts.push(role_bind(&b.src, b.inside(), false, b.exec)?);
+        for (i, b) in r.ro_binds.iter().enumerate() {
+            mounts.push(role_bind(format!("{role}.ro_binds[{i}].src"), &b.src, b.inside(), false, b.exec)?);
         }
         // Minimal /dev: tmpfs without devices of its own; device nodes are bind mounts.
         mounts.push(Mount::Tmpfs {
