@@ -51,6 +51,7 @@ pub const PROC_MASK_FILES: &[&str] = &[
     "/proc/latency_stats",
     "/proc/sched_debug",
     "/proc/kmsg",
+    "/proc/config.gz",
 ];
 pub const PROC_MASK_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/asound", "/proc/firmware"];
 /// /proc subtrees kept visible but read-only.
