@@ -33,6 +33,8 @@ pub struct Report {
     pub interfaces: BTreeMap<String, bool>,
     /// Pids visible in /proc.
     pub pids: Vec<i32>,
+    /// Visible pids in state Z (exited, not reaped).
+    pub zombies: Vec<i32>,
     pub env: BTreeMap<String, String>,
     /// Open fds (besides the one used to list them).
     pub fds: Vec<i32>,
@@ -291,9 +293,14 @@ fn exec_copy(path: &str) -> Result<(), Errno> {
 pub fn run_inside(args: &[String]) -> i32 {
     let mut attempts = builtin_attempts();
     attempts.extend(requested_attempts(args));
-    let pids = std::fs::read_dir("/proc")
+    let pids: Vec<i32> = std::fs::read_dir("/proc")
         .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
         .unwrap_or_default();
+    let zombies = pids
+        .iter()
+        .copied()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|st| st.contains(") Z ")))
+        .collect();
     let report = Report {
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
@@ -305,6 +312,7 @@ pub fn run_inside(args: &[String]) -> i32 {
         status: status_fields(),
         interfaces: interfaces(),
         pids,
+        zombies,
         env: std::env::vars().collect(),
         fds: fds(),
         rlimits: rlimits(),

@@ -62,8 +62,21 @@ struct Running {
 }
 
 fn start(f: &Fixture, envs: &[(&str, &str)]) -> Running {
+    start_with(f, envs, false)
+}
+
+/// `watchdog_pid`: export WATCHDOG_PID as systemd does (the pid of sealnode itself): a shell
+/// exports its own pid and execs the launcher command, which keeps the pid.
+fn start_with(f: &Fixture, envs: &[(&str, &str)], watchdog_pid: bool) -> Running {
     let cfg = f.config.display().to_string();
     let mut cmd = f.command(&["run", "--config", &cfg]);
+    if watchdog_pid {
+        let prog = cmd.get_program().to_owned();
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+        let mut sh = std::process::Command::new("/bin/sh");
+        sh.arg("-c").arg("export WATCHDOG_PID=$$; exec \"$@\"").arg("sh").arg(prog).args(args).current_dir(&f.dir);
+        cmd = sh;
+    }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in envs {
         cmd.env(k, v);
@@ -372,5 +385,104 @@ fn engine_binary_pin_is_enforced() {
             "{mode:?}: {err}"
         );
         assert!(!String::from_utf8_lossy(&o.stdout).contains("node-up"), "{mode:?}: the node started anyway");
+    }
+}
+
+#[test]
+fn orphaned_grandchildren_are_reaped() {
+    for mode in modes() {
+        // The subshell exits at once, orphaning its sleep; the orphan exits 0.2 s later. Only
+        // the role's init can reap it.
+        let node_sh =
+            "( /usr/bin/busybox sleep 0.2 & ); sleep 1; /opt/sealnode/sealnode __probe-inside; exec sleep 1000";
+        let f = cell(mode, "zombies", HTTPD, node_sh, "", "", "");
+        let run = start(&f, &[]);
+        let n = report(&run.line(30, |l| l.contains("\"FRUTEBOX_ENGINE\"")));
+        assert_eq!(n["zombies"], serde_json::json!([]), "{mode:?}: unreaped: {n}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
+#[test]
+fn sighup_restarts_both_roles_and_keeps_running() {
+    for mode in modes() {
+        let f = cell(mode, "hup", HTTPD, "echo node-up; exec sleep 1000", "", "", "");
+        let run = start(&f, &[]);
+        run.line(30, |l| l == "node-up");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.line(30, |l| l == "node-up");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(err.contains("restarting both roles"), "{mode:?}: {err}");
+        assert_eq!(err.matches("role started role=node").count(), 2, "{mode:?}: {err}");
+    }
+}
+
+#[test]
+fn egress_is_bounded_and_idle_connections_close() {
+    for mode in modes() {
+        // An upstream that keeps every connection open and greets it.
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming().flatten() {
+                let mut s = s;
+                let _ = s.write_all(b"hi\n");
+                held.push(s);
+            }
+        });
+        // One connection held open by nc; a second (the probe's fetch) is over the limit.
+        let node_sh = format!(
+            "/usr/bin/busybox nc gw.test {port} > /dev/null & sleep 0.5; /opt/sealnode/sealnode __probe-inside --fetch gw.test:{port}; exec sleep 1000"
+        );
+        let node_extra = format!("egress = [{{ host = \"gw.test\", port = {port}, connect = \"127.0.0.1:{port}\" }}]");
+        let f = cell(
+            mode,
+            "bounds",
+            HTTPD,
+            &node_sh,
+            &node_extra,
+            "",
+            "egress_max_connections = 1\negress_idle_timeout_s = 1",
+        );
+        let run = start(&f, &[]);
+        let n = report(&run.line(30, |l| l.contains("\"FRUTEBOX_ENGINE\"")));
+        refused(&n, &format!("fetch:gw.test:{port}"), &[]);
+        // The held connection goes idle and is closed after 1 s.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !run.stderr().contains("egress connection closed: idle") {
+            assert!(Instant::now() < deadline, "{mode:?}: idle connection not closed: {}", run.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(err.contains("egress connection refused: limit reached"), "{mode:?}: {err}");
+        assert!(err.contains("accepted=1") && err.contains("refused=1"), "{mode:?}: {err}");
+    }
+}
+
+#[test]
+fn watchdog_pings_while_running() {
+    for mode in modes() {
+        let f = cell(mode, "watchdog", HTTPD, "echo node-up; exec sleep 1000", "", "", "");
+        let sock_path = f.p("notify.sock");
+        let sock = UnixDatagram::bind(&sock_path).expect("bind");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let path = sock_path.display().to_string();
+        let run = start_with(&f, &[("NOTIFY_SOCKET", path.as_str()), ("WATCHDOG_USEC", "200000")], true);
+        run.line(30, |l| l == "node-up");
+        std::thread::sleep(Duration::from_millis(600));
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        sock.set_nonblocking(true).expect("nonblocking");
+        let mut pings = 0;
+        let mut b = [0u8; 4096];
+        while let Ok(n) = sock.recv(&mut b) {
+            pings += String::from_utf8_lossy(&b[..n]).lines().filter(|l| *l == "WATCHDOG=1").count();
+        }
+        assert!(pings >= 3, "{mode:?}: {pings} watchdog pings in >600 ms at a 100 ms interval");
     }
 }
