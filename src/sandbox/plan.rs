@@ -83,6 +83,8 @@ pub enum Mount {
     ReadOnly { dst: CString },
     /// Make one mount read-only once populated (not its submounts).
     Freeze { dst: CString },
+    /// Write a value to a (namespaced) sysctl file under the new /proc before it is frozen.
+    Sysctl { dst: CString, value: &'static [u8] },
 }
 
 impl Mount {
@@ -100,6 +102,7 @@ impl Mount {
             Mount::MaskDir { dst } => format!("mask {}", s(dst)),
             Mount::ReadOnly { dst } => format!("read-only {}", s(dst)),
             Mount::Freeze { dst } => format!("freeze {}", s(dst)),
+            Mount::Sysctl { dst, .. } => format!("sysctl {}", s(dst)),
         }
     }
 }
@@ -332,6 +335,9 @@ impl Plan {
         for p in PROC_MASK_DIRS {
             mounts.push(Mount::MaskDir { dst: under_root(Path::new(p))? });
         }
+        // No nested user namespaces in this user namespace: a second layer behind seccomp
+        // (the limit is per user namespace; the role cannot raise it: /proc/sys is read-only).
+        mounts.push(Mount::Sysctl { dst: under_root(Path::new("/proc/sys/user/max_user_namespaces"))?, value: b"0\n" });
         for p in PROC_READONLY {
             mounts.push(Mount::ReadOnly { dst: under_root(Path::new(p))? });
         }
