@@ -4,6 +4,7 @@
 //! [`sandbox`] (one role's sandbox: plan, clone, the child's setup sequence), [`doctor`]
 //! (kernel facts), [`probe`] (facts from inside a sandbox), [`sys`] (raw syscalls).
 
+pub mod canary;
 pub mod cell;
 pub mod config;
 pub mod doctor;

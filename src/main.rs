@@ -41,6 +41,24 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Prove the isolation: run the battery of escape attempts inside each role's exact
+    /// sandbox (in a cell like `run` builds) and report which layer refused each one.
+    ///
+    /// Exit status 0 when every attempt was refused, 1 when any succeeded.
+    Canary {
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Only this role (default: both).
+        #[arg(long, value_enum)]
+        role: Option<Role>,
+        /// The versioned JSON report (docs/canary.md) instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Re-run the battery with one layer at a time and show which attempts each layer stops
+        /// on its own; exit 1 if an attempt not listed as an exception has fewer than two.
+        #[arg(long)]
+        matrix: bool,
+    },
     /// Report what this kernel offers sealnode and what each fact means.
     Doctor {
         /// Config file (its policies' minimum Landlock ABI is checked when given).
@@ -62,6 +80,9 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Internal: the canary's attempts, inside the sandbox.
+    #[command(name = "__canary-inside", hide = true)]
+    CanaryInside { ctx: String, ids: Vec<String> },
     /// Internal: the probe itself, inside the sandbox.
     #[command(name = "__probe-inside", hide = true)]
     ProbeInside {
@@ -110,7 +131,7 @@ fn run_sandboxed(config: &std::path::Path, role: Role, argv: Vec<String>, progra
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::ProbeInside { .. } => {}
+        Command::ProbeInside { .. } | Command::CanaryInside { .. } => {}
         Command::Run { .. } => init_logging("info"),
         _ => init_logging("warn"),
     }
@@ -140,6 +161,49 @@ fn main() -> ExitCode {
             run_sandboxed(&config, role, argv, Some(Program::SealedSelf(fd)))
         }
         Command::ProbeInside { args } => exit(sealnode::probe::run_inside(&args)),
+        Command::CanaryInside { ctx, ids } => exit(sealnode::canary::inside::main(&ctx, &ids)),
+        Command::Canary { config, role, json, matrix } => {
+            let inv = Invoker::current();
+            let roles: Vec<Role> = role.map(|r| vec![r]).unwrap_or_else(|| Role::ALL.to_vec());
+            let cfg = match Config::load(&config, &inv) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("sealnode: {e}");
+                    return exit(SETUP_FAILED);
+                }
+            };
+            if matrix {
+                match sealnode::canary::matrix(&cfg, &inv, &roles) {
+                    Ok(m) => {
+                        if json {
+                            println!("{}", serde_json::to_string_pretty(&m).unwrap_or_default());
+                        } else {
+                            print!("{}", sealnode::canary::render_matrix(&m));
+                        }
+                        exit(if m.violations.is_empty() { 0 } else { 1 })
+                    }
+                    Err(e) => {
+                        eprintln!("sealnode: {e}");
+                        exit(SETUP_FAILED)
+                    }
+                }
+            } else {
+                match sealnode::canary::battery(&cfg, &inv, &roles, None) {
+                    Ok(r) => {
+                        if json {
+                            println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                        } else {
+                            print!("{}", sealnode::canary::render(&r));
+                        }
+                        exit(if r.passed { 0 } else { 1 })
+                    }
+                    Err(e) => {
+                        eprintln!("sealnode: {e}");
+                        exit(SETUP_FAILED)
+                    }
+                }
+            }
+        }
         Command::Doctor { config, json } => {
             let inv = Invoker::current();
             let mut min_abi = 6;

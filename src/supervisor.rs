@@ -114,6 +114,15 @@ pub fn wipe(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The cell `run` uses: both roles' ids mapped, one listener per node egress upstream.
+pub fn build_cell(cfg: &Config, inv: &Invoker) -> Result<Cell> {
+    let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, inv)).collect::<Result<_>>()?;
+    let egress: Vec<(Ipv4Addr, u16)> =
+        cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
+    let abi = crate::policy::landlock::Rules::load(&cfg.node.landlock)?.min_abi;
+    Cell::create(&ids, inv.rootful(), &egress, abi)
+}
+
 impl Supervisor {
     /// Create the cell and the event loop. Nothing runs yet.
     pub fn new(cfg: Config, inv: Invoker) -> Result<Supervisor> {
@@ -129,11 +138,7 @@ impl Supervisor {
             .add(sigfd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNAL))
             .map_err(|e| Error::errno("epoll_ctl", e))?;
 
-        let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, &inv)).collect::<Result<_>>()?;
-        let egress: Vec<(Ipv4Addr, u16)> =
-            cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
-        let abi = crate::policy::landlock::Rules::load(&cfg.node.landlock)?.min_abi;
-        let mut cell = Cell::create(&ids, inv.rootful(), &egress, abi)?;
+        let mut cell = build_cell(&cfg, &inv)?;
         let upstreams = std::mem::take(&mut cell.listeners)
             .into_iter()
             .zip(&cfg.node.egress)

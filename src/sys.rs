@@ -302,3 +302,38 @@ pub fn rearm_pdeathsig(sync: RawFd) -> Result<(), Errno> {
     }
     Ok(())
 }
+
+/// An argument of a raw system call made by the canary: an integer, or a buffer the kernel may
+/// read or write (C strings include their NUL).
+pub enum Arg<'a> {
+    I(u64),
+    B(&'a mut [u8]),
+}
+
+/// A raw system call with up to six integer-or-buffer arguments (canary attempts).
+pub fn syscall_args(nr: libc::c_long, args: [Arg<'_>; 6]) -> Result<i64, Errno> {
+    let mut v = [0u64; 6];
+    for (slot, a) in v.iter_mut().zip(args) {
+        *slot = match a {
+            Arg::I(i) => i,
+            Arg::B(b) => b.as_mut_ptr() as u64,
+        };
+    }
+    // SAFETY: every pointer argument comes from a `&mut [u8]` that lives until the call
+    // returns; callers size buffers for the largest structure the kernel may write.
+    let r = unsafe { libc::syscall(nr, v[0], v[1], v[2], v[3], v[4], v[5]) };
+    Errno::result(r)
+}
+
+/// Execute `int $0x80` (the i386 system call gate) with eax = `nr`; returns eax.
+#[cfg(target_arch = "x86_64")]
+pub fn int80(nr: u32) -> i64 {
+    let mut eax: u64 = nr as u64;
+    // SAFETY: an i386 system call with no pointer arguments; rax is in/out and the kernel
+    // preserves every other register (r8-r11 are declared clobbered to be safe). Under
+    // sealnode's filters the process is killed before the call runs (architecture pinned).
+    unsafe {
+        std::arch::asm!("int 0x80", inout("rax") eax, out("r8") _, out("r9") _, out("r10") _, out("r11") _);
+    }
+    eax as i64
+}

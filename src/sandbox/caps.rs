@@ -51,3 +51,15 @@ pub fn drop_all() -> Result<(), Errno> {
     }
     Ok(())
 }
+
+/// The layer matrix's "credentials off": keep every capability of the sandbox's user
+/// namespace across execve (inheritable + ambient). Never used outside the matrix.
+pub fn keep_all_across_exec() -> Result<(), Errno> {
+    let permitted = caps::read(None, CapSet::Permitted).map_err(caps_err)?;
+    caps::set(None, CapSet::Effective, &permitted).map_err(caps_err)?;
+    caps::set(None, CapSet::Inheritable, &permitted).map_err(caps_err)?;
+    for c in permitted {
+        caps::raise(None, CapSet::Ambient, c).map_err(caps_err)?;
+    }
+    Ok(())
+}

@@ -67,10 +67,13 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Enter the new root and detach the host's; the root tmpfs itself becomes read-only.
     must(fds, Stage::PivotRoot, 0, mounts::pivot(&std::ffi::CString::new(NEWROOT).unwrap_or_default(), &plan.workdir));
     // A new netns starts with lo down; bring it up while CAP_NET_ADMIN (cell userns) is held.
-    must(fds, Stage::LoopbackUp, 0, sys::loopback_up());
+    if plan.layers.namespaces {
+        must(fds, Stage::LoopbackUp, 0, sys::loopback_up());
+    }
     // The cell's own hostname (UTS namespace), while CAP_SYS_ADMIN is held.
     must(fds, Stage::Hostname, 0, sethostname(plan.hostname.to_str().unwrap_or("sealnode")));
     // Pid 1 stays behind as a minimal init (reaps, forwards signals); the workload is its child.
+    let init_pid = nix::unistd::getpid();
     let forked = must(fds, Stage::ForkWorkload, 0, fork_workload());
     if let ForkResult::Parent { child } = forked {
         init::run(plan, child, fds);
@@ -84,15 +87,24 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Become the role's gid then uid (rootful: its own host uid; rootless: the invoking uid).
     must(fds, Stage::Credentials, 0, caps::set_ids(plan.ids));
     // The credential change cleared PDEATHSIG: re-arm it, then make sure init is still our parent.
-    must(fds, Stage::RearmParentDeath, 0, rearm_parent_death());
+    must(fds, Stage::RearmParentDeath, 0, rearm_parent_death(init_pid));
     // All five capability sets emptied (bounding first), no_new_privs set, result verified.
-    must(fds, Stage::DropCapabilities, 0, caps::drop_all());
+    if plan.layers.credentials {
+        must(fds, Stage::DropCapabilities, 0, caps::drop_all());
+    } else {
+        // Layer matrix only: keep every capability across exec.
+        must(fds, Stage::DropCapabilities, 1, caps::keep_all_across_exec());
+    }
     // Nothing but stdio may cross into the workload (the error pipe closes at exec).
     must(fds, Stage::CloseFds, 0, sys::cloexec_from(3));
     // Landlock after pivot_root (rules name the sandbox's paths) and before seccomp (needs its syscalls).
-    must(fds, Stage::Landlock, 0, landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));
+    if plan.layers.landlock {
+        must(fds, Stage::Landlock, 0, landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));
+    }
     // Seccomp last: from here on only the role's allowlist, which must include execve.
-    must(fds, Stage::Seccomp, 0, seccomp::install(&plan.seccomp));
+    if plan.layers.seccomp {
+        must(fds, Stage::Seccomp, 0, seccomp::install(&plan.seccomp));
+    }
     // Exec with the explicit environment; EOF on the error pipe tells the parent it happened.
     let errno = exec(plan);
     fail(fds, Stage::Exec, 0, errno)
@@ -111,10 +123,10 @@ fn fork_workload() -> Result<ForkResult, Errno> {
     unsafe { fork() }
 }
 
-fn rearm_parent_death() -> Result<(), Errno> {
+fn rearm_parent_death(init: nix::unistd::Pid) -> Result<(), Errno> {
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
-    // Our parent is the namespace's init (pid 1); anything else means it died already.
-    if nix::unistd::getppid().as_raw() != 1 {
+    // Our parent is the sandbox's init (pid 1 of the namespace); anything else means it died.
+    if nix::unistd::getppid() != init {
         return Err(Errno::ESRCH);
     }
     Ok(())

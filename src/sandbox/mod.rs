@@ -8,6 +8,6 @@ pub mod plan;
 pub mod spawn;
 pub mod stage;
 
-pub use plan::{Plan, Program};
+pub use plan::{Layers, Plan, Program};
 pub use spawn::{run_to_exit, spawn, spawn_in, Sandbox};
 pub use stage::{Stage, SETUP_FAILED};

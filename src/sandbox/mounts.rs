@@ -161,7 +161,11 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
         }
         Mount::Freeze { dst } => sys::mount_setattr(dst, MOUNT_ATTR_RDONLY, false),
         Mount::Sysctl { dst, value } => {
-            let fd = nix::fcntl::open(dst.as_c_str(), nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC, Mode::empty())?;
+            let fd = nix::fcntl::open(
+                dst.as_c_str(),
+                nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
             use std::os::fd::AsRawFd;
             sys::write_all(fd.as_raw_fd(), value)
         }

@@ -38,6 +38,11 @@ pub const SYSTEM_RO: &[&str] = &[
     "/sys/devices/system/cpu/online",   // CPU count
 ];
 
+/// System directories the canary tries to create files in (empty on Debian). With the
+/// namespaces layer on they are inside read-only binds (or absent); in the layer matrix's
+/// namespaces-off columns they are covered by a mode 0555 tmpfs.
+pub const MATRIX_WRITE_TARGETS: &[&str] = &["/usr/local/src", "/etc/opt"];
+
 /// Device nodes every role gets.
 pub const BASE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
 
@@ -119,9 +124,30 @@ pub enum Program {
     Verified(std::os::fd::OwnedFd),
 }
 
+/// Which confinement layers a sandbox gets. Every real sandbox gets all of them; the canary's
+/// layer matrix turns all but one off to show what each layer stops on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Layers {
+    pub seccomp: bool,
+    pub landlock: bool,
+    /// Private root, masked /proc, own pid and net namespaces. When off (matrix only), the
+    /// sandbox still gets user, mount, uts and ipc namespaces and sees the host's root
+    /// read-only, so nothing it tries can change the host.
+    pub namespaces: bool,
+    /// Every capability dropped, no_new_privs. (The role uid/gid is always set: uid 0 is
+    /// never mapped. When off, the matrix keeps all capabilities across exec instead.)
+    pub credentials: bool,
+}
+
+impl Layers {
+    pub const ALL: Layers = Layers { seccomp: true, landlock: true, namespaces: true, credentials: true };
+    pub const NONE: Layers = Layers { seccomp: false, landlock: false, namespaces: false, credentials: false };
+}
+
 /// Everything the child needs.
 #[derive(Debug)]
 pub struct Plan {
+    pub layers: Layers,
     pub role: Role,
     pub ids: Ids,
     pub rootful: bool,
@@ -215,6 +241,18 @@ impl Plan {
         inv: &Invoker,
         argv: Option<Vec<String>>,
         program: Option<Program>,
+    ) -> Result<Plan> {
+        Plan::build_layers(cfg, role, inv, argv, program, Layers::ALL)
+    }
+
+    /// [`Plan::build`] with some layers off (the canary's layer matrix only).
+    pub fn build_layers(
+        cfg: &Config,
+        role: Role,
+        inv: &Invoker,
+        argv: Option<Vec<String>>,
+        program: Option<Program>,
+        layers: Layers,
     ) -> Result<Plan> {
         let r = cfg.role(role);
         let ids = cfg.role_ids(role, inv)?;
@@ -373,13 +411,44 @@ impl Plan {
             }
         };
         let l = &r.rlimits;
+        let (mounts, workdir) = if layers.namespaces {
+            (mounts, cstr(INSIDE_SCRATCH)?)
+        } else {
+            // Matrix only: the host's whole tree, read-only, as the root, so nothing the probe
+            // tries can change the host. The canary's write and exec targets get throwaway
+            // tmpfs mounts, so each remaining layer's own refusal stays observable: the
+            // scratch dir writable and executable, the other targets mode 0555.
+            let mut host = vec![Mount::Bind {
+                src: cstr("/")?,
+                dst: cstr(NEWROOT)?,
+                dir: true,
+                attrs: RDONLY | NOSUID | NODEV,
+                check: None,
+                nofollow: false,
+            }];
+            let mut targets = vec![(r.scratch.clone(), "mode=1777")];
+            for t in MATRIX_WRITE_TARGETS.iter().map(PathBuf::from).chain(r.models.clone()) {
+                targets.push((t, "mode=0555"));
+            }
+            for (t, mode) in targets {
+                if t.is_dir() {
+                    host.push(Mount::Tmpfs {
+                        dst: under_root(&t)?,
+                        opts: cstr(format!("size=16m,{mode}"))?,
+                        attrs: NOSUID | NODEV,
+                    });
+                }
+            }
+            (host, cstr("/")?)
+        };
         Ok(Plan {
+            layers,
             role,
             ids,
             rootful: inv.rootful(),
             hostname: cstr(&cfg.cell.hostname)?,
             mounts,
-            workdir: cstr(INSIDE_SCRATCH)?,
+            workdir,
             rlimits: vec![
                 (nix::sys::resource::Resource::RLIMIT_CORE, 0),
                 (nix::sys::resource::Resource::RLIMIT_NOFILE, l.nofile),

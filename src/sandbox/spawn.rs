@@ -20,6 +20,11 @@ use crate::sys;
 pub const ROLE_NAMESPACES: libc::c_int =
     libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
 
+/// The canary matrix's "namespaces off" columns: still private user, mount, uts and ipc
+/// namespaces (so nothing the probe tries touches the host), but the host's pid and net.
+pub const MATRIX_NAMESPACES: libc::c_int =
+    libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
+
 /// All namespaces of a standalone sandbox (`exec`): the role's own plus user and net.
 pub const NAMESPACES: libc::c_int = ROLE_NAMESPACES | libc::CLONE_NEWUSER | libc::CLONE_NEWNET;
 
@@ -106,8 +111,9 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     let pid = match cell {
         Some(cell) => clone_into_cell(cell, plan, fds)?,
         None => {
+            let flags = if plan.layers.namespaces { NAMESPACES } else { MATRIX_NAMESPACES };
             // SAFETY: the launcher is single-threaded (no thread is ever started before this point).
-            let pid = unsafe { sys::clone_fork(NAMESPACES) }.map_err(clone_error)?;
+            let pid = unsafe { sys::clone_fork(flags) }.map_err(clone_error)?;
             if pid == 0 {
                 child_main(plan, fds);
             }

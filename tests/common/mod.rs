@@ -95,7 +95,10 @@ pub fn repo() -> PathBuf {
 
 impl Fixture {
     pub fn new(mode: Mode, name: &str) -> Fixture {
-        let base = std::env::temp_dir().join(format!("sealnode-it-{}-{name}-{:?}", std::process::id(), mode));
+        // Not under /tmp: the roles' Landlock rules grant their own /tmp, and the canary's
+        // layer matrix (namespaces off) would then see host paths under /tmp as granted.
+        let base =
+            std::path::Path::new("/var/tmp").join(format!("sealnode-it-{}-{name}-{:?}", std::process::id(), mode));
         let _ = std::fs::remove_dir_all(&base);
         mkdir(&base, 0o755, None);
         let (eo, no) = match mode {

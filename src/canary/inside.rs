@@ -1,0 +1,613 @@
+//! The canary's attempts, executed inside a role's sandbox (by sealnode re-executed from its
+//! sealed in-memory copy). Each attempt runs in a forked child, so one that succeeds (chroot,
+//! unshare, mount) or gets the process killed (int 0x80) cannot affect the next. Attempts are
+//! harmless if they succeed: writes go to fresh files that are removed, mounts happen in the
+//! sandbox's own mount namespace, signals are signal 0, ptrace uses PTRACE_SEIZE + DETACH.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use nix::errno::Errno;
+use serde::{Deserialize, Serialize};
+
+use crate::sys::{syscall_args, Arg};
+
+/// What the runner tells the inside about the world.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Ctx {
+    pub role: String,
+    /// A writable directory of the role (its scratch).
+    pub scratch: String,
+    /// The model directory as the role would see it (engine).
+    pub models: String,
+    /// A TCP listener on the host's 127.0.0.1.
+    pub host_port: u16,
+    /// An abstract unix socket listening on the host.
+    pub host_abstract: String,
+    /// Paths only the other role (or only the host) should see.
+    pub foreign_paths: Vec<String>,
+    /// The config file's host path.
+    pub config_path: String,
+    pub engine_port: u16,
+    /// Cell-local egress listeners (node upstreams), as ip:port.
+    pub egress: Vec<String>,
+    /// A port nobody may bind.
+    pub free_port: u16,
+    /// Environment variable names the role is expected to have.
+    pub expected_env: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The operation succeeded (for a fact: the fact is violated).
+    pub ok: bool,
+    pub errno: Option<i32>,
+    /// The attempt's process was killed by this signal.
+    pub signal: Option<i32>,
+}
+
+fn c(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+type R = Result<(), Errno>;
+
+fn sc(nr: libc::c_long, args: [Arg<'_>; 6]) -> R {
+    syscall_args(nr, args).map(drop)
+}
+
+fn i(v: impl TryInto<u64>) -> Arg<'static> {
+    Arg::I(v.try_into().unwrap_or(u64::MAX))
+}
+
+const Z: Arg<'static> = Arg::I(0);
+
+fn fact(violated: bool) -> R {
+    if violated {
+        Ok(())
+    } else {
+        Err(Errno::UnknownErrno)
+    }
+}
+
+fn open_path(path: &str, flags: libc::c_int, mode: u32) -> Result<i32, Errno> {
+    let mut p = c(path);
+    syscall_args(libc::SYS_openat, [i(libc::AT_FDCWD as i64 as u64), Arg::B(&mut p), i(flags), i(mode), Z, Z])
+        .map(|fd| fd as i32)
+}
+
+/// Read some bytes from a path: ok only if data came back (a masked file reads nothing).
+fn read_some(path: &str) -> R {
+    let fd = open_path(path, libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+    let mut b = [0u8; 64];
+    let n = nix::unistd::read(unsafe_borrow(fd), &mut b)?;
+    if n > 0 {
+        Ok(())
+    } else {
+        Err(Errno::ENODATA)
+    }
+}
+
+fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the attempt's child owns this fd until it exits right after the attempt.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}
+
+/// Create a fresh file in `dir` and remove it again.
+fn create_in(dir: &str) -> R {
+    let path = format!("{dir}/.sealnode-canary-{}", std::process::id());
+    let fd = open_path(&path, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC, 0o600)?;
+    let _ = nix::unistd::close(fd);
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+fn status_field(name: &str) -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(name).map(|v| v.trim_start_matches(':').trim().to_string()))
+        .unwrap_or_default()
+}
+
+fn connect_tcp(addr: &str) -> R {
+    std::net::TcpStream::connect(addr).map(drop).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+}
+
+/// The sandbox's init (the probe's parent): the target of the cross-process attempts. Not
+/// the attempt's own parent, which is the probe itself (same process tree, same domain).
+static INIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+
+fn ppid() -> u64 {
+    INIT.get().copied().unwrap_or(1) as u64
+}
+
+/// Visible pids that are not this attempt's own process tree (init, the probe, itself).
+fn foreign_pids() -> Vec<i32> {
+    let own = [1, nix::unistd::getpid().as_raw(), nix::unistd::getppid().as_raw()];
+    let grand = std::fs::read_to_string(format!("/proc/{}/stat", own[2])).ok().and_then(|s| {
+        s.rsplit_once(") ").and_then(|(_, r)| r.split_whitespace().nth(1).and_then(|p| p.parse::<i32>().ok()))
+    });
+    std::fs::read_dir("/proc")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| !own.contains(p) && Some(*p) != grand)
+        .collect()
+}
+
+/// Run one attempt (in the forked child).
+fn run(id: &str, ctx: &Ctx) -> R {
+    let scratch = ctx.scratch.as_str();
+    match id {
+        // ---- credentials and capabilities ----
+        "caps_all_zero" => fact(
+            ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"].iter().any(|k| status_field(k) != "0000000000000000"),
+        ),
+        "no_new_privs" => fact(status_field("NoNewPrivs") != "1"),
+        "uid_not_root" => fact(nix::unistd::getuid().is_root() || nix::unistd::geteuid().is_root()),
+        "setuid_root" => sc(libc::SYS_setuid, [Z, Z, Z, Z, Z, Z]),
+        "setgid_root" => sc(libc::SYS_setgid, [Z, Z, Z, Z, Z, Z]),
+        "setgroups_root" => {
+            let mut g = 0u32.to_ne_bytes();
+            sc(libc::SYS_setgroups, [i(1u64), Arg::B(&mut g), Z, Z, Z, Z])
+        }
+        "capset_raise" => {
+            // _LINUX_CAPABILITY_VERSION_3 header, then two data structs with every bit set.
+            let mut hdr = [0u8; 8];
+            hdr[..4].copy_from_slice(&0x2008_0522u32.to_ne_bytes());
+            let mut data = [0xffu8; 24];
+            sc(libc::SYS_capset, [Arg::B(&mut hdr), Arg::B(&mut data), Z, Z, Z, Z])
+        }
+        "ambient_raise" => sc(
+            libc::SYS_prctl,
+            [i(libc::PR_CAP_AMBIENT), i(libc::PR_CAP_AMBIENT_RAISE), i(12u64 /* CAP_NET_ADMIN */), Z, Z, Z],
+        ),
+        "securebits" => sc(libc::SYS_prctl, [i(libc::PR_SET_SECUREBITS), i(0x2fu64), Z, Z, Z, Z]),
+        // ---- namespaces ----
+        "unshare_user" => sc(libc::SYS_unshare, [i(libc::CLONE_NEWUSER), Z, Z, Z, Z, Z]),
+        "unshare_net" => sc(libc::SYS_unshare, [i(libc::CLONE_NEWNET), Z, Z, Z, Z, Z]),
+        "unshare_mount" => sc(libc::SYS_unshare, [i(libc::CLONE_NEWNS), Z, Z, Z, Z, Z]),
+        "unshare_pid" => sc(libc::SYS_unshare, [i(libc::CLONE_NEWPID), Z, Z, Z, Z, Z]),
+        "clone_newuser" => {
+            match syscall_args(libc::SYS_clone, [i((libc::CLONE_NEWUSER | libc::SIGCHLD) as u64), Z, Z, Z, Z, Z]) {
+                Ok(0) => crate::sys::exit_now(0),
+                Ok(pid) => {
+                    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        "clone3_newuser" => {
+            let mut args = [0u8; 88];
+            args[..8].copy_from_slice(&(libc::CLONE_NEWUSER as u64).to_ne_bytes());
+            args[32..40].copy_from_slice(&(libc::SIGCHLD as u64).to_ne_bytes());
+            match syscall_args(libc::SYS_clone3, [Arg::B(&mut args), i(88u64), Z, Z, Z, Z]) {
+                Ok(0) => crate::sys::exit_now(0),
+                Ok(pid) => {
+                    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        "setns_net" => {
+            let fd = open_path("/proc/self/ns/net", libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+            sc(libc::SYS_setns, [i(fd as u64), i(libc::CLONE_NEWNET), Z, Z, Z, Z])
+        }
+        // ---- filesystem ----
+        "read_host_shadow" => read_some("/etc/shadow"),
+        "list_root_home" => {
+            std::fs::read_dir("/root").map(drop).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5)))
+        }
+        "read_config" => read_some(&ctx.config_path),
+        "read_foreign_paths" => {
+            // Succeeds if any is readable; otherwise prefer a refusal over a mere absence.
+            let mut worst = Err(Errno::ENOENT);
+            for p in &ctx.foreign_paths {
+                let r = match std::fs::symlink_metadata(p) {
+                    Ok(m) if m.is_dir() => {
+                        std::fs::read_dir(p).map(drop).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5)))
+                    }
+                    Ok(_) => read_some(p),
+                    Err(e) => Err(Errno::from_raw(e.raw_os_error().unwrap_or(5))),
+                };
+                match r {
+                    Ok(()) => return Ok(()),
+                    Err(Errno::ENOENT) => {}
+                    Err(e) => worst = Err(e),
+                }
+            }
+            worst
+        }
+        "write_usr" => create_in(crate::sandbox::plan::MATRIX_WRITE_TARGETS[0]),
+        "write_etc" => create_in(crate::sandbox::plan::MATRIX_WRITE_TARGETS[1]),
+        "write_models" => create_in(&ctx.models),
+        "write_proc_sys" => {
+            let fd = open_path("/proc/sys/kernel/hostname", libc::O_WRONLY | libc::O_CLOEXEC, 0)?;
+            let _ = nix::unistd::close(fd);
+            Ok(())
+        }
+        "sysrq_trigger" => {
+            let fd = open_path("/proc/sysrq-trigger", libc::O_WRONLY | libc::O_CLOEXEC, 0)?;
+            let _ = nix::unistd::close(fd);
+            Ok(())
+        }
+        "read_kcore" => read_some("/proc/kcore"),
+        "exec_from_scratch" => {
+            let path = format!("{scratch}/.sealnode-canary-exec-{}", std::process::id());
+            let me = std::fs::read("/proc/self/exe").map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5)))?;
+            let fd = open_path(&path, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_CLOEXEC, 0o755)?;
+            let mut f = std::fs::File::from(unsafe_owned(fd));
+            let _ = f.write_all(&me);
+            drop(f);
+            let r = nix::unistd::execv(
+                &std::ffi::CString::new(path.clone()).unwrap_or_default(),
+                &[c"sealnode", c"--version"],
+            );
+            let _ = std::fs::remove_file(&path);
+            r.map(drop)
+        }
+        "symlink_escape" => {
+            let link = format!("{scratch}/.sealnode-canary-link-{}", std::process::id());
+            let (mut t, mut l) = (c("/etc/shadow"), c(&link));
+            let r = sc(libc::SYS_symlinkat, [Arg::B(&mut t), i(libc::AT_FDCWD as i64 as u64), Arg::B(&mut l), Z, Z, Z])
+                .and_then(|()| read_some(&link));
+            let _ = std::fs::remove_file(&link);
+            r
+        }
+        "hardlink_escape" => {
+            let link = format!("{scratch}/.sealnode-canary-hard-{}", std::process::id());
+            let (mut t, mut l) = (c("/etc/hostname"), c(&link));
+            let fdcwd = libc::AT_FDCWD as i64 as u64;
+            let r = sc(libc::SYS_linkat, [i(fdcwd), Arg::B(&mut t), i(fdcwd), Arg::B(&mut l), Z, Z]);
+            let _ = std::fs::remove_file(&link);
+            r
+        }
+        "mknod_device" => {
+            let path = format!("{scratch}/.sealnode-canary-null-{}", std::process::id());
+            let mut p = c(&path);
+            let dev = libc::makedev(1, 3);
+            let r = sc(
+                libc::SYS_mknodat,
+                [i(libc::AT_FDCWD as i64 as u64), Arg::B(&mut p), i(libc::S_IFCHR | 0o666), i(dev), Z, Z],
+            );
+            let _ = std::fs::remove_file(&path);
+            r
+        }
+        "open_dev_mem" => open_path("/dev/mem", libc::O_RDONLY | libc::O_CLOEXEC, 0).map(drop),
+        "open_by_handle_at" => {
+            let mut handle = [0u8; 136];
+            handle[..4].copy_from_slice(&128u32.to_ne_bytes());
+            sc(
+                libc::SYS_open_by_handle_at,
+                [i(libc::AT_FDCWD as i64 as u64), Arg::B(&mut handle), i(libc::O_RDONLY), Z, Z, Z],
+            )
+        }
+        "proc_parent_root" => read_some(&format!("/proc/{}/root/etc/hostname", ppid())),
+        "mount_tmpfs" => {
+            let (mut src, mut dst, mut fs) = (c("none"), c(scratch), c("tmpfs"));
+            let r = sc(libc::SYS_mount, [Arg::B(&mut src), Arg::B(&mut dst), Arg::B(&mut fs), Z, Z, Z]);
+            if r.is_ok() {
+                let _ = nix::mount::umount2(scratch, nix::mount::MntFlags::MNT_DETACH);
+            }
+            r
+        }
+        "fsopen" => {
+            let mut fs = c("tmpfs");
+            sc(libc::SYS_fsopen, [Arg::B(&mut fs), Z, Z, Z, Z, Z])
+        }
+        "open_tree" => {
+            let mut p = c("/");
+            sc(
+                libc::SYS_open_tree,
+                [i(libc::AT_FDCWD as i64 as u64), Arg::B(&mut p), i(1u64 /* OPEN_TREE_CLONE */), Z, Z, Z],
+            )
+        }
+        "move_mount" => {
+            let (mut a, mut b) = (c(""), c(scratch));
+            sc(
+                libc::SYS_move_mount,
+                [i(u64::MAX), Arg::B(&mut a), i(libc::AT_FDCWD as i64 as u64), Arg::B(&mut b), i(4u64), Z],
+            )
+        }
+        "mount_setattr" => {
+            // Clear MOUNT_ATTR_RDONLY on /.
+            let mut p = c("/");
+            let mut attr = [0u8; 32];
+            attr[8..16].copy_from_slice(&1u64.to_ne_bytes());
+            sc(
+                libc::SYS_mount_setattr,
+                [i(libc::AT_FDCWD as i64 as u64), Arg::B(&mut p), Z, Arg::B(&mut attr), i(32u64), Z],
+            )
+        }
+        "umount_mask" => {
+            let mut p = c("/proc/kcore");
+            sc(libc::SYS_umount2, [Arg::B(&mut p), i(libc::MNT_DETACH), Z, Z, Z, Z])
+        }
+        "chroot" => {
+            let mut p = c(scratch);
+            sc(libc::SYS_chroot, [Arg::B(&mut p), Z, Z, Z, Z, Z])
+        }
+        "pivot_root" => {
+            let _ = std::env::set_current_dir(scratch);
+            let (mut a, mut b) = (c("."), c("."));
+            sc(libc::SYS_pivot_root, [Arg::B(&mut a), Arg::B(&mut b), Z, Z, Z, Z])
+        }
+        // ---- kernel attack surface ----
+        "bpf_map_create" => {
+            let mut attr = [0u8; 72];
+            attr[..4].copy_from_slice(&2u32.to_ne_bytes()); // BPF_MAP_TYPE_ARRAY
+            attr[4..8].copy_from_slice(&4u32.to_ne_bytes());
+            attr[8..12].copy_from_slice(&4u32.to_ne_bytes());
+            attr[12..16].copy_from_slice(&1u32.to_ne_bytes());
+            sc(libc::SYS_bpf, [Z, Arg::B(&mut attr), i(72u64), Z, Z, Z])
+        }
+        "perf_event_open" => {
+            // PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK, counting the kernel too.
+            let mut attr = [0u8; 128];
+            attr[..4].copy_from_slice(&1u32.to_ne_bytes());
+            attr[4..8].copy_from_slice(&128u32.to_ne_bytes());
+            sc(libc::SYS_perf_event_open, [Arg::B(&mut attr), Z, i(u64::MAX), i(u64::MAX), Z, Z])
+        }
+        "userfaultfd" => sc(libc::SYS_userfaultfd, [i(libc::O_CLOEXEC), Z, Z, Z, Z, Z]),
+        "io_uring_setup" => {
+            let mut params = [0u8; 120];
+            sc(libc::SYS_io_uring_setup, [i(1u64), Arg::B(&mut params), Z, Z, Z, Z])
+        }
+        "keyctl_session" => sc(libc::SYS_keyctl, [i(1u64 /* KEYCTL_JOIN_SESSION_KEYRING */), Z, Z, Z, Z, Z]),
+        "add_key" => {
+            let (mut t, mut d, mut p) = (c("user"), c("sealnode-canary"), c("x"));
+            sc(
+                libc::SYS_add_key,
+                [Arg::B(&mut t), Arg::B(&mut d), Arg::B(&mut p), i(1u64), i(-2i64 as u64 /* process keyring */), Z],
+            )
+        }
+        "init_module" => {
+            let mut params = c("");
+            sc(libc::SYS_init_module, [Z, Z, Arg::B(&mut params), Z, Z, Z])
+        }
+        "finit_module" => {
+            let mut params = c("");
+            sc(libc::SYS_finit_module, [i(u64::MAX), Arg::B(&mut params), Z, Z, Z, Z])
+        }
+        "delete_module" => {
+            let mut name = c("sealnode_canary_none");
+            sc(libc::SYS_delete_module, [Arg::B(&mut name), Z, Z, Z, Z, Z])
+        }
+        "kexec_load" => sc(libc::SYS_kexec_load, [Z, Z, Z, Z, Z, Z]),
+        "kexec_file_load" => {
+            sc(libc::SYS_kexec_file_load, [i(u64::MAX), i(u64::MAX), Z, Z, i(4u64 /* NO_INITRAMFS */), Z])
+        }
+        "personality" => sc(libc::SYS_personality, [i(0x0040_0000u64 /* READ_IMPLIES_EXEC */), Z, Z, Z, Z, Z]),
+        "syslog_read" => {
+            let mut buf = [0u8; 256];
+            sc(libc::SYS_syslog, [i(3u64 /* READ_ALL */), Arg::B(&mut buf), i(256u64), Z, Z, Z])
+        }
+        #[cfg(target_arch = "x86_64")]
+        "iopl" => sc(libc::SYS_iopl, [i(3u64), Z, Z, Z, Z, Z]),
+        #[cfg(target_arch = "x86_64")]
+        "ioperm" => sc(libc::SYS_ioperm, [i(0x80u64), i(1u64), i(1u64), Z, Z, Z]),
+        "reboot" => sc(libc::SYS_reboot, [i(0xfee1_deadu64), i(0u64 /* bad magic2 */), Z, Z, Z, Z]),
+        "swapon" => {
+            let mut p = c("/nonexistent-swap");
+            sc(libc::SYS_swapon, [Arg::B(&mut p), Z, Z, Z, Z, Z])
+        }
+        "ptrace_parent" => {
+            let r = sc(libc::SYS_ptrace, [i(libc::PTRACE_SEIZE as u64), i(ppid()), Z, Z, Z, Z]);
+            if r.is_ok() {
+                let _ = sc(libc::SYS_ptrace, [i(libc::PTRACE_DETACH as u64), i(ppid()), Z, Z, Z, Z]);
+            }
+            r
+        }
+        "process_vm_readv_parent" => {
+            // Read 8 bytes of the parent at an address of ours (same binary, same layout).
+            let mut local = [0u8; 8];
+            let mut remote_target = [0u8; 8];
+            let addr = remote_target.as_mut_ptr() as u64;
+            let mut liov = [0u8; 16];
+            liov[..8].copy_from_slice(&(local.as_mut_ptr() as u64).to_ne_bytes());
+            liov[8..].copy_from_slice(&8u64.to_ne_bytes());
+            let mut riov = [0u8; 16];
+            riov[..8].copy_from_slice(&addr.to_ne_bytes());
+            riov[8..].copy_from_slice(&8u64.to_ne_bytes());
+            sc(libc::SYS_process_vm_readv, [i(ppid()), Arg::B(&mut liov), i(1u64), Arg::B(&mut riov), i(1u64), Z])
+        }
+        "pidfd_getfd_parent" => {
+            let pidfd = syscall_args(libc::SYS_pidfd_open, [i(ppid()), Z, Z, Z, Z, Z])?;
+            sc(libc::SYS_pidfd_getfd, [i(pidfd as u64), Z, Z, Z, Z, Z])
+        }
+        // ---- tty injection (stdin is a pty the runner owns) ----
+        "tiocsti" => {
+            let mut ch = [b'#'];
+            sc(libc::SYS_ioctl, [Z, i(libc::TIOCSTI), Arg::B(&mut ch), Z, Z, Z])
+        }
+        "tiocsti_high_bits" => {
+            let mut ch = [b'#'];
+            sc(libc::SYS_ioctl, [Z, i(0xdead_0000_0000_0000 | libc::TIOCSTI), Arg::B(&mut ch), Z, Z, Z])
+        }
+        "tioclinux" => {
+            let mut sub = [2u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]; // TIOCL_SETSEL
+            sc(libc::SYS_ioctl, [Z, i(libc::TIOCLINUX), Arg::B(&mut sub), Z, Z, Z])
+        }
+        // ---- compat syscall entry points ----
+        #[cfg(target_arch = "x86_64")]
+        "int80_getpid" => {
+            let r = crate::sys::int80(20);
+            if r > 0 {
+                Ok(())
+            } else {
+                Err(Errno::from_raw(-r as i32))
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        "x32_getpid" => sc(39 | 0x4000_0000, [Z, Z, Z, Z, Z, Z]),
+        // ---- sockets ----
+        "socket_raw" => sock(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP),
+        "socket_packet" => sock(libc::AF_PACKET, libc::SOCK_RAW, 0),
+        "socket_netlink" => sock(libc::AF_NETLINK, libc::SOCK_RAW, 0),
+        "socket_alg" => sock(libc::AF_ALG, libc::SOCK_SEQPACKET, 0),
+        "socket_vsock" => sock(libc::AF_VSOCK, libc::SOCK_STREAM, 0),
+        "socket_pfkey" => sock(libc::AF_KEY, libc::SOCK_RAW, 2 /* PF_KEY_V2 */),
+        "socket_autoload" => sock(libc::AF_APPLETALK, libc::SOCK_DGRAM, 0),
+        // ---- network ----
+        "interfaces_only_lo" => {
+            let names: Vec<String> = std::fs::read_to_string("/proc/self/net/dev")
+                .unwrap_or_default()
+                .lines()
+                .skip(2)
+                .filter_map(|l| l.split(':').next().map(|n| n.trim().to_string()))
+                .collect();
+            fact(names.iter().any(|n| n != "lo"))
+        }
+        "host_loopback_service" => connect_tcp(&format!("127.0.0.1:{}", ctx.host_port)),
+        "host_abstract_socket" => {
+            use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+            use std::os::fd::AsRawFd;
+            let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+            connect(fd.as_raw_fd(), &UnixAddr::new_abstract(ctx.host_abstract.as_bytes())?)
+        }
+        "bind_other_port" => std::net::TcpListener::bind(("127.0.0.1", ctx.free_port))
+            .map(drop)
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5))),
+        "engine_connect" => connect_tcp(&format!("127.0.0.1:{}", ctx.engine_port)),
+        "engine_to_egress" => match ctx.egress.first() {
+            Some(a) => connect_tcp(a),
+            None => connect_tcp(&format!("127.0.0.2:{}", ctx.host_port)),
+        },
+        // ---- the other role ----
+        "see_foreign_processes" => fact(!foreign_pids().is_empty()),
+        "signal_foreign_processes" => {
+            let pids = foreign_pids();
+            if pids.is_empty() {
+                return Err(Errno::ESRCH);
+            }
+            let mut last = Err(Errno::ESRCH);
+            for p in pids {
+                last = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None);
+                if last.is_ok() {
+                    return last;
+                }
+            }
+            last
+        }
+        // ---- resources ----
+        "core_dumps_off" => fact(
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_CORE).map(|l| l.1 != 0).unwrap_or(true),
+        ),
+        "rlimits_finite" => {
+            use nix::sys::resource::{getrlimit, Resource};
+            let inf = libc::RLIM_INFINITY;
+            fact(
+                [Resource::RLIMIT_NOFILE, Resource::RLIMIT_NPROC, Resource::RLIMIT_FSIZE]
+                    .iter()
+                    .any(|r| getrlimit(*r).map(|l| l.1 == inf).unwrap_or(true)),
+            )
+        }
+        "raise_hard_rlimit" => {
+            use nix::sys::resource::{getrlimit, setrlimit, Resource};
+            let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+            setrlimit(Resource::RLIMIT_NOFILE, hard.saturating_add(1), hard.saturating_add(1))
+        }
+        // ---- what the launcher hands over ----
+        "fds_beyond_stdio" => fact(inherited_fds() > 0),
+        "unexpected_env" => fact(std::env::vars().any(|(k, _)| !ctx.expected_env.contains(&k))),
+        "proxy_env" => fact(std::env::vars().any(|(k, _)| crate::config::is_proxy_var(&k))),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+fn unsafe_owned(fd: i32) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fd was just returned by open and nothing else owns it.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
+fn sock(dom: libc::c_int, ty: libc::c_int, proto: libc::c_int) -> R {
+    let fd = syscall_args(libc::SYS_socket, [i(dom), i(ty | libc::SOCK_CLOEXEC), i(proto), Z, Z, Z])?;
+    let _ = nix::unistd::close(fd as i32);
+    Ok(())
+}
+
+/// Fds open in the probe at start besides stdio (counted once, before any attempt runs).
+static INHERITED: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn inherited_fds() -> usize {
+    *INHERITED.get().unwrap_or(&0)
+}
+
+fn count_fds() -> usize {
+    // read_dir holds one fd of its own while listing.
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count().saturating_sub(4)).unwrap_or(0)
+}
+
+/// Fork, run the attempt in the child, report its outcome through a pipe.
+fn fork_attempt(id: &str, ctx: &Ctx) -> Outcome {
+    let Ok((r, w)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
+        return Outcome { ok: false, errno: Some(libc::EMFILE), signal: None };
+    };
+    // SAFETY: the probe is single-threaded; the child only runs the attempt and exits.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(r);
+            // Whatever an attempt runs must not write into the report on stdout.
+            match open_path("/dev/null", libc::O_WRONLY | libc::O_CLOEXEC, 0) {
+                Ok(null) => {
+                    let _ = nix::unistd::dup2_stdout(unsafe_borrow(null));
+                }
+                Err(_) => {
+                    let _ = nix::unistd::close(1);
+                }
+            }
+            let res = run(id, ctx);
+            let (ok, errno) = match res {
+                Ok(()) => (1u8, 0i32),
+                Err(Errno::UnknownErrno) => (0, 0),
+                Err(e) => (0, e as i32),
+            };
+            let mut rec = [0u8; 5];
+            rec[0] = ok;
+            rec[1..].copy_from_slice(&errno.to_ne_bytes());
+            use std::os::fd::AsRawFd;
+            let _ = crate::sys::write_all(w.as_raw_fd(), &rec);
+            crate::sys::exit_now(0)
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(w);
+            let mut rec = [0u8; 5];
+            use std::os::fd::AsRawFd;
+            let n = crate::sys::read_retry(r.as_raw_fd(), &mut rec).unwrap_or(0);
+            let status = nix::sys::wait::waitpid(child, None);
+            let signal = match status {
+                Ok(nix::sys::wait::WaitStatus::Signaled(_, s, _)) => Some(s as i32),
+                _ => None,
+            };
+            if n == 5 {
+                let errno = i32::from_ne_bytes([rec[1], rec[2], rec[3], rec[4]]);
+                Outcome { ok: rec[0] == 1, errno: (errno != 0).then_some(errno), signal }
+            } else {
+                Outcome { ok: false, errno: None, signal }
+            }
+        }
+        Err(e) => Outcome { ok: false, errno: Some(e as i32), signal: None },
+    }
+}
+
+/// Entry point inside the sandbox: run the listed attempts, print one JSON object
+/// {id: outcome} on stdout.
+pub fn main(ctx_json: &str, ids: &[String]) -> i32 {
+    let _ = INHERITED.set(count_fds());
+    let _ = INIT.set(nix::unistd::getppid().as_raw());
+    let Ok(ctx) = serde_json::from_str::<Ctx>(ctx_json) else { return 2 };
+    let out: BTreeMap<String, Outcome> = ids.iter().map(|id| (id.clone(), fork_attempt(id, &ctx))).collect();
+    match serde_json::to_string(&out) {
+        Ok(s) => {
+            println!("{s}");
+            0
+        }
+        Err(_) => 1,
+    }
+}

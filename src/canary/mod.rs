@@ -1,0 +1,699 @@
+//! Proof of isolation: a battery of escape attempts run inside each role's exact sandbox.
+//!
+//! [`SPECS`] lists every attempt: what it tries, which layers are expected to refuse it, and
+//! which errno means which layer refused. The inside half ([`inside`]) performs the attempts;
+//! this half classifies outcomes, runs the battery in a cell like `run` builds (preflight) or
+//! standalone per layer (the layer matrix), and renders a table or versioned JSON.
+
+pub mod inside;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+
+use serde::Serialize;
+
+use crate::cell::Cell;
+use crate::config::{Config, Invoker, Role};
+use crate::error::{Error, Result};
+use crate::sandbox::{self, Layers, Plan, Program};
+pub use inside::{Ctx, Outcome};
+
+/// Version of the canary JSON report (docs/canary.md).
+pub const SCHEMA: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    Seccomp,
+    Landlock,
+    /// Namespaces and the private mount view (absent paths, read-only and noexec mounts,
+    /// masked /proc, loopback-only network, own pid namespace, no nested user namespaces).
+    Namespaces,
+    /// Role uid/gid, no capabilities, no_new_privs (and DAC that follows from them).
+    Credentials,
+    Rlimits,
+    /// What the launcher hands over: only stdio, only the configured environment.
+    Launcher,
+    /// The host kernel's own rules, which refuse it even with every sealnode layer off and
+    /// all capabilities of the sandbox's user namespace held (init-namespace privileges,
+    /// host sysctls). Only the matrix reports it.
+    Host,
+}
+
+impl Layer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layer::Seccomp => "seccomp",
+            Layer::Landlock => "landlock",
+            Layer::Namespaces => "namespaces",
+            Layer::Credentials => "credentials",
+            Layer::Rlimits => "rlimits",
+            Layer::Launcher => "launcher",
+            Layer::Host => "host",
+        }
+    }
+}
+
+/// The layers the matrix can isolate (one column each).
+pub const MATRIX_LAYERS: [Layer; 4] = [Layer::Seccomp, Layer::Landlock, Layer::Namespaces, Layer::Credentials];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Roles {
+    Both,
+    Engine,
+    Node,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    pub id: &'static str,
+    pub category: &'static str,
+    pub what: &'static str,
+    /// Layers expected to refuse it (at least two, except the documented exceptions).
+    pub expected: &'static [Layer],
+    pub roles: Roles,
+    /// errno -> the layer that answers with it, for this attempt. Any other errno means the
+    /// call reached the kernel: the attempt was not refused. Empty for facts.
+    pub refusals: &'static [(i32, Layer)],
+    /// A fact rather than an action: "ok" means the fact is violated.
+    pub fact: bool,
+}
+
+use libc::{EACCES, ECONNREFUSED, EIO, ENETUNREACH, ENODATA, ENOENT, ENOSPC, ENOSYS, EPERM, EROFS, ESRCH, EXDEV};
+use Layer::{Credentials as C, Landlock as L, Launcher as H, Namespaces as N, Rlimits as R, Seccomp as S};
+
+const PRIV: &[(i32, Layer)] = &[(ENOSYS, S), (EPERM, C)];
+const USERNS: &[(i32, Layer)] = &[(ENOSYS, S), (ENOSPC, N), (EPERM, C)];
+const READ: &[(i32, Layer)] = &[(ENOENT, N), (ENODATA, N), (EACCES, L), (EPERM, C)];
+const WRITE: &[(i32, Layer)] = &[(EROFS, N), (ENOENT, N), (EACCES, L), (EPERM, C)];
+const SCOPE: &[(i32, Layer)] = &[(ENOSYS, S), (EPERM, L), (EACCES, L), (ESRCH, N)];
+const NET: &[(i32, Layer)] = &[(ENOSYS, S), (ECONNREFUSED, N), (ENETUNREACH, N), (EACCES, L), (EPERM, L)];
+const FACT: &[(i32, Layer)] = &[];
+
+const fn a(
+    id: &'static str,
+    category: &'static str,
+    what: &'static str,
+    expected: &'static [Layer],
+    refusals: &'static [(i32, Layer)],
+) -> Spec {
+    Spec { id, category, what, expected, roles: Roles::Both, refusals, fact: false }
+}
+const fn f(id: &'static str, category: &'static str, what: &'static str, expected: &'static [Layer]) -> Spec {
+    Spec { id, category, what, expected, roles: Roles::Both, refusals: FACT, fact: true }
+}
+const fn only(s: Spec, roles: Roles) -> Spec {
+    Spec { roles, ..s }
+}
+
+/// The battery. Attempts listed in [`SINGLE_LAYER`] cannot have two independent layers.
+pub const SPECS: &[Spec] = &[
+    // credentials and capabilities
+    f("caps_all_zero", "credentials", "any of the five capability sets non-empty", &[C]),
+    f("no_new_privs", "credentials", "no_new_privs not set", &[C, S]),
+    f("uid_not_root", "credentials", "running as uid 0", &[C, N]),
+    a("setuid_root", "credentials", "setuid(0)", &[S, C, N], &[(ENOSYS, S), (EPERM, C), (libc::EINVAL, N)]),
+    a("setgid_root", "credentials", "setgid(0)", &[S, C, N], &[(ENOSYS, S), (EPERM, C), (libc::EINVAL, N)]),
+    a("setgroups_root", "credentials", "setgroups([0])", &[S, C, N], &[(ENOSYS, S), (EPERM, C), (libc::EINVAL, N)]),
+    a("capset_raise", "credentials", "capset: raise every capability", &[S, C], PRIV),
+    a("ambient_raise", "credentials", "raise an ambient capability", &[S, C], PRIV),
+    a("securebits", "credentials", "change securebits", &[S, C], PRIV),
+    // namespaces
+    a("unshare_user", "namespaces", "unshare(CLONE_NEWUSER)", &[S, N], USERNS),
+    a("clone_newuser", "namespaces", "clone(CLONE_NEWUSER)", &[S, N], USERNS),
+    a("clone3_newuser", "namespaces", "clone3(CLONE_NEWUSER) (flags a filter cannot see)", &[S, N], USERNS),
+    a("unshare_net", "namespaces", "unshare(CLONE_NEWNET)", &[S, C], PRIV),
+    a("unshare_mount", "namespaces", "unshare(CLONE_NEWNS)", &[S, C], PRIV),
+    a("unshare_pid", "namespaces", "unshare(CLONE_NEWPID)", &[S, C], PRIV),
+    a("setns_net", "namespaces", "setns into a network namespace", &[S, C], PRIV),
+    // filesystem
+    a("read_host_shadow", "filesystem", "read /etc/shadow", &[N, C], READ),
+    a("list_root_home", "filesystem", "list /root", &[N, L, C], READ),
+    a("read_config", "filesystem", "read sealnode's config file", &[N, L], READ),
+    a("read_foreign_paths", "filesystem", "read the other role's dirs and files", &[N, L], READ),
+    a("write_usr", "filesystem", "create a file in /usr (/usr/local/src)", &[N, L, C], WRITE),
+    a("write_etc", "filesystem", "create a file in /etc (/etc/opt)", &[N, L, C], WRITE),
+    only(a("write_models", "filesystem", "create a file in the model dir", &[N, L], WRITE), Roles::Engine),
+    a("write_proc_sys", "filesystem", "open /proc/sys/kernel/hostname for writing", &[N, L, C], WRITE),
+    a("sysrq_trigger", "filesystem", "open /proc/sysrq-trigger for writing", &[N, L, C], WRITE),
+    a("read_kcore", "filesystem", "read /proc/kcore", &[N, C], READ),
+    a(
+        "exec_from_scratch",
+        "filesystem",
+        "write a program to scratch and execute it",
+        &[N, L],
+        &[(EACCES, L), (EROFS, N), (libc::ETXTBSY, N)],
+    ),
+    a(
+        "symlink_escape",
+        "filesystem",
+        "symlink /etc/shadow into scratch and read it",
+        &[S, N],
+        &[(ENOSYS, S), (ENOENT, N), (EACCES, L), (ENODATA, N)],
+    ),
+    a(
+        "hardlink_escape",
+        "filesystem",
+        "hard-link a system file into scratch",
+        &[S, N, L],
+        &[(ENOSYS, S), (EXDEV, N), (EACCES, L), (EPERM, C), (EROFS, N)],
+    ),
+    a(
+        "mknod_device",
+        "filesystem",
+        "create a device node in scratch",
+        &[S, C, L],
+        &[(ENOSYS, S), (EPERM, C), (EACCES, L), (EROFS, N)],
+    ),
+    a("open_dev_mem", "filesystem", "open /dev/mem", &[N, L, C], READ),
+    a("open_by_handle_at", "filesystem", "open_by_handle_at (the shocker escape)", &[S, C], PRIV),
+    a(
+        "proc_parent_root",
+        "filesystem",
+        "read the sandbox init's root through /proc/PID/root",
+        &[C, L],
+        &[(EACCES, L), (EPERM, C), (ENOENT, N)],
+    ),
+    a("mount_tmpfs", "filesystem", "mount(2) a tmpfs", &[S, C, L], &[(ENOSYS, S), (EPERM, C), (EACCES, L)]),
+    a("fsopen", "filesystem", "new mount API: fsopen", &[S, C], PRIV),
+    a("open_tree", "filesystem", "new mount API: open_tree(OPEN_TREE_CLONE)", &[S, C], PRIV),
+    a("move_mount", "filesystem", "new mount API: move_mount", &[S, C], PRIV),
+    a("mount_setattr", "filesystem", "clear the read-only flag of /", &[S, C], PRIV),
+    a("umount_mask", "filesystem", "unmount the /proc/kcore mask", &[S, C], PRIV),
+    a("chroot", "filesystem", "chroot", &[S, C], PRIV),
+    a("pivot_root", "filesystem", "pivot_root", &[S, C], PRIV),
+    // kernel attack surface
+    a("bpf_map_create", "kernel", "bpf(BPF_MAP_CREATE)", &[S, C], PRIV),
+    a("perf_event_open", "kernel", "perf_event_open", &[S, C], &[(ENOSYS, S), (EPERM, C), (EACCES, C)]),
+    a("userfaultfd", "kernel", "userfaultfd", &[S, C], PRIV),
+    a(
+        "io_uring_setup",
+        "kernel",
+        "io_uring_setup (bypasses seccomp for its operations)",
+        &[S],
+        &[(ENOSYS, S), (EPERM, C)],
+    ),
+    a("keyctl_session", "kernel", "keyctl: new session keyring", &[S], PRIV),
+    a("add_key", "kernel", "add_key to the process keyring", &[S], PRIV),
+    a("init_module", "kernel", "init_module", &[S, C], PRIV),
+    a("finit_module", "kernel", "finit_module", &[S, C], PRIV),
+    a("delete_module", "kernel", "delete_module", &[S, C], PRIV),
+    a("kexec_load", "kernel", "kexec_load", &[S, C], PRIV),
+    a("kexec_file_load", "kernel", "kexec_file_load", &[S, C], PRIV),
+    a("personality", "kernel", "personality(READ_IMPLIES_EXEC)", &[S], PRIV),
+    a("syslog_read", "kernel", "read the kernel log (syslog)", &[S, C], PRIV),
+    #[cfg(target_arch = "x86_64")]
+    a("iopl", "kernel", "iopl(3)", &[S, C], PRIV),
+    #[cfg(target_arch = "x86_64")]
+    a("ioperm", "kernel", "ioperm", &[S, C], PRIV),
+    a("reboot", "kernel", "reboot", &[S, C], PRIV),
+    a("swapon", "kernel", "swapon", &[S, C], PRIV),
+    a("ptrace_parent", "kernel", "ptrace the sandbox init", &[S, C, L], SCOPE),
+    a("process_vm_readv_parent", "kernel", "read the sandbox init's memory", &[S, C, L], SCOPE),
+    a("pidfd_getfd_parent", "kernel", "steal an fd from the sandbox init (pidfd_getfd)", &[S, C], SCOPE),
+    // tty injection
+    a("tiocsti", "tty", "TIOCSTI: push input into the terminal", &[S, C], &[(ENOSYS, S), (EPERM, C), (EIO, C)]),
+    a(
+        "tiocsti_high_bits",
+        "tty",
+        "TIOCSTI with the high 32 bits set (CVE-2019-10063)",
+        &[S, C],
+        &[(ENOSYS, S), (EPERM, C), (EIO, C)],
+    ),
+    a("tioclinux", "tty", "TIOCLINUX: console selection injection", &[S], PRIV),
+    // compat syscall entry points
+    #[cfg(target_arch = "x86_64")]
+    a("int80_getpid", "compat", "i386 system call through int 0x80", &[S], PRIV),
+    #[cfg(target_arch = "x86_64")]
+    a("x32_getpid", "compat", "x32 system call number", &[S], PRIV),
+    // sockets
+    a("socket_raw", "sockets", "raw IPv4 socket", &[S, C], PRIV),
+    a("socket_packet", "sockets", "AF_PACKET socket", &[S, C], PRIV),
+    a("socket_netlink", "sockets", "AF_NETLINK socket", &[S], PRIV),
+    a("socket_alg", "sockets", "AF_ALG (kernel crypto) socket", &[S], PRIV),
+    a("socket_vsock", "sockets", "AF_VSOCK socket", &[S], PRIV),
+    a("socket_pfkey", "sockets", "AF_KEY socket", &[S, C], PRIV),
+    a("socket_autoload", "sockets", "a family that autoloads a module (AF_APPLETALK)", &[S], PRIV),
+    // network
+    f("interfaces_only_lo", "network", "an interface other than lo", &[N]),
+    a("host_loopback_service", "network", "connect to a service on the host's 127.0.0.1", &[N, L, S], NET),
+    a("host_abstract_socket", "network", "connect to the host's abstract unix socket", &[N, L, S], NET),
+    a("bind_other_port", "network", "listen on an undeclared port", &[L], &[(EACCES, L), (ENOSYS, S)]),
+    only(a("engine_connect", "network", "the engine connects anywhere (its own port)", &[S, L], NET), Roles::Engine),
+    only(a("engine_to_egress", "network", "the engine reaches an egress forwarder", &[S, L], NET), Roles::Engine),
+    // cross-role
+    f("see_foreign_processes", "cross-role", "processes outside the role are visible", &[N]),
+    a("signal_foreign_processes", "cross-role", "signal a process outside the role", &[N, L, C], SCOPE),
+    // resources
+    f("core_dumps_off", "resources", "core dumps possible (RLIMIT_CORE > 0)", &[R]),
+    f("rlimits_finite", "resources", "NOFILE, NPROC or FSIZE unlimited", &[R]),
+    a("raise_hard_rlimit", "resources", "raise a hard rlimit", &[R, C], &[(EPERM, C), (ENOSYS, S)]),
+    // environment and handover
+    f("fds_beyond_stdio", "environment", "an fd beyond stdio was inherited", &[H]),
+    f("unexpected_env", "environment", "a variable the config did not ask for", &[H]),
+    f("proxy_env", "environment", "a proxy variable", &[H]),
+];
+
+/// Attempts that cannot be stopped by two independent layers, and why (docs/canary.md).
+pub const SINGLE_LAYER: &[(&str, &str)] = &[
+    ("uid_not_root", "uid 0 is never mapped into a sandbox's user namespace; it holds with every layer off"),
+    ("write_proc_sys", "sysctl files belong to the initial namespace's root: the kernel's permission check refuses first, so the read-only /proc/sys and Landlock (both present) cannot be told apart"),
+    ("proc_parent_root", "the sandbox init is not dumpable: the kernel's ptrace check refuses first, before Landlock's own ptrace restriction can be observed"),
+    ("raise_hard_rlimit", "raising a hard limit needs CAP_SYS_RESOURCE in the initial user namespace, which nothing in a sandbox has; the limits themselves are the rlimits layer"),
+    ("read_config", "the config holds no secret (the credential is a separate file); it is outside every role's view, and its directory is granted to the role only as /etc inside the sandbox"),
+    ("caps_all_zero", "a fact about the credentials layer itself"),
+    ("no_new_privs", "a fact about the credentials layer (seccomp also sets it, but it is the same bit)"),
+    ("io_uring_setup", "unprivileged; only seccomp refuses it here (kernel.io_uring_disabled=2 on the host would add a layer)"),
+    ("keyctl_session", "keyrings need no privilege; only seccomp refuses them"),
+    ("add_key", "keyrings need no privilege; only seccomp refuses them"),
+    ("personality", "needs no privilege; only seccomp refuses it"),
+    ("tioclinux", "only seccomp; the role has no virtual console in its view either way"),
+    ("int80_getpid", "the architecture check of the seccomp filter; ia32 emulation is a kernel build option"),
+    ("x32_getpid", "only seccomp (and whether the kernel was built with x32)"),
+    ("socket_netlink", "creating one needs no privilege; changing anything through it needs CAP_NET_ADMIN"),
+    ("socket_alg", "AF_ALG is unprivileged; only seccomp refuses it"),
+    ("socket_vsock", "unprivileged; only seccomp (and no vsock transport in the cell's netns)"),
+    ("socket_autoload", "module autoload is triggered without privilege; only seccomp refuses it"),
+    ("interfaces_only_lo", "a fact about the network namespace"),
+    ("bind_other_port", "only Landlock; a port bound in the cell is unreachable from outside anyway"),
+    ("see_foreign_processes", "visibility is the pid namespace's job"),
+    ("core_dumps_off", "a fact about rlimits"),
+    ("rlimits_finite", "a fact about rlimits"),
+    ("fds_beyond_stdio", "a fact about what the launcher hands over"),
+    ("unexpected_env", "a fact about what the launcher hands over"),
+    ("proxy_env", "a fact about what the launcher hands over"),
+];
+
+impl Spec {
+    pub fn applies(&self, role: Role) -> bool {
+        matches!((self.roles, role), (Roles::Both, _) | (Roles::Engine, Role::Engine) | (Roles::Node, Role::Node))
+    }
+
+    /// Which layer refused this outcome, if it was refused.
+    pub fn refused_by(&self, o: &Outcome) -> Option<Layer> {
+        if o.signal == Some(libc::SIGSYS) {
+            return Some(S);
+        }
+        if o.ok || o.signal.is_some() {
+            return None;
+        }
+        if self.fact {
+            return self.expected.first().copied();
+        }
+        let e = o.errno?;
+        self.refusals.iter().find(|(x, _)| *x == e).map(|(_, l)| *l)
+    }
+}
+
+pub fn errno_name(e: i32) -> String {
+    format!("{:?}", nix::errno::Errno::from_raw(e))
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptResult {
+    pub id: &'static str,
+    pub category: &'static str,
+    pub description: &'static str,
+    /// "refused" or "succeeded" (a succeeded attempt is an escape: the sandbox failed).
+    pub outcome: &'static str,
+    pub errno: Option<i32>,
+    pub errno_name: Option<String>,
+    pub signal: Option<i32>,
+    pub expected_layers: Vec<Layer>,
+    pub refused_by: Option<Layer>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RoleReport {
+    pub role: Role,
+    pub attempts: Vec<AttemptResult>,
+    pub refused: usize,
+    pub succeeded: usize,
+}
+
+impl serde::Serialize for Role {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub schema: u32,
+    pub sealnode_version: &'static str,
+    pub roles: Vec<RoleReport>,
+    /// True when no attempt succeeded in any role.
+    pub passed: bool,
+}
+
+fn classify(role: Role, raw: &BTreeMap<String, Outcome>) -> RoleReport {
+    let attempts: Vec<AttemptResult> = SPECS
+        .iter()
+        .filter(|s| s.applies(role))
+        .map(|s| {
+            let o = raw.get(s.id).copied().unwrap_or(Outcome { ok: true, errno: None, signal: None });
+            let by = s.refused_by(&o);
+            AttemptResult {
+                id: s.id,
+                category: s.category,
+                description: s.what,
+                outcome: if by.is_some() { "refused" } else { "succeeded" },
+                errno: o.errno,
+                errno_name: o.errno.map(errno_name),
+                signal: o.signal,
+                expected_layers: s.expected.to_vec(),
+                refused_by: by,
+            }
+        })
+        .collect();
+    let refused = attempts.iter().filter(|a| a.refused_by.is_some()).count();
+    RoleReport { role, succeeded: attempts.len() - refused, refused, attempts }
+}
+
+/// Host-side fixtures the attempts aim at: a loopback listener and an abstract socket.
+struct Targets {
+    _tcp: std::net::TcpListener,
+    _abs: std::os::unix::net::UnixListener,
+    port: u16,
+    name: String,
+}
+
+fn targets() -> Result<Targets> {
+    use std::os::linux::net::SocketAddrExt;
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("canary: host listener", e))?;
+    let port = tcp.local_addr().map_err(|e| Error::io("canary: host listener", e))?.port();
+    let name = format!("sealnode-canary-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        .map_err(|e| Error::io("canary: abstract name", e))?;
+    let abs =
+        std::os::unix::net::UnixListener::bind_addr(&addr).map_err(|e| Error::io("canary: abstract socket", e))?;
+    Ok(Targets { _tcp: tcp, _abs: abs, port, name })
+}
+
+fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers) -> Ctx {
+    let r = cfg.role(role);
+    let other = cfg.role(match role {
+        Role::Engine => Role::Node,
+        Role::Node => Role::Engine,
+    });
+    let mut foreign: Vec<String> = vec![other.scratch.display().to_string()];
+    foreign.extend(other.credential.iter().map(|p| p.display().to_string()));
+    foreign.extend(other.models.iter().map(|p| p.display().to_string()));
+    match role {
+        Role::Engine => foreign.push(crate::config::INSIDE_CREDENTIAL.into()),
+        Role::Node => foreign.push(crate::config::INSIDE_MODELS.into()),
+    }
+    let launcher_env: Vec<(String, String)> = std::env::vars().collect();
+    let expected_env = crate::sandbox::plan::build_env(cfg, role, &launcher_env).into_iter().map(|(k, _)| k).collect();
+    let engine_port = cfg.engine.port.unwrap_or(0) as u16;
+    let egress =
+        cfg.node.egress.iter().enumerate().map(|(i, e)| format!("{}:{}", Config::egress_addr(i), e.port)).collect();
+    let _ = inv;
+    Ctx {
+        role: role.name().into(),
+        scratch: if layers.namespaces { crate::config::INSIDE_SCRATCH.into() } else { r.scratch.display().to_string() },
+        models: match (&r.models, layers.namespaces) {
+            (Some(_), true) => crate::config::INSIDE_MODELS.into(),
+            (Some(m), false) => m.display().to_string(),
+            (None, _) => crate::config::INSIDE_MODELS.into(),
+        },
+        host_port: t.port,
+        host_abstract: t.name.clone(),
+        foreign_paths: foreign,
+        config_path: cfg.file.display().to_string(),
+        engine_port,
+        egress,
+        free_port: if engine_port == 1 { 2 } else { 1 }.max(engine_port.wrapping_add(1)),
+        expected_env,
+    }
+}
+
+/// Run the battery for `role` once: in `cell` (preflight, `canary`) or standalone with
+/// `layers` (the matrix). Returns the raw outcomes.
+fn run_battery(
+    cfg: &Config,
+    role: Role,
+    inv: &Invoker,
+    cell: Option<&Cell>,
+    layers: Layers,
+    t: &Targets,
+) -> Result<BTreeMap<String, Outcome>> {
+    let ctx = ctx_for(cfg, role, t, inv, layers);
+    let ctx_json = serde_json::to_string(&ctx).map_err(|e| Error::io("canary context", std::io::Error::other(e)))?;
+    let mut argv = vec!["sealnode-canary".to_string(), "__canary-inside".to_string(), ctx_json];
+    argv.extend(SPECS.iter().filter(|s| s.applies(role)).map(|s| s.id.to_string()));
+    let plan = Plan::build_layers(
+        cfg,
+        role,
+        inv,
+        Some(argv),
+        Some(Program::SealedSelf(crate::sandbox::plan::sealed_self()?)),
+        layers,
+    )?;
+    // The attempts' stdin is a pty whose other end we hold: TIOCSTI has a real target.
+    let pty = nix::pty::openpty(None, None).map_err(|e| Error::errno("openpty", e))?;
+    let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
+    let saved = redirect_stdio(&pty.slave, &out_w)?;
+    let spawned = sandbox::spawn_in(&plan, cell);
+    restore_stdio(saved)?;
+    drop(out_w);
+    let sb = spawned?;
+    let mut out = Vec::new();
+    let mut f = std::fs::File::from(out_r);
+    std::io::Read::read_to_end(&mut f, &mut out).map_err(|e| Error::io("read canary output", e))?;
+    let code = sandbox::run_to_exit(sb);
+    drop(pty);
+    if code != 0 {
+        return Err(Error::errno(
+            format!("canary probe in the {role} role exited with {code}"),
+            nix::errno::Errno::EIO,
+        ));
+    }
+    serde_json::from_slice(&out).map_err(|e| {
+        let shown = String::from_utf8_lossy(&out[..out.len().min(300)]).into_owned();
+        Error::io(format!("canary output of the {role} role ({shown:?})"), std::io::Error::other(e))
+    })
+}
+
+/// Point our stdin at the pty and stdout at the pipe while the sandbox is cloned (it inherits
+/// fds 0 and 1); return the originals.
+fn redirect_stdio(stdin: &OwnedFd, stdout: &OwnedFd) -> Result<(OwnedFd, OwnedFd)> {
+    let dup = |fd: i32| nix::unistd::dup(unsafe_borrow(fd)).map_err(|e| Error::errno("dup", e));
+    let saved = (dup(0)?, dup(1)?);
+    let _ = std::io::stdout().flush();
+    nix::unistd::dup2_stdin(stdin).map_err(|e| Error::errno("dup2", e))?;
+    nix::unistd::dup2_stdout(stdout).map_err(|e| Error::errno("dup2", e))?;
+    Ok(saved)
+}
+
+fn restore_stdio(saved: (OwnedFd, OwnedFd)) -> Result<()> {
+    nix::unistd::dup2_stdin(&saved.0).map_err(|e| Error::errno("dup2", e))?;
+    nix::unistd::dup2_stdout(&saved.1).map_err(|e| Error::errno("dup2", e))
+}
+
+fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: fd is stdio or an fd this module owns for the duration of the call.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}
+
+/// Run the battery in each role's exact sandbox, inside `cell` (which `run` already built)
+/// or a fresh cell like `run` would build.
+pub fn battery(cfg: &Config, inv: &Invoker, roles: &[Role], cell: Option<&Cell>) -> Result<Report> {
+    let t = targets()?;
+    let owned;
+    let cell = match cell {
+        Some(c) => c,
+        None => {
+            owned = crate::supervisor::build_cell(cfg, inv)?;
+            &owned
+        }
+    };
+    let mut reports = Vec::new();
+    for role in roles {
+        let raw = run_battery(cfg, *role, inv, Some(cell), Layers::ALL, &t)?;
+        reports.push(classify(*role, &raw));
+    }
+    let passed = reports.iter().all(|r| r.succeeded == 0);
+    Ok(Report { schema: SCHEMA, sealnode_version: env!("CARGO_PKG_VERSION"), roles: reports, passed })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MatrixRow {
+    pub id: &'static str,
+    pub role: Role,
+    /// The host kernel refuses it with every sealnode layer off (feature not built in, or a
+    /// host sysctl): moot on this machine, and no layer is credited.
+    pub moot_on_this_kernel: bool,
+    /// What the baseline run (no sealnode layer) got, for the record.
+    pub baseline: Outcome,
+    /// Layers that refused the attempt on their own.
+    pub stopped_by: Vec<Layer>,
+    pub expected_layers: Vec<Layer>,
+    /// Documented reason when fewer than two layers can stop it.
+    pub single_layer_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Matrix {
+    pub schema: u32,
+    pub columns: Vec<Layer>,
+    pub rows: Vec<MatrixRow>,
+    /// Attempts stopped by fewer than two layers that are not documented exceptions.
+    pub violations: Vec<String>,
+}
+
+fn only_layer(l: Layer) -> Layers {
+    let mut x = Layers::NONE;
+    match l {
+        Layer::Seccomp => x.seccomp = true,
+        Layer::Landlock => x.landlock = true,
+        Layer::Namespaces => x.namespaces = true,
+        Layer::Credentials => x.credentials = true,
+        _ => {}
+    }
+    x
+}
+
+/// Did turning on `col` alone (compared with the baseline, every layer off) stop the attempt?
+fn credits(spec: &Spec, o: &Outcome, base: &Outcome) -> bool {
+    if spec.fact {
+        return o.ok != base.ok && !o.ok;
+    }
+    let refused = |x: &Outcome| spec.refused_by(x).is_some();
+    refused(o) && (!refused(base) || o.errno != base.errno || o.signal != base.signal)
+}
+
+/// Re-run the battery with one layer at a time (standalone sandboxes) and record which
+/// attempts each layer stops on its own.
+pub fn matrix(cfg: &Config, inv: &Invoker, roles: &[Role]) -> Result<Matrix> {
+    let t = targets()?;
+    let mut rows = Vec::new();
+    for role in roles {
+        let base = run_battery(cfg, *role, inv, None, Layers::NONE, &t)?;
+        let mut cols: Vec<(Layer, BTreeMap<String, Outcome>)> = Vec::new();
+        for l in MATRIX_LAYERS {
+            let raw = run_battery(cfg, *role, inv, None, only_layer(l), &t)?;
+            cols.push((l, raw));
+        }
+        for spec in SPECS.iter().filter(|s| s.applies(*role)) {
+            let baseline = base.get(spec.id).copied().unwrap_or_default();
+            // Moot when the host itself lacks the feature or the target (not merely refuses it).
+            let absent = [ENOSYS, libc::EAFNOSUPPORT, ENOENT, libc::ENODEV, libc::EOPNOTSUPP, libc::EPROTONOSUPPORT];
+            let moot = !spec.fact
+                && !baseline.ok
+                && baseline.signal.is_none()
+                && baseline.errno.is_some_and(|e| absent.contains(&e));
+            let stopped_by: Vec<Layer> = if moot {
+                Vec::new()
+            } else {
+                let mut v: Vec<Layer> = cols
+                    .iter()
+                    .filter(|(_, raw)| raw.get(spec.id).is_some_and(|o| credits(spec, o, &baseline)))
+                    .map(|(l, _)| *l)
+                    .collect();
+                if !spec.fact && spec.refused_by(&baseline).is_some() {
+                    v.push(Layer::Host);
+                }
+                v
+            };
+            let reason = SINGLE_LAYER.iter().find(|(id, _)| *id == spec.id).map(|(_, r)| *r);
+            rows.push(MatrixRow {
+                id: spec.id,
+                role: *role,
+                moot_on_this_kernel: moot,
+                baseline,
+                stopped_by,
+                expected_layers: spec.expected.to_vec(),
+                single_layer_reason: reason,
+            });
+        }
+    }
+    let violations = rows
+        .iter()
+        .filter(|r| !r.moot_on_this_kernel && r.stopped_by.len() < 2 && r.single_layer_reason.is_none())
+        .map(|r| format!("{} ({}): stopped by {:?}", r.id, r.role, r.stopped_by))
+        .collect();
+    Ok(Matrix { schema: SCHEMA, columns: MATRIX_LAYERS.to_vec(), rows, violations })
+}
+
+/// The compact human table.
+pub fn render(report: &Report) -> String {
+    let mut s = String::new();
+    for r in &report.roles {
+        s.push_str(&format!(
+            "{} role: {} attempts, {} refused, {} SUCCEEDED\n",
+            r.role,
+            r.attempts.len(),
+            r.refused,
+            r.succeeded
+        ));
+        s.push_str(&format!(
+            "  {:<26} {:<12} {:<9} {:<14} {:<12} {}\n",
+            "attempt", "category", "outcome", "errno/signal", "refused by", "expected"
+        ));
+        for a in &r.attempts {
+            let e = match (a.signal, &a.errno_name) {
+                (Some(sig), _) => format!("signal {sig}"),
+                (None, Some(n)) => n.clone(),
+                (None, None) => "-".into(),
+            };
+            let exp: Vec<&str> = a.expected_layers.iter().map(|l| l.name()).collect();
+            s.push_str(&format!(
+                "  {:<26} {:<12} {:<9} {:<14} {:<12} {}\n",
+                a.id,
+                a.category,
+                if a.outcome == "refused" { "refused" } else { "SUCCEEDED" },
+                e,
+                a.refused_by.map(Layer::name).unwrap_or("-"),
+                exp.join(",")
+            ));
+        }
+    }
+    s.push_str(if report.passed {
+        "canary: PASSED (every attempt refused)\n"
+    } else {
+        "canary: FAILED (an attempt succeeded)\n"
+    });
+    s
+}
+
+pub fn render_matrix(m: &Matrix) -> String {
+    let mut s = format!(
+        "  {:<26} {:<7} {:<8} {:<9} {:<11} {:<12} {:<5} {}\n",
+        "attempt", "role", "seccomp", "landlock", "namespaces", "credentials", "host", "note"
+    );
+    for r in &m.rows {
+        let cell = |l: Layer| if r.stopped_by.contains(&l) { "stops" } else { "-" };
+        let note = match (r.stopped_by.len(), r.single_layer_reason) {
+            _ if r.moot_on_this_kernel => format!(
+                "moot: this kernel refuses it with no sealnode layer ({})",
+                r.baseline.errno.map(errno_name).unwrap_or_default()
+            ),
+            (n, _) if n >= 2 => String::new(),
+            (_, Some(reason)) => format!("single layer: {reason}"),
+            _ => "FEWER THAN TWO LAYERS".into(),
+        };
+        s.push_str(&format!(
+            "  {:<26} {:<7} {:<8} {:<9} {:<11} {:<12} {:<5} {}\n",
+            r.id,
+            r.role.name(),
+            cell(S),
+            cell(L),
+            cell(N),
+            cell(C),
+            cell(Layer::Host),
+            note
+        ));
+    }
+    s.push_str(&if m.violations.is_empty() {
+        "matrix: every attempt not listed as an exception is stopped by at least two layers\n".to_string()
+    } else {
+        format!(
+            "matrix: {} attempt(s) stopped by fewer than two layers: {}\n",
+            m.violations.len(),
+            m.violations.join("; ")
+        )
+    });
+    s
+}
