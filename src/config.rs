@@ -79,6 +79,9 @@ pub struct Cell {
     /// A forwarded connection idle this long (no byte either way) is closed, seconds.
     #[serde(default = "default_egress_idle")]
     pub egress_idle_timeout_s: u64,
+    /// Uids allowed on the control socket (checked with SO_PEERCRED). Default: the uid
+    /// sealnode runs as.
+    pub control_uids: Option<Vec<u32>>,
 }
 
 fn default_stop_timeout() -> u64 {

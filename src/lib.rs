@@ -7,11 +7,13 @@
 pub mod canary;
 pub mod cell;
 pub mod config;
+pub mod control;
 pub mod doctor;
 pub mod egress;
 pub mod error;
 pub mod policy;
 pub mod probe;
+pub mod receipt;
 pub mod sandbox;
 pub mod supervisor;
 pub mod sys;

@@ -59,6 +59,22 @@ enum Command {
         #[arg(long)]
         matrix: bool,
     },
+    /// Talk to a running `sealnode run` over its control socket.
+    Ctl {
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        #[arg(value_enum)]
+        command: CtlCommand,
+    },
+    /// Check a receipt against the current config, policies and binaries.
+    ///
+    /// Exit status 0 when everything matches, 1 with the mismatches otherwise.
+    VerifyReceipt {
+        /// The receipt (default: receipt.json in the config's state dir).
+        file: Option<PathBuf>,
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
     /// Report what this kernel offers sealnode and what each fact means.
     Doctor {
         /// Config file (its policies' minimum Landlock ABI is checked when given).
@@ -89,6 +105,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CtlCommand {
+    /// Roles, pids, uptime, restarts, egress counters, last receipt.
+    Status,
+    /// Drain, stop both roles, wipe scratch, re-provision, start, canaries, new receipt.
+    Recycle,
 }
 
 fn init_logging(default: &str) {
@@ -161,6 +185,58 @@ fn main() -> ExitCode {
             run_sandboxed(&config, role, argv, Some(Program::SealedSelf(fd)))
         }
         Command::ProbeInside { args } => exit(sealnode::probe::run_inside(&args)),
+        Command::Ctl { config, command } => {
+            let inv = Invoker::current();
+            let cfg = match Config::load(&config, &inv) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("sealnode: {e}");
+                    return exit(1);
+                }
+            };
+            let cmd = match command {
+                CtlCommand::Status => "status",
+                CtlCommand::Recycle => "recycle",
+            };
+            match sealnode::control::client(&sealnode::control::socket_path(&cfg), cmd) {
+                Ok(v) => {
+                    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                    exit(if v["ok"] == true { 0 } else { 1 })
+                }
+                Err(e) => {
+                    eprintln!("sealnode: {e}");
+                    exit(1)
+                }
+            }
+        }
+        Command::VerifyReceipt { file, config } => {
+            let inv = Invoker::current();
+            let result = Config::load(&config, &inv).and_then(|cfg| {
+                let path = file.unwrap_or_else(|| sealnode::receipt::path(&cfg));
+                let r = sealnode::receipt::load(&path)?;
+                Ok((path, r.generation, sealnode::receipt::verify(&r, &cfg)?))
+            });
+            match result {
+                Ok((path, generation, bad)) if bad.is_empty() => {
+                    println!(
+                        "{}: generation {generation} matches the current config, policies and binaries",
+                        path.display()
+                    );
+                    exit(0)
+                }
+                Ok((path, generation, bad)) => {
+                    println!("{}: generation {generation} does NOT match:", path.display());
+                    for b in bad {
+                        println!("  {b}");
+                    }
+                    exit(1)
+                }
+                Err(e) => {
+                    eprintln!("sealnode: {e}");
+                    exit(1)
+                }
+            }
+        }
         Command::CanaryInside { ctx, ids } => exit(sealnode::canary::inside::main(&ctx, &ids)),
         Command::Canary { config, role, json, matrix } => {
             let inv = Invoker::current();

@@ -27,6 +27,7 @@ use crate::sandbox::{self, Plan};
 
 const TOKEN_SIGNAL: u64 = 1 << 56;
 const TOKEN_PROBE: u64 = 4 << 56;
+const TOKEN_CONTROL: u64 = 5 << 56;
 /// Time between readiness attempts.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// Restart backoff bounds; a role that ran this long resets its backoff.
@@ -71,6 +72,7 @@ struct Probe {
 enum After {
     Exit,
     Restart,
+    Recycle,
 }
 
 #[derive(Debug)]
@@ -87,6 +89,11 @@ pub struct Supervisor {
     ready_sent: bool,
     watchdog: Option<(Duration, Instant)>,
     next_sweep: Option<Instant>,
+    control: std::os::unix::net::UnixListener,
+    /// The client waiting for a recycle to finish.
+    pending: Option<std::os::unix::net::UnixStream>,
+    receipt: Option<crate::receipt::Receipt>,
+    born: Instant,
 }
 
 fn notify(states: &[NotifyState]) {
@@ -157,6 +164,10 @@ impl Supervisor {
         let mut usec = 0;
         let watchdog =
             sd_notify::watchdog_enabled(false, &mut usec).then(|| (Duration::from_micros(usec / 2), Instant::now()));
+        let control = open_control(&cfg)?;
+        epoll
+            .add(control.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_CONTROL))
+            .map_err(|e| Error::errno("epoll_ctl (control)", e))?;
         let slot = |role| Slot { role, state: State::Down, started: None, restarts: 0, backoff: BACKOFF_MIN };
         Ok(Supervisor {
             cfg,
@@ -171,6 +182,10 @@ impl Supervisor {
             ready_sent: false,
             watchdog,
             next_sweep: None,
+            control,
+            pending: None,
+            receipt: None,
+            born: Instant::now(),
         })
     }
 
@@ -180,10 +195,7 @@ impl Supervisor {
 
     /// Run until stopped. Returns the exit code (0 after SIGTERM/SIGINT, 1 after a failure).
     pub fn run(mut self) -> i32 {
-        for role in Role::ALL {
-            self.wipe_scratch(role);
-        }
-        if let Err(code) = self.start(Role::Engine) {
+        if let Err(code) = self.provision().and_then(|()| self.start(Role::Engine)) {
             return code;
         }
         let mut events = vec![EpollEvent::empty(); 64];
@@ -207,6 +219,7 @@ impl Supervisor {
                 match token & TOKEN_KIND {
                     TOKEN_SIGNAL => self.on_signals(),
                     TOKEN_PROBE => self.advance_probe(),
+                    TOKEN_CONTROL => self.on_control(),
                     _ => self.fwd.handle(&self.epoll, token),
                 }
             }
@@ -216,6 +229,7 @@ impl Supervisor {
                     for role in Role::ALL {
                         self.wipe_scratch(role);
                     }
+                    // Drain: no forwarded connection outlives the roles.
                     self.fwd.close_all(&self.epoll);
                     self.stopping = None;
                     match after {
@@ -226,9 +240,15 @@ impl Supervisor {
                             tracing::info!(code, "cell stopped");
                             return code;
                         }
-                        After::Restart => {
-                            tracing::info!("restarting both roles");
-                            if let Err(code) = self.start(Role::Engine) {
+                        After::Restart | After::Recycle => {
+                            tracing::info!(recycle = after == After::Recycle, "re-provisioning both roles");
+                            if let Err(code) = self.provision().and_then(|()| self.start(Role::Engine)) {
+                                if let Some(mut c) = self.pending.take() {
+                                    crate::control::respond(
+                                        &mut c,
+                                        &crate::control::error("recycle failed; sealnode stops"),
+                                    );
+                                }
                                 return code;
                             }
                         }
@@ -236,6 +256,124 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// Before every start: wipe scratch, run the canary battery in both roles' exact sandboxes
+    /// inside this cell (refuse to start if any attempt succeeds), write a new receipt.
+    fn provision(&mut self) -> std::result::Result<(), i32> {
+        for role in Role::ALL {
+            self.wipe_scratch(role);
+        }
+        let t = Instant::now();
+        let report = match crate::canary::battery(&self.cfg, &self.inv, &Role::ALL, Some(&self.cell)) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "preflight canary could not run");
+                eprintln!("sealnode: preflight: {e}");
+                return Err(1);
+            }
+        };
+        let ms = t.elapsed().as_millis() as u64;
+        if !report.passed {
+            for r in &report.roles {
+                for a in r.attempts.iter().filter(|a| a.refused_by.is_none()) {
+                    tracing::error!(role = %r.role, attempt = a.id, what = a.description, "preflight: escape attempt SUCCEEDED");
+                    eprintln!("sealnode: preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description);
+                }
+            }
+            eprintln!("sealnode: refusing to start: the sandbox does not hold (see above)");
+            return Err(1);
+        }
+        let attempts: usize = report.roles.iter().map(|r| r.attempts.len()).sum();
+        tracing::info!(attempts, ms, "preflight canary passed");
+        match crate::receipt::write(&self.cfg, &self.inv, &report) {
+            Ok(r) => {
+                tracing::info!(generation = r.generation, path = %crate::receipt::path(&self.cfg).display(), "receipt written");
+                self.receipt = Some(r);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot write the receipt");
+                eprintln!("sealnode: {e}");
+                Err(1)
+            }
+        }
+    }
+
+    fn on_control(&mut self) {
+        loop {
+            let mut stream = match self.control.accept() {
+                Ok((s, _)) => s,
+                Err(_) => return,
+            };
+            let allowed = self.cfg.cell.control_uids.clone().unwrap_or_else(|| vec![self.inv.uid]);
+            match crate::control::peer_uid(&stream) {
+                Some(uid) if allowed.contains(&uid) => {}
+                uid => {
+                    tracing::warn!(uid = uid.unwrap_or(u32::MAX), "control: refused a uid not on the allowlist");
+                    crate::control::respond(
+                        &mut stream,
+                        &crate::control::error(format!("uid {} is not allowed", uid.unwrap_or(u32::MAX))),
+                    );
+                    continue;
+                }
+            }
+            match crate::control::read_request(&mut stream) {
+                Err(e) => crate::control::respond(&mut stream, &crate::control::error(e)),
+                Ok(crate::control::Request::Status) => {
+                    let v = self.status();
+                    crate::control::respond(&mut stream, &v);
+                }
+                Ok(crate::control::Request::Recycle) => {
+                    if self.stopping.is_some() || self.pending.is_some() || self.probe.is_some() {
+                        crate::control::respond(
+                            &mut stream,
+                            &crate::control::error("busy: a start, stop or recycle is in progress; try again"),
+                        );
+                    } else {
+                        tracing::info!("control: recycle requested");
+                        self.pending = Some(stream);
+                        self.begin_stop(0, After::Recycle);
+                    }
+                }
+            }
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let roles: Vec<serde_json::Value> = self
+            .slots
+            .iter()
+            .map(|s| {
+                let (state, pid) = match s.state {
+                    State::Down => ("down", None),
+                    State::Running(p) => ("running", Some(p.as_raw())),
+                    State::Stopping(p, _) => ("stopping", Some(p.as_raw())),
+                    State::Waiting(_) => ("restarting", None),
+                };
+                serde_json::json!({
+                    "role": s.role.name(),
+                    "state": state,
+                    "pid": pid,
+                    "uptime_s": s.started.filter(|_| pid.is_some()).map(|t| t.elapsed().as_secs()),
+                    "restarts": s.restarts,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "ok": true,
+            "uptime_s": self.born.elapsed().as_secs(),
+            "cell_pid": self.cell.pid.as_raw(),
+            "ready": self.ready_sent,
+            "roles": roles,
+            "egress": self.fwd.stats(),
+            "receipt": self.receipt.as_ref().map(|r| serde_json::json!({
+                "path": crate::receipt::path(&self.cfg),
+                "generation": r.generation,
+                "started_at": r.started_at,
+                "canary_passed": r.canary.passed,
+            })),
+        })
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -387,6 +525,14 @@ impl Supervisor {
         if !self.ready_sent && matches!(self.slots[Role::Node as usize].state, State::Running(_)) {
             self.ready_sent = true;
             notify(&[NotifyState::Ready, NotifyState::Status("engine ready, node running")]);
+        }
+        if let Some(mut c) = self.pending.take() {
+            let generation = self.receipt.as_ref().map(|r| r.generation);
+            tracing::info!(generation, "recycle complete");
+            crate::control::respond(
+                &mut c,
+                &serde_json::json!({ "ok": true, "recycled": true, "generation": generation }),
+            );
         }
     }
 
@@ -559,6 +705,21 @@ impl Supervisor {
     pub fn egress_stats(&self) -> Vec<crate::egress::Stats> {
         self.fwd.stats()
     }
+}
+
+/// Bind the control socket (mode 0666: access is decided per connection by SO_PEERCRED).
+fn open_control(cfg: &Config) -> Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = &cfg.cell.runtime_dir;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let path = crate::control::socket_path(cfg);
+    let _ = std::fs::remove_file(&path);
+    let l =
+        std::os::unix::net::UnixListener::bind(&path).map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
+    l.set_nonblocking(true).map_err(|e| Error::io("control socket", e))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| Error::io("control socket", e))?;
+    Ok(l)
 }
 
 /// The address a role's forwarder listens on, for docs and tests.

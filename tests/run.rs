@@ -334,21 +334,13 @@ fn grace_period_then_sigkill() {
 fn sd_notify_messages_arrive_in_order() {
     for mode in modes() {
         let f = cell(mode, "notify", HTTPD, "echo node-up; exec sleep 1000", "", "", "");
-        let sock_path = f.p("notify.sock");
-        let sock = UnixDatagram::bind(&sock_path).expect("bind notify socket");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let path = sock_path.display().to_string();
-        let run = start(&f, &[("NOTIFY_SOCKET", path.as_str())]);
+        let ns = notify_socket(&f);
+        let run = start(&f, &[("NOTIFY_SOCKET", ns.path.as_str())]);
         run.line(30, |l| l == "node-up");
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
-        sock.set_nonblocking(true).expect("nonblocking");
-        let mut msgs = Vec::new();
-        let mut b = [0u8; 4096];
-        while let Ok(n) = sock.recv(&mut b) {
-            msgs.push(String::from_utf8_lossy(&b[..n]).into_owned());
-        }
+        std::thread::sleep(Duration::from_millis(100));
+        let msgs = ns.msgs.lock().expect("lock").clone();
         let pos = |needle: &str| msgs.iter().position(|m| m.lines().any(|l| l == needle || l.starts_with(needle)));
         let started = pos("STATUS=engine started").unwrap_or_else(|| panic!("{mode:?}: {msgs:?}"));
         let ready = pos("READY=1").unwrap_or_else(|| panic!("{mode:?}: no READY: {msgs:?}"));
@@ -356,6 +348,29 @@ fn sd_notify_messages_arrive_in_order() {
         assert!(started < ready && ready < stopping, "{mode:?}: order: {msgs:?}");
         assert_eq!(msgs.iter().filter(|m| m.contains("READY=1")).count(), 1, "{mode:?}: READY once: {msgs:?}");
     }
+}
+
+/// A NOTIFY_SOCKET that is drained continuously, as systemd does (a datagram queue holds only
+/// net.unix.max_dgram_qlen messages; a sender then blocks).
+struct NotifySocket {
+    path: String,
+    msgs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+fn notify_socket(f: &Fixture) -> NotifySocket {
+    use std::os::unix::fs::PermissionsExt;
+    let path = f.p("notify.sock");
+    let sock = UnixDatagram::bind(&path).expect("bind notify socket");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let msgs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let m2 = msgs.clone();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 4096];
+        while let Ok(n) = sock.recv(&mut b) {
+            m2.lock().expect("lock").push(String::from_utf8_lossy(&b[..n]).into_owned());
+        }
+    });
+    NotifySocket { path: path.display().to_string(), msgs }
 }
 
 fn sha256_of(path: &str) -> String {
@@ -467,22 +482,15 @@ fn egress_is_bounded_and_idle_connections_close() {
 fn watchdog_pings_while_running() {
     for mode in modes() {
         let f = cell(mode, "watchdog", HTTPD, "echo node-up; exec sleep 1000", "", "", "");
-        let sock_path = f.p("notify.sock");
-        let sock = UnixDatagram::bind(&sock_path).expect("bind");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let path = sock_path.display().to_string();
-        let run = start_with(&f, &[("NOTIFY_SOCKET", path.as_str()), ("WATCHDOG_USEC", "200000")], true);
+        let ns = notify_socket(&f);
+        let run = start_with(&f, &[("NOTIFY_SOCKET", ns.path.as_str()), ("WATCHDOG_USEC", "200000")], true);
         run.line(30, |l| l == "node-up");
         std::thread::sleep(Duration::from_millis(600));
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
-        sock.set_nonblocking(true).expect("nonblocking");
-        let mut pings = 0;
-        let mut b = [0u8; 4096];
-        while let Ok(n) = sock.recv(&mut b) {
-            pings += String::from_utf8_lossy(&b[..n]).lines().filter(|l| *l == "WATCHDOG=1").count();
-        }
+        std::thread::sleep(Duration::from_millis(100));
+        let pings: usize =
+            ns.msgs.lock().expect("lock").iter().map(|m| m.lines().filter(|l| *l == "WATCHDOG=1").count()).sum();
         assert!(pings >= 3, "{mode:?}: {pings} watchdog pings in >600 ms at a 100 ms interval");
     }
 }

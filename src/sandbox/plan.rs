@@ -468,7 +468,7 @@ impl Plan {
 
 /// The host path of a path inside the sandbox: through an extra bind, or the same path
 /// (system binds keep their paths).
-fn host_path(cfg: &Config, role: Role, inside: &Path) -> PathBuf {
+pub fn host_path(cfg: &Config, role: Role, inside: &Path) -> PathBuf {
     for b in &cfg.role(role).ro_binds {
         if let Ok(rest) = inside.strip_prefix(b.inside()) {
             return b.src.join(rest);

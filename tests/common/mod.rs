@@ -107,6 +107,10 @@ impl Fixture {
             Mode::Rootless => (None, None),
         };
         mkdir(&base.join("models"), 0o755, None);
+        // State (receipts) and runtime (control socket) dirs belong to the launcher.
+        let launcher = if mode == Mode::Rootless && is_root() { Some((NOBODY, NOBODY)) } else { None };
+        mkdir(&base.join("state"), 0o750, launcher);
+        mkdir(&base.join("run"), 0o755, launcher);
         write(&base.join("models/model.gguf"), "not really a model\n", 0o644, None);
         mkdir(&base.join("engine-scratch"), 0o700, eo);
         mkdir(&base.join("node-scratch"), 0o700, no);
@@ -162,8 +166,8 @@ impl Fixture {
             r#"schema = 1
 [cell]
 hostname = "sealnode-test"
-state_dir = "{d}"
-runtime_dir = "{d}"
+state_dir = "{d}/state"
+runtime_dir = "{d}/run"
 {rootful}
 {cell_extra}
 [engine]

@@ -1,0 +1,111 @@
+//! The control socket: a unix socket in the runtime dir. Every connection's peer uid is
+//! checked with SO_PEERCRED against `cell.control_uids`; then exactly one request line of
+//! strict JSON (at most [`MAX_REQUEST`] bytes, unknown fields refused) gets one response line.
+//!
+//! Requests: `{"cmd":"status"}`, `{"cmd":"recycle"}` (docs/control.md).
+
+use std::io::{BufRead, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+pub const SOCKET: &str = "control.sock";
+/// Largest request line accepted, newline included.
+pub const MAX_REQUEST: usize = 4096;
+/// How long a client may take to send its request.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    Status,
+    Recycle,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire {
+    cmd: String,
+}
+
+/// Parse one request line. Pure: no I/O.
+pub fn parse(line: &[u8]) -> std::result::Result<Request, String> {
+    if line.len() > MAX_REQUEST {
+        return Err(format!("request too large (more than {MAX_REQUEST} bytes)"));
+    }
+    let text = std::str::from_utf8(line).map_err(|_| "request is not UTF-8".to_string())?;
+    let w: Wire =
+        serde_json::from_str(text.trim_end_matches(['\n', '\r'])).map_err(|e| format!("malformed request: {e}"))?;
+    match w.cmd.as_str() {
+        "status" => Ok(Request::Status),
+        "recycle" => Ok(Request::Recycle),
+        other => Err(format!("unknown command {other:?} (known: status, recycle)")),
+    }
+}
+
+pub fn error(msg: impl Into<String>) -> Value {
+    json!({ "ok": false, "error": msg.into() })
+}
+
+pub fn socket_path(cfg: &Config) -> PathBuf {
+    cfg.cell.runtime_dir.join(SOCKET)
+}
+
+/// Read one request line from a connected client: bounded in size and time.
+pub fn read_request(stream: &mut UnixStream) -> std::result::Result<Request, String> {
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
+    let mut line = Vec::new();
+    let mut limited = std::io::BufReader::new(stream.take(MAX_REQUEST as u64 + 1));
+    limited.read_until(b'\n', &mut line).map_err(|e| format!("reading the request: {e}"))?;
+    if line.len() > MAX_REQUEST {
+        return Err(format!("request too large (more than {MAX_REQUEST} bytes)"));
+    }
+    if !line.ends_with(b"\n") {
+        return Err("request must be one line ending in a newline".into());
+    }
+    parse(&line)
+}
+
+pub fn respond(stream: &mut UnixStream, v: &Value) {
+    let mut s = v.to_string();
+    s.push('\n');
+    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
+    let _ = stream.write_all(s.as_bytes());
+}
+
+/// The peer's uid (SO_PEERCRED).
+pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.uid())
+}
+
+/// `sealnode ctl`: send one request, return the response.
+pub fn client(path: &Path, cmd: &str) -> Result<Value> {
+    let mut s = UnixStream::connect(path).map_err(|e| Error::io(format!("connect {}", path.display()), e))?;
+    s.write_all(format!("{}\n", json!({ "cmd": cmd })).as_bytes()).map_err(|e| Error::io("send request", e))?;
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).map_err(|e| Error::io("read response", e))?;
+    serde_json::from_str(&line).map_err(|e| Error::io("parse response", std::io::Error::other(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_strictly() {
+        assert_eq!(parse(b"{\"cmd\":\"status\"}\n"), Ok(Request::Status));
+        assert_eq!(parse(b"{\"cmd\":\"recycle\"}"), Ok(Request::Recycle));
+        assert!(parse(b"{\"cmd\":\"reboot\"}\n").unwrap_err().contains("unknown command"));
+        assert!(parse(b"{\"cmd\":\"status\",\"x\":1}\n").unwrap_err().contains("unknown field"));
+        assert!(parse(b"status\n").unwrap_err().contains("malformed"));
+        assert!(parse(b"{}\n").unwrap_err().contains("malformed"));
+        assert!(parse(&[0xff, 0xfe, b'\n']).unwrap_err().contains("UTF-8"));
+        assert!(parse(&vec![b' '; MAX_REQUEST + 1]).unwrap_err().contains("too large"));
+    }
+}

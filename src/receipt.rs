@@ -1,0 +1,290 @@
+//! The receipt: what exactly was started, and proof it was checked (docs/receipt.md).
+//!
+//! Written after every preflight (start, restart, recycle) as JSON, atomically (temp file,
+//! fsync, rename, fsync of the directory), mode 0640. It binds the launcher's version and
+//! binary digest, the config digest, each role's compiled seccomp program digest, Landlock
+//! rules digest and program digest, kernel facts, the canary results, the start time, and a
+//! generation number that strictly increases across restarts, recycles and reboots (it is
+//! kept in the state dir, and never below the last receipt's).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::canary::Report;
+use crate::config::{Config, Invoker, Role};
+use crate::error::{Error, Result};
+
+/// Version of the receipt format.
+pub const SCHEMA: u32 = 1;
+pub const FILE: &str = "receipt.json";
+const GENERATION_FILE: &str = "generation";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Receipt {
+    pub schema: u32,
+    pub generation: u64,
+    /// Seconds since the Unix epoch.
+    pub started_at: u64,
+    /// /proc/sys/kernel/random/boot_id: which boot this start belongs to.
+    pub boot_id: String,
+    pub sealnode: Artifact,
+    pub config: Artifact,
+    pub roles: BTreeMap<String, RoleDigests>,
+    pub kernel: Kernel,
+    pub canary: CanarySummary,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Artifact {
+    pub path: String,
+    pub sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleDigests {
+    pub seccomp_file: String,
+    /// sha256 of the compiled BPF program (what the kernel runs), not of the JSON.
+    pub seccomp_program_sha256: String,
+    pub seccomp_instructions: usize,
+    pub landlock_file: String,
+    pub landlock_rules_sha256: String,
+    /// The role's program as configured (command[0]) and the digest of its host file.
+    pub program: String,
+    pub program_sha256: Option<String>,
+    /// The configured pin, if any (verified before the start).
+    pub program_pin: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kernel {
+    pub release: String,
+    pub landlock_abi: i32,
+    /// "rootful" (each role its own host uid) or "rootless".
+    pub userns_mode: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanarySummary {
+    pub passed: bool,
+    pub schema: u32,
+    /// role -> [attempts, refused, succeeded]
+    pub roles: BTreeMap<String, [usize; 3]>,
+    /// sha256 of the full canary JSON report.
+    pub report_sha256: String,
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn file_sha256(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Digest of a compiled seccomp program: its instructions as the kernel receives them.
+pub fn program_sha256(prog: &seccompiler::BpfProgram) -> String {
+    let mut h = Sha256::new();
+    for i in prog {
+        h.update(i.code.to_le_bytes());
+        h.update([i.jt, i.jf]);
+        h.update(i.k.to_le_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// The digests of everything a start depends on, computed now.
+pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<String, RoleDigests>)> {
+    let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+    // The running binary cannot change under us: hash it once per process.
+    static SELF_SHA256: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sha256 = match SELF_SHA256.get() {
+        Some(s) => s.clone(),
+        None => SELF_SHA256.get_or_init(|| file_sha256(Path::new("/proc/self/exe")).unwrap_or_default()).clone(),
+    };
+    let sealnode =
+        Artifact { path: exe.display().to_string(), sha256, version: Some(env!("CARGO_PKG_VERSION").into()) };
+    let config = Artifact { path: cfg.file.display().to_string(), sha256: file_sha256(&cfg.file)?, version: None };
+    let mut roles = BTreeMap::new();
+    for role in Role::ALL {
+        let r = cfg.role(role);
+        let prog =
+            crate::policy::seccomp::compile_file(&r.seccomp, role.name(), crate::policy::seccomp::native_arch())?;
+        let program = r.command.first().cloned().unwrap_or_default();
+        let host = crate::sandbox::plan::host_path(cfg, role, Path::new(&program));
+        roles.insert(
+            role.name().to_string(),
+            RoleDigests {
+                seccomp_file: r.seccomp.display().to_string(),
+                seccomp_program_sha256: program_sha256(&prog),
+                seccomp_instructions: prog.len(),
+                landlock_file: r.landlock.display().to_string(),
+                landlock_rules_sha256: file_sha256(&r.landlock)?,
+                program,
+                program_sha256: file_sha256(&host).ok(),
+                program_pin: r.sha256.clone(),
+            },
+        );
+    }
+    Ok((sealnode, config, roles))
+}
+
+fn read_u64(path: &Path) -> u64 {
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Write `bytes` to `path` atomically: a temp file in the same directory, fsync, rename,
+/// fsync of the directory. Readers see the old or the new file, never a partial one.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("receipt"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let res = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    res.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(format!("write {}", path.display()), e)
+    })
+}
+
+/// The next generation: above both the counter and the last receipt, persisted (fsync)
+/// before use, so no two starts ever share one, across crashes and reboots.
+fn next_generation(state: &Path) -> Result<u64> {
+    let counter = read_u64(&state.join(GENERATION_FILE));
+    let last = load(&state.join(FILE)).map(|r| r.generation).unwrap_or(0);
+    let next = counter.max(last) + 1;
+    write_atomic(&state.join(GENERATION_FILE), format!("{next}\n").as_bytes(), 0o640)?;
+    Ok(next)
+}
+
+pub fn path(cfg: &Config) -> PathBuf {
+    cfg.cell.state_dir.join(FILE)
+}
+
+/// Build and write the receipt for a start whose preflight produced `canary`.
+pub fn write(cfg: &Config, inv: &Invoker, canary: &Report) -> Result<Receipt> {
+    let state = &cfg.cell.state_dir;
+    std::fs::create_dir_all(state).map_err(|e| Error::io(format!("create {}", state.display()), e))?;
+    let (sealnode, config, roles) = current_digests(cfg)?;
+    let report = serde_json::to_vec(canary).map_err(|e| Error::io("canary report", std::io::Error::other(e)))?;
+    let receipt = Receipt {
+        schema: SCHEMA,
+        generation: next_generation(state)?,
+        started_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string(),
+        sealnode,
+        config,
+        roles,
+        kernel: Kernel {
+            release: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+            landlock_abi: crate::sys::landlock_abi(),
+            userns_mode: if inv.rootful() { "rootful" } else { "rootless" }.into(),
+        },
+        canary: CanarySummary {
+            passed: canary.passed,
+            schema: canary.schema,
+            roles: canary
+                .roles
+                .iter()
+                .map(|r| (r.role.name().to_string(), [r.attempts.len(), r.refused, r.succeeded]))
+                .collect(),
+            report_sha256: sha256_hex(&report),
+        },
+    };
+    let mut bytes = serde_json::to_vec_pretty(&receipt).map_err(|e| Error::io("receipt", std::io::Error::other(e)))?;
+    bytes.push(b'\n');
+    write_atomic(&path(cfg), &bytes, 0o640)?;
+    Ok(receipt)
+}
+
+/// Parse a receipt file (strict: unknown fields and other schema versions are refused).
+pub fn load(file: &Path) -> Result<Receipt> {
+    let text = std::fs::read(file).map_err(|e| Error::io(format!("read {}", file.display()), e))?;
+    parse(&text, file)
+}
+
+pub fn parse(text: &[u8], file: &Path) -> Result<Receipt> {
+    let r: Receipt =
+        serde_json::from_slice(text).map_err(|e| Error::policy(file, format!("not a sealnode receipt: {e}")))?;
+    if r.schema != SCHEMA {
+        return Err(Error::policy(
+            file,
+            format!("receipt schema {} is not {SCHEMA}, the one this sealnode reads", r.schema),
+        ));
+    }
+    Ok(r)
+}
+
+/// Compare a receipt with the current config and binaries; returns the mismatches.
+pub fn verify(receipt: &Receipt, cfg: &Config) -> Result<Vec<String>> {
+    let (sealnode, config, roles) = current_digests(cfg)?;
+    let mut bad = Vec::new();
+    let cmp = |bad: &mut Vec<String>, what: &str, then: &str, now: &str| {
+        if then != now {
+            bad.push(format!("{what}: receipt {then}, now {now}"));
+        }
+    };
+    cmp(&mut bad, "sealnode binary sha256", &receipt.sealnode.sha256, &sealnode.sha256);
+    cmp(&mut bad, "config sha256", &receipt.config.sha256, &config.sha256);
+    for (role, now) in &roles {
+        let Some(then) = receipt.roles.get(role) else {
+            bad.push(format!("{role}: missing from the receipt"));
+            continue;
+        };
+        cmp(
+            &mut bad,
+            &format!("{role} seccomp program sha256"),
+            &then.seccomp_program_sha256,
+            &now.seccomp_program_sha256,
+        );
+        cmp(
+            &mut bad,
+            &format!("{role} landlock rules sha256"),
+            &then.landlock_rules_sha256,
+            &now.landlock_rules_sha256,
+        );
+        cmp(
+            &mut bad,
+            &format!("{role} program sha256"),
+            then.program_sha256.as_deref().unwrap_or("-"),
+            now.program_sha256.as_deref().unwrap_or("-"),
+        );
+    }
+    if !receipt.canary.passed {
+        bad.push("the receipt records a failed canary".into());
+    }
+    Ok(bad)
+}
