@@ -354,6 +354,14 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Read and parse without the host checks (ownership is judged against the launcher's
+    /// uid): for clients such as `sealnode ctl`, which only need the runtime dir.
+    pub fn read_for_client(file: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::config(file, "(config file)", format!("cannot read: {e}")))?;
+        Config::parse(&text, file)
+    }
+
     pub fn role(&self, role: Role) -> &RoleConfig {
         match role {
             Role::Engine => &self.engine,

@@ -186,8 +186,7 @@ fn main() -> ExitCode {
         }
         Command::ProbeInside { args } => exit(sealnode::probe::run_inside(&args)),
         Command::Ctl { config, command } => {
-            let inv = Invoker::current();
-            let cfg = match Config::load(&config, &inv) {
+            let cfg = match Config::read_for_client(&config) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("sealnode: {e}");
