@@ -54,3 +54,16 @@ fn architecture_doc_lists_the_setup_steps_in_code_order() {
     }
     assert_eq!(order, declared, "child_main's step order differs from Stage::ALL");
 }
+
+#[test]
+fn canary_doc_lists_every_attempt_and_exception() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/canary.md")).expect("doc");
+    for s in sealnode::canary::SPECS {
+        assert!(doc.contains(&format!("| `{}` |", s.id)), "docs/canary.md lacks attempt {}", s.id);
+    }
+    let exceptions = doc.split("### Attempts that cannot have two layers").nth(1).expect("section");
+    for (id, _) in sealnode::canary::SINGLE_LAYER {
+        assert!(exceptions.contains(&format!("| `{id}` |")), "docs/canary.md lacks exception {id}");
+    }
+}
