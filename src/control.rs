@@ -87,9 +87,14 @@ pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
 /// `sealnode ctl`: send one request, return the response.
 pub fn client(path: &Path, cmd: &str) -> Result<Value> {
     let mut s = UnixStream::connect(path).map_err(|e| Error::io(format!("connect {}", path.display()), e))?;
-    s.write_all(format!("{}\n", json!({ "cmd": cmd })).as_bytes()).map_err(|e| Error::io("send request", e))?;
+    // A refused peer is answered at once, without its request being read: the write may then
+    // fail (EPIPE) while the answer is already waiting to be read.
+    let sent = s.write_all(format!("{}\n", json!({ "cmd": cmd })).as_bytes());
     let mut line = String::new();
     std::io::BufReader::new(s).read_line(&mut line).map_err(|e| Error::io("read response", e))?;
+    if line.is_empty() {
+        return Err(Error::io("no response", sent.err().unwrap_or_else(|| std::io::ErrorKind::UnexpectedEof.into())));
+    }
     serde_json::from_str(&line).map_err(|e| Error::io("parse response", std::io::Error::other(e)))
 }
 
