@@ -123,7 +123,22 @@ fn for_arch(text: &str, file: &Path, arch: TargetArch) -> Result<String> {
     Ok(doc.to_string())
 }
 
+/// Lint and compile with sealnode's binary-search compiler (see `bpf`).
 pub fn compile_text(text: &str, file: &Path, role: &str, arch: TargetArch) -> Result<BpfProgram> {
+    lint(text, file)?;
+    let prog = super::bpf::compile(&super::bpf::parse(text, file, role, arch)?)?;
+    if prog.len() >= MAX_INSNS {
+        return Err(Error::policy(
+            file,
+            format!("filter {role:?} compiles to {} instructions; the kernel limit is {MAX_INSNS}", prog.len()),
+        ));
+    }
+    Ok(prog)
+}
+
+/// The same policy compiled by seccompiler (its linear chain): the reference the tests
+/// compare sealnode's compiler against, instruction decision by instruction decision.
+pub fn compile_with_seccompiler(text: &str, file: &Path, role: &str, arch: TargetArch) -> Result<BpfProgram> {
     lint(text, file)?;
     let text = for_arch(text, file, arch)?;
     let mut map = seccompiler::compile_from_json(text.as_bytes(), arch)

@@ -1,0 +1,545 @@
+//! sealnode's own seccomp-BPF compiler for seccompiler JSON policies.
+//!
+//! seccompiler emits a linear chain (one comparison per allowed syscall), so a syscall near
+//! the end of the list, a denied one, and every argument-filtered one walk hundreds of
+//! instructions, and attaching the filter (the kernel evaluates it for every syscall number
+//! to build its cache) costs time proportional to that length. This compiler reads the same
+//! JSON (the policy format stays seccompiler's) and emits:
+//!
+//! - the architecture check (any other audit arch, e.g. i386 via int 0x80, kills the process);
+//! - a binary search over the allowed syscall numbers (x32 numbers, above every entry, fall
+//!   through to the default), with `ja` trampolines so no 8-bit jump offset can overflow;
+//! - at each leaf, local return instructions and the argument checks of its syscalls, with
+//!   seccompiler's exact semantics: `dword` compares the low 32 bits, `qword` all 64.
+//!
+//! The unit tests interpret both programs with a small BPF interpreter and require the same
+//! decision for every syscall number and for edge-case arguments of every conditional rule.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+
+use seccompiler::{sock_filter, BpfProgram, TargetArch};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JEQ_K: u16 = 0x15;
+const BPF_JGT_K: u16 = 0x25;
+const BPF_JGE_K: u16 = 0x35;
+const BPF_JA: u16 = 0x05;
+const BPF_RET_K: u16 = 0x06;
+const BPF_AND_K: u16 = 0x54;
+
+pub const RET_ALLOW: u32 = 0x7fff_0000;
+pub const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_KILL_THREAD: u32 = 0;
+const RET_TRAP: u32 = 0x0003_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const OFF_ARGS: u32 = 16;
+
+/// Entries per binary-search leaf (a short linear run beats another level of the tree).
+const LEAF: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    MaskedEq(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cond {
+    pub index: u8,
+    pub qword: bool,
+    pub op: Op,
+    pub val: u64,
+}
+
+/// A parsed policy: per syscall number, the rules (OR) of conditions (AND); an empty rule
+/// list means "always allowed".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filter {
+    pub arch: TargetArch,
+    pub rules: BTreeMap<u32, Vec<Vec<Cond>>>,
+    pub default: u32,
+}
+
+pub fn audit_arch(arch: TargetArch) -> u32 {
+    match arch {
+        TargetArch::x86_64 => 0xC000_003E,
+        TargetArch::aarch64 => 0xC000_00B7,
+        TargetArch::riscv64 => 0xC000_00F3,
+    }
+}
+
+/// Names the kernel's (and seccompiler's) tables use where the `syscalls` crate's differ.
+const ALIASES: &[(TargetArch, &str, &str)] = &[(TargetArch::aarch64, "newfstatat", "fstatat")];
+
+fn syscall_nr(arch: TargetArch, name: &str) -> Option<u32> {
+    let name = ALIASES.iter().find(|(a, from, _)| *a == arch && *from == name).map(|(_, _, to)| *to).unwrap_or(name);
+    match arch {
+        TargetArch::x86_64 => syscalls::x86_64::Sysno::from_str(name).ok().map(|s| s.id() as u32),
+        TargetArch::aarch64 => syscalls::aarch64::Sysno::from_str(name).ok().map(|s| s.id() as u32),
+        TargetArch::riscv64 => None,
+    }
+}
+
+fn action(v: &Value) -> Option<u32> {
+    match v {
+        Value::String(s) => match s.as_str() {
+            "kill_process" => Some(RET_KILL_PROCESS),
+            "kill_thread" | "kill" => Some(RET_KILL_THREAD),
+            "trap" => Some(RET_TRAP),
+            "allow" => Some(RET_ALLOW),
+            _ => None,
+        },
+        Value::Object(o) => o.get("errno").and_then(Value::as_u64).map(|e| RET_ERRNO | (e as u32 & 0xffff)),
+        _ => None,
+    }
+}
+
+/// Parse the filter named `role` from a (linted) seccompiler JSON document for `arch`.
+pub fn parse(text: &str, file: &Path, role: &str, arch: TargetArch) -> Result<Filter> {
+    let err = |r: String| Error::policy(file, format!("filter {role:?}: {r}"));
+    let doc: Value = serde_json::from_str(text).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
+    let f = doc.get(role).ok_or_else(|| Error::policy(file, format!("has no filter named {role:?}")))?;
+    let default = f
+        .get("mismatch_action")
+        .or_else(|| f.get("default_action"))
+        .and_then(action)
+        .filter(|a| *a != RET_ALLOW)
+        .ok_or_else(|| err("mismatch_action must be errno, kill_process, kill_thread or trap".into()))?;
+    let mut rules: BTreeMap<u32, Vec<Vec<Cond>>> = BTreeMap::new();
+    for (i, r) in f.get("filter").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let name = r.get("syscall").and_then(Value::as_str).ok_or_else(|| err(format!("rule {i}: missing syscall")))?;
+        if !matches!(arch, TargetArch::x86_64) && super::seccomp::X86_64_ONLY.contains(&name) {
+            continue;
+        }
+        let nr =
+            syscall_nr(arch, name).ok_or_else(|| err(format!("rule {i}: unknown system call {name:?} on {arch:?}")))?;
+        let entry = rules.entry(nr).or_default();
+        let Some(args) = r.get("args").and_then(Value::as_array) else { continue };
+        let mut conds = Vec::new();
+        for a in args {
+            let index = a
+                .get("index")
+                .and_then(Value::as_u64)
+                .filter(|x| *x < 6)
+                .ok_or_else(|| err(format!("rule {i} ({name}): bad index")))? as u8;
+            let qword = match a.get("type").and_then(Value::as_str) {
+                Some("dword") => false,
+                Some("qword") => true,
+                _ => return Err(err(format!("rule {i} ({name}): type must be dword or qword"))),
+            };
+            let val = a.get("val").and_then(Value::as_u64).ok_or_else(|| err(format!("rule {i} ({name}): bad val")))?;
+            let op = match a.get("op") {
+                Some(Value::String(s)) => match s.as_str() {
+                    "eq" => Op::Eq,
+                    "ne" => Op::Ne,
+                    "lt" => Op::Lt,
+                    "le" => Op::Le,
+                    "gt" => Op::Gt,
+                    "ge" => Op::Ge,
+                    o => return Err(err(format!("rule {i} ({name}): unknown op {o:?}"))),
+                },
+                Some(Value::Object(o)) => Op::MaskedEq(
+                    o.get("masked_eq")
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| err(format!("rule {i} ({name}): bad masked_eq")))?,
+                ),
+                _ => return Err(err(format!("rule {i} ({name}): missing op"))),
+            };
+            if !qword && (val > u64::from(u32::MAX) || matches!(op, Op::MaskedEq(m) if m > u64::from(u32::MAX))) {
+                return Err(err(format!("rule {i} ({name}): a dword comparison takes a 32-bit value")));
+            }
+            conds.push(Cond { index, qword, op, val });
+        }
+        entry.push(conds);
+    }
+    Ok(Filter { arch, rules, default })
+}
+
+/// A jump target in the program being assembled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Label(usize);
+
+#[derive(Debug, Clone, Copy)]
+enum Ins {
+    Ld(u32),
+    And(u32),
+    Ret(u32),
+    Ja(Label),
+    /// Conditional jump: code, constant, true target, false target (None = next instruction).
+    J(u16, u32, Option<Label>, Option<Label>),
+    Mark(Label),
+}
+
+#[derive(Default)]
+struct Asm {
+    ins: Vec<Ins>,
+    labels: usize,
+}
+
+impl Asm {
+    fn label(&mut self) -> Label {
+        self.labels += 1;
+        Label(self.labels)
+    }
+    fn push(&mut self, i: Ins) {
+        self.ins.push(i);
+    }
+    fn mark(&mut self, l: Label) {
+        self.ins.push(Ins::Mark(l));
+    }
+
+    fn assemble(self) -> Result<BpfProgram> {
+        let mut at = vec![usize::MAX; self.labels + 1];
+        let mut pc = 0;
+        for i in &self.ins {
+            match i {
+                Ins::Mark(l) => at[l.0] = pc,
+                _ => pc += 1,
+            }
+        }
+        let mut out = Vec::with_capacity(pc);
+        let rel = |from: usize, l: Option<Label>| -> Result<u8> {
+            let Some(l) = l else { return Ok(0) };
+            let to = at[l.0];
+            u8::try_from(to - from - 1).map_err(|_| Error::policy(Path::new("(bpf)"), "jump offset overflow"))
+        };
+        for i in &self.ins {
+            let pc = out.len();
+            let f = |code: u16, jt: u8, jf: u8, k: u32| sock_filter { code, jt, jf, k };
+            match *i {
+                Ins::Mark(_) => continue,
+                Ins::Ld(off) => out.push(f(BPF_LD_W_ABS, 0, 0, off)),
+                Ins::And(k) => out.push(f(BPF_AND_K, 0, 0, k)),
+                Ins::Ret(k) => out.push(f(BPF_RET_K, 0, 0, k)),
+                Ins::Ja(l) => out.push(f(BPF_JA, 0, 0, (at[l.0] - pc - 1) as u32)),
+                Ins::J(code, k, t, e) => out.push(f(code, rel(pc, t)?, rel(pc, e)?, k)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn lo(v: u64) -> u32 {
+    v as u32
+}
+fn hi(v: u64) -> u32 {
+    (v >> 32) as u32
+}
+
+/// Emit one condition: fall through when it holds, jump to `fail` when it does not.
+fn cond(a: &mut Asm, c: &Cond, fail: Label) {
+    let lo_off = OFF_ARGS + 8 * u32::from(c.index);
+    let hi_off = lo_off + 4;
+    let pass = a.label();
+    if !c.qword {
+        a.push(Ins::Ld(lo_off));
+        match c.op {
+            Op::Eq => a.push(Ins::J(BPF_JEQ_K, lo(c.val), None, Some(fail))),
+            Op::Ne => a.push(Ins::J(BPF_JEQ_K, lo(c.val), Some(fail), None)),
+            Op::Gt => a.push(Ins::J(BPF_JGT_K, lo(c.val), None, Some(fail))),
+            Op::Ge => a.push(Ins::J(BPF_JGE_K, lo(c.val), None, Some(fail))),
+            Op::Lt => a.push(Ins::J(BPF_JGE_K, lo(c.val), Some(fail), None)),
+            Op::Le => a.push(Ins::J(BPF_JGT_K, lo(c.val), Some(fail), None)),
+            Op::MaskedEq(m) => {
+                a.push(Ins::And(lo(m)));
+                a.push(Ins::J(BPF_JEQ_K, lo(c.val & m), None, Some(fail)));
+            }
+        }
+        a.mark(pass);
+        return;
+    }
+    let (vh, vl) = (hi(c.val), lo(c.val));
+    match c.op {
+        Op::Eq => {
+            a.push(Ins::Ld(hi_off));
+            a.push(Ins::J(BPF_JEQ_K, vh, None, Some(fail)));
+            a.push(Ins::Ld(lo_off));
+            a.push(Ins::J(BPF_JEQ_K, vl, None, Some(fail)));
+        }
+        Op::Ne => {
+            a.push(Ins::Ld(hi_off));
+            a.push(Ins::J(BPF_JEQ_K, vh, None, Some(pass)));
+            a.push(Ins::Ld(lo_off));
+            a.push(Ins::J(BPF_JEQ_K, vl, Some(fail), None));
+        }
+        Op::MaskedEq(m) => {
+            a.push(Ins::Ld(hi_off));
+            a.push(Ins::And(hi(m)));
+            a.push(Ins::J(BPF_JEQ_K, hi(c.val & m), None, Some(fail)));
+            a.push(Ins::Ld(lo_off));
+            a.push(Ins::And(lo(m)));
+            a.push(Ins::J(BPF_JEQ_K, lo(c.val & m), None, Some(fail)));
+        }
+        // Unsigned 64-bit orderings: decided by the high words unless they are equal.
+        Op::Gt | Op::Ge => {
+            a.push(Ins::Ld(hi_off));
+            a.push(Ins::J(BPF_JGT_K, vh, Some(pass), None));
+            a.push(Ins::J(BPF_JEQ_K, vh, None, Some(fail)));
+            a.push(Ins::Ld(lo_off));
+            let code = if c.op == Op::Gt { BPF_JGT_K } else { BPF_JGE_K };
+            a.push(Ins::J(code, vl, None, Some(fail)));
+        }
+        Op::Lt | Op::Le => {
+            a.push(Ins::Ld(hi_off));
+            a.push(Ins::J(BPF_JGT_K, vh, Some(fail), None));
+            a.push(Ins::J(BPF_JEQ_K, vh, None, Some(pass)));
+            a.push(Ins::Ld(lo_off));
+            let code = if c.op == Op::Lt { BPF_JGE_K } else { BPF_JGT_K };
+            a.push(Ins::J(code, vl, Some(fail), None));
+        }
+    }
+    a.mark(pass);
+}
+
+/// Binary search over `entries` (sorted by number); the accumulator holds the syscall number.
+fn tree(a: &mut Asm, f: &Filter, entries: &[(u32, &Vec<Vec<Cond>>)]) {
+    if entries.len() > LEAF {
+        let mid = entries.len() / 2;
+        let right = a.label();
+        let left = a.label();
+        // jge pivot -> the `ja right` trampoline (32-bit offset); else into the left half.
+        a.push(Ins::J(BPF_JGE_K, entries[mid].0, None, Some(left)));
+        a.push(Ins::Ja(right));
+        a.mark(left);
+        tree(a, f, &entries[..mid]);
+        a.mark(right);
+        tree(a, f, &entries[mid..]);
+        return;
+    }
+    let allow = a.label();
+    let blocks: Vec<Label> = entries.iter().map(|_| a.label()).collect();
+    for ((nr, rules), b) in entries.iter().zip(&blocks) {
+        let target = if rules.is_empty() { allow } else { *b };
+        a.push(Ins::J(BPF_JEQ_K, *nr, Some(target), None));
+    }
+    a.push(Ins::Ret(f.default));
+    a.mark(allow);
+    a.push(Ins::Ret(RET_ALLOW));
+    for ((_, rules), b) in entries.iter().zip(&blocks) {
+        if rules.is_empty() {
+            continue;
+        }
+        a.mark(*b);
+        for rule in rules.iter() {
+            let next = a.label();
+            for c in rule {
+                cond(a, c, next);
+            }
+            a.push(Ins::Ret(RET_ALLOW));
+            a.mark(next);
+        }
+        a.push(Ins::Ret(f.default));
+    }
+}
+
+/// Compile a parsed filter to a BPF program.
+pub fn compile(f: &Filter) -> Result<BpfProgram> {
+    let mut a = Asm::default();
+    a.push(Ins::Ld(OFF_ARCH));
+    let ok = a.label();
+    a.push(Ins::J(BPF_JEQ_K, audit_arch(f.arch), Some(ok), None));
+    a.push(Ins::Ret(RET_KILL_PROCESS));
+    a.mark(ok);
+    a.push(Ins::Ld(OFF_NR));
+    let entries: Vec<(u32, &Vec<Vec<Cond>>)> = f.rules.iter().map(|(n, r)| (*n, r)).collect();
+    tree(&mut a, f, &entries);
+    a.assemble()
+}
+
+/// Run a classic BPF seccomp program on (arch, nr, args): the decision the kernel would take.
+/// Used by the tests (and fuzzing) to compare programs; supports the instructions both
+/// compilers emit.
+pub fn interpret(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+    let mut data = [0u32; 16];
+    data[0] = nr;
+    data[1] = arch;
+    for (i, a) in args.iter().enumerate() {
+        data[4 + 2 * i] = *a as u32;
+        data[5 + 2 * i] = (*a >> 32) as u32;
+    }
+    let (mut acc, mut pc) = (0u32, 0usize);
+    for _ in 0..100_000 {
+        let Some(i) = prog.get(pc) else { return RET_KILL_THREAD };
+        pc += 1;
+        match i.code {
+            BPF_LD_W_ABS => acc = data.get(i.k as usize / 4).copied().unwrap_or(0),
+            BPF_AND_K => acc &= i.k,
+            BPF_RET_K => return i.k,
+            BPF_JA => pc += i.k as usize,
+            BPF_JEQ_K | BPF_JGT_K | BPF_JGE_K | 0x45 => {
+                let t = match i.code {
+                    BPF_JEQ_K => acc == i.k,
+                    BPF_JGT_K => acc > i.k,
+                    BPF_JGE_K => acc >= i.k,
+                    _ => acc & i.k != 0,
+                };
+                pc += usize::from(if t { i.jt } else { i.jf });
+            }
+            _ => return RET_KILL_THREAD,
+        }
+    }
+    RET_KILL_THREAD
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped() -> Vec<(String, &'static str)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
+        [("engine.json", "engine"), ("node.json", "node"), ("engine-ollama.json", "engine")]
+            .iter()
+            .map(|(f, r)| (std::fs::read_to_string(root.join(f)).expect("read"), *r))
+            .collect()
+    }
+
+    /// Argument values around every constant a policy compares with.
+    fn probes(f: &Filter) -> Vec<u64> {
+        let mut v = vec![0, 1, u64::MAX, 0xffff_ffff, 0x1_0000_0000, 0xdead_0000_0000_5412];
+        for rules in f.rules.values() {
+            for c in rules.iter().flatten() {
+                for x in [
+                    c.val,
+                    c.val.wrapping_add(1),
+                    c.val.wrapping_sub(1),
+                    c.val | 0xffff_ffff_0000_0000,
+                    c.val ^ 0x8000_0000,
+                ] {
+                    v.push(x);
+                }
+                if let Op::MaskedEq(m) = c.op {
+                    v.extend([m, !m, c.val | m, c.val & !m]);
+                }
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Our program and seccompiler's decide every case the same way.
+    fn differential(text: &str, role: &str, arch: TargetArch) {
+        let file = Path::new("policy.json");
+        let theirs = super::super::seccomp::compile_with_seccompiler(text, file, role, arch).expect("seccompiler");
+        let f = parse(text, file, role, arch).expect("parse");
+        let ours = compile(&f).expect("compile");
+        let a = audit_arch(arch);
+        let vals = probes(&f);
+        for nr in (0..1024u32).chain([0x4000_0000, 0x4000_0027, 0x4000_0200, u32::MAX]) {
+            let zero = [0u64; 6];
+            assert_eq!(interpret(&ours, a, nr, zero), interpret(&theirs, a, nr, zero), "{role} {arch:?} nr {nr}");
+            if f.rules.get(&nr).is_some_and(|r| !r.is_empty()) {
+                for (i, x) in vals.iter().enumerate() {
+                    for idx in 0..4 {
+                        let mut args = [vals[(i * 7 + idx) % vals.len()]; 6];
+                        args[idx] = *x;
+                        assert_eq!(
+                            interpret(&ours, a, nr, args),
+                            interpret(&theirs, a, nr, args),
+                            "{role} {arch:?} nr {nr} args {args:x?}"
+                        );
+                    }
+                }
+            }
+        }
+        // Any other architecture (i386 through int 0x80) is killed by both.
+        assert_eq!(interpret(&ours, 0x4000_0003, 20, [0; 6]), RET_KILL_PROCESS);
+        assert_eq!(interpret(&theirs, 0x4000_0003, 20, [0; 6]), RET_KILL_PROCESS);
+    }
+
+    #[test]
+    fn shipped_policies_decide_exactly_like_seccompiler() {
+        for (text, role) in shipped() {
+            for arch in [TargetArch::x86_64, TargetArch::aarch64] {
+                differential(&text, role, arch);
+            }
+        }
+    }
+
+    #[test]
+    fn every_comparison_kind_matches_seccompiler() {
+        let mut rules = Vec::new();
+        for (i, (ty, op)) in ["dword", "qword"]
+            .iter()
+            .flat_map(|t| {
+                ["\"eq\"", "\"ne\"", "\"lt\"", "\"le\"", "\"gt\"", "\"ge\"", "{\"masked_eq\": 4294967295}"]
+                    .iter()
+                    .map(move |o| (*t, *o))
+            })
+            .enumerate()
+        {
+            let name = [
+                "read", "write", "close", "fstat", "lseek", "mmap", "mprotect", "munmap", "brk", "ioctl", "pread64",
+                "pwrite64", "readv", "writev",
+            ][i];
+            let val = if ty == "qword" { "4294967298" } else { "70000" };
+            rules.push(format!("{{\"syscall\": \"{name}\", \"comment\": \"c\", \"args\": [{{\"index\": {}, \"type\": \"{ty}\", \"op\": {op}, \"val\": {val}}}]}}", i % 6));
+        }
+        rules.push("{\"syscall\": \"getpid\", \"comment\": \"two rules, ORed\", \"args\": [{\"index\": 0, \"type\": \"dword\", \"op\": \"eq\", \"val\": 1}]}".into());
+        rules.push("{\"syscall\": \"getpid\", \"comment\": \"two rules, ORed\", \"args\": [{\"index\": 0, \"type\": \"dword\", \"op\": \"eq\", \"val\": 2}, {\"index\": 1, \"type\": \"qword\", \"op\": \"gt\", \"val\": 5}]}".into());
+        let text = format!(
+            "{{\"t\": {{\"mismatch_action\": {{\"errno\": 38}}, \"match_action\": \"allow\", \"filter\": [{}]}}}}",
+            rules.join(",")
+        );
+        differential(&text, "t", TargetArch::x86_64);
+    }
+
+    #[test]
+    fn programs_are_short() {
+        for (text, role) in shipped() {
+            let f = parse(&text, Path::new("p"), role, TargetArch::x86_64).expect("parse");
+            let ours = compile(&f).expect("compile");
+            let theirs =
+                super::super::seccomp::compile_with_seccompiler(&text, Path::new("p"), role, TargetArch::x86_64)
+                    .expect("s");
+            assert!(ours.len() < theirs.len(), "{role}: {} vs seccompiler {}", ours.len(), theirs.len());
+            // The longest path any syscall walks: the search depth plus a leaf.
+            let longest = (0..600u32).map(|nr| steps(&ours, nr)).max().unwrap_or(0);
+            assert!(longest < 40, "{role}: {longest} instructions on the longest path");
+        }
+    }
+
+    fn steps(prog: &[sock_filter], nr: u32) -> usize {
+        let (mut pc, mut n, mut acc) = (0usize, 0usize, 0u32);
+        while let Some(i) = prog.get(pc) {
+            n += 1;
+            pc += 1;
+            match i.code {
+                BPF_LD_W_ABS => {
+                    acc = if i.k == OFF_ARCH {
+                        audit_arch(TargetArch::x86_64)
+                    } else if i.k == OFF_NR {
+                        nr
+                    } else {
+                        0
+                    }
+                }
+                BPF_RET_K => return n,
+                BPF_JA => pc += i.k as usize,
+                BPF_AND_K => acc &= i.k,
+                _ => {
+                    let t = match i.code {
+                        BPF_JEQ_K => acc == i.k,
+                        BPF_JGT_K => acc > i.k,
+                        _ => acc >= i.k,
+                    };
+                    pc += usize::from(if t { i.jt } else { i.jf });
+                }
+            }
+        }
+        n
+    }
+}
