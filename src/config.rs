@@ -625,6 +625,9 @@ impl Config {
         if inv.rootful() && ids[0] == ids[1] {
             return Err(self.err("cell.rootful.node", "engine and node must run as different users"));
         }
+        for (field, dir) in [("cell.state_dir", &self.cell.state_dir), ("cell.runtime_dir", &self.cell.runtime_dir)] {
+            self.check_own_dir(field, dir, inv)?;
+        }
         for role in Role::ALL {
             let r = self.role(role);
             check_trusted_file(&self.file, &r.seccomp, &format!("{role}.seccomp"), inv)?;
@@ -707,6 +710,45 @@ impl Config {
             ));
         }
         Ok(md)
+    }
+
+    /// sealnode's own dirs (receipts, control socket): if present, a real directory owned by
+    /// the launcher (or root) and writable by nobody else. Otherwise another local user could
+    /// swap files (or a symlink for the control socket) under sealnode's feet.
+    fn check_own_dir(&self, field: &str, dir: &Path, inv: &Invoker) -> Result<()> {
+        let md = match crate::sys::open_path_no_symlinks(dir) {
+            Ok(fd) => {
+                std::fs::File::from(fd).metadata().map_err(|e| self.err(field, format!("{}: {e}", dir.display())))?
+            }
+            Err(nix::errno::Errno::ENOENT) => return Ok(()), // created by sealnode with safe modes
+            Err(nix::errno::Errno::ELOOP) => {
+                return Err(
+                    self.err(field, format!("{} is reached through a symlink; name the real path", dir.display()))
+                )
+            }
+            Err(e) => return Err(self.err(field, format!("{}: {}", dir.display(), e.desc()))),
+        };
+        if !md.is_dir() {
+            return Err(self.err(field, format!("{} is not a directory", dir.display())));
+        }
+        if md.uid() != inv.uid && md.uid() != 0 {
+            return Err(self.err(
+                field,
+                format!(
+                    "{} is owned by uid {}; it must belong to sealnode's user (uid {}) or root",
+                    dir.display(),
+                    md.uid(),
+                    inv.uid
+                ),
+            ));
+        }
+        if md.mode() & 0o022 != 0 {
+            return Err(self.err(
+                field,
+                format!("{} is writable by group or others (mode {:o}); chmod go-w", dir.display(), md.mode() & 0o7777),
+            ));
+        }
+        Ok(())
     }
 
     /// Stat a path, refusing symlinks in any component.

@@ -4,7 +4,7 @@
 //!
 //! Requests: `{"cmd":"status"}`, `{"cmd":"recycle"}` (docs/control.md).
 
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -56,26 +56,28 @@ pub fn socket_path(cfg: &Config) -> PathBuf {
     cfg.cell.runtime_dir.join(SOCKET)
 }
 
-/// Read one request line from a connected client: bounded in size and time.
-pub fn read_request(stream: &mut UnixStream) -> std::result::Result<Request, String> {
-    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(READ_TIMEOUT)).map_err(|e| e.to_string())?;
-    let mut line = Vec::new();
-    let mut limited = std::io::BufReader::new(stream.take(MAX_REQUEST as u64 + 1));
-    limited.read_until(b'\n', &mut line).map_err(|e| format!("reading the request: {e}"))?;
-    if line.len() > MAX_REQUEST {
-        return Err(format!("request too large (more than {MAX_REQUEST} bytes)"));
+/// Most control connections served at once; more are answered "busy".
+pub const MAX_CLIENTS: usize = 16;
+
+/// Add bytes a client sent; returns the request once a whole line (or too much) arrived.
+/// Pure: the supervisor reads non-blocking and never waits for a client.
+pub fn feed(buf: &mut Vec<u8>, new: &[u8]) -> Option<std::result::Result<Request, String>> {
+    buf.extend_from_slice(new);
+    if let Some(end) = buf.iter().position(|b| *b == b'\n') {
+        return Some(parse(&buf[..=end]));
     }
-    if !line.ends_with(b"\n") {
-        return Err("request must be one line ending in a newline".into());
+    if buf.len() > MAX_REQUEST {
+        return Some(Err(format!("request too large (more than {MAX_REQUEST} bytes)")));
     }
-    parse(&line)
+    None
 }
 
+/// Send one response line without ever blocking the supervisor (a response is a few hundred
+/// bytes; a client that does not read it loses it).
 pub fn respond(stream: &mut UnixStream, v: &Value) {
     let mut s = v.to_string();
     s.push('\n');
-    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
+    let _ = stream.set_nonblocking(true);
     let _ = stream.write_all(s.as_bytes());
 }
 
@@ -112,5 +114,10 @@ mod tests {
         assert!(parse(b"{}\n").unwrap_err().contains("malformed"));
         assert!(parse(&[0xff, 0xfe, b'\n']).unwrap_err().contains("UTF-8"));
         assert!(parse(&vec![b' '; MAX_REQUEST + 1]).unwrap_err().contains("too large"));
+        let mut buf = Vec::new();
+        assert_eq!(feed(&mut buf, b"{\"cmd\":"), None);
+        assert_eq!(feed(&mut buf, b"\"status\"}\nrest"), Some(Ok(Request::Status)));
+        let mut buf = Vec::new();
+        assert!(feed(&mut buf, &vec![b'x'; MAX_REQUEST + 1]).is_some_and(|r| r.is_err()));
     }
 }

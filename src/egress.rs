@@ -149,6 +149,8 @@ struct Conn {
     connecting: bool,
     /// [0]: node -> upstream, [1]: upstream -> node.
     dirs: [Dir; 2],
+    /// That side hung up and is no longer in epoll.
+    gone: [bool; 2],
     last_active: Instant,
 }
 
@@ -205,11 +207,41 @@ impl Forwarder {
     }
 
     /// Handle an epoll event whose token belongs to the forwarder.
-    pub fn handle(&mut self, epoll: &Epoll, token: u64) {
+    pub fn handle(&mut self, epoll: &Epoll, token: u64, events: EpollFlags) {
         match token & TOKEN_KIND {
             TOKEN_LISTENER => self.accept(epoll, (token & !TOKEN_KIND) as usize),
-            TOKEN_CONN => self.pump(epoll, (token & !TOKEN_KIND) >> 1),
+            TOKEN_CONN => {
+                let id = (token & !TOKEN_KIND) >> 1;
+                self.pump(epoll, id);
+                // epoll reports an error or a hang-up whatever the interest: act on it, or a
+                // dead peer behind a full pipe would wake the loop forever (busy loop).
+                if events.intersects(EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+                    self.hang_up(epoll, id, (token & 1) as usize, events.contains(EpollFlags::EPOLLERR));
+                }
+            }
             _ => {}
+        }
+    }
+
+    /// One side (0: node, 1: upstream) errored or hung up. On an error, or when nothing is left
+    /// to deliver to the other side, the connection closes; otherwise that side is taken out of
+    /// epoll and the remaining buffered bytes still flow the other way.
+    fn hang_up(&mut self, epoll: &Epoll, id: u64, side: usize, error: bool) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        if error || c.connecting {
+            return self.close(epoll, id);
+        }
+        let fd = if side == 0 { &c.inner } else { &c.outer };
+        let _ = epoll.delete(fd.as_fd());
+        c.gone[side] = true;
+        // Nothing more comes from that side, and nothing can be delivered to it: stop reading
+        // the other side too (there is nowhere to put its bytes).
+        c.dirs[side].eof = true;
+        c.dirs[1 - side].eof = true;
+        c.dirs[1 - side].shut = true;
+        c.dirs[1 - side].buffered = 0;
+        if c.dirs[side].buffered == 0 || c.gone[1 - side] {
+            self.close(epoll, id);
         }
     }
 
@@ -243,7 +275,15 @@ impl Forwarder {
             u.stats.active += 1;
             let id = self.next_id;
             self.next_id += 1;
-            let c = Conn { upstream: i, inner, outer, connecting: true, dirs: [d0, d1], last_active: Instant::now() };
+            let c = Conn {
+                upstream: i,
+                inner,
+                outer,
+                connecting: true,
+                dirs: [d0, d1],
+                gone: [false; 2],
+                last_active: Instant::now(),
+            };
             let (fi, fo) = interest(&c);
             let ok = epoll.add(c.inner.as_fd(), EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok()
                 && epoll.add(c.outer.as_fd(), EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok();
@@ -285,8 +325,8 @@ impl Forwarder {
             return self.close(epoll, id);
         }
         let (fi, fo) = interest(c);
-        let ok = epoll.modify(c.inner.as_fd(), &mut EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok()
-            && epoll.modify(c.outer.as_fd(), &mut EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok();
+        let ok = (c.gone[0] || epoll.modify(c.inner.as_fd(), &mut EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok())
+            && (c.gone[1] || epoll.modify(c.outer.as_fd(), &mut EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok());
         if !ok {
             self.close(epoll, id);
         }
@@ -294,8 +334,12 @@ impl Forwarder {
 
     fn close(&mut self, epoll: &Epoll, id: u64) {
         if let Some(c) = self.conns.remove(&id) {
-            let _ = epoll.delete(c.inner.as_fd());
-            let _ = epoll.delete(c.outer.as_fd());
+            if !c.gone[0] {
+                let _ = epoll.delete(c.inner.as_fd());
+            }
+            if !c.gone[1] {
+                let _ = epoll.delete(c.outer.as_fd());
+            }
             self.upstreams[c.upstream].stats.active -= 1;
         }
     }

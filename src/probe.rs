@@ -81,7 +81,8 @@ fn interfaces() -> BTreeMap<String, bool> {
 
 fn iface_up(name: &str) -> bool {
     // SAFETY: plain socket(2); closed below.
-    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    // Any socket can carry SIOCGIFFLAGS; AF_UNIX is one every role may create.
+    let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if s < 0 {
         return false;
     }
@@ -227,6 +228,7 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
             "--bind" => std::net::TcpListener::bind(arg.as_str()).map(drop).map_err(io_errno),
             "--stat" => std::fs::symlink_metadata(arg).map(drop).map_err(io_errno),
             "--fetch" => fetch(arg),
+            "--blast" => blast(arg),
             "--connect-abstract" => connect_abstract(arg),
             "--open" => std::fs::OpenOptions::new().read(true).write(true).open(arg).map(drop).map_err(io_errno),
             "--kill" => arg
@@ -251,6 +253,24 @@ fn fetch(addr: &str) -> Result<(), Errno> {
         0 => Err(Errno::ECONNRESET),
         _ => Ok(()),
     }
+}
+
+/// Send 8 MiB (or as much as the peer takes within 3 s) and then reset the connection
+/// (SO_LINGER 0): a peer that vanishes behind a full buffer.
+fn blast(addr: &str) -> Result<(), Errno> {
+    use std::io::Write;
+    let s = std::net::TcpStream::connect(addr).map_err(io_errno)?;
+    s.set_write_timeout(Some(std::time::Duration::from_secs(3))).map_err(io_errno)?;
+    let chunk = vec![0x5au8; 64 * 1024];
+    let mut w = &s;
+    for _ in 0..128 {
+        if w.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Linger, &libc::linger { l_onoff: 1, l_linger: 0 })?;
+    drop(s);
+    Ok(())
 }
 
 /// Connect to an abstract unix socket (`name` without the leading NUL).

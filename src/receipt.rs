@@ -182,7 +182,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 fn next_generation(state: &Path) -> Result<u64> {
     let counter = read_u64(&state.join(GENERATION_FILE));
     let last = load(&state.join(FILE)).map(|r| r.generation).unwrap_or(0);
-    let next = counter.max(last) + 1;
+    let next = counter.max(last).checked_add(1).ok_or_else(|| {
+        Error::io(format!("generation counter in {} is exhausted", state.display()), std::io::Error::other("u64::MAX"))
+    })?;
     write_atomic(&state.join(GENERATION_FILE), format!("{next}\n").as_bytes(), 0o640)?;
     Ok(next)
 }

@@ -28,6 +28,7 @@ use crate::sandbox::{self, Plan};
 const TOKEN_SIGNAL: u64 = 1 << 56;
 const TOKEN_PROBE: u64 = 4 << 56;
 const TOKEN_CONTROL: u64 = 5 << 56;
+const TOKEN_CLIENT: u64 = 6 << 56;
 /// Time between readiness attempts.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// Restart backoff bounds; a role that ran this long resets its backoff.
@@ -92,12 +93,32 @@ pub struct Supervisor {
     control: std::os::unix::net::UnixListener,
     /// The client waiting for a recycle to finish.
     pending: Option<std::os::unix::net::UnixStream>,
+    /// Control connections still sending their request: (stream, bytes so far, deadline).
+    clients: std::collections::HashMap<u64, (std::os::unix::net::UnixStream, Vec<u8>, Instant)>,
+    next_client: u64,
     receipt: Option<crate::receipt::Receipt>,
     born: Instant,
 }
 
+/// Tell the service manager (if any), never blocking the event loop: sd_notify's send
+/// blocks when the receiver's queue is full, so the datagram is sent non-blocking and dropped
+/// if the manager cannot take it now (systemd drains its socket at once).
 fn notify(states: &[NotifyState]) {
-    let _ = sd_notify::notify(false, states);
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else { return };
+    let _ = sock.set_nonblocking(true);
+    let sent = match path.as_bytes().strip_prefix(b"@") {
+        Some(name) => {
+            std::os::unix::net::SocketAddr::from_abstract_name(name).and_then(|a| sock.send_to_addr(msg.as_bytes(), &a))
+        }
+        None => sock.send_to(msg.as_bytes(), &path),
+    };
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "notification dropped");
+    }
 }
 
 fn status_code(ws: WaitStatus) -> Option<i32> {
@@ -184,6 +205,8 @@ impl Supervisor {
             next_sweep: None,
             control,
             pending: None,
+            clients: std::collections::HashMap::new(),
+            next_client: 1,
             receipt: None,
             born: Instant::now(),
         })
@@ -220,7 +243,8 @@ impl Supervisor {
                     TOKEN_SIGNAL => self.on_signals(),
                     TOKEN_PROBE => self.advance_probe(),
                     TOKEN_CONTROL => self.on_control(),
-                    _ => self.fwd.handle(&self.epoll, token),
+                    TOKEN_CLIENT => self.on_client(token & !TOKEN_KIND),
+                    _ => self.fwd.handle(&self.epoll, token, ev.events()),
                 }
             }
             self.on_timers();
@@ -300,6 +324,8 @@ impl Supervisor {
         }
     }
 
+    /// Accept control connections: check the peer's uid at once, then read its request
+    /// without blocking (bytes arrive through epoll; a deadline bounds the whole request).
     fn on_control(&mut self) {
         loop {
             let mut stream = match self.control.accept() {
@@ -318,24 +344,59 @@ impl Supervisor {
                     continue;
                 }
             }
-            match crate::control::read_request(&mut stream) {
-                Err(e) => crate::control::respond(&mut stream, &crate::control::error(e)),
-                Ok(crate::control::Request::Status) => {
-                    let v = self.status();
-                    crate::control::respond(&mut stream, &v);
+            if self.clients.len() >= crate::control::MAX_CLIENTS || stream.set_nonblocking(true).is_err() {
+                crate::control::respond(&mut stream, &crate::control::error("busy: too many control connections"));
+                continue;
+            }
+            let id = self.next_client;
+            self.next_client += 1;
+            if self.epoll.add(stream.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_CLIENT | id)).is_ok() {
+                self.clients.insert(id, (stream, Vec::new(), Instant::now() + crate::control::READ_TIMEOUT));
+            }
+        }
+    }
+
+    fn on_client(&mut self, id: u64) {
+        let Some((stream, buf, _)) = self.clients.get_mut(&id) else { return };
+        let mut chunk = [0u8; 1024];
+        let got = match std::io::Read::read(stream, &mut chunk) {
+            Ok(0) => Some(Err("request must be one line ending in a newline".to_string())),
+            Ok(n) => crate::control::feed(buf, &chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            Err(e) => Some(Err(format!("reading the request: {e}"))),
+        };
+        let Some(request) = got else { return };
+        let Some((mut stream, _, _)) = self.clients.remove(&id) else { return };
+        let _ = self.epoll.delete(stream.as_fd());
+        match request {
+            Err(e) => crate::control::respond(&mut stream, &crate::control::error(e)),
+            Ok(crate::control::Request::Status) => {
+                let v = self.status();
+                crate::control::respond(&mut stream, &v);
+            }
+            Ok(crate::control::Request::Recycle) => {
+                if self.stopping.is_some() || self.pending.is_some() || self.probe.is_some() {
+                    crate::control::respond(
+                        &mut stream,
+                        &crate::control::error("busy: a start, stop or recycle is in progress; try again"),
+                    );
+                } else {
+                    tracing::info!("control: recycle requested");
+                    self.pending = Some(stream);
+                    self.begin_stop(0, After::Recycle);
                 }
-                Ok(crate::control::Request::Recycle) => {
-                    if self.stopping.is_some() || self.pending.is_some() || self.probe.is_some() {
-                        crate::control::respond(
-                            &mut stream,
-                            &crate::control::error("busy: a start, stop or recycle is in progress; try again"),
-                        );
-                    } else {
-                        tracing::info!("control: recycle requested");
-                        self.pending = Some(stream);
-                        self.begin_stop(0, After::Recycle);
-                    }
-                }
+            }
+        }
+    }
+
+    /// Control clients that did not send a whole request in time get an error and are closed.
+    fn expire_clients(&mut self) {
+        let now = Instant::now();
+        let late: Vec<u64> = self.clients.iter().filter(|(_, (_, _, d))| *d <= now).map(|(id, _)| *id).collect();
+        for id in late {
+            if let Some((mut s, _, _)) = self.clients.remove(&id) {
+                let _ = self.epoll.delete(s.as_fd());
+                crate::control::respond(&mut s, &crate::control::error("timed out waiting for the request line"));
             }
         }
     }
@@ -396,6 +457,7 @@ impl Supervisor {
         if let Some(s) = self.next_sweep {
             d.push(s);
         }
+        d.extend(self.clients.values().map(|(_, _, deadline)| *deadline));
         d.into_iter().min()
     }
 
@@ -653,6 +715,7 @@ impl Supervisor {
 
     fn on_timers(&mut self) {
         let now = Instant::now();
+        self.expire_clients();
         if self.stopping.is_some() {
             self.stop_next();
         }
@@ -709,16 +772,17 @@ impl Supervisor {
 
 /// Bind the control socket (mode 0666: access is decided per connection by SO_PEERCRED).
 fn open_control(cfg: &Config) -> Result<std::os::unix::net::UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
     let dir = &cfg.cell.runtime_dir;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let path = crate::control::socket_path(cfg);
     let _ = std::fs::remove_file(&path);
-    let l =
-        std::os::unix::net::UnixListener::bind(&path).map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
+    // Mode 0666 through the umask at creation, not a chmod afterwards (chmod follows
+    // symlinks); the runtime dir itself is validated as sealnode's own.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o111));
+    let bound = std::os::unix::net::UnixListener::bind(&path);
+    nix::sys::stat::umask(old);
+    let l = bound.map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
     l.set_nonblocking(true).map_err(|e| Error::io("control socket", e))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
-        .map_err(|e| Error::io("control socket", e))?;
     Ok(l)
 }
 

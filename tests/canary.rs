@@ -371,3 +371,30 @@ fn control_socket_checks_peers_and_requests_and_recycles() {
         assert_eq!(run.stop(), Some(0));
     }
 }
+
+/// Found by review: one silent control client blocked the event loop (egress, signals,
+/// status) for the read timeout, and a slow one for hours. Requests are now read without
+/// blocking, with a deadline for the whole line.
+#[test]
+fn a_silent_control_client_does_not_stall_the_supervisor() {
+    if !is_root() {
+        return unavailable("rootful", "the test connects to the control socket as root");
+    }
+    let f = cell_fixture(Mode::Rootful, "silent-ctl");
+    let run = start_run(&f);
+    run.wait_line("node-up");
+    let silent: Vec<UnixStream> =
+        (0..5).map(|_| UnixStream::connect(f.p("run/control.sock")).expect("connect")).collect();
+    let mut slow = UnixStream::connect(f.p("run/control.sock")).expect("connect");
+    let _ = slow.write_all(b"{");
+    let t = Instant::now();
+    let (code, st) = ctl(&f, "status");
+    assert_eq!(code, Some(0), "{st}");
+    assert!(t.elapsed() < Duration::from_millis(500), "status took {:?} behind silent clients", t.elapsed());
+    // The silent ones are answered with a timeout error, not kept forever.
+    let mut line = String::new();
+    BufReader::new(&silent[0]).read_line(&mut line).expect("read");
+    assert!(line.contains("timed out"), "{line}");
+    drop(silent);
+    assert_eq!(run.stop(), Some(0));
+}

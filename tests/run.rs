@@ -494,3 +494,64 @@ fn watchdog_pings_while_running() {
         assert!(pings >= 3, "{mode:?}: {pings} watchdog pings in >600 ms at a 100 ms interval");
     }
 }
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(") ").map(|(_, r)| r.to_string()).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// Found by review: a node that filled the pipe towards an upstream that never reads and then
+/// reset its connection made the supervisor spin at 100% CPU (epoll reports the hang-up
+/// whatever the interest; nothing acted on it).
+#[test]
+fn a_vanished_peer_does_not_make_the_supervisor_spin() {
+    for mode in modes() {
+        // An upstream that accepts and never reads.
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming().flatten() {
+                held.push(s);
+            }
+        });
+        let node_sh = format!(
+            "/opt/sealnode/sealnode __probe-inside --blast gw.test:{port} > /dev/null; echo blasted; exec sleep 1000"
+        );
+        let node_extra = format!("egress = [{{ host = \"gw.test\", port = {port}, connect = \"127.0.0.1:{port}\" }}]");
+        let f = cell(mode, "spin", HTTPD, &node_sh, &node_extra, "", "");
+        let run = start(&f, &[]);
+        run.line(60, |l| l == "blasted");
+        std::thread::sleep(Duration::from_millis(300));
+        let before = cpu_ticks(run.child.id());
+        std::thread::sleep(Duration::from_secs(2));
+        let used = cpu_ticks(run.child.id()) - before;
+        // Clock ticks are 1/100 s: a busy loop would use ~200 in 2 s.
+        assert!(used < 30, "{mode:?}: the supervisor used {used} ticks of CPU in 2 s while idle");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
+/// Found by review: the notification send blocked when nobody read NOTIFY_SOCKET, freezing
+/// the loop (SIGTERM ignored). Notifications are now sent without blocking.
+#[test]
+fn an_unread_notify_socket_does_not_freeze_the_supervisor() {
+    for mode in modes() {
+        let f = cell(mode, "deadnotify", HTTPD, "echo node-up; exec sleep 1000", "", "", "");
+        use std::os::unix::fs::PermissionsExt;
+        let path = f.p("dead-notify.sock");
+        let _sock = UnixDatagram::bind(&path).expect("bind");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let p = path.display().to_string();
+        let run = start_with(&f, &[("NOTIFY_SOCKET", p.as_str()), ("WATCHDOG_USEC", "20000")], true);
+        run.line(30, |l| l == "node-up");
+        std::thread::sleep(Duration::from_millis(500));
+        let (code, secs, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(secs < 5.0, "{mode:?}: stop took {secs}s");
+    }
+}

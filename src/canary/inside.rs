@@ -447,6 +447,7 @@ fn run(id: &str, ctx: &Ctx) -> R {
         "x32_getpid" => sc(39 | 0x4000_0000, [Z, Z, Z, Z, Z, Z]),
         // ---- sockets ----
         "socket_raw" => sock(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP),
+        "socket_udp" => sock(libc::AF_INET, libc::SOCK_DGRAM, 0),
         "socket_packet" => sock(libc::AF_PACKET, libc::SOCK_RAW, 0),
         "socket_netlink" => sock(libc::AF_NETLINK, libc::SOCK_RAW, 0),
         "socket_alg" => sock(libc::AF_ALG, libc::SOCK_SEQPACKET, 0),

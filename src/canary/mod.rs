@@ -229,6 +229,7 @@ pub const SPECS: &[Spec] = &[
     a("x32_getpid", "compat", "x32 system call number", &[S], PRIV),
     // sockets
     a("socket_raw", "sockets", "raw IPv4 socket", &[S, C], PRIV),
+    a("socket_udp", "sockets", "UDP socket (Landlock's port rules cover TCP only)", &[S], PRIV),
     a("socket_packet", "sockets", "AF_PACKET socket", &[S, C], PRIV),
     a("socket_netlink", "sockets", "AF_NETLINK socket", &[S], PRIV),
     a("socket_alg", "sockets", "AF_ALG (kernel crypto) socket", &[S], PRIV),
@@ -271,6 +272,7 @@ pub const SINGLE_LAYER: &[(&str, &str)] = &[
     ("tioclinux", "only seccomp; the role has no virtual console in its view either way"),
     ("int80_getpid", "the architecture check of the seccomp filter; ia32 emulation is a kernel build option"),
     ("x32_getpid", "only seccomp (and whether the kernel was built with x32)"),
+    ("socket_udp", "Landlock restricts TCP ports only; seccomp refuses UDP sockets (nothing in a role needs UDP: the cell has no DNS)"),
     ("socket_netlink", "creating one needs no privilege; changing anything through it needs CAP_NET_ADMIN"),
     ("socket_alg", "AF_ALG is unprivileged; only seccomp refuses it"),
     ("socket_vsock", "unprivileged; only seccomp (and no vsock transport in the cell's netns)"),

@@ -356,3 +356,22 @@ fn shipped_examples_parse() {
         .replace("@GWPORT@", "18765");
     Config::parse(&filled, Path::new("demo.toml")).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn host_own_dirs_must_not_be_writable_by_others() {
+    let h = Host::new();
+    let text = h.config().replace(
+        &format!("state_dir = \"{}\"", h.dir.path().display()),
+        &format!("state_dir = \"{}\"", h.p("st").display()),
+    );
+    std::fs::create_dir(h.p("st")).expect("mkdir");
+    std::fs::set_permissions(h.p("st"), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let (field, reason) = host_bad(&h, &text);
+    assert_eq!(field, "cell.state_dir");
+    assert!(reason.contains("writable by group or others"), "{reason}");
+    std::fs::remove_dir(h.p("st")).expect("rm");
+    std::os::unix::fs::symlink(h.p("venv"), h.p("st")).expect("symlink");
+    let (field, reason) = host_bad(&h, &text);
+    assert_eq!(field, "cell.state_dir");
+    assert!(reason.contains("symlink"), "{reason}");
+}
