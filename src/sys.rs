@@ -222,6 +222,36 @@ pub fn drop_bounding_set() -> Result<(), Errno> {
     Ok(())
 }
 
+/// Clear the ambient capability set.
+pub fn prctl_ambient_clear_all() -> Result<(), Errno> {
+    // SAFETY: PR_CAP_AMBIENT with PR_CAP_AMBIENT_CLEAR_ALL takes only integers.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// Is `cap` still in the bounding set?
+pub fn capbset_has(cap: u32) -> Result<bool, Errno> {
+    // SAFETY: PR_CAPBSET_READ takes an integer capability number.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAPBSET_READ,
+            cap as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    Errno::result(r).map(|v| v == 1)
+}
+
 /// prctl(option, arg) for the integer-only options sealnode uses.
 pub fn prctl(option: libc::c_int, arg: libc::c_ulong) -> Result<(), Errno> {
     // SAFETY: every option passed here takes plain integer arguments.
@@ -336,4 +366,44 @@ pub fn int80(nr: u32) -> i64 {
         std::arch::asm!("int 0x80", inout("rax") eax, out("r8") _, out("r9") _, out("r10") _, out("r11") _);
     }
     eax as i64
+}
+
+/// capget/capset header and data (version 3: two 32-bit words per set).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_V3: u32 = 0x2008_0522;
+
+/// The calling thread's (effective, permitted, inheritable) sets as 64-bit masks.
+pub fn capget() -> Result<(u64, u64, u64), Errno> {
+    let mut hdr = CapHeader { version: CAP_V3, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: hdr and data are valid for capget's version-3 layout (two data structs).
+    Errno::result(unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()) })?;
+    let w = |f: fn(&CapData) -> u32| u64::from(f(&data[0])) | u64::from(f(&data[1])) << 32;
+    Ok((w(|d| d.effective), w(|d| d.permitted), w(|d| d.inheritable)))
+}
+
+/// Set the calling thread's (effective, permitted, inheritable) sets in one call.
+pub fn capset(effective: u64, permitted: u64, inheritable: u64) -> Result<(), Errno> {
+    let mut hdr = CapHeader { version: CAP_V3, pid: 0 };
+    let split = |v: u64| (v as u32, (v >> 32) as u32);
+    let (e, p, i) = (split(effective), split(permitted), split(inheritable));
+    let data = [
+        CapData { effective: e.0, permitted: p.0, inheritable: i.0 },
+        CapData { effective: e.1, permitted: p.1, inheritable: i.1 },
+    ];
+    // SAFETY: hdr and data are valid for capset's version-3 layout (two data structs).
+    Errno::result(unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) }).map(drop)
 }

@@ -25,7 +25,7 @@ fn confine(plan: &Plan, fds: ChildFds) -> Result<(), Errno> {
     caps::set_ids(plan.ids)?;
     // The id change cleared PDEATHSIG: re-arm it, and give up if the launcher is already gone.
     sys::rearm_pdeathsig(fds.sync)?;
-    caps::drop_all()?;
+    caps::drop_all_no_exec()?;
     // Not dumpable: the workload (same uid) cannot ptrace or read init's memory.
     sys::prctl(libc::PR_SET_DUMPABLE, 0)?;
     // Init needs no file and no network at all.

@@ -30,17 +30,22 @@ fn ms_flags(attrs: u64) -> MsFlags {
     f
 }
 
-/// mkdir -p (mode 0755); existing directories are fine.
+/// mkdir -p (mode 0755); existing directories are fine. Tries the whole path first, so an
+/// existing parent costs one call, not one per component.
 fn mkdir_p(path: &Path) -> R {
-    let mut cur = std::path::PathBuf::new();
-    for c in path.components() {
-        cur.push(c);
-        match mkdir(&cur, Mode::from_bits_truncate(0o755)) {
-            Ok(()) | Err(Errno::EEXIST) => {}
-            Err(e) => return Err(e),
+    match mkdir(path, Mode::from_bits_truncate(0o755)) {
+        Ok(()) | Err(Errno::EEXIST) => Ok(()),
+        Err(Errno::ENOENT) => {
+            if let Some(parent) = path.parent() {
+                mkdir_p(parent)?;
+            }
+            match mkdir(path, Mode::from_bits_truncate(0o755)) {
+                Ok(()) | Err(Errno::EEXIST) => Ok(()),
+                Err(e) => Err(e),
+            }
         }
+        Err(e) => Err(e),
     }
-    Ok(())
 }
 
 fn as_path(c: &CStr) -> &Path {
