@@ -7,10 +7,14 @@
 //! JSON (the policy format stays seccompiler's) and emits:
 //!
 //! - the architecture check (any other audit arch, e.g. i386 via int 0x80, kills the process);
-//! - a binary search over the allowed syscall numbers (x32 numbers, above every entry, fall
-//!   through to the default), with `ja` trampolines so no 8-bit jump offset can overflow;
-//! - at each leaf, local return instructions and the argument checks of its syscalls, with
-//!   seccompiler's exact semantics: `dword` compares the low 32 bits, `qword` all 64.
+//! - first the argument-filtered syscalls, most frequent first (`openat`, `ioctl`, ...), each
+//!   with its checks inline: the kernel caches "always allowed" per number, so after attach
+//!   these (and denied ones) are the only calls that run the filter at all;
+//! - then a binary search over the unconditionally allowed numbers (x32 numbers, above every
+//!   entry, fall through to the default), with `ja` trampolines so no 8-bit jump offset can
+//!   overflow, and local return instructions at each leaf;
+//! - argument checks with seccompiler's exact semantics: `dword` compares the low 32 bits,
+//!   `qword` all 64.
 //!
 //! The unit tests interpret both programs with a small BPF interpreter and require the same
 //! decision for every syscall number and for edge-case arguments of every conditional rule.
@@ -333,15 +337,7 @@ fn tree(a: &mut Asm, f: &Filter, entries: &[(u32, &Vec<Vec<Cond>>)]) {
             continue;
         }
         a.mark(*b);
-        for rule in rules.iter() {
-            let next = a.label();
-            for c in rule {
-                cond(a, c, next);
-            }
-            a.push(Ins::Ret(RET_ALLOW));
-            a.mark(next);
-        }
-        a.push(Ins::Ret(f.default));
+        block(a, f, rules);
     }
 }
 
@@ -354,9 +350,41 @@ pub fn compile(f: &Filter) -> Result<BpfProgram> {
     a.push(Ins::Ret(RET_KILL_PROCESS));
     a.mark(ok);
     a.push(Ins::Ld(OFF_NR));
-    let entries: Vec<(u32, &Vec<Vec<Cond>>)> = f.rules.iter().map(|(n, r)| (*n, r)).collect();
+    // The kernel caches "always allowed" per syscall number, so after attach the filter only
+    // runs for argument-filtered and denied syscalls. The argument-filtered ones come first,
+    // most frequent first, each with its checks inline; the tree covers the rest.
+    let mut conditional: Vec<(u32, &Vec<Vec<Cond>>)> =
+        f.rules.iter().filter(|(_, r)| !r.is_empty()).map(|(n, r)| (*n, r)).collect();
+    let hot = |n: u32| HOT.iter().position(|h| syscall_nr(f.arch, h) == Some(n)).unwrap_or(HOT.len());
+    conditional.sort_by_key(|(n, _)| (hot(*n), *n));
+    for (nr, rules) in &conditional {
+        let next = a.label();
+        a.push(Ins::J(BPF_JEQ_K, *nr, None, Some(next)));
+        block(&mut a, f, rules);
+        a.mark(next);
+        // The argument checks clobbered the accumulator: reload the number.
+        a.push(Ins::Ld(OFF_NR));
+    }
+    let entries: Vec<(u32, &Vec<Vec<Cond>>)> =
+        f.rules.iter().filter(|(_, r)| r.is_empty()).map(|(n, r)| (*n, r)).collect();
     tree(&mut a, f, &entries);
     a.assemble()
+}
+
+/// Argument-filtered syscalls in the order they are checked: the most frequent first.
+const HOT: &[&str] = &["openat", "ioctl", "open", "socket", "clone", "prctl", "fchmod", "fchmodat", "socketpair"];
+
+/// The argument checks of one syscall: rules ORed, conditions ANDed; ends in a return.
+fn block(a: &mut Asm, f: &Filter, rules: &[Vec<Cond>]) {
+    for rule in rules {
+        let next = a.label();
+        for c in rule {
+            cond(a, c, next);
+        }
+        a.push(Ins::Ret(RET_ALLOW));
+        a.mark(next);
+    }
+    a.push(Ins::Ret(f.default));
 }
 
 /// Run a classic BPF seccomp program on (arch, nr, args): the decision the kernel would take.
