@@ -151,6 +151,8 @@ struct Conn {
     dirs: [Dir; 2],
     /// That side hung up and is no longer in epoll.
     gone: [bool; 2],
+    /// The interest currently registered for (inner, outer): epoll_ctl only on change.
+    registered: (EpollFlags, EpollFlags),
     last_active: Instant,
 }
 
@@ -253,6 +255,8 @@ impl Forwarder {
                 Err(Errno::EINTR) | Err(Errno::ECONNABORTED) => continue,
                 Err(_) => return,
             };
+            // Small request/response traffic (WebSocket frames) must not wait for Nagle.
+            let _ = nix::sys::socket::setsockopt(&inner, sockopt::TcpNoDelay, &true);
             if u.stats.active >= self.max_per_upstream {
                 u.stats.refused_over_limit += 1;
                 tracing::warn!(upstream = %u.stats.upstream, limit = self.max_per_upstream, "egress connection refused: limit reached");
@@ -275,16 +279,18 @@ impl Forwarder {
             u.stats.active += 1;
             let id = self.next_id;
             self.next_id += 1;
-            let c = Conn {
+            let mut c = Conn {
                 upstream: i,
                 inner,
                 outer,
                 connecting: true,
                 dirs: [d0, d1],
                 gone: [false; 2],
+                registered: (EpollFlags::empty(), EpollFlags::empty()),
                 last_active: Instant::now(),
             };
             let (fi, fo) = interest(&c);
+            c.registered = (fi, fo);
             let ok = epoll.add(c.inner.as_fd(), EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok()
                 && epoll.add(c.outer.as_fd(), EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok();
             self.conns.insert(id, c);
@@ -325,8 +331,13 @@ impl Forwarder {
             return self.close(epoll, id);
         }
         let (fi, fo) = interest(c);
-        let ok = (c.gone[0] || epoll.modify(c.inner.as_fd(), &mut EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok())
-            && (c.gone[1] || epoll.modify(c.outer.as_fd(), &mut EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok());
+        let ok = (c.gone[0]
+            || fi == c.registered.0
+            || epoll.modify(c.inner.as_fd(), &mut EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok())
+            && (c.gone[1]
+                || fo == c.registered.1
+                || epoll.modify(c.outer.as_fd(), &mut EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok());
+        c.registered = (fi, fo);
         if !ok {
             self.close(epoll, id);
         }
