@@ -75,6 +75,18 @@ enum Command {
         #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
+    /// Write a role's compiled seccomp program as raw BPF to stdout (for inspection and for the
+    /// benchmarks: `bwrap --seccomp FD` takes this format).
+    SeccompBpf {
+        /// The seccompiler JSON policy file.
+        policy: PathBuf,
+        /// The filter's name in the file (the role).
+        #[arg(long, value_enum)]
+        role: Role,
+        /// seccompiler's linear chain instead of sealnode's binary search (comparison only).
+        #[arg(long)]
+        seccompiler: bool,
+    },
     /// Report what this kernel offers sealnode and what each fact means.
     Doctor {
         /// Config file (its policies' minimum Landlock ABI is checked when given).
@@ -229,6 +241,34 @@ fn main() -> ExitCode {
                         println!("  {b}");
                     }
                     exit(1)
+                }
+                Err(e) => {
+                    eprintln!("sealnode: {e}");
+                    exit(1)
+                }
+            }
+        }
+        Command::SeccompBpf { policy, role, seccompiler } => {
+            use std::io::Write;
+            let arch = sealnode::policy::seccomp::native_arch();
+            let prog = std::fs::read_to_string(&policy)
+                .map_err(|e| sealnode::Error::policy(&policy, format!("cannot read: {e}")))
+                .and_then(|t| {
+                    if seccompiler {
+                        sealnode::policy::seccomp::compile_with_seccompiler(&t, &policy, role.name(), arch)
+                    } else {
+                        sealnode::policy::seccomp::compile_text(&t, &policy, role.name(), arch)
+                    }
+                });
+            match prog {
+                Ok(p) => {
+                    let mut out = Vec::with_capacity(p.len() * 8);
+                    for i in &p {
+                        out.extend_from_slice(&i.code.to_ne_bytes());
+                        out.extend_from_slice(&[i.jt, i.jf]);
+                        out.extend_from_slice(&i.k.to_ne_bytes());
+                    }
+                    exit(if std::io::stdout().write_all(&out).is_ok() { 0 } else { 1 })
                 }
                 Err(e) => {
                     eprintln!("sealnode: {e}");

@@ -1,0 +1,70 @@
+# Shared setup for the benchmarks (sourced). Needs root: it creates a fixture config with role
+# users 61001/61002 under $BENCH and installs the public tools from Debian.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH=${SEALNODE_BENCH_DIR:-/var/tmp/sealnode-bench}
+export PATH="$HOME/.cargo/bin:/usr/local/bin:/usr/bin:/bin:$PATH"
+CPU=${SEALNODE_BENCH_CPU:-1}   # launch benchmarks are pinned to one CPU (see BENCHMARKING notes)
+
+need=()
+for p in hyperfine bubblewrap socat iperf3 python3-seccomp gcc libc6-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null; fi
+
+# The release build sealnode ships: statically linked (see docs/performance.md).
+(cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --quiet --target x86_64-unknown-linux-gnu --target-dir "$REPO/target/static" 2>/dev/null)
+SN="$REPO/target/static/x86_64-unknown-linux-gnu/release/sealnode"
+(cd "$REPO" && cargo build --release --quiet)
+SN_DYN="$REPO/target/release/sealnode"
+
+mkdir -p "$BENCH/bin" "$BENCH/pol"
+gcc -O2 -static -o "$BENCH/bin/syscall-loop" "$REPO/bench/syscall-loop.c"
+gcc -O2 -static -o "$BENCH/bin/pingpong" "$REPO/bench/pingpong.c"
+chmod 0755 "$BENCH" "$BENCH/bin" "$BENCH/bin/"*
+install -m 0644 "$REPO"/seccomp/*.json "$REPO"/landlock-rules/*.toml "$BENCH/pol/"
+for role in node engine; do
+  "$SN" seccomp-bpf "$BENCH/pol/$role.json" --role "$role" > "$BENCH/$role.sealnode.bpf"
+  "$SN" seccomp-bpf "$BENCH/pol/$role.json" --role "$role" --seccompiler > "$BENCH/$role.seccompiler.bpf"
+  /usr/bin/python3 "$REPO/bench/libseccomp-filter.py" "$BENCH/pol/$role.json" "$role" "$BENCH/$role.libseccomp.bpf"
+done
+
+# $1 = dir, $2 = rootful|rootless, $3 = extra [node] lines
+write_fixture() {
+  local d=$1 mode=$2 extra=${3:-}
+  local eo=61001 no=61002 owner=0
+  [ "$mode" = rootless ] && eo=65534 && no=65534 && owner=65534
+  rm -rf "$d"; mkdir -p "$d"/{models,es,ns,state,run}
+  chown "$eo:$eo" "$d/es"; chown "$no:$no" "$d/ns"; chmod 0700 "$d/es" "$d/ns"
+  chown "$owner:$owner" "$d/state" "$d/run"; chmod 0755 "$d" "$d/models"
+  echo cred > "$d/cred"; chown "$no:$no" "$d/cred"; chmod 0400 "$d/cred"
+  local rootful=""
+  [ "$mode" = rootful ] && rootful='rootful = { engine = "61001:61001", node = "61002:61002" }'
+  cat > "$d/c.toml" <<TOML
+schema = 1
+[cell]
+state_dir = "$d/state"
+runtime_dir = "$d/run"
+$rootful
+stop_timeout_s = 2
+[engine]
+command = ["/usr/bin/true"]
+port = 18080
+seccomp = "$BENCH/pol/engine.json"
+landlock = "$BENCH/pol/engine.toml"
+models = "$d/models"
+scratch = "$d/es"
+ro_binds = [{ src = "$BENCH/bin", dst = "/opt/bench" }]
+[node]
+command = ["/usr/bin/true"]
+seccomp = "$BENCH/pol/node.json"
+landlock = "$BENCH/pol/node.toml"
+scratch = "$d/ns"
+credential = "$d/cred"
+ro_binds = [{ src = "$BENCH/bin", dst = "/opt/bench" }]
+$extra
+TOML
+  chmod 0644 "$d/c.toml"; [ "$mode" = rootless ] && chown 65534 "$d/c.toml" || true
+}
+
+BWRAP="bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Launch overhead: `sealnode exec --role node -- /bin/true` with every layer on, against bare
+# /bin/true, bwrap with all namespaces and the same allowlist compiled by libseccomp, and
+# unshare -Urmnpiu --fork. As root (rootful) and as uid 65534 (rootless). Pinned to one CPU;
+# ROUNDS rounds alternate the order of the commands. Every command runs through
+# `sh -c 'exec ...'` (bwrap needs the filter on an fd), so all pay the same shell.
+. "$(dirname "$0")/common.sh"
+ROUNDS=${ROUNDS:-4}; RUNS=${RUNS:-100}
+out=$BENCH/results; mkdir -p "$out"
+for mode in rootful rootless; do
+  write_fixture "$BENCH/$mode" "$mode"
+  as=""; [ "$mode" = rootless ] && as="setpriv --reuid 65534 --regid 65534 --clear-groups"
+  cmds=(
+    "sealnode" "sh -c 'exec $as $SN exec --config $BENCH/$mode/c.toml --role node -- /bin/true'"
+    "sealnode, dynamically linked" "sh -c 'exec $as $SN_DYN exec --config $BENCH/$mode/c.toml --role node -- /bin/true'"
+    "bwrap + libseccomp allowlist" "sh -c 'exec $as $BWRAP --seccomp 9 /bin/true 9<$BENCH/node.libseccomp.bpf'"
+    "unshare -Urmnpiu --fork" "sh -c 'exec $as unshare -Urmnpiu --fork /bin/true'"
+    "bare /bin/true" "sh -c 'exec $as /bin/true'"
+  )
+  files=()
+  for r in $(seq 1 "$ROUNDS"); do
+    args=()
+    n=$(( ${#cmds[@]} / 2 ))
+    for k in $(seq 0 $((n - 1))); do
+      i=$(( (k + r) % n ))   # rotate the order every round
+      args+=(-n "${cmds[$((2 * i))]}" "${cmds[$((2 * i + 1))]}")
+    done
+    taskset -c "$CPU" hyperfine -N -w 20 -r "$RUNS" --style none --export-json "$out/launch-$mode-$r.json" "${args[@]}" >/dev/null
+    files+=("$out/launch-$mode-$r.json")
+  done
+  echo "### launch, $mode ($ROUNDS rounds x $RUNS runs, CPU $CPU)"
+  python3 "$(dirname "$0")/report.py" "bwrap + libseccomp allowlist" "${files[@]}"
+  echo
+done
