@@ -63,14 +63,18 @@ fn status_fields() -> BTreeMap<String, String> {
         .collect()
 }
 
-fn interfaces() -> BTreeMap<String, bool> {
-    let names: Vec<String> = std::fs::read_to_string("/proc/self/net/dev")
+/// Names of the network interfaces in this process's network namespace.
+pub fn interface_names() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/net/dev")
         .unwrap_or_default()
         .lines()
         .skip(2)
         .filter_map(|l| l.split(':').next().map(|n| n.trim().to_string()))
-        .collect();
-    names
+        .collect()
+}
+
+fn interfaces() -> BTreeMap<String, bool> {
+    interface_names()
         .into_iter()
         .map(|n| {
             let up = iface_up(&n);

@@ -455,15 +455,7 @@ fn run(id: &str, ctx: &Ctx) -> R {
         "socket_pfkey" => sock(libc::AF_KEY, libc::SOCK_RAW, 2 /* PF_KEY_V2 */),
         "socket_autoload" => sock(libc::AF_APPLETALK, libc::SOCK_DGRAM, 0),
         // ---- network ----
-        "interfaces_only_lo" => {
-            let names: Vec<String> = std::fs::read_to_string("/proc/self/net/dev")
-                .unwrap_or_default()
-                .lines()
-                .skip(2)
-                .filter_map(|l| l.split(':').next().map(|n| n.trim().to_string()))
-                .collect();
-            fact(names.iter().any(|n| n != "lo"))
-        }
+        "interfaces_only_lo" => fact(crate::probe::interface_names().iter().any(|n| n != "lo")),
         "host_loopback_service" => connect_tcp(&format!("127.0.0.1:{}", ctx.host_port)),
         "host_abstract_socket" => {
             use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
