@@ -13,3 +13,4 @@ echo
 ./egress.sh | sed 's/^### egress: /### egress, unpinned (throughput): /'
 echo
 ./footprint.sh
+./inference.sh

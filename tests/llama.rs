@@ -1,0 +1,125 @@
+//! Real workloads end to end: llama.cpp's llama-server with a real model as the engine, the
+//! real frutebox-node 0.1.0 as the node, a test gateway on the host reached only through
+//! declared egress. Prepared by scripts/build-llama-server and scripts/prepare-python
+//! (.ci/run runs both).
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+struct Real {
+    server: String,
+    model: String,
+    pycopy: String,
+    prefix: String,
+    venv: String,
+}
+
+fn real() -> Option<Real> {
+    let v = |k: &str| std::env::var(k).ok().filter(|p| std::path::Path::new(p).exists());
+    Some(Real {
+        server: v("SEALNODE_TEST_LLAMA_SERVER")?,
+        model: v("SEALNODE_TEST_MODEL")?,
+        pycopy: v("SEALNODE_TEST_PYTHON")?,
+        prefix: std::env::var("SEALNODE_TEST_PYTHON_PREFIX").ok()?,
+        venv: v("SEALNODE_TEST_VENV")?,
+    })
+}
+
+#[test]
+fn real_llama_server_and_frutebox_node_sealed_end_to_end() {
+    let Some(r) = real() else {
+        return unavailable("llama", "SEALNODE_TEST_LLAMA_SERVER/_MODEL or the Python env are not prepared (scripts/build-llama-server, scripts/prepare-python)");
+    };
+    for (i, mode) in modes().into_iter().enumerate() {
+        let mut f = Fixture::new(mode, "llama");
+        // The engine's view holds exactly the one model it should serve.
+        let model = f.p("models/smollm2.gguf");
+        std::fs::remove_file(f.p("models/model.gguf")).expect("rm");
+        if std::fs::hard_link(&r.model, &model).is_err() {
+            std::fs::copy(&r.model, &model).expect("copy model");
+        }
+        let bin_dir = std::path::Path::new(&r.server).parent().expect("dir").display().to_string();
+        let gw_port = 18900 + i as u16 + (std::process::id() % 40) as u16 * 2;
+        f.engine_cmd = "[\"/opt/llama/llama-server\", \"-m\", \"/models/smollm2.gguf\", \"--host\", \"127.0.0.1\", \"--port\", \"18080\", \"-t\", \"1\", \"-c\", \"2048\"]".into();
+        f.engine_extra = format!("ro_binds = [{{ src = \"{bin_dir}\", dst = \"/opt/llama\" }}]\nready = {{ kind = \"http\", path = \"/health\", timeout_s = 120 }}");
+        let py = format!("{}/bin/python", r.venv);
+        f.node_cmd = format!(
+            "[\"{py}\", \"-I\", \"-u\", \"-m\", \"frutebox.provider\", \"--id\", \"sealed-llama\", \"--gateway-url\", \"ws://gateway.test:{gw_port}/provider/ws\", \"--models\", \"smollm2\", \"--compute-type\", \"cpu\", \"--memory-gb\", \"2\", \"--cpu-cores\", \"1\"]"
+        );
+        f.node_extra = format!(
+            "ro_binds = [{{ src = \"{}\", dst = \"{}\" }}, {{ src = \"{}\" }}]\negress = [{{ host = \"gateway.test\", port = {gw_port}, connect = \"127.0.0.1:{gw_port}\" }}]",
+            r.pycopy, r.prefix, r.venv
+        );
+        f.write_config();
+        let text = std::fs::read_to_string(&f.config).expect("read").replace(
+            "env = { set = { FRUTEBOX_ENGINE = \"llamacpp\" }, pass = [\"SEALNODE_TEST_PASS\"] }",
+            "env = { set = { FRUTEBOX_ENGINE = \"llamacpp\", FRUTEBOX_LLAMACPP_HOST = \"http://127.0.0.1:18080\", FRUTEBOX_NODE_STATE_FILE = \"/scratch/state\" } }",
+        );
+        std::fs::write(&f.config, text).expect("write");
+        let gw_script = repo().join("examples/demo/standin-gateway.py");
+        let mut gw = Command::new(&py)
+            .args([
+                "-u",
+                &gw_script.display().to_string(),
+                "--port",
+                &gw_port.to_string(),
+                "--model",
+                "smollm2",
+                "--timeout",
+                "150",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("gateway");
+        std::thread::sleep(Duration::from_millis(500));
+        let cfg = f.config.display().to_string();
+        let mut run = f
+            .command(&["run", "--config", &cfg])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run");
+        let deadline = Instant::now() + Duration::from_secs(170);
+        let gw_status = loop {
+            if let Some(st) = gw.try_wait().expect("wait") {
+                break st;
+            }
+            if let Ok(Some(st)) = run.try_wait() {
+                let _ = gw.kill();
+                let mut e = String::new();
+                let _ = std::io::Read::read_to_string(&mut run.stderr.take().expect("stderr"), &mut e);
+                panic!("{mode:?}: sealnode run exited early: {st}: {e}");
+            }
+            assert!(Instant::now() < deadline, "{mode:?}: no round trip in time");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // While the real workloads run: the seal holds (same cell layout, fresh battery).
+        let canary = f.command(&["canary", "--config", &cfg, "--json"]).output().expect("canary");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let out = run.wait_with_output().expect("run");
+        let mut gw_out = String::new();
+        let _ = std::io::Read::read_to_string(&mut gw.stdout.take().expect("stdout"), &mut gw_out);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(gw_status.success(), "{mode:?}: gateway: {gw_out}\nsealnode: {err}");
+        assert!(
+            gw_out.contains("job-plain result: '") && !gw_out.contains("job-plain result: ''"),
+            "{mode:?}: {gw_out}"
+        );
+        assert!(gw_out.contains("job-stream result") && gw_out.contains("streamed as"), "{mode:?}: {gw_out}");
+        assert_eq!(out.status.code(), Some(0), "{mode:?}: {err}");
+        let c: serde_json::Value = serde_json::from_slice(&canary.stdout).expect("canary json");
+        assert_eq!(c["passed"], true, "{mode:?}: canary while the real workloads ran: {c}");
+        // Egress: the node's only upstream is the gateway and nothing was refused (the node's
+        // reconnects after the test gateway exited are the only failed connects).
+        assert!(
+            err.contains(&format!("upstream=gateway.test:{gw_port}")) && err.contains("refused=0"),
+            "{mode:?}: {err}"
+        );
+        assert_eq!(err.matches("egress totals").count(), 1, "{mode:?}: {err}");
+    }
+}
