@@ -58,6 +58,13 @@ enum Command {
         /// on its own; exit 1 if an attempt not listed as an exception has fewer than two.
         #[arg(long)]
         matrix: bool,
+        /// Also write the battery as JUnit XML to this file (one test case per attempt and role;
+        /// `-` for stdout instead of the table).
+        #[arg(long, value_name = "FILE", conflicts_with = "matrix")]
+        junit: Option<PathBuf>,
+        /// Also write the battery as TAP version 13 to this file (`-` for stdout instead of the table).
+        #[arg(long, value_name = "FILE", conflicts_with = "matrix")]
+        tap: Option<PathBuf>,
     },
     /// Talk to a running `sealnode run` over its control socket.
     Ctl {
@@ -95,6 +102,17 @@ enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+    },
+    /// Write the man pages (sealnode.1 and one sealnode-<subcommand>.1 per subcommand) to a directory.
+    Man {
+        /// Output directory (created if missing).
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// Print a shell completion script to stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
     /// Run sealnode's probe inside a role's sandbox and print what it sees (JSON).
     #[command(hide = true)]
@@ -143,6 +161,51 @@ fn exit(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+/// One roff page for the top-level command and one per visible subcommand (`sealnode-run.1`, ...).
+fn write_man_pages(dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let top = <Cli as clap::CommandFactory>::command();
+    let mut pages = vec![top.clone()];
+    for sub in top.get_subcommands().filter(|c| !c.is_hide_set()) {
+        // Page `sealnode-canary(1)`, synopsis `sealnode canary ...`, as git names its pages.
+        let bin = format!("sealnode {}", sub.get_name());
+        pages.push(sub.clone().name(format!("sealnode-{}", sub.get_name())).bin_name(bin));
+    }
+    for page in pages {
+        let path = dir.join(format!("{}.1", page.get_name()));
+        let mut out = Vec::new();
+        let man = clap_mangen::Man::new(page).source(concat!("sealnode ", env!("CARGO_PKG_VERSION")));
+        man.render(&mut out).map_err(|e| format!("cannot render {}: {e}", path.display()))?;
+        std::fs::write(&path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Write the canary battery's JUnit and TAP reports where asked (`-` is stdout).
+fn write_ci_reports(
+    r: &sealnode::canary::Report,
+    junit: Option<&std::path::Path>,
+    tap: Option<&std::path::Path>,
+) -> Result<(), String> {
+    use sealnode::canary::ci_report;
+    let mut outputs = Vec::new();
+    if let Some(p) = junit {
+        let xml = ci_report::junit(r).map_err(|e| format!("canary --junit: cannot render the report: {e}"))?;
+        outputs.push((p, xml));
+    }
+    if let Some(p) = tap {
+        outputs.push((p, ci_report::tap(r)));
+    }
+    for (path, text) in outputs {
+        if path == std::path::Path::new("-") {
+            print!("{text}");
+        } else {
+            std::fs::write(path, text).map_err(|e| format!("canary: cannot write {}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Build the plan and run it to completion; any failure before the workload runs is 125.
 fn run_sandboxed(config: &std::path::Path, role: Role, argv: Vec<String>, program: Option<Program>) -> ExitCode {
     let inv = Invoker::current();
@@ -167,7 +230,10 @@ fn run_sandboxed(config: &std::path::Path, role: Role, argv: Vec<String>, progra
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::ProbeInside { .. } | Command::CanaryInside { .. } => {}
+        Command::ProbeInside { .. }
+        | Command::CanaryInside { .. }
+        | Command::Man { .. }
+        | Command::Completions { .. } => {}
         Command::Run { .. } => init_logging("info"),
         _ => init_logging("warn"),
     }
@@ -277,7 +343,7 @@ fn main() -> ExitCode {
             }
         }
         Command::CanaryInside { ctx, ids } => exit(sealnode::canary::inside::main(&ctx, &ids)),
-        Command::Canary { config, role, json, matrix } => {
+        Command::Canary { config, role, json, matrix, junit, tap } => {
             let inv = Invoker::current();
             let roles: Vec<Role> = role.map(|r| vec![r]).unwrap_or_else(|| Role::ALL.to_vec());
             let cfg = match Config::load(&config, &inv) {
@@ -305,9 +371,13 @@ fn main() -> ExitCode {
             } else {
                 match sealnode::canary::battery(&cfg, &inv, &roles, None) {
                     Ok(r) => {
+                        if let Err(e) = write_ci_reports(&r, junit.as_deref(), tap.as_deref()) {
+                            eprintln!("sealnode: {e}");
+                            return exit(SETUP_FAILED);
+                        }
                         if json {
                             println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
-                        } else {
+                        } else if ![&junit, &tap].iter().any(|p| p.as_deref() == Some(std::path::Path::new("-"))) {
                             print!("{}", sealnode::canary::render(&r));
                         }
                         exit(if r.passed { 0 } else { 1 })
@@ -318,6 +388,18 @@ fn main() -> ExitCode {
                     }
                 }
             }
+        }
+        Command::Man { dir } => match write_man_pages(&dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sealnode: man: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "sealnode", &mut std::io::stdout());
+            ExitCode::SUCCESS
         }
         Command::Doctor { config, json } => {
             let inv = Invoker::current();

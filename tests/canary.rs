@@ -22,6 +22,58 @@ fn canary(f: &Fixture, args: &[&str]) -> (Option<i32>, Value, String) {
     (o.status.code(), v, err)
 }
 
+/// Run the battery again with `--junit` and `--tap`, validate the XML against the JUnit schema CI
+/// systems read (xmllint) and feed the TAP to `prove`; both must agree with the JSON report.
+/// Returns prove's output.
+fn check_ci_reports(f: &Fixture, extra: &[&str], json: &Value) -> Option<String> {
+    let (Some(xmllint), Some(prove)) = (which("/usr/bin/xmllint"), which("/usr/bin/prove")) else {
+        unavailable("ci-reports", "xmllint (libxml2-utils) and prove (perl) are needed to check the reports");
+        return None;
+    };
+    let cfg = f.config.display().to_string();
+    // The reports belong to whoever runs the canary (uid 65534 in rootless mode).
+    let dir = f.p("reports");
+    std::fs::create_dir_all(&dir).expect("reports dir");
+    if f.mode == Mode::Rootless {
+        std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).expect("chown reports");
+    }
+    let (junit, tap) = (dir.join("canary.xml"), dir.join("canary.tap"));
+    let mut a = vec!["canary", "--config", cfg.as_str()];
+    a.extend_from_slice(extra);
+    let (j, t) = (junit.display().to_string(), tap.display().to_string());
+    a.extend_from_slice(&["--junit", j.as_str(), "--tap", t.as_str()]);
+    let o = f.command(&a).stdin(Stdio::null()).output().expect("canary");
+    let passed = json["passed"] == true;
+    assert_eq!(o.status.code(), Some(if passed { 0 } else { 1 }), "{}", String::from_utf8_lossy(&o.stderr));
+    // The human table still goes to stdout.
+    assert!(String::from_utf8_lossy(&o.stdout).contains("canary: "), "no table");
+
+    let xsd = repo().join("tests/fixtures/junit.xsd");
+    let v = std::process::Command::new(xmllint)
+        .arg("--noout")
+        .arg("--schema")
+        .arg(&xsd)
+        .arg(&junit)
+        .output()
+        .expect("xmllint");
+    assert!(v.status.success(), "JUnit XML does not validate: {}", String::from_utf8_lossy(&v.stderr));
+    let xml = std::fs::read_to_string(&junit).expect("junit");
+    let attempts: usize =
+        json["roles"].as_array().expect("roles").iter().map(|r| r["attempts"].as_array().map_or(0, Vec::len)).sum();
+    let escapes: usize =
+        json["roles"].as_array().expect("roles").iter().map(|r| r["succeeded"].as_u64().unwrap_or(0) as usize).sum();
+    assert_eq!(xml.matches("<testcase ").count(), attempts, "one test case per attempt and role");
+    assert_eq!(xml.matches("<failure ").count(), escapes, "one failure per escape");
+
+    // prove reads the TAP as one test script's output (`--exec cat`).
+    let p = std::process::Command::new(prove).args(["--exec", "cat", "--verbose"]).arg(&tap).output().expect("prove");
+    let out = String::from_utf8_lossy(&p.stdout).into_owned();
+    assert_eq!(p.status.success(), passed, "prove disagrees with the JSON report:\n{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), attempts - escapes, "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("not ok ")).count(), escapes, "{out}");
+    Some(out)
+}
+
 #[test]
 fn battery_refuses_every_attempt_with_the_expected_layer() {
     for mode in modes() {
@@ -32,6 +84,7 @@ fn battery_refuses_every_attempt_with_the_expected_layer() {
         assert_eq!(code, Some(0), "{mode:?}: {err}\n{r}");
         assert_eq!(r["schema"], 1);
         assert_eq!(r["passed"], true);
+        check_ci_reports(&f, &[], &r);
         let roles = r["roles"].as_array().expect("roles");
         assert_eq!(roles.len(), 2);
         for role in roles {
@@ -133,6 +186,10 @@ fn a_weakened_sandbox_fails_the_canary_and_run_refuses_to_start() {
             .cloned()
             .expect("io");
         assert_eq!(io["outcome"], "succeeded", "{mode:?}: {io}");
+        if let Some(out) = check_ci_reports(&f, &["--role", "node"], &r) {
+            let line = out.lines().find(|l| l.starts_with("not ok ")).expect("a failing test");
+            assert!(line.contains("node/io_uring_setup"), "{mode:?}: {out}");
+        }
         f.node_cmd = "[\"/bin/sh\", \"-c\", \"echo node-up; exec sleep 100\"]".into();
         f.write_config();
         let cfg = f.config.display().to_string();

@@ -48,3 +48,88 @@ fn help_lists_the_commands() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent.toml"), "{err}");
 }
+
+fn sealnode(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_sealnode")).args(args).output().expect("sealnode")
+}
+
+/// The visible subcommands, as `sealnode --help` lists them.
+fn subcommands() -> Vec<String> {
+    let help = String::from_utf8(sealnode(&["--help"]).stdout).expect("utf8");
+    help.split("Commands:")
+        .nth(1)
+        .expect("a Commands: section")
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+#[test]
+fn man_pages_cover_every_subcommand_and_option() {
+    let dir = std::env::temp_dir().join(format!("sealnode-man-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = sealnode(&["man", "--dir", dir.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let subs = subcommands();
+    assert!(subs.len() >= 9, "{subs:?}");
+    let mut expected: Vec<String> = subs.iter().map(|s| format!("sealnode-{s}.1")).collect();
+    expected.push("sealnode.1".into());
+    expected.sort();
+    let mut got: Vec<String> = std::fs::read_dir(&dir)
+        .expect("man dir")
+        .filter_map(|e| e.ok().and_then(|e| e.file_name().into_string().ok()))
+        .collect();
+    got.sort();
+    assert_eq!(got, expected, "one page per subcommand, nothing else");
+    let groff = which("/usr/bin/groff");
+    for s in &subs {
+        let page = std::fs::read_to_string(dir.join(format!("sealnode-{s}.1"))).expect("page");
+        // Every long option the subcommand's --help shows is documented on its page.
+        let help = String::from_utf8(sealnode(&[s.as_str(), "--help"]).stdout).expect("utf8");
+        for opt in help.split_whitespace().filter(|w| w.starts_with("--")) {
+            let opt = opt.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+            let roff = opt.replace('-', "\\-");
+            assert!(page.contains(&roff) || page.contains(opt), "sealnode-{s}.1 lacks {opt}");
+        }
+        // And it renders without a groff warning.
+        if let Some(g) = &groff {
+            let r = std::process::Command::new(g)
+                .args(["-man", "-Tutf8", "-ww", "-z"])
+                .arg(dir.join(format!("sealnode-{s}.1")))
+                .output()
+                .expect("groff");
+            assert!(r.status.success() && r.stderr.is_empty(), "{s}: {}", String::from_utf8_lossy(&r.stderr));
+        }
+    }
+    if groff.is_none() {
+        unavailable("groff", "groff is not installed; man pages were not rendered");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn completions_know_every_subcommand() {
+    let subs = subcommands();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let o = sealnode(&["completions", shell]);
+        assert!(o.status.success(), "{shell}: {}", String::from_utf8_lossy(&o.stderr));
+        let script = String::from_utf8(o.stdout).expect("utf8");
+        for s in &subs {
+            assert!(script.contains(s.as_str()), "{shell} completion lacks {s}");
+        }
+        if shell == "bash" {
+            // The script must at least parse.
+            let mut c = std::process::Command::new("/bin/bash");
+            c.args(["-n", "/dev/stdin"]).stdin(std::process::Stdio::piped());
+            let mut child = c.spawn().expect("bash");
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("write");
+            assert!(child.wait().expect("wait").success(), "bash completion does not parse");
+        }
+    }
+    let bad = sealnode(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(2));
+}

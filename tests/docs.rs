@@ -67,3 +67,38 @@ fn canary_doc_lists_every_attempt_and_exception() {
         assert!(exceptions.contains(&format!("| `{id}` |")), "docs/canary.md lacks exception {id}");
     }
 }
+
+/// Every `sealnode <subcommand> --option` the CI examples in docs/ci/ run exists in that
+/// subcommand's --help, so the examples cannot drift from the command line.
+#[test]
+fn ci_examples_use_real_options() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root.join("docs/ci")).expect("docs/ci") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("read");
+        for line in text.lines().filter(|l| !l.trim_start().starts_with('#') && !l.trim_start().starts_with("//")) {
+            // The invocation follows `sealnode"` (the sudo form) or `sealnode `.
+            let Some(at) = line.find("sealnode\" ").map(|i| i + 10).or_else(|| {
+                line.match_indices("sealnode ").find(|(i, _)| *i == 0 || !line[..*i].ends_with('/')).map(|(i, _)| i + 9)
+            }) else {
+                continue;
+            };
+            let words: Vec<&str> = line[at..].split_whitespace().collect();
+            let Some(sub) = words.first() else { continue };
+            if !["doctor", "canary", "run", "ctl", "verify-receipt", "exec"].contains(sub) {
+                continue;
+            }
+            let help = std::process::Command::new(env!("CARGO_BIN_EXE_sealnode"))
+                .args([sub, &"--help"])
+                .output()
+                .expect("help");
+            let help = String::from_utf8_lossy(&help.stdout);
+            for w in words.iter().filter(|w| w.starts_with("--")) {
+                assert!(help.contains(&format!("{w} ")), "{}: `sealnode {sub}` has no {w}", path.display());
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 8, "only {checked} options checked: the extractor no longer finds the examples");
+}

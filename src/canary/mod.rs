@@ -5,6 +5,7 @@
 //! this half classifies outcomes, runs the battery in a cell like `run` builds (preflight) or
 //! standalone per layer (the layer matrix), and renders a table or versioned JSON.
 
+pub mod ci_report;
 pub mod inside;
 
 use std::collections::BTreeMap;
