@@ -34,8 +34,24 @@ fn real_llama_server_and_frutebox_node_sealed_end_to_end() {
     let Some(r) = real() else {
         return unavailable("llama", "SEALNODE_TEST_LLAMA_SERVER/_MODEL or the Python env are not prepared (scripts/build-llama-server, scripts/prepare-python)");
     };
+    end_to_end(&r, None);
+}
+
+/// The second engine: llama-cpp-python's own OpenAI-compatible server (Python, FastAPI and
+/// uvicorn) under the same engine policy, proving the policy also fits a Python engine.
+#[test]
+fn llama_cpp_python_server_as_the_engine_end_to_end() {
+    let (Some(r), Some(pyengine)) =
+        (real(), std::env::var("SEALNODE_TEST_PYENGINE").ok().filter(|p| std::path::Path::new(p).exists()))
+    else {
+        return unavailable("llama", "SEALNODE_TEST_PYENGINE (llama-cpp-python[server] venv) or the llama env are not prepared (scripts/build-llama-server)");
+    };
+    end_to_end(&r, Some(&pyengine));
+}
+
+fn end_to_end(r: &Real, pyengine: Option<&str>) {
     for (i, mode) in modes().into_iter().enumerate() {
-        let mut f = Fixture::new(mode, "llama");
+        let mut f = Fixture::new(mode, if pyengine.is_some() { "llama-py" } else { "llama" });
         // The engine's view holds exactly the one model it should serve.
         let model = f.p("models/smollm2.gguf");
         std::fs::remove_file(f.p("models/model.gguf")).expect("rm");
@@ -43,9 +59,19 @@ fn real_llama_server_and_frutebox_node_sealed_end_to_end() {
             std::fs::copy(&r.model, &model).expect("copy model");
         }
         let bin_dir = std::path::Path::new(&r.server).parent().expect("dir").display().to_string();
-        let gw_port = 18900 + i as u16 + (std::process::id() % 40) as u16 * 2;
-        f.engine_cmd = "[\"/opt/llama/llama-server\", \"-m\", \"/models/smollm2.gguf\", \"--host\", \"127.0.0.1\", \"--port\", \"18080\", \"-t\", \"1\", \"-c\", \"2048\"]".into();
-        f.engine_extra = format!("ro_binds = [{{ src = \"{bin_dir}\", dst = \"/opt/llama\" }}]\nready = {{ kind = \"http\", path = \"/health\", timeout_s = 120 }}");
+        let gw_port =
+            18900 + i as u16 + (std::process::id() % 40) as u16 * 2 + if pyengine.is_some() { 100 } else { 0 };
+        if let Some(pe) = pyengine {
+            // Its venv's interpreter is the same CPython the node uses, bound at its prefix.
+            f.engine_cmd = format!("[\"{pe}/bin/python\", \"-I\", \"-m\", \"llama_cpp.server\", \"--model\", \"/models/smollm2.gguf\", \"--model_alias\", \"smollm2\", \"--host\", \"127.0.0.1\", \"--port\", \"18080\", \"--n_threads\", \"1\", \"--n_ctx\", \"2048\", \"--use_mlock\", \"false\"]");
+            f.engine_extra = format!(
+                "ro_binds = [{{ src = \"{}\", dst = \"{}\" }}, {{ src = \"{pe}\" }}]\nready = {{ kind = \"http\", path = \"/v1/models\", timeout_s = 120 }}",
+                r.pycopy, r.prefix
+            );
+        } else {
+            f.engine_cmd = "[\"/opt/llama/llama-server\", \"-m\", \"/models/smollm2.gguf\", \"--host\", \"127.0.0.1\", \"--port\", \"18080\", \"-t\", \"1\", \"-c\", \"2048\"]".into();
+            f.engine_extra = format!("ro_binds = [{{ src = \"{bin_dir}\", dst = \"/opt/llama\" }}]\nready = {{ kind = \"http\", path = \"/health\", timeout_s = 120 }}");
+        }
         let py = format!("{}/bin/python", r.venv);
         f.node_cmd = format!(
             "[\"{py}\", \"-I\", \"-u\", \"-m\", \"frutebox.provider\", \"--id\", \"sealed-llama\", \"--gateway-url\", \"ws://gateway.test:{gw_port}/provider/ws\", \"--models\", \"smollm2\", \"--compute-type\", \"cpu\", \"--memory-gb\", \"2\", \"--cpu-cores\", \"1\"]"
@@ -72,6 +98,9 @@ fn real_llama_server_and_frutebox_node_sealed_end_to_end() {
                 "--timeout",
                 "150",
             ])
+            // llama-cpp-python's server shares one model context between requests and garbles
+            // concurrent ones (an empty streamed answer, reproduced outside any sandbox).
+            .args(if pyengine.is_some() { &["--one-at-a-time"][..] } else { &[][..] })
             .stdout(Stdio::piped())
             .spawn()
             .expect("gateway");
@@ -84,6 +113,14 @@ fn real_llama_server_and_frutebox_node_sealed_end_to_end() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("run");
+        // Drain sealnode's stderr (the roles' stderr too) while it runs: a chatty engine would
+        // otherwise fill the pipe and block in write(2).
+        let mut stderr = run.stderr.take().expect("stderr");
+        let drain = std::thread::spawn(move || {
+            let mut e = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut stderr, &mut e);
+            String::from_utf8_lossy(&e).into_owned()
+        });
         let deadline = Instant::now() + Duration::from_secs(170);
         let gw_status = loop {
             if let Some(st) = gw.try_wait().expect("wait") {
@@ -91,8 +128,7 @@ fn real_llama_server_and_frutebox_node_sealed_end_to_end() {
             }
             if let Ok(Some(st)) = run.try_wait() {
                 let _ = gw.kill();
-                let mut e = String::new();
-                let _ = std::io::Read::read_to_string(&mut run.stderr.take().expect("stderr"), &mut e);
+                let e = drain.join().unwrap_or_default();
                 panic!("{mode:?}: sealnode run exited early: {st}: {e}");
             }
             assert!(Instant::now() < deadline, "{mode:?}: no round trip in time");
@@ -101,17 +137,21 @@ fn real_llama_server_and_frutebox_node_sealed_end_to_end() {
         // While the real workloads run: the seal holds (same cell layout, fresh battery).
         let canary = f.command(&["canary", "--config", &cfg, "--json"]).output().expect("canary");
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.id() as i32), nix::sys::signal::Signal::SIGTERM);
-        let out = run.wait_with_output().expect("run");
+        let status = run.wait().expect("run");
         let mut gw_out = String::new();
         let _ = std::io::Read::read_to_string(&mut gw.stdout.take().expect("stdout"), &mut gw_out);
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = drain.join().unwrap_or_default();
         assert!(gw_status.success(), "{mode:?}: gateway: {gw_out}\nsealnode: {err}");
+        // The gateway prints the result with Python's repr: '...' or "..." when it holds a quote.
+        let plain = gw_out.split("job-plain result: ").nth(1).unwrap_or("");
         assert!(
-            gw_out.contains("job-plain result: '") && !gw_out.contains("job-plain result: ''"),
-            "{mode:?}: {gw_out}"
+            (plain.starts_with('\'') || plain.starts_with('"'))
+                && !plain.starts_with("''")
+                && !plain.starts_with("\"\""),
+            "{mode:?}: no non-empty result: {gw_out}"
         );
         assert!(gw_out.contains("job-stream result") && gw_out.contains("streamed as"), "{mode:?}: {gw_out}");
-        assert_eq!(out.status.code(), Some(0), "{mode:?}: {err}");
+        assert_eq!(status.code(), Some(0), "{mode:?}: {err}");
         let c: serde_json::Value = serde_json::from_slice(&canary.stdout).expect("canary json");
         assert_eq!(c["passed"], true, "{mode:?}: canary while the real workloads ran: {c}");
         // Egress: the node's only upstream is the gateway and nothing was refused (the node's

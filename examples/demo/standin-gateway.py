@@ -6,7 +6,10 @@ frutebox-node's WebSocket protocol (JSON frames: the node sends `register`; we a
 `result`s) to prove a job's round trip through sealnode's declared egress. Prints what it
 receives, exits 0 once both results arrived with content, non-zero on error or timeout.
 
-    python standin-gateway.py --port 18765 [--model standin] [--timeout 90]
+    python standin-gateway.py --port 18765 [--model standin] [--timeout 90] [--one-at-a-time]
+
+--one-at-a-time sends the streamed job only after the plain one's result, for engines that
+serve one request at a time (llama-cpp-python's server garbles concurrent requests).
 """
 import argparse
 import asyncio
@@ -16,7 +19,7 @@ import sys
 import websockets
 
 
-async def serve(port, model, timeout):
+async def serve(port, model, timeout, one_at_a_time=False):
     done = asyncio.get_running_loop().create_future()
 
     async def handler(ws):
@@ -33,9 +36,17 @@ async def serve(port, model, timeout):
             "job-stream": {"type": "job", "id": "job-stream", "model": model, "stream": True,
                            "messages": [{"role": "user", "content": "Stream me an answer."}]},
         }
-        for j in jobs.values():
+        unsent = list(jobs.values())
+
+        async def send_next():
+            j = unsent.pop(0)
             print(f"gateway: -> {j['id']} ({'streamed' if j.get('stream') else 'plain'}): {j['messages'][0]['content']}", flush=True)
             await ws.send(json.dumps(j))
+
+        while unsent:
+            await send_next()
+            if one_at_a_time:
+                break
         chunks, results = {}, {}
         async for raw in ws:
             msg = json.loads(raw)
@@ -48,6 +59,8 @@ async def serve(port, model, timeout):
                 print(f"gateway: <- {msg['id']} result: {msg['content']!r}"
                       + (f" (streamed as {len(chunks.get(msg['id'], []))} chunks: {streamed!r})" if streamed else "")
                       + f" backend={msg.get('backend')}", flush=True)
+                if unsent:
+                    await send_next()
                 if set(results) == set(jobs):
                     ok = all(r["content"] for r in results.values()) and \
                         "".join(chunks.get("job-stream", [])) == results["job-stream"]["content"]
@@ -75,8 +88,9 @@ def main():
     p.add_argument("--port", type=int, default=18765)
     p.add_argument("--model", default="standin")
     p.add_argument("--timeout", type=float, default=90)
+    p.add_argument("--one-at-a-time", action="store_true")
     a = p.parse_args()
-    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout)))
+    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.one_at_a_time)))
 
 
 if __name__ == "__main__":

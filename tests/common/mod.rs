@@ -245,6 +245,11 @@ env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"]
 
 impl Drop for Fixture {
     fn drop(&mut self) {
+        // SEALNODE_TEST_KEEP=1 keeps the fixture (config, policies, state) for debugging.
+        if std::env::var_os("SEALNODE_TEST_KEEP").is_some() {
+            eprintln!("kept fixture {}", self.dir.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
