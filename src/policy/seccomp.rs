@@ -14,14 +14,78 @@ use crate::error::{Error, Result};
 /// The kernel refuses programs longer than this (BPF_MAXINSNS).
 pub const MAX_INSNS: usize = 4096;
 
+/// Deserializes any JSON value and fails on an object that names a key twice, at any depth.
+struct NoDuplicateKeys;
+
+impl<'de> serde::Deserialize<'de> for NoDuplicateKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = NoDuplicateKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut seen = std::collections::BTreeSet::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    if !seen.insert(k.clone()) {
+                        return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
+                    }
+                    m.next_value::<NoDuplicateKeys>()?;
+                }
+                Ok(NoDuplicateKeys)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> std::result::Result<Self::Value, A::Error> {
+                while s.next_element::<NoDuplicateKeys>()?.is_some() {}
+                Ok(NoDuplicateKeys)
+            }
+            fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
+                Ok(NoDuplicateKeys)
+            }
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
+                Ok(NoDuplicateKeys)
+            }
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
+                Ok(NoDuplicateKeys)
+            }
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
+                Ok(NoDuplicateKeys)
+            }
+            fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
+                Ok(NoDuplicateKeys)
+            }
+            fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+                Ok(NoDuplicateKeys)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Lint a seccompiler JSON document: allowlists only, every rule commented, no rule set that
 /// mixes an unconditional and a conditional rule for one syscall (seccompiler would silently
 /// keep only the conditional one).
 pub fn lint(text: &str, file: &Path) -> Result<()> {
+    // A key given twice is ambiguous (serde_json keeps the last, seccompiler refuses the file).
+    serde_json::from_str::<NoDuplicateKeys>(text).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
     let doc: Value = serde_json::from_str(text).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
     let filters = doc.as_object().ok_or_else(|| Error::policy(file, "top level must be an object of named filters"))?;
     for (name, f) in filters {
         let err = |r: String| Error::policy(file, format!("filter {name:?}: {r}"));
+        // Unknown keys are refused, as seccompiler does: a misspelt "Args" would otherwise
+        // turn an argument-restricted rule into an unconditional allow.
+        let known = |v: &Value, keys: &[&str], what: String| -> Result<()> {
+            let obj = v.as_object().ok_or_else(|| err(format!("{what} must be an object")))?;
+            match obj.keys().find(|k| !keys.contains(&k.as_str())) {
+                Some(k) => Err(err(format!("{what}: unknown key {k:?} (known: {})", keys.join(", ")))),
+                None => Ok(()),
+            }
+        };
+        known(
+            f,
+            &["mismatch_action", "default_action", "match_action", "filter_action", "filter"],
+            "the filter".into(),
+        )?;
         let mismatch = f.get("mismatch_action").or_else(|| f.get("default_action"));
         match mismatch {
             None => return Err(err("missing mismatch_action".into())),
@@ -39,8 +103,12 @@ pub fn lint(text: &str, file: &Path) -> Result<()> {
         let rules = f.get("filter").and_then(Value::as_array).ok_or_else(|| err("missing \"filter\" array".into()))?;
         let mut kinds: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
         for (i, r) in rules.iter().enumerate() {
+            known(r, &["syscall", "args", "comment"], format!("rule {i}"))?;
             let sc =
                 r.get("syscall").and_then(Value::as_str).ok_or_else(|| err(format!("rule {i}: missing syscall")))?;
+            for (j, c) in r.get("args").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                known(c, &["index", "type", "op", "val", "comment"], format!("rule {i} ({sc}) args[{j}]"))?;
+            }
             if r.get("comment").and_then(Value::as_str).is_none_or(|c| c.trim().is_empty()) {
                 return Err(err(format!("rule {i} ({sc}): every rule needs a \"comment\" saying why it is allowed")));
             }
@@ -190,6 +258,21 @@ mod tests {
                 assert!(prog.len() < MAX_INSNS, "{} {arch:?}: {}", file.display(), prog.len());
                 assert!(prog.len() > 50, "suspiciously small filter");
             }
+        }
+    }
+
+    /// Found by the seccomp fuzz target: a misspelt key was ignored, so `"Args"` made an
+    /// argument-restricted rule an unconditional allow where seccompiler refuses the file.
+    #[test]
+    fn unknown_keys_are_refused_at_every_level() {
+        let good = r#"{"engine": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [
+            {"syscall": "ioctl", "comment": "c", "args": [{"index": 1, "type": "dword", "op": "eq", "val": 21505}]}]}}"#;
+        lint(good, Path::new("p.json")).expect("good");
+        for (from, to, key) in
+            [("\"args\"", "\"Args\"", "Args"), ("\"op\"", "\"opp\"", "opp"), ("\"filter\":", "\"filters\":", "filters")]
+        {
+            let e = lint(&good.replacen(from, to, 1), Path::new("p.json")).expect_err(key).to_string();
+            assert!(e.contains("p.json") && e.contains(&format!("unknown key {key:?}")), "{e}");
         }
     }
 
