@@ -11,6 +11,8 @@ pub mod control;
 pub mod doctor;
 pub mod egress;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod policy;
 pub mod probe;
 pub mod receipt;
