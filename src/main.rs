@@ -176,7 +176,7 @@ fn write_man_pages(dir: &std::path::Path) -> Result<(), String> {
         let mut out = Vec::new();
         let man = clap_mangen::Man::new(page).source(concat!("sealnode ", env!("CARGO_PKG_VERSION")));
         man.render(&mut out).map_err(|e| format!("cannot render {}: {e}", path.display()))?;
-        std::fs::write(&path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        sealnode::receipt::write_atomic(&path, &out, 0o644).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -200,7 +200,8 @@ fn write_ci_reports(
         if path == std::path::Path::new("-") {
             print!("{text}");
         } else {
-            std::fs::write(path, text).map_err(|e| format!("canary: cannot write {}: {e}", path.display()))?;
+            // New file then rename: never follows a planted symlink, never leaves half a report.
+            sealnode::receipt::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| format!("canary: {e}"))?;
         }
     }
     Ok(())
@@ -344,6 +345,11 @@ fn main() -> ExitCode {
         }
         Command::CanaryInside { ctx, ids } => exit(sealnode::canary::inside::main(&ctx, &ids)),
         Command::Canary { config, role, json, matrix, junit, tap } => {
+            let dash = |p: &Option<PathBuf>| p.as_deref() == Some(std::path::Path::new("-"));
+            if usize::from(json) + usize::from(dash(&junit)) + usize::from(dash(&tap)) > 1 {
+                eprintln!("sealnode: canary: only one of --json, --junit - and --tap - can use stdout");
+                return ExitCode::from(2);
+            }
             let inv = Invoker::current();
             let roles: Vec<Role> = role.map(|r| vec![r]).unwrap_or_else(|| Role::ALL.to_vec());
             let cfg = match Config::load(&config, &inv) {

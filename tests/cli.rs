@@ -133,3 +133,13 @@ fn completions_know_every_subcommand() {
     let bad = sealnode(&["completions", "tcsh"]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+#[test]
+fn canary_reports_cannot_share_stdout_or_follow_the_matrix() {
+    for args in [&["--json", "--tap", "-"][..], &["--junit", "-", "--tap", "-"], &["--matrix", "--junit", "x.xml"]] {
+        let mut a = vec!["canary", "--config", "/nonexistent/sealnode.toml"];
+        a.extend_from_slice(args);
+        let o = sealnode(&a);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}

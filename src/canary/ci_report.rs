@@ -18,6 +18,11 @@ fn detail(a: &AttemptResult) -> String {
     }
 }
 
+/// Control characters (line breaks above all) become spaces.
+fn one_line(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
 /// JUnit XML: one `<testsuite>` per role (`sealnode.canary.<role>`), one `<testcase>` per attempt.
 pub fn junit(report: &Report) -> Result<String, quick_junit::SerializeError> {
     use quick_junit::{NonSuccessKind, TestCase, TestCaseStatus, TestSuite};
@@ -50,14 +55,15 @@ pub fn tap(report: &Report) -> String {
     for r in &report.roles {
         for a in &r.attempts {
             n += 1;
-            // '#' starts a TAP directive; the descriptions never hold one, but keep the line safe.
-            let desc = a.description.replace('#', "");
+            // '#' starts a TAP directive and a line break would start a new TAP line: neither may
+            // reach the output from a description.
+            let desc = one_line(a.description).replace('#', "");
             if a.outcome == "refused" {
                 s.push_str(&format!("ok {n} - {}/{} {desc}\n", r.role, a.id));
             } else {
                 s.push_str(&format!("not ok {n} - {}/{} {desc}\n", r.role, a.id));
                 s.push_str("  ---\n");
-                s.push_str(&format!("  message: '{}'\n", detail(a).replace('\'', "''")));
+                s.push_str(&format!("  message: '{}'\n", one_line(&detail(a)).replace('\'', "''")));
                 s.push_str(&format!("  severity: fail\n  role: {}\n  category: {}\n  ...\n", r.role, a.category));
             }
         }
@@ -75,7 +81,7 @@ mod tests {
         AttemptResult {
             id,
             category: "fs",
-            description: "write <outside> & \"quote\" # hash",
+            description: "write <outside> & \"quote\" # hash\nok 9 - injected",
             outcome: if refused { "refused" } else { "succeeded" },
             errno: refused.then_some(13),
             errno_name: refused.then(|| "EACCES".to_string()),
@@ -120,5 +126,8 @@ mod tests {
         assert!(!lines[2].contains('#'), "{t}");
         assert!(lines[3].starts_with("not ok 2 - node/b-escaped "), "{t}");
         assert!(t.contains("  message: 'write <outside>"), "{t}");
+        // A line break in a description cannot forge a TAP line.
+        assert_eq!(lines.len(), 4 + 6, "{t}");
+        assert!(!t.lines().any(|l| l.starts_with("ok 9")), "{t}");
     }
 }

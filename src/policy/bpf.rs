@@ -101,12 +101,16 @@ fn action(v: &Value) -> Option<u32> {
     match v {
         Value::String(s) => match s.as_str() {
             "kill_process" => Some(RET_KILL_PROCESS),
-            "kill_thread" | "kill" => Some(RET_KILL_THREAD),
+            "kill_thread" => Some(RET_KILL_THREAD),
             "trap" => Some(RET_TRAP),
             "allow" => Some(RET_ALLOW),
             _ => None,
         },
-        Value::Object(o) => o.get("errno").and_then(Value::as_u64).map(|e| RET_ERRNO | (e as u32 & 0xffff)),
+        // Exactly {"errno": N} with 1 <= N <= 4095: a larger value would be masked (65536 -> 0,
+        // a denied call "succeeding" without running) and errno 0 means success.
+        Value::Object(o) if o.len() == 1 => {
+            o.get("errno").and_then(Value::as_u64).filter(|e| (1..=4095).contains(e)).map(|e| RET_ERRNO | e as u32)
+        }
         _ => None,
     }
 }
@@ -131,7 +135,12 @@ pub fn parse(text: &str, file: &Path, role: &str, arch: TargetArch) -> Result<Fi
         let nr =
             syscall_nr(arch, name).ok_or_else(|| err(format!("rule {i}: unknown system call {name:?} on {arch:?}")))?;
         let entry = rules.entry(nr).or_default();
-        let Some(args) = r.get("args").and_then(Value::as_array) else { continue };
+        let args = match r.get("args") {
+            None => continue,
+            // Anything but a non-empty array would otherwise become an unconditional allow.
+            Some(Value::Array(a)) if !a.is_empty() => a,
+            Some(_) => return Err(err(format!("rule {i} ({name}): \"args\" must be a non-empty array of conditions"))),
+        };
         let mut conds = Vec::new();
         for a in args {
             let index = a

@@ -86,6 +86,11 @@ pub fn lint(text: &str, file: &Path) -> Result<()> {
             &["mismatch_action", "default_action", "match_action", "filter_action", "filter"],
             "the filter".into(),
         )?;
+        for (a, b) in [("mismatch_action", "default_action"), ("match_action", "filter_action")] {
+            if f.get(a).is_some() && f.get(b).is_some() {
+                return Err(err(format!("both {a:?} and its alias {b:?} are set; keep one")));
+            }
+        }
         let mismatch = f.get("mismatch_action").or_else(|| f.get("default_action"));
         match mismatch {
             None => return Err(err("missing mismatch_action".into())),
@@ -106,8 +111,26 @@ pub fn lint(text: &str, file: &Path) -> Result<()> {
             known(r, &["syscall", "args", "comment"], format!("rule {i}"))?;
             let sc =
                 r.get("syscall").and_then(Value::as_str).ok_or_else(|| err(format!("rule {i}: missing syscall")))?;
-            for (j, c) in r.get("args").and_then(Value::as_array).into_iter().flatten().enumerate() {
-                known(c, &["index", "type", "op", "val", "comment"], format!("rule {i} ({sc}) args[{j}]"))?;
+            match r.get("args") {
+                None => {}
+                Some(Value::Array(a)) if !a.is_empty() => {
+                    for (j, c) in a.iter().enumerate() {
+                        let what = format!("rule {i} ({sc}) args[{j}]");
+                        known(c, &["index", "type", "op", "val", "comment"], what.clone())?;
+                        if c.get("comment").is_some_and(|x| !x.is_string()) {
+                            return Err(err(format!("{what}: comment must be a string")));
+                        }
+                        if let Some(Value::Object(op)) = c.get("op") {
+                            if op.len() != 1 || !op.contains_key("masked_eq") {
+                                return Err(err(format!("{what}: op object must be exactly {{\"masked_eq\": MASK}}")));
+                            }
+                        }
+                    }
+                }
+                // Anything else would compile to an unconditional allow of the call.
+                Some(_) => {
+                    return Err(err(format!("rule {i} ({sc}): \"args\" must be a non-empty array of conditions")))
+                }
             }
             if r.get("comment").and_then(Value::as_str).is_none_or(|c| c.trim().is_empty()) {
                 return Err(err(format!("rule {i} ({sc}): every rule needs a \"comment\" saying why it is allowed")));
