@@ -5,7 +5,7 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -62,38 +62,9 @@ fn job_round_trip_through_the_sealed_node() {
             .spawn()
             .expect("gateway");
         std::thread::sleep(Duration::from_millis(500));
-        let cfg = f.config.display().to_string();
-        let mut run = f
-            .command(&["run", "--config", &cfg])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run");
-        let deadline = Instant::now() + Duration::from_secs(70);
-        let gw_status = loop {
-            if let Some(st) = gw.try_wait().expect("wait") {
-                break st;
-            }
-            if let Ok(Some(st)) = run.try_wait() {
-                let _ = gw.kill();
-                let mut e = String::new();
-                use std::io::Read;
-                let _ = run.stderr.take().expect("stderr").read_to_string(&mut e);
-                panic!("{mode:?}: sealnode run exited early: {st}: {e}");
-            }
-            assert!(Instant::now() < deadline, "{mode:?}: no round trip within 70s");
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.id() as i32), nix::sys::signal::Signal::SIGTERM);
-        let out = run.wait_with_output().expect("run output");
-        let gw_out = {
-            use std::io::Read;
-            let mut s = String::new();
-            gw.stdout.take().expect("stdout").read_to_string(&mut s).expect("read");
-            s
-        };
-        let err = String::from_utf8_lossy(&out.stderr);
+        let mut run = f.start_run();
+        let (gw_status, gw_out) = run.wait_for_gateway(&mut gw, Duration::from_secs(70), mode);
+        let (status, err) = run.stop();
         assert!(gw_status.success(), "{mode:?}: gateway: {gw_out}\nsealnode: {err}");
         assert!(
             gw_out.contains(
@@ -102,7 +73,7 @@ fn job_round_trip_through_the_sealed_node() {
             "{mode:?}: {gw_out}"
         );
         assert!(gw_out.contains("job-stream result") && gw_out.contains("streamed as"), "{mode:?}: {gw_out}");
-        assert_eq!(out.status.code(), Some(0), "{mode:?}: {err}");
+        assert_eq!(status.code(), Some(0), "{mode:?}: {err}");
         assert!(err.contains(&format!("gateway.test:{gw_port}")) && err.contains("egress totals"), "{mode:?}: {err}");
     }
 }

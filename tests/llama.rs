@@ -6,7 +6,7 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -105,42 +105,12 @@ fn end_to_end(r: &Real, pyengine: Option<&str>) {
             .spawn()
             .expect("gateway");
         std::thread::sleep(Duration::from_millis(500));
-        let cfg = f.config.display().to_string();
-        let mut run = f
-            .command(&["run", "--config", &cfg])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run");
-        // Drain sealnode's stderr (the roles' stderr too) while it runs: a chatty engine would
-        // otherwise fill the pipe and block in write(2).
-        let mut stderr = run.stderr.take().expect("stderr");
-        let drain = std::thread::spawn(move || {
-            let mut e = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut stderr, &mut e);
-            String::from_utf8_lossy(&e).into_owned()
-        });
-        let deadline = Instant::now() + Duration::from_secs(170);
-        let gw_status = loop {
-            if let Some(st) = gw.try_wait().expect("wait") {
-                break st;
-            }
-            if let Ok(Some(st)) = run.try_wait() {
-                let _ = gw.kill();
-                let e = drain.join().unwrap_or_default();
-                panic!("{mode:?}: sealnode run exited early: {st}: {e}");
-            }
-            assert!(Instant::now() < deadline, "{mode:?}: no round trip in time");
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let mut run = f.start_run();
+        let (gw_status, gw_out) = run.wait_for_gateway(&mut gw, Duration::from_secs(170), mode);
         // While the real workloads run: the seal holds (same cell layout, fresh battery).
+        let cfg = f.config.display().to_string();
         let canary = f.command(&["canary", "--config", &cfg, "--json"]).output().expect("canary");
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.id() as i32), nix::sys::signal::Signal::SIGTERM);
-        let status = run.wait().expect("run");
-        let mut gw_out = String::new();
-        let _ = std::io::Read::read_to_string(&mut gw.stdout.take().expect("stdout"), &mut gw_out);
-        let err = drain.join().unwrap_or_default();
+        let (status, err) = run.stop();
         assert!(gw_status.success(), "{mode:?}: gateway: {gw_out}\nsealnode: {err}");
         // The gateway prints the result with Python's repr: '...' or "..." when it holds a quote.
         let plain = gw_out.split("job-plain result: ").nth(1).unwrap_or("");

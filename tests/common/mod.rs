@@ -278,3 +278,66 @@ pub fn which(p: &str) -> Option<PathBuf> {
     let p = Path::new(p);
     p.exists().then(|| p.to_path_buf())
 }
+
+/// A `sealnode run` started by a test. Its stderr (the roles' too) is drained while it runs: a
+/// chatty role would otherwise fill the pipe and block in write(2).
+pub struct RunningCell {
+    child: std::process::Child,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Fixture {
+    pub fn start_run(&self) -> RunningCell {
+        let cfg = self.config.display().to_string();
+        let mut child = self
+            .command(&["run", "--config", &cfg])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run");
+        let mut pipe = child.stderr.take().expect("stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut e = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut pipe, &mut e);
+            String::from_utf8_lossy(&e).into_owned()
+        });
+        RunningCell { child, stderr: Some(stderr) }
+    }
+}
+
+impl RunningCell {
+    /// Wait for a test gateway to exit; returns its status and stdout. Panics (with sealnode's
+    /// stderr) if sealnode exits first, or when `timeout` passes.
+    pub fn wait_for_gateway(
+        &mut self,
+        gw: &mut std::process::Child,
+        timeout: std::time::Duration,
+        mode: Mode,
+    ) -> (std::process::ExitStatus, String) {
+        let deadline = std::time::Instant::now() + timeout;
+        let status = loop {
+            if let Some(st) = gw.try_wait().expect("wait") {
+                break st;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                let _ = gw.kill();
+                let e = self.stderr.take().and_then(|t| t.join().ok()).unwrap_or_default();
+                panic!("{mode:?}: sealnode run exited early: {st}: {e}");
+            }
+            assert!(std::time::Instant::now() < deadline, "{mode:?}: no round trip within {timeout:?}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(&mut gw.stdout.take().expect("gateway stdout"), &mut out);
+        (status, out)
+    }
+
+    /// SIGTERM, as systemd stops it; returns sealnode's exit status and everything it wrote to stderr.
+    pub fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let status = self.child.wait().expect("run");
+        (status, self.stderr.take().and_then(|t| t.join().ok()).unwrap_or_default())
+    }
+}
