@@ -287,15 +287,25 @@ pub struct RunningCell {
 }
 
 impl Fixture {
+    /// Starts `sealnode run`. With SEALNODE_TEST_STRACE=DIR (root only) it runs under
+    /// `strace -f`, one trace file per fixture in DIR, for `scripts/policy-usage` to hold the
+    /// shipped policies against what the real programs call (docs/policies.md, "Fitting").
     pub fn start_run(&self) -> RunningCell {
         let cfg = self.config.display().to_string();
-        let mut child = self
-            .command(&["run", "--config", &cfg])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run");
+        let mut cmd = self.command(&["run", "--config", &cfg]);
+        if let Some(dir) = std::env::var_os("SEALNODE_TEST_STRACE").filter(|_| is_root()) {
+            let name = self.dir.file_name().expect("fixture name").to_string_lossy().into_owned();
+            let out = Path::new(&dir).join(format!("{name}.trace"));
+            let mut traced = Command::new("strace");
+            traced
+                .args(["-f", "-qq", "--decode-pids=pidns", "-s", "128", "-o"])
+                .arg(out)
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
+            traced.current_dir(&self.dir);
+            cmd = traced;
+        }
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run");
         let mut pipe = child.stderr.take().expect("stderr");
         let stderr = std::thread::spawn(move || {
             let mut e = Vec::new();
@@ -335,7 +345,16 @@ impl RunningCell {
 
     /// SIGTERM, as systemd stops it; returns sealnode's exit status and everything it wrote to stderr.
     pub fn stop(mut self) -> (std::process::ExitStatus, String) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let mut pid = self.child.id();
+        // Under SEALNODE_TEST_STRACE the child is strace, which blocks fatal signals: signal
+        // the sealnode it runs (its only child) instead.
+        if let Ok(kids) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
+            let traced = std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "strace");
+            if let Some(kid) = kids.split_whitespace().next().and_then(|k| k.parse().ok()).filter(|_| traced) {
+                pid = kid;
+            }
+        }
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let status = self.child.wait().expect("run");
         (status, self.stderr.take().and_then(|t| t.join().ok()).unwrap_or_default())
