@@ -85,8 +85,8 @@ fn interfaces() -> BTreeMap<String, bool> {
 
 fn iface_up(name: &str) -> bool {
     // SAFETY: plain socket(2); closed below.
-    // Any socket can carry SIOCGIFFLAGS; AF_UNIX is one every role may create.
-    let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    // Any socket can carry SIOCGIFFLAGS; TCP over IPv4 is the one both roles' filters allow.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if s < 0 {
         return false;
     }
@@ -201,13 +201,13 @@ fn builtin_attempts() -> Vec<Attempt> {
     if let Ok(fd) = suid {
         let _ = nix::unistd::close(fd as i32);
     }
-    let _ = std::fs::remove_file("/tmp/probe-suid");
+    let _ = nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, "/tmp/probe-suid", nix::unistd::UnlinkatFlags::NoRemoveDir);
     v.push(attempt("create_setuid", drop_ok(suid)));
     let chmod = std::fs::File::create("/tmp/probe-plain").map_err(io_errno).and_then(|f| {
         use std::os::fd::AsRawFd;
         drop_ok(ints(libc::SYS_fchmod, [f.as_raw_fd() as u64, 0o2755, 0, 0, 0, 0]))
     });
-    let _ = std::fs::remove_file("/tmp/probe-plain");
+    let _ = nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, "/tmp/probe-plain", nix::unistd::UnlinkatFlags::NoRemoveDir);
     v.push(attempt("chmod_setgid", chmod));
     v.push(attempt(
         "kill_init",

@@ -241,7 +241,7 @@ pub const SPECS: &[Spec] = &[
     f("interfaces_only_lo", "network", "an interface other than lo", &[N]),
     a("host_loopback_service", "network", "connect to a service on the host's 127.0.0.1", &[N, L, S], NET),
     a("host_abstract_socket", "network", "connect to the host's abstract unix socket", &[N, L, S], NET),
-    a("bind_other_port", "network", "listen on an undeclared port", &[L], &[(EACCES, L), (ENOSYS, S)]),
+    a("bind_other_port", "network", "listen on an undeclared port", &[L, S], &[(EACCES, L), (ENOSYS, S)]),
     only(a("engine_connect", "network", "the engine connects anywhere (its own port)", &[S, L], NET), Roles::Engine),
     only(a("engine_to_egress", "network", "the engine reaches an egress forwarder", &[S, L], NET), Roles::Engine),
     // cross-role

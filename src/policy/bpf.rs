@@ -437,10 +437,15 @@ mod tests {
 
     fn shipped() -> Vec<(String, &'static str)> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
-        [("engine.json", "engine"), ("node.json", "node"), ("engine-ollama.json", "engine")]
-            .iter()
-            .map(|(f, r)| (std::fs::read_to_string(root.join(f)).expect("read"), *r))
-            .collect()
+        [
+            ("engine.json", "engine"),
+            ("node.json", "node"),
+            ("engine-gpu.json", "engine"),
+            ("engine-ollama.json", "engine"),
+        ]
+        .iter()
+        .map(|(f, r)| (std::fs::read_to_string(root.join(f)).expect("read"), *r))
+        .collect()
     }
 
     /// Argument values around every constant a policy compares with.
@@ -502,6 +507,85 @@ mod tests {
         for (text, role) in shipped() {
             for arch in [TargetArch::x86_64, TargetArch::aarch64] {
                 differential(&text, role, arch);
+            }
+        }
+    }
+
+    /// The decisions the strace-fitted CPU filters promise (docs/policies.md, "Fitting"): the
+    /// ioctls, prctls and socket families the traced programs never used are refused.
+    #[test]
+    fn fitted_filters_refuse_what_the_traced_programs_never_used() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
+        let a = audit_arch(TargetArch::x86_64);
+        let enosys = RET_ERRNO | 38;
+        for (file, role) in [("engine.json", "engine"), ("node.json", "node")] {
+            let text = std::fs::read_to_string(root.join(file)).expect("read");
+            let prog = compile(&parse(&text, Path::new(file), role, TargetArch::x86_64).expect("parse")).expect("bpf");
+            let call = |nr: i64, args: [u64; 6]| interpret(&prog, a, nr as u32, args);
+            // ioctl: TCGETS, TIOCGWINSZ, FIONBIO only, compared on the low 32 bits.
+            for (req, want) in [
+                (0x5401, RET_ALLOW),
+                (0x5413, RET_ALLOW),
+                (0x5421, RET_ALLOW),
+                (0x8913, RET_ALLOW), // SIOCGIFFLAGS
+                (0xdead_0000_0000_5401, RET_ALLOW),
+                (0x5412, enosys), // TIOCSTI
+                (0x541c, enosys), // TIOCLINUX
+                (0x8914, enosys), // SIOCSIFFLAGS
+                (0x541b, enosys), // FIONREAD: never traced
+                (0x4020_5a01, enosys),
+            ] {
+                assert_eq!(call(libc::SYS_ioctl, [1, req, 0, 0, 0, 0]), want, "{file} ioctl {req:#x}");
+            }
+            // No prctl at all; no IPv6, UDP or raw sockets; the engine has no AF_UNIX socket().
+            for option in [libc::PR_SET_NAME, libc::PR_SET_PDEATHSIG, libc::PR_GET_DUMPABLE] {
+                assert_eq!(call(libc::SYS_prctl, [option as u64, 0, 0, 0, 0, 0]), enosys, "{file} prctl {option}");
+            }
+            let stream = libc::SOCK_STREAM as u64 | libc::SOCK_CLOEXEC as u64;
+            assert_eq!(call(libc::SYS_socket, [libc::AF_INET as u64, stream, 0, 0, 0, 0]), RET_ALLOW, "{file}");
+            assert_eq!(call(libc::SYS_socket, [libc::AF_INET6 as u64, stream, 0, 0, 0, 0]), enosys, "{file}");
+            assert_eq!(call(libc::SYS_socket, [libc::AF_INET as u64, libc::SOCK_DGRAM as u64, 0, 0, 0, 0]), enosys);
+            let unix = call(libc::SYS_socket, [libc::AF_UNIX as u64, stream, 0, 0, 0, 0]);
+            assert_eq!(unix, if role == "node" { RET_ALLOW } else { enosys }, "{file} AF_UNIX");
+            // File-tree changes nobody traced made: rename, mkdir, links, mode changes.
+            for nr in [libc::SYS_renameat2, libc::SYS_mkdirat, libc::SYS_linkat, libc::SYS_fchmod, libc::SYS_umask] {
+                assert_eq!(call(nr, [0; 6]), enosys, "{file} nr {nr}");
+            }
+            // Only the node connects; only the engine binds, listens and accepts.
+            let (engine, node) = (role == "engine", role == "node");
+            for (nr, allowed) in [
+                (libc::SYS_connect, node),
+                (libc::SYS_bind, engine),
+                (libc::SYS_listen, engine),
+                (libc::SYS_accept4, engine),
+                (libc::SYS_vfork, node),
+                (libc::SYS_wait4, true),
+            ] {
+                assert_eq!(call(nr, [0; 6]) == RET_ALLOW, allowed, "{file} nr {nr}");
+            }
+        }
+    }
+
+    /// engine-gpu.json is the CPU engine filter plus what GPU runtimes need, never less.
+    #[test]
+    fn gpu_engine_filter_allows_everything_the_cpu_engine_filter_does() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
+        let a = audit_arch(TargetArch::x86_64);
+        let load = |f: &str| {
+            let text = std::fs::read_to_string(root.join(f)).expect("read");
+            let filter = parse(&text, Path::new(f), "engine", TargetArch::x86_64).expect("parse");
+            (compile(&filter).expect("bpf"), probes(&filter))
+        };
+        let ((cpu, vals), (gpu, _)) = (load("engine.json"), load("engine-gpu.json"));
+        for nr in 0..1024u32 {
+            for x in vals.iter().copied().chain([0]) {
+                for idx in 0..4 {
+                    let mut args = [0u64; 6];
+                    args[idx] = x;
+                    if interpret(&cpu, a, nr, args) == RET_ALLOW {
+                        assert_eq!(interpret(&gpu, a, nr, args), RET_ALLOW, "nr {nr} args {args:x?}");
+                    }
+                }
             }
         }
     }

@@ -270,7 +270,10 @@ mod tests {
 
     fn shipped() -> Vec<(std::path::PathBuf, &'static str)> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
-        vec![(root.join("engine.json"), "engine"), (root.join("node.json"), "node")]
+        ["engine.json", "engine-gpu.json", "engine-ollama.json", "node.json"]
+            .iter()
+            .map(|f| (root.join(f), if *f == "node.json" { "node" } else { "engine" }))
+            .collect()
     }
 
     #[test]
