@@ -31,5 +31,5 @@ for class in low high arg denied; do
   unset res
 done
 echo
-echo "Classes: low = read(-1) (nr 0, allowed), high = membarrier query (nr 324, allowed), arg = ioctl FIONREAD (argument-filtered: never cached by the kernel), denied = ioprio_get (not on the allowlist)."
+echo "Classes: low = read(-1) (nr 0, allowed), high = close_range of an unused fd (nr 436, allowed), arg = ioctl TCGETS on /dev/null (argument-filtered: never cached by the kernel), denied = ioprio_get (not on the allowlist)."
 echo "Program sizes (node filter): sealnode $(( $(stat -c %s "$BENCH/node.sealnode.bpf") / 8 )), seccompiler $(( $(stat -c %s "$BENCH/node.seccompiler.bpf") / 8 )), libseccomp $(( $(stat -c %s "$BENCH/node.libseccomp.bpf") / 8 )) instructions."
