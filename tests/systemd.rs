@@ -108,7 +108,7 @@ fn sysusers_and_tmpfiles_apply_to_a_scratch_root() {
     let o = Command::new("/usr/bin/systemd-tmpfiles")
         .arg(format!("--root={}", root.path().display()))
         .arg("--create")
-        .arg(repo().join("systemd/sealnode.tmpfiles"))
+        .arg(repo().join("systemd/sealnode.tmpfile"))
         .output()
         .expect("tmpfiles");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
