@@ -118,6 +118,25 @@ fn status_field(name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Connect with TCP Fast Open: sendto(MSG_FASTOPEN) on a fresh socket sends the SYN (and the
+/// data) without connect(2), the call Landlock's port rules check.
+fn fastopen(addr: &str) -> R {
+    let a: std::net::SocketAddrV4 = addr.parse().map_err(|_| Errno::EINVAL)?;
+    let fd = syscall_args(libc::SYS_socket, [i(libc::AF_INET), i(libc::SOCK_STREAM | libc::SOCK_CLOEXEC), Z, Z, Z, Z])?;
+    // struct sockaddr_in: family (native endian), port and address (network order), zero pad.
+    let mut sa = [0u8; 16];
+    sa[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+    sa[2..4].copy_from_slice(&a.port().to_be_bytes());
+    sa[4..8].copy_from_slice(&a.ip().octets());
+    let mut data = *b"x";
+    let r = sc(
+        libc::SYS_sendto,
+        [i(fd as u64), Arg::B(&mut data), i(1u64), i(libc::MSG_FASTOPEN), Arg::B(&mut sa), i(16u64)],
+    );
+    let _ = nix::unistd::close(fd as i32);
+    r
+}
+
 fn connect_tcp(addr: &str) -> R {
     std::net::TcpStream::connect(addr).map(drop).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
 }
@@ -453,6 +472,7 @@ fn run(id: &str, ctx: &Ctx) -> R {
         // ---- sockets ----
         "socket_raw" => sock(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP),
         "socket_udp" => sock(libc::AF_INET, libc::SOCK_DGRAM, 0),
+        "socket_mptcp" => sock(libc::AF_INET, libc::SOCK_STREAM, 262 /* IPPROTO_MPTCP */),
         "socket_packet" => sock(libc::AF_PACKET, libc::SOCK_RAW, 0),
         "socket_netlink" => sock(libc::AF_NETLINK, libc::SOCK_RAW, 0),
         "socket_alg" => sock(libc::AF_ALG, libc::SOCK_SEQPACKET, 0),
@@ -472,6 +492,10 @@ fn run(id: &str, ctx: &Ctx) -> R {
             .map(drop)
             .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5))),
         "engine_connect" => connect_tcp(&format!("127.0.0.1:{}", ctx.engine_port)),
+        "engine_fastopen_egress" => fastopen(&match ctx.egress.first() {
+            Some(a) => a.clone(),
+            None => format!("127.0.0.2:{}", ctx.host_port),
+        }),
         "engine_to_egress" => match ctx.egress.first() {
             Some(a) => connect_tcp(a),
             None => connect_tcp(&format!("127.0.0.2:{}", ctx.host_port)),

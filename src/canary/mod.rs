@@ -81,7 +81,10 @@ pub struct Spec {
     pub fact: bool,
 }
 
-use libc::{EACCES, ECONNREFUSED, EIO, ENETUNREACH, ENODATA, ENOENT, ENOSPC, ENOSYS, EPERM, EROFS, ESRCH, EXDEV};
+use libc::{
+    EACCES, ECONNREFUSED, EIO, ENETUNREACH, ENODATA, ENOENT, ENOPROTOOPT, ENOSPC, ENOSYS, EOPNOTSUPP, EPERM, EROFS,
+    ESRCH, EXDEV,
+};
 use Layer::{Credentials as C, Landlock as L, Launcher as H, Namespaces as N, Rlimits as R, Seccomp as S};
 
 const PRIV: &[(i32, Layer)] = &[(ENOSYS, S), (EPERM, C)];
@@ -90,6 +93,11 @@ const READ: &[(i32, Layer)] = &[(ENOENT, N), (ENODATA, N), (EACCES, L), (EPERM, 
 const WRITE: &[(i32, Layer)] = &[(EROFS, N), (ENOENT, N), (EACCES, L), (EPERM, C)];
 const SCOPE: &[(i32, Layer)] = &[(ENOSYS, S), (EPERM, L), (EACCES, L), (ESRCH, N)];
 const NET: &[(i32, Layer)] = &[(ENOSYS, S), (ECONNREFUSED, N), (ENETUNREACH, N), (EACCES, L), (EPERM, L)];
+/// TCP Fast Open: seccomp refuses the flag; the cell's netns has it switched off.
+const FASTOPEN: &[(i32, Layer)] =
+    &[(ENOSYS, S), (EOPNOTSUPP, N), (ECONNREFUSED, N), (ENETUNREACH, N), (EACCES, L), (EPERM, L)];
+/// MPTCP: seccomp refuses the protocol; the cell's netns has it switched off.
+const MPTCP: &[(i32, Layer)] = &[(ENOSYS, S), (ENOPROTOOPT, N)];
 const FACT: &[(i32, Layer)] = &[];
 
 const fn a(
@@ -237,6 +245,7 @@ pub const SPECS: &[Spec] = &[
     a("socket_vsock", "sockets", "AF_VSOCK socket", &[S], PRIV),
     a("socket_pfkey", "sockets", "AF_KEY socket", &[S, C], PRIV),
     a("socket_autoload", "sockets", "a family that autoloads a module (AF_APPLETALK)", &[S], PRIV),
+    a("socket_mptcp", "sockets", "MPTCP socket (Landlock's port rules cover plain TCP only)", &[S, N], MPTCP),
     // network
     f("interfaces_only_lo", "network", "an interface other than lo", &[N]),
     a("host_loopback_service", "network", "connect to a service on the host's 127.0.0.1", &[N, L, S], NET),
@@ -244,6 +253,16 @@ pub const SPECS: &[Spec] = &[
     a("bind_other_port", "network", "listen on an undeclared port", &[L, S], &[(EACCES, L), (ENOSYS, S)]),
     only(a("engine_connect", "network", "the engine connects anywhere (its own port)", &[S, L], NET), Roles::Engine),
     only(a("engine_to_egress", "network", "the engine reaches an egress forwarder", &[S, L], NET), Roles::Engine),
+    only(
+        a(
+            "engine_fastopen_egress",
+            "network",
+            "the engine reaches an egress forwarder with TCP Fast Open (no connect)",
+            &[S, N],
+            FASTOPEN,
+        ),
+        Roles::Engine,
+    ),
     // cross-role
     f("see_foreign_processes", "cross-role", "processes outside the role are visible", &[N]),
     a("signal_foreign_processes", "cross-role", "signal a process outside the role", &[N, L, C], SCOPE),

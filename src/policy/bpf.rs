@@ -545,6 +545,19 @@ mod tests {
             assert_eq!(call(libc::SYS_socket, [libc::AF_INET as u64, stream, 0, 0, 0, 0]), RET_ALLOW, "{file}");
             assert_eq!(call(libc::SYS_socket, [libc::AF_INET6 as u64, stream, 0, 0, 0, 0]), enosys, "{file}");
             assert_eq!(call(libc::SYS_socket, [libc::AF_INET as u64, libc::SOCK_DGRAM as u64, 0, 0, 0, 0]), enosys);
+            // TCP only: not MPTCP (IPPROTO_MPTCP = 262) nor any other protocol number.
+            let tcp = libc::IPPROTO_TCP as u64;
+            assert_eq!(call(libc::SYS_socket, [libc::AF_INET as u64, stream, tcp, 0, 0, 0]), RET_ALLOW, "{file}");
+            assert_eq!(call(libc::SYS_socket, [libc::AF_INET as u64, stream, 262, 0, 0, 0]), enosys, "{file} MPTCP");
+            assert_eq!(call(libc::SYS_socket, [libc::AF_INET as u64, stream, 132, 0, 0, 0]), enosys, "{file} SCTP");
+            // sendto without MSG_FASTOPEN (TCP Fast Open connects without connect(2)).
+            let fastopen = libc::MSG_FASTOPEN as u64;
+            assert_eq!(call(libc::SYS_sendto, [3, 0, 1, libc::MSG_NOSIGNAL as u64, 0, 0]), RET_ALLOW, "{file}");
+            assert_eq!(call(libc::SYS_sendto, [3, 0, 1, fastopen, 0, 16]), enosys, "{file} MSG_FASTOPEN");
+            assert_eq!(call(libc::SYS_sendto, [3, 0, 1, fastopen | 0x4000, 0, 16]), enosys, "{file} MSG_FASTOPEN");
+            // Limits of the calling process only.
+            assert_eq!(call(libc::SYS_prlimit64, [0, 7, 0, 0, 0, 0]), RET_ALLOW, "{file}");
+            assert_eq!(call(libc::SYS_prlimit64, [1, 7, 0, 0, 0, 0]), enosys, "{file} prlimit64 on pid 1");
             let unix = call(libc::SYS_socket, [libc::AF_UNIX as u64, stream, 0, 0, 0, 0]);
             assert_eq!(unix, if role == "node" { RET_ALLOW } else { enosys }, "{file} AF_UNIX");
             // File-tree changes nobody traced made: rename, mkdir, links, mode changes.
@@ -566,24 +579,51 @@ mod tests {
         }
     }
 
-    /// engine-gpu.json is the CPU engine filter plus what GPU runtimes need, never less.
+    /// engine-gpu.json is the CPU engine filter plus what GPU runtimes need, never less: for
+    /// every syscall number, and for the argument-filtered ones every combination of the
+    /// values their rules compare with (and neighbours) over the compared arguments.
     #[test]
     fn gpu_engine_filter_allows_everything_the_cpu_engine_filter_does() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
-        let a = audit_arch(TargetArch::x86_64);
-        let load = |f: &str| {
-            let text = std::fs::read_to_string(root.join(f)).expect("read");
-            let filter = parse(&text, Path::new(f), "engine", TargetArch::x86_64).expect("parse");
-            (compile(&filter).expect("bpf"), probes(&filter))
-        };
-        let ((cpu, vals), (gpu, _)) = (load("engine.json"), load("engine-gpu.json"));
-        for nr in 0..1024u32 {
-            for x in vals.iter().copied().chain([0]) {
-                for idx in 0..4 {
-                    let mut args = [0u64; 6];
-                    args[idx] = x;
-                    if interpret(&cpu, a, nr, args) == RET_ALLOW {
-                        assert_eq!(interpret(&gpu, a, nr, args), RET_ALLOW, "nr {nr} args {args:x?}");
+        for arch in [TargetArch::x86_64, TargetArch::aarch64] {
+            let a = audit_arch(arch);
+            let load = |f: &str| {
+                let text = std::fs::read_to_string(root.join(f)).expect("read");
+                parse(&text, Path::new(f), "engine", arch).expect("parse")
+            };
+            let (cpu, gpu) = (load("engine.json"), load("engine-gpu.json"));
+            let (cpu_prog, gpu_prog) = (compile(&cpu).expect("bpf"), compile(&gpu).expect("bpf"));
+            for nr in 0..1024u32 {
+                let conds: Vec<&Cond> = cpu.rules.get(&nr).into_iter().flatten().flatten().collect();
+                let mut idx: Vec<usize> = conds.iter().map(|c| usize::from(c.index)).collect();
+                idx.sort_unstable();
+                idx.dedup();
+                let mut vals: Vec<u64> = vec![0, u64::MAX];
+                for c in &conds {
+                    vals.extend([c.val, c.val.wrapping_add(1), c.val.wrapping_sub(1)]);
+                    if let Op::MaskedEq(m) = c.op {
+                        vals.extend([m, c.val | m]);
+                    }
+                }
+                vals.sort_unstable();
+                vals.dedup();
+                // Every combination of those values over the compared arguments.
+                let mut combos = vec![[0u64; 6]];
+                for &i in &idx {
+                    combos = combos
+                        .iter()
+                        .flat_map(|c| {
+                            vals.iter().map(move |v| {
+                                let mut n = *c;
+                                n[i] = *v;
+                                n
+                            })
+                        })
+                        .collect();
+                }
+                for args in combos {
+                    if interpret(&cpu_prog, a, nr, args) == RET_ALLOW {
+                        assert_eq!(interpret(&gpu_prog, a, nr, args), RET_ALLOW, "{arch:?} nr {nr} args {args:x?}");
                     }
                 }
             }

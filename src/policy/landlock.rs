@@ -367,7 +367,7 @@ mod tests {
     #[test]
     fn shipped_rules_parse() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("landlock-rules");
-        for f in ["engine.toml", "node.toml", "engine-ollama.toml"] {
+        for f in ["engine.toml", "engine-gpu.toml", "node.toml", "engine-ollama.toml"] {
             let r = Rules::load(&root.join(f)).unwrap_or_else(|e| panic!("{e}"));
             assert!(r.min_abi >= 6, "{f}: scopes need ABI 6");
             assert!(r.scope.signal && r.scope.abstract_unix_socket, "{f}");

@@ -165,7 +165,10 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             )
         }
         Mount::Freeze { dst } => sys::mount_setattr(dst, MOUNT_ATTR_RDONLY, false),
-        Mount::Sysctl { dst, value } => {
+        Mount::Sysctl { dst, value, optional } => {
+            if *optional && !exists(dst) {
+                return Ok(());
+            }
             let fd = nix::fcntl::open(
                 dst.as_c_str(),
                 nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,

@@ -88,8 +88,9 @@ pub enum Mount {
     ReadOnly { dst: CString },
     /// Make one mount read-only once populated (not its submounts).
     Freeze { dst: CString },
-    /// Write a value to a (namespaced) sysctl file under the new /proc before it is frozen.
-    Sysctl { dst: CString, value: &'static [u8] },
+    /// Write a value to a (namespaced) sysctl file under the new /proc before it is frozen
+    /// (`optional`: skipped when the kernel lacks it).
+    Sysctl { dst: CString, value: &'static [u8], optional: bool },
 }
 
 impl Mount {
@@ -375,7 +376,25 @@ impl Plan {
         }
         // No nested user namespaces in this user namespace: a second layer behind seccomp
         // (the limit is per user namespace; the role cannot raise it: /proc/sys is read-only).
-        mounts.push(Mount::Sysctl { dst: under_root(Path::new("/proc/sys/user/max_user_namespaces"))?, value: b"0\n" });
+        mounts.push(Mount::Sysctl {
+            dst: under_root(Path::new("/proc/sys/user/max_user_namespaces"))?,
+            value: b"0\n",
+            optional: false,
+        });
+        // The role's network namespace (the cell's, inside a cell): TCP Fast Open off, since a
+        // sendto(MSG_FASTOPEN) connects without connect(2), the call Landlock's port rules check
+        // (seccomp refuses the flag too); MPTCP off, since Landlock's port rules cover plain TCP
+        // only (seccomp refuses the protocol too). Absent without CONFIG_MPTCP.
+        mounts.push(Mount::Sysctl {
+            dst: under_root(Path::new("/proc/sys/net/ipv4/tcp_fastopen"))?,
+            value: b"0\n",
+            optional: false,
+        });
+        mounts.push(Mount::Sysctl {
+            dst: under_root(Path::new("/proc/sys/net/mptcp/enabled"))?,
+            value: b"0\n",
+            optional: true,
+        });
         for p in PROC_READONLY {
             mounts.push(Mount::ReadOnly { dst: under_root(Path::new(p))? });
         }
