@@ -40,7 +40,20 @@ pub struct Report {
     pub fds: Vec<i32>,
     /// rlimits: name -> [soft, hard] (u64::MAX = unlimited).
     pub rlimits: BTreeMap<String, [u64; 2]>,
+    /// Network sysctls of the sandbox's netns that close ways around Landlock's port rules:
+    /// name -> value ("absent" when the kernel lacks it).
+    pub net_sysctls: BTreeMap<String, String>,
     pub attempts: Vec<Attempt>,
+}
+
+fn net_sysctls() -> BTreeMap<String, String> {
+    ["ipv4/tcp_fastopen", "mptcp/enabled"]
+        .iter()
+        .map(|k| {
+            let v = std::fs::read_to_string(format!("/proc/sys/net/{k}"));
+            (k.to_string(), v.map(|v| v.trim().to_string()).unwrap_or_else(|_| "absent".into()))
+        })
+        .collect()
 }
 
 fn attempt(name: impl Into<String>, r: Result<(), Errno>) -> Attempt {
@@ -340,6 +353,7 @@ pub fn run_inside(args: &[String]) -> i32 {
         env: std::env::vars().collect(),
         fds: fds(),
         rlimits: rlimits(),
+        net_sysctls: net_sysctls(),
         attempts,
     };
     match serde_json::to_string(&report) {

@@ -183,6 +183,11 @@ fn cell_isolation_egress_and_clean_stop() {
         let e = report(&run.line(30, |l| l.contains("\"ENGINE_ONLY\"")));
         let n = report(&run.line(30, |l| l.contains("\"FRUTEBOX_ENGINE\"")));
         let ctx = format!("{mode:?}");
+        // The cell's netns, which both roles share: TCP Fast Open and MPTCP off.
+        for r in [&e, &n] {
+            assert_eq!(r["net_sysctls"]["ipv4/tcp_fastopen"], "0", "{ctx}: {r}");
+            assert!(["0", "absent"].contains(&r["net_sysctls"]["mptcp/enabled"].as_str().unwrap_or("?")), "{ctx}");
+        }
         // The engine: no connect at all (seccomp), not even to itself or the upstream's port.
         refused(&e, &format!("connect:127.0.0.1:{ENGINE_PORT}"), &[libc::ENOSYS]);
         refused(&e, &format!("connect:127.0.0.1:{up_port}"), &[libc::ENOSYS]);

@@ -49,6 +49,9 @@ fn probe_sees_every_layer_in_both_roles() {
             let ifs = r["interfaces"].as_object().expect("interfaces");
             assert_eq!(ifs.len(), 1, "{ctx}: interfaces {ifs:?}");
             assert_eq!(ifs["lo"], true, "{ctx}: lo must be up");
+            // TCP Fast Open (connects without connect(2)) and MPTCP (not TCP to Landlock) are off.
+            assert_eq!(r["net_sysctls"]["ipv4/tcp_fastopen"], "0", "{ctx}");
+            assert!(["0", "absent"].contains(&r["net_sysctls"]["mptcp/enabled"].as_str().unwrap_or("?")), "{ctx}: {r}");
             // Processes: only the sandbox's own init (1) and the probe.
             assert_eq!(r["pids"], serde_json::json!([1, 2]), "{ctx}: visible pids");
             assert_eq!(r["ppid"], 1, "{ctx}");

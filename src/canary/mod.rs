@@ -82,8 +82,8 @@ pub struct Spec {
 }
 
 use libc::{
-    EACCES, ECONNREFUSED, EIO, ENETUNREACH, ENODATA, ENOENT, ENOPROTOOPT, ENOSPC, ENOSYS, EOPNOTSUPP, EPERM, EROFS,
-    ESRCH, EXDEV,
+    EACCES, ECONNREFUSED, EIO, ENETUNREACH, ENODATA, ENOENT, ENOPROTOOPT, ENOSPC, ENOSYS, EOPNOTSUPP, EPERM,
+    EPROTONOSUPPORT, EROFS, ESRCH, EXDEV,
 };
 use Layer::{Credentials as C, Landlock as L, Launcher as H, Namespaces as N, Rlimits as R, Seccomp as S};
 
@@ -93,11 +93,13 @@ const READ: &[(i32, Layer)] = &[(ENOENT, N), (ENODATA, N), (EACCES, L), (EPERM, 
 const WRITE: &[(i32, Layer)] = &[(EROFS, N), (ENOENT, N), (EACCES, L), (EPERM, C)];
 const SCOPE: &[(i32, Layer)] = &[(ENOSYS, S), (EPERM, L), (EACCES, L), (ESRCH, N)];
 const NET: &[(i32, Layer)] = &[(ENOSYS, S), (ECONNREFUSED, N), (ENETUNREACH, N), (EACCES, L), (EPERM, L)];
-/// TCP Fast Open: seccomp refuses the flag; the cell's netns has it switched off.
-const FASTOPEN: &[(i32, Layer)] =
-    &[(ENOSYS, S), (EOPNOTSUPP, N), (ECONNREFUSED, N), (ENETUNREACH, N), (EACCES, L), (EPERM, L)];
-/// MPTCP: seccomp refuses the protocol; the cell's netns has it switched off.
-const MPTCP: &[(i32, Layer)] = &[(ENOSYS, S), (ENOPROTOOPT, N)];
+/// TCP Fast Open: seccomp refuses the flag; the sandbox's netns has it switched off. Nothing
+/// else counts: Landlock never sees it, and a refused connection would only say that nothing
+/// listened (the matrix's host-netns baseline), not that Fast Open was closed.
+const FASTOPEN: &[(i32, Layer)] = &[(ENOSYS, S), (EOPNOTSUPP, N)];
+/// MPTCP: seccomp refuses the protocol; the sandbox's netns has it switched off (a kernel
+/// without MPTCP answers EPROTONOSUPPORT: nothing to close).
+const MPTCP: &[(i32, Layer)] = &[(ENOSYS, S), (ENOPROTOOPT, N), (EPROTONOSUPPORT, N)];
 const FACT: &[(i32, Layer)] = &[];
 
 const fn a(
