@@ -522,7 +522,8 @@ mod tests {
             let text = std::fs::read_to_string(root.join(file)).expect("read");
             let prog = compile(&parse(&text, Path::new(file), role, TargetArch::x86_64).expect("parse")).expect("bpf");
             let call = |nr: i64, args: [u64; 6]| interpret(&prog, a, nr as u32, args);
-            // ioctl: TCGETS, TIOCGWINSZ, FIONBIO only, compared on the low 32 bits.
+            // ioctl: only the traced requests (TCGETS, TIOCGWINSZ, FIONBIO, FIOCLEX/FIONCLEX,
+            // SIOCGIFFLAGS), compared on the low 32 bits.
             for (req, want) in [
                 (0x5401, RET_ALLOW),
                 (0x5413, RET_ALLOW),
