@@ -21,6 +21,29 @@ pub fn unavailable(feature: &str, why: &str) {
         panic!("required feature {feature:?} unavailable: {why} (SEALNODE_TEST_REQUIRE={required})");
     }
     eprintln!("\n!!! SKIPPED: feature {feature:?} unavailable: {why}\n!!! set SEALNODE_TEST_REQUIRE={feature} to make this a failure\n");
+    record_skip(feature, why);
+}
+
+/// Appends the skip to `SEALNODE_TEST_SKIP_LOG` (binary, test, feature, why; tab-separated), so
+/// scripts/test counts this test as skipped rather than passed. libtest names each test's
+/// thread after the test.
+fn record_skip(feature: &str, why: &str) {
+    let Some(path) = std::env::var_os("SEALNODE_TEST_SKIP_LOG") else { return };
+    let exe = std::env::current_exe().ok().and_then(|p| Some(p.file_name()?.to_string_lossy().into_owned()));
+    let exe = exe.unwrap_or_default();
+    // The binary's name without cargo's hash suffix, as cargo's "Running" line shows it.
+    let binary = exe.rsplit_once('-').map_or(exe.as_str(), |(b, _)| b);
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("?");
+    let line = format!("{binary}\t{test}\t{feature}\t{}\n", why.replace(['\t', '\n'], " "));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if let Err(e) = written {
+        panic!("cannot record the skip in {}: {e}", std::path::Path::new(&path).display());
+    }
 }
 
 pub fn is_root() -> bool {

@@ -1,0 +1,144 @@
+//! scripts/test's closing line counts every binary, every failure and every skip, and its exit
+//! status follows them. scripts/test-totals is fed cargo logs with known contents, and
+//! scripts/test itself runs against a stand-in `cargo` whose tests fail and crash.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn totals(log: &str, skips: &str, cargo_status: i32, package: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (l, s) = (dir.path().join("log"), dir.path().join("skips"));
+    std::fs::write(&l, log).expect("log");
+    std::fs::write(&s, skips).expect("skips");
+    let o = Command::new(repo().join("scripts/test-totals"))
+        .arg(&l)
+        .arg(&s)
+        .arg(cargo_status.to_string())
+        .arg(package)
+        .output()
+        .expect("test-totals");
+    (o.status.code().expect("exit code"), String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+fn last_line(out: &str) -> &str {
+    out.lines().last().unwrap_or("")
+}
+
+/// Two binaries that passed, one with a failing test, one that crashed before its result.
+const LOG: &str = "\
+   Compiling sealnode v0.1.0
+     Running unittests src/lib.rs (target/debug/deps/sealnode-0123456789abcdef)
+
+running 3 tests
+test a ... ok
+test b ... ok
+test c ... ok
+
+test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s
+
+     Running tests/canary.rs (target/debug/deps/canary-00aa11bb22cc33dd)
+
+running 3 tests
+test battery ... ok
+test matrix ... FAILED
+test receipts ... ok
+
+failures:
+    matrix
+
+test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 9.00s
+
+error: test failed, to rerun pass `--test canary`
+     Running tests/run.rs (target/debug/deps/run-ffeeddccbbaa9988)
+
+running 4 tests
+test one ... ok
+error: test failed, to rerun pass `--test run`
+
+Caused by:
+  process didn't exit successfully: `target/debug/deps/run-ffeeddccbbaa9988` (signal: 11, SIGSEGV)
+     Running tests/systemd.rs (target/debug/deps/systemd-1234123412341234)
+
+running 2 tests
+test unit_verifies ... ok
+test sysusers ... ok
+
+test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.50s
+";
+
+#[test]
+fn every_failure_and_crash_is_counted() {
+    let (code, out) = totals(LOG, "", 101, "passed");
+    // 3 + 2 + 2 passed, the package test too; one failed test, one crashed binary.
+    assert_eq!(last_line(&out), "tests: 8 passed, 2 failed, 0 skipped", "{out}");
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("tests/run.rs") && out.contains("crashed"), "{out}");
+    assert!(out.contains("tests/canary.rs: 1 failed"), "{out}");
+}
+
+#[test]
+fn a_passed_test_that_skipped_counts_as_skipped() {
+    let skips = "systemd\tunit_verifies\tsystemd\tsystemd-analyze missing\n\
+                 systemd\tunit_verifies\tgroff\tsecond skip, same test\n\
+                 canary\tmatrix\trootless\ta failed test that skipped stays failed\n";
+    let (_, out) = totals(LOG, skips, 101, "skipped");
+    assert_eq!(last_line(&out), "tests: 6 passed, 2 failed, 2 skipped", "{out}");
+    assert!(out.contains("SKIPPED: systemd::unit_verifies"), "{out}");
+}
+
+#[test]
+fn a_clean_run_passes_and_a_build_error_fails() {
+    let clean = LOG.split("     Running tests/canary.rs").next().expect("first binary").to_string();
+    let (code, out) = totals(&clean, "", 0, "passed");
+    assert_eq!((code, last_line(&out)), (0, "tests: 4 passed, 0 failed, 0 skipped"), "{out}");
+    // A failed package test fails the run even when cargo passed.
+    let (code, out) = totals(&clean, "", 0, "failed");
+    assert_eq!((code, last_line(&out)), (1, "tests: 3 passed, 1 failed, 0 skipped"), "{out}");
+    // cargo failed before any test ran (a compile error): still a failure, never "0 failed".
+    let (code, out) = totals("error[E0425]: cannot find value `x`\n", "", 101, "none");
+    assert_eq!((code, last_line(&out)), (1, "tests: 0 passed, 1 failed, 0 skipped"), "{out}");
+}
+
+/// scripts/test as a normal user (it then installs nothing) with a stand-in `cargo` whose test
+/// run prints LOG and exits 101: the script must go on past the failing pipeline, print the
+/// totals, and exit non-zero. (The old script ended at the pipeline under `set -e`.)
+#[test]
+fn scripts_test_goes_on_after_failures_and_exits_non_zero() {
+    if !is_root() {
+        return unavailable("rootful", "the test runs scripts/test as uid 65534 through setpriv");
+    }
+    let home = tempfile::tempdir().expect("home");
+    let bin = home.path().join(".cargo/bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    let log = home.path().join("cargo-test.log");
+    std::fs::write(&log, LOG).expect("log");
+    let fake = format!("#!/bin/sh\ncase \"$1\" in test) cat '{}'; exit 101 ;; *) exit 0 ;; esac\n", log.display());
+    let cargo = bin.join("cargo");
+    std::fs::write(&cargo, fake).expect("cargo");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let tmp = home.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("tmp");
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    // The suite is read through the checkout; uid 65534 must be able to read scripts/.
+    assert!(Path::new(&repo().join("scripts/test")).exists());
+    let o = Command::new("/usr/bin/setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+        .arg(repo().join("scripts/test"))
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", "/usr/bin:/bin")
+        .env("TMPDIR", &tmp)
+        .env("SEALNODE_TEST_CACHE", home.path().join("no-cache"))
+        .output()
+        .expect("scripts/test");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(101), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    // The package test is skipped as a normal user: counted as skipped, not as passed.
+    assert_eq!(last_line(&out), "tests: 7 passed, 2 failed, 1 skipped", "{out}");
+}
