@@ -31,9 +31,9 @@ fn unit_verifies_and_exposure_stays_under_the_threshold() {
     };
     let dir = tempfile::tempdir().expect("tmp");
     let unit = unit_copy(dir.path());
-    let o = Command::new(sa).arg("verify").arg(&unit).output().expect("verify");
+    let o = Command::new(sa).arg("verify").arg(&unit).output_within(COMMAND_LIMIT);
     assert!(o.status.success(), "systemd-analyze verify: {}", String::from_utf8_lossy(&o.stderr));
-    let o = Command::new(sa).args(["security", "--offline=yes"]).arg(&unit).output().expect("security");
+    let o = Command::new(sa).args(["security", "--offline=yes"]).arg(&unit).output_within(COMMAND_LIMIT);
     let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
     let score: f64 = text
         .lines()
@@ -95,8 +95,7 @@ fn sysusers_and_tmpfiles_apply_to_a_scratch_root() {
     let o = Command::new("/usr/bin/systemd-sysusers")
         .arg(format!("--root={}", root.path().display()))
         .arg(repo().join("systemd/sealnode.sysusers"))
-        .output()
-        .expect("sysusers");
+        .output_within(COMMAND_LIMIT);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let passwd = std::fs::read_to_string(root.path().join("etc/passwd")).expect("passwd");
     assert!(
@@ -109,11 +108,25 @@ fn sysusers_and_tmpfiles_apply_to_a_scratch_root() {
         .arg(format!("--root={}", root.path().display()))
         .arg("--create")
         .arg(repo().join("systemd/sealnode.tmpfile"))
-        .output()
-        .expect("tmpfiles");
+        .output_within(COMMAND_LIMIT);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     use std::os::unix::fs::MetadataExt;
-    let md = std::fs::metadata(root.path().join("var/lib/sealnode/engine")).expect("engine dir");
-    assert_eq!(md.mode() & 0o777, 0o700);
-    assert_ne!(md.uid(), 0, "the engine's scratch belongs to its role user");
+    // The ids sysusers gave the role users in this root, which tmpfiles must have used.
+    let ids = |user: &str| -> (u32, u32) {
+        let line = passwd.lines().find(|l| l.starts_with(&format!("{user}:"))).expect("user");
+        let f: Vec<&str> = line.split(':').collect();
+        (f[2].parse().expect("uid"), f[3].parse().expect("gid"))
+    };
+    let (engine, node) = (ids("sealnode-engine"), ids("sealnode-node"));
+    assert_ne!(engine, node, "each role its own user");
+    assert!(engine.0 != 0 && node.0 != 0, "{passwd}");
+    for (dir, mode, owner) in [
+        ("var/lib/sealnode", 0o755, (0, 0)),
+        ("var/lib/sealnode/engine", 0o700, engine),
+        ("var/lib/sealnode/node", 0o700, node),
+        ("srv/sealnode/models", 0o755, (0, 0)),
+    ] {
+        let md = std::fs::metadata(root.path().join(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        assert_eq!((md.mode() & 0o7777, md.uid(), md.gid()), (mode, owner.0, owner.1), "{dir}");
+    }
 }

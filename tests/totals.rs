@@ -19,8 +19,7 @@ fn totals(log: &str, skips: &str, cargo_status: i32, package: &str) -> (i32, Str
         .arg(&s)
         .arg(cargo_status.to_string())
         .arg(package)
-        .output()
-        .expect("test-totals");
+        .output_within(COMMAND_LIMIT);
     (o.status.code().expect("exit code"), String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
@@ -135,8 +134,7 @@ fn scripts_test_goes_on_after_failures_and_exits_non_zero() {
         .env("PATH", "/usr/bin:/bin")
         .env("TMPDIR", &tmp)
         .env("SEALNODE_TEST_CACHE", home.path().join("no-cache"))
-        .output()
-        .expect("scripts/test");
+        .output_within(COMMAND_LIMIT);
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(101), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
     // The package test is skipped as a normal user: counted as skipped, not as passed.

@@ -87,8 +87,7 @@ fn c_http_server_serves_on_loopback_under_the_engine_policy() {
                         "-",
                         "http://127.0.0.1:18080/hello.txt",
                     ])
-                    .output()
-                    .expect("nsenter");
+                    .output_within(COMMAND_LIMIT);
                 if o.status.success() {
                     break String::from_utf8_lossy(&o.stdout).into_owned();
                 }

@@ -238,7 +238,7 @@ env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"]
         let cfg = self.config.display().to_string();
         let mut args = vec!["exec", "--config", cfg.as_str(), "--role", role, "--"];
         args.extend_from_slice(argv);
-        self.command(&args).stdin(Stdio::null()).output().expect("run sealnode")
+        self.command(&args).output_within(COMMAND_LIMIT)
     }
 
     /// Run the probe in `role`'s sandbox and parse its report.
@@ -251,9 +251,7 @@ env = {{ set = {{ FRUTEBOX_ENGINE = "llamacpp" }}, pass = ["SEALNODE_TEST_PASS"]
             .env("SEALNODE_TEST_SECRET", "launcher-secret-value")
             .env("HTTPS_PROXY", "http://proxy.invalid:3128")
             .env("SEALNODE_TEST_PASS", "passed-through")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run probe");
+            .output_within(COMMAND_LIMIT);
         assert!(
             out.status.success(),
             "{:?} probe failed: {}\n{}",
@@ -361,8 +359,11 @@ impl RunningCell {
             assert!(std::time::Instant::now() < deadline, "{mode:?}: no round trip within {timeout:?}");
             std::thread::sleep(std::time::Duration::from_millis(50));
         };
+        // Empty when the caller reads the gateway's stdout itself.
         let mut out = String::new();
-        let _ = std::io::Read::read_to_string(&mut gw.stdout.take().expect("gateway stdout"), &mut out);
+        if let Some(mut o) = gw.stdout.take() {
+            let _ = std::io::Read::read_to_string(&mut o, &mut out);
+        }
         (status, out)
     }
 
@@ -379,7 +380,96 @@ impl RunningCell {
         }
         let pid = nix::unistd::Pid::from_raw(pid as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        // Well above the cells' grace period (stop_timeout_s, 10 s by default): a hang fails.
+        if !wait_until(std::time::Duration::from_secs(60), || matches!(self.child.try_wait(), Ok(Some(_)))) {
+            let _ = self.child.kill();
+            panic!("sealnode run did not stop within 60 s of SIGTERM");
+        }
         let status = self.child.wait().expect("run");
         (status, self.stderr.take().and_then(|t| t.join().ok()).unwrap_or_default())
     }
+}
+
+/// How long one sealnode command (or a tool the tests run) may take before the test fails
+/// instead of hanging CI. The slowest command is a full `canary --matrix` (five batteries per
+/// role); under the whole suite on 2 cores it takes well under a minute, so 5 minutes can only
+/// mean a hang.
+pub const COMMAND_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How long a test waits for one line from a socket or pipe of sealnode's.
+pub const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `Command::output` with a deadline: a command still running at `limit` is killed and the
+/// test fails with what it printed so far. stdin is /dev/null, as with `output()`.
+pub trait OutputWithin {
+    fn output_within(&mut self, limit: std::time::Duration) -> Output {
+        self.try_output_within(limit).unwrap_or_else(|e| panic!("spawn: {e}"))
+    }
+    /// The same, with a failed spawn returned rather than a panic.
+    fn try_output_within(&mut self, limit: std::time::Duration) -> std::io::Result<Output>;
+}
+
+impl OutputWithin for Command {
+    fn try_output_within(&mut self, limit: std::time::Duration) -> std::io::Result<Output> {
+        let mut child = self.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        let drain = |p: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut b = Vec::new();
+                if let Some(mut p) = p {
+                    let _ = p.read_to_end(&mut b);
+                }
+                b
+            })
+        };
+        let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
+        let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
+        let deadline = std::time::Instant::now() + limit;
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                break st;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let (o, e) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+                panic!(
+                    "{:?} {:?} still running after {limit:?}: killed\nstdout: {}\nstderr: {}",
+                    self.get_program(),
+                    self.get_args().collect::<Vec<_>>(),
+                    String::from_utf8_lossy(&o),
+                    String::from_utf8_lossy(&e)
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        Ok(Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() })
+    }
+}
+
+/// Poll `cond` every 10 ms until it holds or `limit` passes; returns whether it held.
+pub fn wait_until(limit: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// MPTCP must be off in a sandbox's netns ("0"). "absent" passes only where the host kernel
+/// has no MPTCP at all, and is then reported as a skip (SEALNODE_TEST_REQUIRE=mptcp fails it).
+pub fn mptcp_off(value: &str, ctx: &str) {
+    if value == "absent" {
+        assert!(
+            !Path::new("/proc/sys/net/mptcp/enabled").exists(),
+            "{ctx}: the host has MPTCP, but the sandbox's netns has no mptcp.enabled to turn it off"
+        );
+        unavailable("mptcp", "the kernel has no MPTCP: the sysctl that turns it off cannot be checked");
+        return;
+    }
+    assert_eq!(value, "0", "{ctx}: MPTCP is on in the sandbox's netns");
 }
