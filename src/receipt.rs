@@ -290,3 +290,118 @@ pub fn verify(receipt: &Receipt, cfg: &Config) -> Result<Vec<String>> {
     }
     Ok(bad)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn sample() -> Receipt {
+        let digests = RoleDigests {
+            seccomp_file: "/p/engine.json".into(),
+            seccomp_program_sha256: "a".repeat(64),
+            seccomp_instructions: 100,
+            landlock_file: "/p/engine.toml".into(),
+            landlock_rules_sha256: "b".repeat(64),
+            program: "/usr/bin/true".into(),
+            program_sha256: Some("c".repeat(64)),
+            program_pin: None,
+        };
+        Receipt {
+            schema: SCHEMA,
+            generation: 7,
+            started_at: 1_700_000_000,
+            boot_id: "boot".into(),
+            sealnode: Artifact {
+                path: "/usr/bin/sealnode".into(),
+                sha256: "d".repeat(64),
+                version: Some("0.1.0".into()),
+            },
+            config: Artifact { path: "/etc/sealnode/sealnode.toml".into(), sha256: "e".repeat(64), version: None },
+            roles: [("engine".to_string(), digests.clone()), ("node".to_string(), digests)].into(),
+            kernel: Kernel { release: "6.18".into(), landlock_abi: 7, userns_mode: "rootful".into() },
+            canary: CanarySummary {
+                passed: true,
+                schema: 1,
+                roles: [("engine".to_string(), [90, 90, 0])].into(),
+                report_sha256: "f".repeat(64),
+            },
+        }
+    }
+
+    #[test]
+    fn a_receipt_round_trips_and_other_schemas_are_refused() {
+        let r = sample();
+        let bytes = serde_json::to_vec(&r).expect("json");
+        assert_eq!(parse(&bytes, Path::new("r.json")).expect("parse"), r);
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).expect("value");
+        v["schema"] = 2.into();
+        let e = parse(v.to_string().as_bytes(), Path::new("r.json")).expect_err("schema 2").to_string();
+        assert!(e.contains("r.json") && e.contains("receipt schema 2 is not 1"), "{e}");
+        v["schema"] = 1.into();
+        v["kernel"]["extra"] = true.into();
+        let e = parse(v.to_string().as_bytes(), Path::new("r.json")).expect_err("unknown field").to_string();
+        assert!(e.contains("unknown field") && e.contains("extra"), "{e}");
+        let e = parse(b"{\"schema\":1}", Path::new("r.json")).expect_err("truncated").to_string();
+        assert!(e.contains("not a sealnode receipt") && e.contains("missing field"), "{e}");
+    }
+
+    /// Atomic: a reader that opened the old receipt keeps reading all of it after a new one is
+    /// written, and the path then names a new, complete file. An in-place rewrite (truncate and
+    /// write) fails this: the old reader would see the new bytes or none.
+    #[test]
+    fn write_atomic_replaces_the_file_whole() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join(FILE);
+        let old = vec![b'o'; 100_000];
+        write_atomic(&path, &old, 0o640).expect("first write");
+        let mut reader = std::fs::File::open(&path).expect("open old");
+        let old_ino = std::fs::metadata(&path).expect("md").ino();
+        let new = vec![b'n'; 50_000];
+        write_atomic(&path, &new, 0o640).expect("second write");
+        let mut seen = Vec::new();
+        std::io::Read::read_to_end(&mut reader, &mut seen).expect("read old");
+        assert!(seen == old, "the old reader saw {} bytes, not the whole old receipt", seen.len());
+        let md = std::fs::metadata(&path).expect("md");
+        assert_ne!(md.ino(), old_ino, "rewritten in place");
+        assert_eq!(md.mode() & 0o777, 0o640);
+        assert_eq!(std::fs::read(&path).expect("read new"), new);
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path()).expect("dir").filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+        assert_eq!(names, [std::ffi::OsString::from(FILE)], "leftovers");
+    }
+
+    /// A write that fails (the target is a directory: rename refuses) leaves the old state and
+    /// no temp file, and names the path.
+    #[test]
+    fn a_failed_write_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let target = dir.path().join("receipt.json");
+        std::fs::create_dir(&target).expect("dir");
+        std::fs::write(target.join("inside"), "x").expect("inside");
+        let e = write_atomic(&target, b"new", 0o640).expect_err("rename onto a dir").to_string();
+        assert!(e.contains(&target.display().to_string()), "{e}");
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path()).expect("dir").filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+        assert_eq!(names, [std::ffi::OsString::from("receipt.json")], "a temp file was left behind");
+        assert!(target.join("inside").exists());
+        let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700));
+    }
+
+    #[test]
+    fn the_next_generation_is_above_the_counter_and_the_last_receipt() {
+        let dir = tempfile::tempdir().expect("tmp");
+        assert_eq!(next_generation(dir.path()).expect("first"), 1);
+        assert_eq!(next_generation(dir.path()).expect("second"), 2);
+        // A receipt from a later generation than the counter (the counter was lost or old).
+        let mut r = sample();
+        r.generation = 41;
+        std::fs::write(dir.path().join(FILE), serde_json::to_vec(&r).expect("json")).expect("receipt");
+        std::fs::write(dir.path().join(GENERATION_FILE), "3\n").expect("counter");
+        assert_eq!(next_generation(dir.path()).expect("third"), 42);
+        assert_eq!(std::fs::read_to_string(dir.path().join(GENERATION_FILE)).expect("counter"), "42\n");
+        std::fs::write(dir.path().join(GENERATION_FILE), format!("{}\n", u64::MAX)).expect("counter");
+        let e = next_generation(dir.path()).expect_err("exhausted").to_string();
+        assert!(e.contains("exhausted"), "{e}");
+    }
+}
