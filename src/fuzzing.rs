@@ -109,13 +109,26 @@ pub fn control(data: &[u8]) {
     if let Err(e) = &whole {
         assert!(!e.is_empty(), "empty control error");
     }
+    // Fed in pieces, the parser must reach the same answer as for the whole input: the same
+    // request or the same error, once the line (or too much) has arrived.
     let mut buf = Vec::new();
+    let mut chunked = None;
     for chunk in data.chunks(3) {
         if let Some(r) = crate::control::feed(&mut buf, chunk) {
-            if let Err(e) = r {
-                assert!(!e.is_empty(), "empty control error");
-            }
+            chunked = Some(r);
             break;
+        }
+    }
+    let mut once = Vec::new();
+    let fed_whole = crate::control::feed(&mut once, data);
+    assert_eq!(chunked, fed_whole, "chunked and whole feeds differ");
+    if let Some(r) = chunked {
+        if let Err(e) = &r {
+            assert!(!e.is_empty(), "empty control error");
+        }
+        // A complete line parses the same as `parse` on that line.
+        if let Some(end) = data.iter().position(|b| *b == b'\n').filter(|e| *e <= crate::control::MAX_REQUEST) {
+            assert_eq!(r, crate::control::parse(&data[..=end]), "feed and parse differ");
         }
     }
 }
