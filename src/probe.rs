@@ -16,6 +16,9 @@ pub struct Attempt {
     /// errno when it failed.
     pub errno: Option<i32>,
     pub error: Option<String>,
+    /// For attempts of several steps (`--exec-copy`: write, then exec), the step that failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_step: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -62,6 +65,7 @@ fn attempt(name: impl Into<String>, r: Result<(), Errno>) -> Attempt {
         ok: r.is_ok(),
         errno: r.err().map(|e| e as i32),
         error: r.err().map(|e| e.desc().to_string()),
+        failed_step: None,
     }
 }
 
@@ -240,7 +244,12 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
             "--read" => std::fs::read(arg).map(drop).map_err(io_errno),
             "--list" => std::fs::read_dir(arg).map(drop).map_err(io_errno),
             "--write" => std::fs::OpenOptions::new().create(true).append(true).open(arg).map(drop).map_err(io_errno),
-            "--exec-copy" => exec_copy(arg),
+            "--exec-copy" => {
+                let r = exec_copy(arg);
+                let step = r.err().map(|(_, step)| step);
+                v.push(Attempt { failed_step: step, ..attempt(name, r.map_err(|(e, _)| e)) });
+                continue;
+            }
             "--connect" => std::net::TcpStream::connect(arg.as_str()).map(drop).map_err(io_errno),
             "--bind" => std::net::TcpListener::bind(arg.as_str()).map(drop).map_err(io_errno),
             "--stat" => std::fs::symlink_metadata(arg).map(drop).map_err(io_errno),
@@ -302,15 +311,23 @@ fn io_errno(e: std::io::Error) -> Errno {
     Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
-/// Copy our own binary to `path`, make it executable and try to run it.
-fn exec_copy(path: &str) -> Result<(), Errno> {
+/// Copy our own binary to `path`, make it executable and try to run it. The error says which
+/// step failed: "write" (the copy) or "exec" (running it), so a refused write is never taken
+/// for a refused exec.
+fn exec_copy(path: &str) -> Result<(), (Errno, &'static str)> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let me = std::fs::read("/proc/self/exe").map_err(io_errno)?;
+    let write = |e| (io_errno(e), "write");
+    let me = std::fs::read("/proc/self/exe").map_err(write)?;
     let mut f =
-        std::fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o755).open(path).map_err(io_errno)?;
-    f.write_all(&me).map_err(io_errno)?;
+        std::fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o755).open(path).map_err(write)?;
+    f.write_all(&me).map_err(write)?;
     drop(f);
+    exec_file(path).map_err(|e| (e, "exec"))
+}
+
+/// Fork and exec `path`; Ok if it ran and exited 0.
+fn exec_file(path: &str) -> Result<(), Errno> {
     // SAFETY: fork in the single-threaded probe; the child only execs or exits.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
