@@ -5,8 +5,10 @@
 
 mod common;
 
+use std::io::BufRead;
+use std::io::BufReader;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -104,13 +106,42 @@ fn end_to_end(r: &Real, pyengine: Option<&str>) {
             .stdout(Stdio::piped())
             .spawn()
             .expect("gateway");
-        std::thread::sleep(Duration::from_millis(500));
+        // The gateway's lines as they come, with the time each arrived.
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(Instant, String)>::new()));
+        let (l2, gw_stdout) = (lines.clone(), gw.stdout.take().expect("gateway stdout"));
+        let reader = std::thread::spawn(move || {
+            for l in BufReader::new(gw_stdout).lines().map_while(Result::ok) {
+                l2.lock().expect("lock").push((Instant::now(), l));
+            }
+        });
+        let seen = |lines: &std::sync::Mutex<Vec<(Instant, String)>>, what: &str| {
+            lines.lock().expect("lock").iter().find(|(_, l)| l.contains(what)).map(|(t, _)| *t)
+        };
+        assert!(
+            wait_until(Duration::from_secs(30), || seen(&lines, "gateway: listening").is_some()),
+            "{mode:?}: gateway"
+        );
         let mut run = f.start_run();
-        let (gw_status, gw_out) = run.wait_for_gateway(&mut gw, Duration::from_secs(170), mode);
-        // While the real workloads run: the seal holds (same cell layout, fresh battery).
+        // While the real workloads run: once the gateway has sent its first job to the sealed
+        // node, a fresh battery (same cell layout) runs while the engine works on it.
         let cfg = f.config.display().to_string();
-        let canary = f.command(&["canary", "--config", &cfg, "--json"]).output().expect("canary");
+        let mut canary_cmd = f.command(&["canary", "--config", &cfg, "--json"]);
+        let l3 = lines.clone();
+        let canary = std::thread::spawn(move || {
+            let sent = wait_until(Duration::from_secs(170), || seen(&l3, "gateway: -> ").is_some());
+            let started = Instant::now();
+            (sent, started, canary_cmd.output_within(COMMAND_LIMIT))
+        });
+        let (gw_status, _) = run.wait_for_gateway(&mut gw, Duration::from_secs(170), mode);
+        let (sent, canary_started, canary) = canary.join().expect("canary thread");
         let (status, err) = run.stop();
+        // The reader thread has the gateway's last lines once the pipe closed (it exited).
+        assert!(wait_until(READ_LIMIT, || reader.is_finished()), "{mode:?}: gateway stdout still open");
+        let gw_out: String = lines.lock().expect("lock").iter().map(|(_, l)| format!("{l}\n")).collect();
+        assert!(sent, "{mode:?}: the gateway never sent a job: {gw_out}");
+        let done = seen(&lines, "job round trip complete")
+            .unwrap_or_else(|| panic!("{mode:?}: no round trip: {gw_out}\nsealnode: {err}"));
+        assert!(canary_started < done, "{mode:?}: the canary started only after the jobs were done");
         assert!(gw_status.success(), "{mode:?}: gateway: {gw_out}\nsealnode: {err}");
         // The gateway prints the result with Python's repr: '...' or "..." when it holds a quote.
         let plain = gw_out.split("job-plain result: ").nth(1).unwrap_or("");
@@ -124,6 +155,7 @@ fn end_to_end(r: &Real, pyengine: Option<&str>) {
         assert_eq!(status.code(), Some(0), "{mode:?}: {err}");
         let c: serde_json::Value = serde_json::from_slice(&canary.stdout).expect("canary json");
         assert_eq!(c["passed"], true, "{mode:?}: canary while the real workloads ran: {c}");
+        assert_eq!(canary.status.code(), Some(0), "{mode:?}: {}", String::from_utf8_lossy(&canary.stderr));
         // Egress: the node's only upstream is the gateway and nothing was refused (the node's
         // reconnects after the test gateway exited are the only failed connects).
         assert!(

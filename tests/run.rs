@@ -58,7 +58,8 @@ const HTTPD: &str = "exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /model
 struct Running {
     child: Child,
     lines: mpsc::Receiver<String>,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    /// What sealnode wrote to stderr so far, and whether the pipe reached EOF.
+    stderr: std::sync::Arc<std::sync::Mutex<(String, bool)>>,
 }
 
 fn start(f: &Fixture, envs: &[(&str, &str)]) -> Running {
@@ -89,7 +90,7 @@ fn start_with(f: &Fixture, envs: &[(&str, &str)], watchdog_pid: bool) -> Running
             let _ = tx.send(l);
         }
     });
-    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let stderr = std::sync::Arc::new(std::sync::Mutex::new((String::new(), false)));
     let mut err = child.stderr.take().expect("stderr");
     let e2 = stderr.clone();
     std::thread::spawn(move || {
@@ -98,8 +99,9 @@ fn start_with(f: &Fixture, envs: &[(&str, &str)], watchdog_pid: bool) -> Running
             if n == 0 {
                 break;
             }
-            e2.lock().expect("lock").push_str(&String::from_utf8_lossy(&b[..n]));
+            e2.lock().expect("lock").0.push_str(&String::from_utf8_lossy(&b[..n]));
         }
+        e2.lock().expect("lock").1 = true;
     });
     Running { child, lines, stderr }
 }
@@ -118,7 +120,14 @@ impl Running {
         }
     }
     fn stderr(&self) -> String {
-        self.stderr.lock().expect("lock").clone()
+        self.stderr.lock().expect("lock").0.clone()
+    }
+    /// Everything sealnode wrote to stderr, once it has exited: waits for the pipe's EOF (the
+    /// reader thread's mark), not for a guessed time.
+    fn stderr_after_exit(&self) -> String {
+        let done = wait_until(READ_LIMIT, || self.stderr.lock().expect("lock").1);
+        assert!(done, "sealnode's stderr still open {READ_LIMIT:?} after it exited");
+        self.stderr()
     }
     fn pid(&self) -> Pid {
         Pid::from_raw(self.child.id() as i32)
@@ -128,8 +137,8 @@ impl Running {
         let t = Instant::now();
         let _ = kill(self.pid(), Signal::SIGTERM);
         let st = wait_timeout(&mut self.child, 20);
-        std::thread::sleep(Duration::from_millis(50));
-        (st, t.elapsed().as_secs_f64(), self.stderr())
+        let secs = t.elapsed().as_secs_f64();
+        (st, secs, self.stderr_after_exit())
     }
 }
 
@@ -186,7 +195,7 @@ fn cell_isolation_egress_and_clean_stop() {
         // The cell's netns, which both roles share: TCP Fast Open and MPTCP off.
         for r in [&e, &n] {
             assert_eq!(r["net_sysctls"]["ipv4/tcp_fastopen"], "0", "{ctx}: {r}");
-            assert!(["0", "absent"].contains(&r["net_sysctls"]["mptcp/enabled"].as_str().unwrap_or("?")), "{ctx}");
+            mptcp_off(r["net_sysctls"]["mptcp/enabled"].as_str().unwrap_or("?"), &ctx);
         }
         // The engine: no connect at all (seccomp), not even to itself or the upstream's port.
         refused(&e, &format!("connect:127.0.0.1:{ENGINE_PORT}"), &[libc::ENOSYS]);
@@ -242,16 +251,20 @@ fn supervisor_sigkill_leaves_nothing_behind() {
         assert!(tree.len() >= 4, "{mode:?}: expected cell init, two role inits and workloads: {tree:?}");
         kill(run.pid(), Signal::SIGKILL).expect("kill");
         let _ = run.child.wait();
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while Instant::now() < deadline {
-            tree.retain(|p| alive(*p));
-            if tree.is_empty() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(tree.is_empty(), "{mode:?}: survived the supervisor by 1s: {tree:?}");
+        all_die(&mut tree, &format!("{mode:?}: survived the supervisor"));
     }
+}
+
+/// The processes in `tree` must all be gone. The kernel kills them at once (parent-death
+/// signal, pid namespace teardown) but reaps them asynchronously; on a loaded 2-core machine
+/// that has taken a few hundred ms. 10 s cannot hide a survivor: every workload here sleeps
+/// for 1000 s or loops forever.
+fn all_die(tree: &mut Vec<i32>, what: &str) {
+    let gone = wait_until(Duration::from_secs(10), || {
+        tree.retain(|p| alive(*p));
+        tree.is_empty()
+    });
+    assert!(gone, "{what} by 10 s: {tree:?}");
 }
 
 fn alive(pid: i32) -> bool {
@@ -284,9 +297,10 @@ fn descendants(root: i32) -> Vec<i32> {
 #[test]
 fn crashed_engine_is_restarted_and_the_node_reconnects() {
     for mode in modes() {
-        // First run: serve, then crash after 1.5 s. Later runs: serve.
+        // First run: serve until the node has fetched once (httpd logs the request), then
+        // crash. Later runs: serve. No guessed time: the crash follows the node's first OK.
         let engine_sh = format!(
-            "if [ ! -e /scratch/crashed ]; then touch /scratch/crashed; /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & sleep 1.5; kill $!; exit 3; fi; {HTTPD}"
+            "if [ ! -e /scratch/crashed ]; then touch /scratch/crashed; /usr/bin/busybox httpd -f -vv -p 127.0.0.1:18080 -h /models 2> /scratch/log & while ! /usr/bin/busybox grep -q response:200 /scratch/log; do sleep 0.05; done; kill $!; exit 3; fi; {HTTPD}"
         );
         let node_sh = "while true; do if /usr/bin/busybox wget -q -O /dev/null http://127.0.0.1:18080/hello.txt; then echo OK; else echo FAIL; fi; sleep 0.1; done";
         let f = cell(mode, "restart", &engine_sh, node_sh, "", "restart = \"on-failure\"", "");
@@ -314,12 +328,15 @@ fn crashed_role_without_restart_stops_the_cell() {
         );
         let mut run = start(&f, &[]);
         run.line(30, |l| l == "node-up");
+        // Recorded while the cell runs: once sealnode has exited, nothing has its pid as an
+        // ancestor any more (survivors are reparented), so only this list can show one.
+        let mut tree = descendants(run.child.id() as i32);
+        assert!(tree.len() >= 4, "{mode:?}: expected cell init, two role inits and workloads: {tree:?}");
         let code = wait_timeout(&mut run.child, 20);
-        std::thread::sleep(Duration::from_millis(50));
-        let err = run.stderr();
+        let err = run.stderr_after_exit();
         assert_eq!(code, Some(1), "{mode:?}: {err}");
         assert!(err.contains("engine exited with status 7"), "{mode:?}: {err}");
-        assert!(descendants(run.child.id() as i32).is_empty());
+        all_die(&mut tree, &format!("{mode:?}: survived the cell's stop"));
     }
 }
 
@@ -345,8 +362,7 @@ fn sd_notify_messages_arrive_in_order() {
         run.line(30, |l| l == "node-up");
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
-        std::thread::sleep(Duration::from_millis(100));
-        let msgs = ns.msgs.lock().expect("lock").clone();
+        let msgs = ns.until_stopping();
         let pos = |needle: &str| msgs.iter().position(|m| m.lines().any(|l| l == needle || l.starts_with(needle)));
         let started = pos("STATUS=engine started").unwrap_or_else(|| panic!("{mode:?}: {msgs:?}"));
         let ready = pos("READY=1").unwrap_or_else(|| panic!("{mode:?}: no READY: {msgs:?}"));
@@ -361,6 +377,16 @@ fn sd_notify_messages_arrive_in_order() {
 struct NotifySocket {
     path: String,
     msgs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl NotifySocket {
+    /// Every message up to and including STOPPING=1, the last one sealnode sends before it
+    /// exits: the receiver thread may still be draining the queue when sealnode is gone.
+    fn until_stopping(&self) -> Vec<String> {
+        let done = wait_until(READ_LIMIT, || self.msgs.lock().expect("lock").iter().any(|m| m.contains("STOPPING=1")));
+        assert!(done, "no STOPPING=1 within {READ_LIMIT:?}: {:?}", self.msgs.lock().expect("lock"));
+        self.msgs.lock().expect("lock").clone()
+    }
 }
 
 fn notify_socket(f: &Fixture) -> NotifySocket {
@@ -396,7 +422,7 @@ fn engine_binary_pin_is_enforced() {
         let bad = "0".repeat(64);
         let f = cell(mode, "pin-bad", HTTPD, "echo node-up; exec sleep 1000", "", &format!("sha256 = \"{bad}\""), "");
         let cfg = f.config.display().to_string();
-        let o = f.command(&["run", "--config", &cfg]).stdin(Stdio::null()).output().expect("run");
+        let o = f.command(&["run", "--config", &cfg]).output_within(COMMAND_LIMIT);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
         assert!(
@@ -454,9 +480,10 @@ fn egress_is_bounded_and_idle_connections_close() {
                 held.push(s);
             }
         });
-        // One connection held open by nc; a second (the probe's fetch) is over the limit.
+        // One connection held open by nc (the probe starts once nc got the greeting, so the
+        // connection is up); a second (the probe's fetch) is over the limit.
         let node_sh = format!(
-            "/usr/bin/busybox nc gw.test {port} > /dev/null & sleep 0.5; /opt/sealnode/sealnode __probe-inside --fetch gw.test:{port}; exec sleep 1000"
+            "/usr/bin/busybox nc gw.test {port} > /scratch/held & while [ ! -s /scratch/held ]; do sleep 0.05; done; /opt/sealnode/sealnode __probe-inside --fetch gw.test:{port}; exec sleep 1000"
         );
         let node_extra = format!("egress = [{{ host = \"gw.test\", port = {port}, connect = \"127.0.0.1:{port}\" }}]");
         let f = cell(
@@ -466,13 +493,15 @@ fn egress_is_bounded_and_idle_connections_close() {
             &node_sh,
             &node_extra,
             "",
-            "egress_max_connections = 1\negress_idle_timeout_s = 1",
+            // 5 s idle: the probe's fetch (tens of ms after nc's greeting) must come while the
+            // held connection is still open, even on a loaded machine.
+            "egress_max_connections = 1\negress_idle_timeout_s = 5",
         );
         let run = start(&f, &[]);
         let n = report(&run.line(30, |l| l.contains("\"FRUTEBOX_ENGINE\"")));
         refused(&n, &format!("fetch:gw.test:{port}"), &[]);
-        // The held connection goes idle and is closed after 1 s.
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // The held connection goes idle and is closed after 5 s.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while !run.stderr().contains("egress connection closed: idle") {
             assert!(Instant::now() < deadline, "{mode:?}: idle connection not closed: {}", run.stderr());
             std::thread::sleep(Duration::from_millis(50));
@@ -480,7 +509,10 @@ fn egress_is_bounded_and_idle_connections_close() {
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert!(err.contains("egress connection refused: limit reached"), "{mode:?}: {err}");
-        assert!(err.contains("accepted=1") && err.contains("refused=1"), "{mode:?}: {err}");
+        let totals = err.lines().find(|l| l.contains("egress totals")).unwrap_or_else(|| panic!("{mode:?}: {err}"));
+        let field =
+            |k: &str| totals.split_whitespace().find_map(|w| w.strip_prefix(k)?.strip_prefix('=')).unwrap_or("missing");
+        assert_eq!((field("accepted"), field("refused")), ("1", "1"), "{mode:?}: {totals}");
     }
 }
 
@@ -494,9 +526,7 @@ fn watchdog_pings_while_running() {
         std::thread::sleep(Duration::from_millis(600));
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
-        std::thread::sleep(Duration::from_millis(100));
-        let pings: usize =
-            ns.msgs.lock().expect("lock").iter().map(|m| m.lines().filter(|l| *l == "WATCHDOG=1").count()).sum();
+        let pings: usize = ns.until_stopping().iter().map(|m| m.lines().filter(|l| *l == "WATCHDOG=1").count()).sum();
         assert!(pings >= 3, "{mode:?}: {pings} watchdog pings in >600 ms at a 100 ms interval");
     }
 }
@@ -559,5 +589,36 @@ fn an_unread_notify_socket_does_not_freeze_the_supervisor() {
         let (code, secs, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert!(secs < 5.0, "{mode:?}: stop took {secs}s");
+    }
+}
+
+/// `restart = "always"` restarts a role that exits cleanly, with the documented backoff:
+/// 0.5 s, doubling (docs/config.md). The gaps between starts are at least the backoff (a start
+/// adds its own time, so only lower bounds are exact), and the log names each delay.
+#[test]
+fn restart_always_restarts_a_clean_exit_with_a_doubling_backoff() {
+    for mode in modes() {
+        let f = cell(mode, "always", HTTPD, "echo node-up; exit 0", "restart = \"always\"", "", "");
+        let run = start(&f, &[]);
+        let mut at = Vec::new();
+        for _ in 0..4 {
+            run.line(30, |l| l == "node-up");
+            at.push(Instant::now());
+        }
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        let gaps: Vec<f64> = at.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+        for (gap, backoff) in gaps.iter().zip([0.5, 1.0, 2.0]) {
+            // 0.1 s for the reader thread's own delay in handing the line over.
+            assert!(*gap >= backoff - 0.1, "{mode:?}: restarted after {gap:.2} s, backoff {backoff} s: {gaps:?}");
+        }
+        for ms in [500, 1000, 2000] {
+            assert!(
+                err.lines().any(|l| l.contains("role exited; restarting")
+                    && l.contains("code=0")
+                    && l.contains(&format!("restart_in_ms={ms} "))),
+                "{mode:?}: no restart after {ms} ms logged: {err}"
+            );
+        }
     }
 }
