@@ -135,7 +135,7 @@ fn completions_know_every_subcommand() {
             let mut child = c.spawn().expect("bash");
             use std::io::Write;
             child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("write");
-            assert!(child.wait().expect("wait").success(), "bash completion does not parse");
+            assert!(wait_within(&mut child, COMMAND_LIMIT, "bash -n").success(), "bash completion does not parse");
         }
     }
     let bad = sealnode(&["completions", "tcsh"]);

@@ -58,7 +58,8 @@ fn probe_sees_every_layer_in_both_roles() {
             // Only stdio crosses into the role.
             assert_eq!(r["fds"], serde_json::json!([0, 1, 2]), "{ctx}: fds");
             // rlimits: the documented defaults (docs/config.md), soft = hard; no core dumps.
-            for (l, v) in [("core", 0u64), ("nofile", 4096), ("nproc", 512), ("fsize", 4096 << 20), ("memlock", 64 << 10)]
+            for (l, v) in
+                [("core", 0u64), ("nofile", 4096), ("nproc", 512), ("fsize", 4096 << 20), ("memlock", 64 << 10)]
             {
                 assert_eq!(r["rlimits"][l], serde_json::json!([v, v]), "{ctx}: rlimit {l}");
             }
@@ -226,6 +227,7 @@ fn exit_codes_and_stdio_pass_through() {
             .spawn()
             .expect("spawn");
         child.stdin.take().expect("stdin").write_all(b"through the sandbox\n").expect("write");
+        wait_within(&mut child, COMMAND_LIMIT, "exec /bin/cat with stdin closed");
         let o = child.wait_with_output().expect("wait");
         assert_eq!(String::from_utf8_lossy(&o.stdout), "through the sandbox\n", "{mode:?}");
         // A bare name is searched in the sandbox's PATH.

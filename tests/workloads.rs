@@ -98,7 +98,7 @@ fn c_http_server_serves_on_loopback_under_the_engine_policy() {
         assert_eq!(body, "served from the sealed engine\n", "{mode:?}");
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher as i32), nix::sys::signal::Signal::SIGTERM)
             .expect("term");
-        let st = server.wait().expect("wait");
+        let st = wait_within(&mut server, COMMAND_LIMIT, "the sandboxed httpd after SIGTERM");
         assert_eq!(st.code(), Some(128 + libc::SIGTERM), "{mode:?}: SIGTERM forwarded to the workload");
     }
 }

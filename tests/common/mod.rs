@@ -473,3 +473,18 @@ pub fn mptcp_off(value: &str, ctx: &str) {
     }
     assert_eq!(value, "0", "{ctx}: MPTCP is on in the sandbox's netns");
 }
+
+/// Wait for `child` to exit, at most `limit`; a child still running then is killed and the
+/// test fails.
+pub fn wait_within(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    if !wait_until(limit, || matches!(child.try_wait(), Ok(Some(_)))) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{what}: still running after {limit:?}: killed");
+    }
+    child.wait().expect("wait")
+}
