@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::trusted::TrustedFile;
 
 /// Default config location.
 pub const DEFAULT_CONFIG: &str = "/etc/sealnode/sealnode.toml";
@@ -56,6 +57,21 @@ pub struct Config {
     /// The file this config was read from (not part of the TOML).
     #[serde(skip)]
     pub file: PathBuf,
+    /// The config's and the policies' bytes as [`Config::load`] read them, once, through the
+    /// checked path (not part of the TOML). Every start uses these, never the files again.
+    #[serde(skip)]
+    pub loaded: Loaded,
+}
+
+/// What [`Config::load`] read: the config file and each role's policy files.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    pub config: TrustedFile,
+    /// Indexed by [`Role`]: engine, node.
+    pub seccomp: [TrustedFile; 2],
+    pub landlock: [TrustedFile; 2],
+    /// Set once all of the above were read.
+    pub complete: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -150,6 +166,31 @@ pub struct RoleConfig {
     /// Restart the role when it exits: "no" (stop the cell, exit non-zero), "on-failure", "always".
     #[serde(default)]
     pub restart: Restart,
+    /// At most `burst` restarts within `interval_s`; one more stops the cell (exit 5).
+    #[serde(default)]
+    pub restart_limit: RestartLimit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartLimit {
+    #[serde(default = "default_burst")]
+    pub burst: u32,
+    #[serde(default = "default_interval")]
+    pub interval_s: u64,
+}
+
+impl Default for RestartLimit {
+    fn default() -> Self {
+        RestartLimit { burst: default_burst(), interval_s: default_interval() }
+    }
+}
+
+fn default_burst() -> u32 {
+    5
+}
+fn default_interval() -> u64 {
+    60
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -346,12 +387,36 @@ impl Config {
             let abs = std::env::current_dir().map_err(|e| Error::io("current directory", e))?.join(file);
             return Config::load(&abs, inv);
         }
-        check_trusted_file(file, file, "(config file)", inv)?;
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| Error::config(file, "(config file)", format!("cannot read: {e}")))?;
-        let cfg = Config::parse(&text, file)?;
+        let config = crate::trusted::read(file, inv.uid).map_err(|e| Error::config(file, "(config file)", e))?;
+        let text = std::str::from_utf8(&config.bytes)
+            .map_err(|e| Error::config(file, "(config file)", format!("not UTF-8: {e}")))?;
+        let mut cfg = Config::parse(text, file)?;
         cfg.check_host(inv)?;
+        let mut loaded = Loaded { config, ..Loaded::default() };
+        for role in Role::ALL {
+            let r = cfg.role(role);
+            let read = |path: &Path, field: &str| {
+                crate::trusted::read(path, inv.uid).map_err(|e| Error::config(file, format!("{role}.{field}"), e))
+            };
+            loaded.seccomp[role as usize] = read(&r.seccomp, "seccomp")?;
+            loaded.landlock[role as usize] = read(&r.landlock, "landlock")?;
+        }
+        loaded.complete = true;
+        cfg.loaded = loaded;
         Ok(cfg)
+    }
+
+    /// The role's policy files as loaded: (seccomp, landlock). An error for a config that was
+    /// only parsed: nothing may start from policies that were not read through the checks.
+    pub fn policy_files(&self, role: Role) -> Result<(&TrustedFile, &TrustedFile)> {
+        if !self.loaded.complete {
+            return Err(Error::config(
+                &self.file,
+                format!("{role}.seccomp"),
+                "the policies were not loaded (internal error: Config::load was not used)",
+            ));
+        }
+        Ok((&self.loaded.seccomp[role as usize], &self.loaded.landlock[role as usize]))
     }
 
     /// Read and parse without the host checks (ownership is judged against the launcher's
@@ -473,6 +538,12 @@ impl Config {
         }
         if r.tmp_size_mb == 0 || r.tmp_size_mb > 65536 {
             return Err(self.err(f("tmp_size_mb"), "must be between 1 and 65536"));
+        }
+        if r.restart_limit.burst == 0 || r.restart_limit.burst > 1000 {
+            return Err(self.err(f("restart_limit.burst"), "must be between 1 and 1000"));
+        }
+        if r.restart_limit.interval_s == 0 || r.restart_limit.interval_s > 86400 {
+            return Err(self.err(f("restart_limit.interval_s"), "must be between 1 and 86400 (seconds)"));
         }
         for k in r.env.set.keys() {
             if !valid_env_name(k) {
@@ -630,8 +701,6 @@ impl Config {
         }
         for role in Role::ALL {
             let r = self.role(role);
-            check_trusted_file(&self.file, &r.seccomp, &format!("{role}.seccomp"), inv)?;
-            check_trusted_file(&self.file, &r.landlock, &format!("{role}.landlock"), inv)?;
             for (field, path, writable) in self.host_paths(role) {
                 self.checked_role_path(role, &field, path, writable, inv)?;
             }
@@ -764,28 +833,6 @@ impl Config {
             Err(e) => Err(self.err(field, format!("{}: {}", path.display(), e.desc()))),
         }
     }
-}
-
-/// A policy or config file sealnode trusts must exist and, when running as root, be writable
-/// by root only (otherwise an unprivileged user could rewrite the sandbox).
-fn check_trusted_file(cfg: &Path, file: &Path, field: &str, inv: &Invoker) -> Result<()> {
-    let md = std::fs::metadata(file).map_err(|e| Error::config(cfg, field, format!("{}: {e}", file.display())))?;
-    if !md.is_file() {
-        return Err(Error::config(cfg, field, format!("{} is not a regular file", file.display())));
-    }
-    if inv.rootful() && (md.uid() != 0 || md.mode() & 0o022 != 0) {
-        return Err(Error::config(
-            cfg,
-            field,
-            format!(
-                "{} is writable by a non-root user (owner uid {}, mode {:o}); as root sealnode only trusts root-owned files not writable by group/others",
-                file.display(),
-                md.uid(),
-                md.mode() & 0o7777
-            ),
-        ));
-    }
-    Ok(())
 }
 
 enum UserSpec {

@@ -19,5 +19,6 @@ pub mod receipt;
 pub mod sandbox;
 pub mod supervisor;
 pub mod sys;
+pub mod trusted;
 
 pub use error::{Error, Result};

@@ -19,8 +19,13 @@ enum Command {
     /// Run the sealed node: the cell, the engine, then the node once the engine is ready;
     /// supervise both until SIGTERM/SIGINT (exit 0) or a failure (non-zero).
     ///
-    /// SIGHUP restarts both roles (the cell's network namespace stays). Notifies systemd
-    /// (READY=1 once the engine is ready and the node started, STATUS, WATCHDOG, STOPPING).
+    /// Every start (first, crash restart, SIGHUP, recycle) passes the preflight canary and
+    /// writes a new receipt first. SIGHUP reloads the config and policies (kept unchanged if
+    /// invalid) and restarts both roles (the cell's network namespace stays). Notifies systemd
+    /// (READY=1 once the engine is ready and the node started, RELOADING=1, STATUS, WATCHDOG,
+    /// STOPPING). Exit status: 0 stopped by a signal, 1 a role exited without restart, 3 the
+    /// preflight failed, 4 the engine was not ready in time, 5 the restart limit was reached,
+    /// 125 a config, policy or setup error.
     Run {
         /// Config file.
         #[arg(long, default_value = DEFAULT_CONFIG)]
@@ -414,7 +419,10 @@ fn main() -> ExitCode {
                 match Config::load(&c, &inv) {
                     Ok(cfg) => {
                         for r in Role::ALL {
-                            match sealnode::policy::landlock::Rules::load(&cfg.role(r).landlock) {
+                            let rules = cfg.policy_files(r).and_then(|(_, ll)| {
+                                sealnode::policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.role(r).landlock)
+                            });
+                            match rules {
                                 Ok(rules) => min_abi = min_abi.max(rules.min_abi),
                                 Err(e) => {
                                     eprintln!("sealnode: {e}");

@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -125,12 +124,20 @@ pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<Str
     };
     let sealnode =
         Artifact { path: exe.display().to_string(), sha256, version: Some(env!("CARGO_PKG_VERSION").into()) };
-    let config = Artifact { path: cfg.file.display().to_string(), sha256: file_sha256(&cfg.file)?, version: None };
+    // The bytes Config::load read and every start uses, not the files as they are now.
+    let config =
+        Artifact { path: cfg.file.display().to_string(), sha256: cfg.loaded.config.sha256.clone(), version: None };
     let mut roles = BTreeMap::new();
     for role in Role::ALL {
         let r = cfg.role(role);
-        let prog =
-            crate::policy::seccomp::compile_file(&r.seccomp, role.name(), crate::policy::seccomp::native_arch())?;
+        let (sc, ll) = cfg.policy_files(role)?;
+        let prog = crate::policy::seccomp::compile_loaded(
+            &sc.bytes,
+            &sc.sha256,
+            &r.seccomp,
+            role.name(),
+            crate::policy::seccomp::native_arch(),
+        )?;
         let program = r.command.first().cloned().unwrap_or_default();
         let host = crate::sandbox::plan::host_path(cfg, role, Path::new(&program));
         roles.insert(
@@ -140,9 +147,14 @@ pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<Str
                 seccomp_program_sha256: program_sha256(&prog),
                 seccomp_instructions: prog.len(),
                 landlock_file: r.landlock.display().to_string(),
-                landlock_rules_sha256: file_sha256(&r.landlock)?,
+                landlock_rules_sha256: ll.sha256.clone(),
                 program,
-                program_sha256: file_sha256(&host).ok(),
+                // Pinned: what runs is a sealed copy verified against the pin, so the pin is
+                // its digest. Unpinned: the file as it is now.
+                program_sha256: match &r.sha256 {
+                    Some(pin) => Some(pin.to_ascii_lowercase()),
+                    None => file_sha256(&host).ok(),
+                },
                 program_pin: r.sha256.clone(),
             },
         );
@@ -150,42 +162,76 @@ pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<Str
     Ok((sealnode, config, roles))
 }
 
-fn read_u64(path: &Path) -> u64 {
-    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+/// Read a small file of `dir` without following a symlink; None if it is not there.
+fn read_at(dir: &impl std::os::fd::AsFd, name: &str) -> Option<Vec<u8>> {
+    use nix::fcntl::{openat, OFlag};
+    let fd = openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    let mut b = Vec::new();
+    std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut b).ok()?;
+    Some(b)
 }
 
-/// Write `bytes` to `path` atomically: a temp file in the same directory, fsync, rename,
-/// fsync of the directory. Readers see the old or the new file, never a partial one.
+/// Write `bytes` to `path` atomically (see [`write_atomic_at`]), in the directory `path` names.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("receipt"),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&tmp);
-    let res = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
+    use nix::fcntl::OFlag;
+    let dir_path = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::io(format!("write {}", path.display()), std::io::Error::other("no file name")))?;
+    let dir = nix::fcntl::open(
+        dir_path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("write {}", path.display()), std::io::Error::from(e)))?;
+    write_atomic_at(&dir, name, bytes, mode, path)
+}
+
+/// Write `name` in `dir` atomically: a temp file created there (never through a symlink),
+/// fsync, rename onto `name`, fsync of the directory. Readers see the old or the new file,
+/// never a partial one. `shown` names the file in errors.
+pub fn write_atomic_at(dir: &std::os::fd::OwnedFd, name: &str, bytes: &[u8], mode: u32, shown: &Path) -> Result<()> {
+    use nix::fcntl::{openat, renameat, OFlag};
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    let tmp = format!(".{name}.tmp-{}", std::process::id());
+    let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+    let res = (|| -> std::io::Result<()> {
+        let fd = openat(
+            dir,
+            tmp.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::from_bits_truncate(mode),
+        )?;
+        let mut f = std::fs::File::from(fd);
         f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        renameat(dir, tmp.as_str(), dir, name)?;
+        nix::unistd::fsync(dir)?;
+        Ok(())
     })();
     res.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(format!("write {}", path.display()), e)
+        let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+        Error::io(format!("write {}", shown.display()), e)
     })
 }
 
 /// The next generation: above both the counter and the last receipt, persisted (fsync)
 /// before use, so no two starts ever share one, across crashes and reboots.
-fn next_generation(state: &Path) -> Result<u64> {
-    let counter = read_u64(&state.join(GENERATION_FILE));
-    let last = load(&state.join(FILE)).map(|r| r.generation).unwrap_or(0);
+fn next_generation(state: &std::os::fd::OwnedFd, shown: &Path) -> Result<u64> {
+    let num = |b: Option<Vec<u8>>| b.and_then(|b| String::from_utf8(b).ok()?.trim().parse::<u64>().ok()).unwrap_or(0);
+    let counter = num(read_at(state, GENERATION_FILE));
+    let last = read_at(state, FILE).and_then(|b| parse(&b, &shown.join(FILE)).ok()).map(|r| r.generation).unwrap_or(0);
     let next = counter.max(last).checked_add(1).ok_or_else(|| {
-        Error::io(format!("generation counter in {} is exhausted", state.display()), std::io::Error::other("u64::MAX"))
+        Error::io(format!("generation counter in {} is exhausted", shown.display()), std::io::Error::other("u64::MAX"))
     })?;
-    write_atomic(&state.join(GENERATION_FILE), format!("{next}\n").as_bytes(), 0o640)?;
+    write_atomic_at(state, GENERATION_FILE, format!("{next}\n").as_bytes(), 0o640, &shown.join(GENERATION_FILE))?;
     Ok(next)
 }
 
@@ -196,12 +242,15 @@ pub fn path(cfg: &Config) -> PathBuf {
 /// Build and write the receipt for a start whose preflight produced `canary`.
 pub fn write(cfg: &Config, inv: &Invoker, canary: &Report) -> Result<Receipt> {
     let state = &cfg.cell.state_dir;
-    std::fs::create_dir_all(state).map_err(|e| Error::io(format!("create {}", state.display()), e))?;
+    // sealnode's own dir: created 0750 if missing, checked on its descriptor; the receipt and
+    // the counter are written through that descriptor only.
+    let dir =
+        crate::trusted::own_dir(state, inv.uid, 0o750).map_err(|e| Error::config(&cfg.file, "cell.state_dir", e))?;
     let (sealnode, config, roles) = current_digests(cfg)?;
     let report = serde_json::to_vec(canary).map_err(|e| Error::io("canary report", std::io::Error::other(e)))?;
     let receipt = Receipt {
         schema: SCHEMA,
-        generation: next_generation(state)?,
+        generation: next_generation(&dir, state)?,
         started_at: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -228,7 +277,7 @@ pub fn write(cfg: &Config, inv: &Invoker, canary: &Report) -> Result<Receipt> {
     };
     let mut bytes = serde_json::to_vec_pretty(&receipt).map_err(|e| Error::io("receipt", std::io::Error::other(e)))?;
     bytes.push(b'\n');
-    write_atomic(&path(cfg), &bytes, 0o640)?;
+    write_atomic_at(&dir, FILE, &bytes, 0o640, &path(cfg))?;
     Ok(receipt)
 }
 
@@ -391,6 +440,8 @@ mod tests {
     #[test]
     fn the_next_generation_is_above_the_counter_and_the_last_receipt() {
         let dir = tempfile::tempdir().expect("tmp");
+        let fd = crate::trusted::own_dir(dir.path(), nix::unistd::geteuid().as_raw(), 0o700).expect("dir");
+        let next_generation = |_: &Path| super::next_generation(&fd, dir.path());
         assert_eq!(next_generation(dir.path()).expect("first"), 1);
         assert_eq!(next_generation(dir.path()).expect("second"), 2);
         // A receipt from a later generation than the counter (the counter was lost or old).

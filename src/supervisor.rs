@@ -36,6 +36,21 @@ const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 const STABLE_AFTER: Duration = Duration::from_secs(60);
 
+/// Exit codes of `sealnode run` (docs/operator-guide.md, "Exit status"). A config or policy
+/// error, or a setup step that failed before anything ran, is 125 ([`sandbox::SETUP_FAILED`]).
+pub mod exit {
+    /// Stopped by SIGTERM, SIGINT or SIGQUIT.
+    pub const STOPPED: i32 = 0;
+    /// A role exited and its `restart` policy does not restart it, or another runtime failure.
+    pub const FAILED: i32 = 1;
+    /// A preflight found an escape or could not run: the sandbox does not hold.
+    pub const PREFLIGHT_FAILED: i32 = 3;
+    /// The engine did not become ready within `engine.ready.timeout_s`.
+    pub const NOT_READY: i32 = 4;
+    /// A role exited more often than its `restart_limit` allows.
+    pub const RESTART_LIMIT: i32 = 5;
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Down,
@@ -52,6 +67,18 @@ struct Slot {
     started: Option<Instant>,
     restarts: u32,
     backoff: Duration,
+    /// When this role was restarted within its restart_limit interval.
+    recent: std::collections::VecDeque<Instant>,
+    /// The gate this role's current (or next) start passed.
+    gate: Option<Gate>,
+}
+
+/// One pass through the gate: the role's preflight and the receipt it produced.
+#[derive(Debug, Clone, Copy)]
+struct Gate {
+    generation: u64,
+    preflight_ms: u64,
+    attempts: usize,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -97,6 +124,14 @@ pub struct Supervisor {
     clients: std::collections::HashMap<u64, (std::os::unix::net::UnixStream, Vec<u8>, Instant)>,
     next_client: u64,
     receipt: Option<crate::receipt::Receipt>,
+    /// The latest preflight result of each role, which the receipt summarises.
+    report: Option<crate::canary::Report>,
+    /// A config a SIGHUP loaded, applied once both roles are down.
+    next_cfg: Option<Config>,
+    /// A reload is under way: READY=1 again once the node runs.
+    reloading: bool,
+    /// The outcome of the last SIGHUP, for `ctl status`.
+    last_reload: Option<serde_json::Value>,
     born: Instant,
 }
 
@@ -147,7 +182,8 @@ pub fn build_cell(cfg: &Config, inv: &Invoker) -> Result<Cell> {
     let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, inv)).collect::<Result<_>>()?;
     let egress: Vec<(Ipv4Addr, u16)> =
         cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
-    let abi = crate::policy::landlock::Rules::load(&cfg.node.landlock)?.min_abi;
+    let (_, ll) = cfg.policy_files(Role::Node)?;
+    let abi = crate::policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.node.landlock)?.min_abi;
     Cell::create(&ids, inv.rootful(), &egress, abi)
 }
 
@@ -185,11 +221,19 @@ impl Supervisor {
         let mut usec = 0;
         let watchdog =
             sd_notify::watchdog_enabled(false, &mut usec).then(|| (Duration::from_micros(usec / 2), Instant::now()));
-        let control = open_control(&cfg)?;
+        let control = open_control(&cfg, &inv)?;
         epoll
             .add(control.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_CONTROL))
             .map_err(|e| Error::errno("epoll_ctl (control)", e))?;
-        let slot = |role| Slot { role, state: State::Down, started: None, restarts: 0, backoff: BACKOFF_MIN };
+        let slot = |role| Slot {
+            role,
+            state: State::Down,
+            started: None,
+            restarts: 0,
+            backoff: BACKOFF_MIN,
+            recent: std::collections::VecDeque::new(),
+            gate: None,
+        };
         Ok(Supervisor {
             cfg,
             inv,
@@ -208,6 +252,10 @@ impl Supervisor {
             clients: std::collections::HashMap::new(),
             next_client: 1,
             receipt: None,
+            report: None,
+            next_cfg: None,
+            reloading: false,
+            last_reload: None,
             born: Instant::now(),
         })
     }
@@ -233,7 +281,7 @@ impl Supervisor {
                 Err(Errno::EINTR) => 0,
                 Err(e) => {
                     tracing::error!(error = %e, "epoll_wait failed");
-                    self.begin_stop(1, After::Exit);
+                    self.begin_stop(exit::FAILED, After::Exit);
                     0
                 }
             };
@@ -265,6 +313,9 @@ impl Supervisor {
                             return code;
                         }
                         After::Restart | After::Recycle => {
+                            if let Some(new) = self.next_cfg.take() {
+                                self.cfg = new;
+                            }
                             tracing::info!(recycle = after == After::Recycle, "re-provisioning both roles");
                             if let Err(code) = self.provision().and_then(|()| self.start(Role::Engine)) {
                                 if let Some(mut c) = self.pending.take() {
@@ -282,44 +333,67 @@ impl Supervisor {
         }
     }
 
-    /// Before every start: wipe scratch, run the canary battery in both roles' exact sandboxes
-    /// inside this cell (refuse to start if any attempt succeeds), write a new receipt.
+    /// Before both roles start (first start, SIGHUP, recycle): wipe both scratch dirs, then
+    /// the gate for both.
     fn provision(&mut self) -> std::result::Result<(), i32> {
         for role in Role::ALL {
             self.wipe_scratch(role);
         }
+        self.gate(&Role::ALL)
+    }
+
+    /// The gate every start passes, whatever started it (first start, crash restart, SIGHUP,
+    /// recycle): the roles' preflight in their exact sandboxes inside this cell (refuse to start
+    /// if any attempt succeeds), then a new receipt with the next generation. Its digests are
+    /// those of the bytes loaded once; the canary summary holds each role's latest preflight.
+    fn gate(&mut self, roles: &[Role]) -> std::result::Result<(), i32> {
         let t = Instant::now();
-        let report = match crate::canary::battery(&self.cfg, &self.inv, &Role::ALL, Some(&self.cell)) {
+        let fresh = match crate::canary::battery(&self.cfg, &self.inv, roles, Some(&self.cell)) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "preflight canary could not run");
                 eprintln!("sealnode: preflight: {e}");
-                return Err(1);
+                return Err(exit::PREFLIGHT_FAILED);
             }
         };
         let ms = t.elapsed().as_millis() as u64;
-        if !report.passed {
-            for r in &report.roles {
+        if !fresh.passed {
+            for r in &fresh.roles {
                 for a in r.attempts.iter().filter(|a| a.refused_by.is_none()) {
                     tracing::error!(role = %r.role, attempt = a.id, what = a.description, "preflight: escape attempt SUCCEEDED");
                     eprintln!("sealnode: preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description);
                 }
             }
             eprintln!("sealnode: refusing to start: the sandbox does not hold (see above)");
-            return Err(1);
+            return Err(exit::PREFLIGHT_FAILED);
         }
-        let attempts: usize = report.roles.iter().map(|r| r.attempts.len()).sum();
-        tracing::info!(attempts, ms, "preflight canary passed");
-        match crate::receipt::write(&self.cfg, &self.inv, &report) {
+        // Each role's latest result: the fresh ones replace theirs, the others stay.
+        let mut report = self.report.take().unwrap_or_else(|| fresh.clone());
+        for r in &fresh.roles {
+            match report.roles.iter_mut().find(|x| x.role == r.role) {
+                Some(x) => *x = r.clone(),
+                None => report.roles.push(r.clone()),
+            }
+        }
+        report.roles.sort_by_key(|r| r.role as usize);
+        report.passed = report.roles.iter().all(|r| r.succeeded == 0);
+        let attempts: usize = fresh.roles.iter().map(|r| r.attempts.len()).sum();
+        let written = crate::receipt::write(&self.cfg, &self.inv, &report);
+        self.report = Some(report);
+        match written {
             Ok(r) => {
-                tracing::info!(generation = r.generation, path = %crate::receipt::path(&self.cfg).display(), "receipt written");
+                let names: Vec<&str> = roles.iter().map(|r| r.name()).collect();
+                tracing::info!(roles = %names.join(","), attempts, ms, generation = r.generation, path = %crate::receipt::path(&self.cfg).display(), "preflight passed; receipt written");
+                for role in roles {
+                    self.slot(*role).gate = Some(Gate { generation: r.generation, preflight_ms: ms, attempts });
+                }
                 self.receipt = Some(r);
                 Ok(())
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the receipt");
                 eprintln!("sealnode: {e}");
-                Err(1)
+                Err(exit::FAILED)
             }
         }
     }
@@ -418,6 +492,8 @@ impl Supervisor {
                     "pid": pid,
                     "uptime_s": s.started.filter(|_| pid.is_some()).map(|t| t.elapsed().as_secs()),
                     "restarts": s.restarts,
+                    "generation": s.gate.map(|g| g.generation),
+                    "preflight": s.gate.map(|g| serde_json::json!({ "passed": true, "ms": g.preflight_ms, "attempts": g.attempts })),
                 })
             })
             .collect();
@@ -428,6 +504,7 @@ impl Supervisor {
             "ready": self.ready_sent,
             "roles": roles,
             "egress": self.fwd.stats(),
+            "reload": self.last_reload,
             "receipt": self.receipt.as_ref().map(|r| serde_json::json!({
                 "path": crate::receipt::path(&self.cfg),
                 "generation": r.generation,
@@ -488,7 +565,7 @@ impl Supervisor {
                 tracing::error!(role = %role, error = %e, "role failed to start");
                 eprintln!("sealnode: {e}");
                 let nothing_running = self.slots.iter().all(|s| matches!(s.state, State::Down | State::Waiting(_)));
-                self.begin_stop(1, After::Exit);
+                self.begin_stop(exit::FAILED, After::Exit);
                 if nothing_running {
                     Err(sandbox::SETUP_FAILED)
                 } else {
@@ -587,6 +664,12 @@ impl Supervisor {
         if !self.ready_sent && matches!(self.slots[Role::Node as usize].state, State::Running(_)) {
             self.ready_sent = true;
             notify(&[NotifyState::Ready, NotifyState::Status("engine ready, node running")]);
+        } else if self.reloading && matches!(self.slots[Role::Node as usize].state, State::Running(_)) {
+            notify(&[NotifyState::Ready, NotifyState::Status("reloaded: engine ready, node running")]);
+        }
+        if matches!(self.slots[Role::Node as usize].state, State::Running(_)) && self.reloading {
+            self.reloading = false;
+            tracing::info!(generation = self.receipt.as_ref().map(|r| r.generation), "reload complete");
         }
         if let Some(mut c) = self.pending.take() {
             let generation = self.receipt.as_ref().map(|r| r.generation);
@@ -606,11 +689,51 @@ impl Supervisor {
                     tracing::info!(signal = info.ssi_signo, "stopping the cell");
                     self.begin_stop(0, After::Exit);
                 }
-                Ok(Signal::SIGHUP) => {
-                    tracing::info!("SIGHUP: restarting both roles (the cell's network stays)");
-                    self.begin_stop(0, After::Restart);
-                }
+                Ok(Signal::SIGHUP) => self.reload(),
                 _ => {}
+            }
+        }
+    }
+
+    /// SIGHUP: read the config and its policies again through the checked path. Invalid, or a
+    /// change only a new cell could apply: keep running as is, log why, show it in `ctl
+    /// status`. Valid: both roles are stopped and started again through the gate with it.
+    fn reload(&mut self) {
+        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        if self.stopping.is_some() || self.pending.is_some() {
+            tracing::warn!("SIGHUP ignored: a stop, restart or recycle is in progress");
+            self.last_reload = Some(
+                serde_json::json!({ "ok": false, "at": at, "error": "a stop, restart or recycle was in progress" }),
+            );
+            return;
+        }
+        let loaded = Config::load(&self.cfg.file, &self.inv).and_then(|new| match cell_changes(&self.cfg, &new) {
+            changed if changed.is_empty() => Ok(new),
+            changed => Err(Error::config(
+                &self.cfg.file,
+                changed.join(", "),
+                "changed, but the running cell (its network, listeners, users and dirs) was built with the old value; restart sealnode to apply it",
+            )),
+        });
+        match loaded {
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
+                eprintln!("sealnode: reload refused: {e}");
+                notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
+                self.last_reload = Some(serde_json::json!({ "ok": false, "at": at, "error": e.to_string() }));
+            }
+            Ok(new) => {
+                tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: config reloaded; restarting both roles through the gate (the cell's network stays)");
+                let mut states = vec![NotifyState::Reloading, NotifyState::Status("reloading")];
+                if let Ok(usec) = NotifyState::monotonic_usec_now() {
+                    states.push(usec);
+                }
+                notify(&states);
+                self.last_reload =
+                    Some(serde_json::json!({ "ok": true, "at": at, "config_sha256": new.loaded.config.sha256 }));
+                self.next_cfg = Some(new);
+                self.reloading = true;
+                self.begin_stop(exit::STOPPED, After::Restart);
             }
         }
     }
@@ -624,7 +747,7 @@ impl Supervisor {
             let (Some(pid), Some(code)) = (ws.pid(), status_code(ws)) else { continue };
             if pid == self.cell.pid {
                 tracing::error!(code, "the cell init died; stopping");
-                self.begin_stop(1, After::Exit);
+                self.begin_stop(exit::FAILED, After::Exit);
                 continue;
             }
             for i in 0..2 {
@@ -650,7 +773,24 @@ impl Supervisor {
         if s.started.is_some_and(|t| t.elapsed() >= STABLE_AFTER) {
             s.backoff = BACKOFF_MIN;
         }
+        let limit = self.cfg.role(role).restart_limit;
+        let s = self.slot(role);
+        let now = Instant::now();
+        while s.recent.front().is_some_and(|t| now.duration_since(*t) > Duration::from_secs(limit.interval_s)) {
+            s.recent.pop_front();
+        }
+        if restart && s.recent.len() >= limit.burst as usize {
+            s.state = State::Down;
+            tracing::error!(role = %role, pid = pid.as_raw(), code, burst = limit.burst, interval_s = limit.interval_s, "role exited; restart limit reached, stopping the cell");
+            eprintln!(
+                "sealnode: {role} exited with status {code}; it was restarted {} times within {} s already (restart_limit.burst); stopping the cell",
+                limit.burst, limit.interval_s
+            );
+            self.begin_stop(exit::RESTART_LIMIT, After::Exit);
+            return;
+        }
         if restart {
+            s.recent.push_back(now);
             let delay = s.backoff;
             s.backoff = (s.backoff * 2).min(BACKOFF_MAX);
             s.restarts += 1;
@@ -666,7 +806,7 @@ impl Supervisor {
             if self.stopping.is_none() {
                 tracing::error!(role = %role, pid = pid.as_raw(), code, "role exited; stopping the cell (restart = \"{}\")", match policy { Restart::No => "no", Restart::OnFailure => "on-failure", Restart::Always => "always" });
                 eprintln!("sealnode: {role} exited with status {code}; stopping the cell");
-                self.begin_stop(1, After::Exit);
+                self.begin_stop(exit::FAILED, After::Exit);
             }
         }
     }
@@ -729,9 +869,15 @@ impl Supervisor {
                 State::Waiting(at) if at <= now && self.stopping.is_none() => {
                     let role = self.slots[i].role;
                     self.slots[i].state = State::Down;
-                    // The node restarts only once the engine is ready again.
+                    // The node restarts only once the engine is ready again. Either passes the
+                    // gate first: its preflight, a new receipt.
                     if role == Role::Engine || self.probe.is_none() {
-                        let _ = self.start(role);
+                        match self.gate(&[role]) {
+                            Ok(()) => {
+                                let _ = self.start(role);
+                            }
+                            Err(code) => self.begin_stop(code, After::Exit),
+                        }
                     } else {
                         self.slots[i].state = State::Waiting(now + PROBE_INTERVAL);
                     }
@@ -748,7 +894,7 @@ impl Supervisor {
                     self.cfg.engine.ready.kind,
                     self.cfg.engine.port.unwrap_or(0)
                 );
-                self.begin_stop(1, After::Exit);
+                self.begin_stop(exit::NOT_READY, After::Exit);
             } else if p.fd.is_none() && p.next_try <= now {
                 self.try_probe();
             }
@@ -770,16 +916,48 @@ impl Supervisor {
     }
 }
 
-/// Bind the control socket (mode 0666: access is decided per connection by SO_PEERCRED).
-fn open_control(cfg: &Config) -> Result<std::os::unix::net::UnixListener> {
-    let dir = &cfg.cell.runtime_dir;
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+/// What changed between `old` and `new` that only a new cell can apply (its netns and egress
+/// listeners, the role users it maps, its dirs and control socket), as config field names.
+fn cell_changes(old: &Config, new: &Config) -> Vec<String> {
+    let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
+    let mut changed = Vec::new();
+    let fields: [(&str, String, String); 6] = [
+        ("cell.hostname", d(&old.cell.hostname), d(&new.cell.hostname)),
+        ("cell.state_dir", d(&old.cell.state_dir), d(&new.cell.state_dir)),
+        ("cell.runtime_dir", d(&old.cell.runtime_dir), d(&new.cell.runtime_dir)),
+        ("cell.rootful", d(&old.cell.rootful), d(&new.cell.rootful)),
+        (
+            "cell.egress_max_connections",
+            d(&(old.cell.egress_max_connections, old.cell.egress_idle_timeout_s)),
+            d(&(new.cell.egress_max_connections, new.cell.egress_idle_timeout_s)),
+        ),
+        ("node.egress", d(&old.node.egress), d(&new.node.egress)),
+    ];
+    for (name, a, b) in fields {
+        if a != b {
+            changed.push(name.to_string());
+        }
+    }
+    changed
+}
+
+/// Bind the control socket (mode 0666: access is decided per connection by SO_PEERCRED) in
+/// sealnode's own runtime dir, through its descriptor: created 0755 if missing, checked with
+/// fstat, the old socket removed and the new one bound with no path lookup an other user
+/// could redirect.
+fn open_control(cfg: &Config, inv: &Invoker) -> Result<std::os::unix::net::UnixListener> {
+    let dir = crate::trusted::own_dir(&cfg.cell.runtime_dir, inv.uid, 0o755)
+        .map_err(|e| Error::config(&cfg.file, "cell.runtime_dir", e))?;
     let path = crate::control::socket_path(cfg);
-    let _ = std::fs::remove_file(&path);
-    // Mode 0666 through the umask at creation, not a chmod afterwards (chmod follows
-    // symlinks); the runtime dir itself is validated as sealnode's own.
+    match nix::unistd::unlinkat(&dir, crate::control::SOCKET, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(e) => return Err(Error::errno(format!("remove the old {}", path.display()), e)),
+    }
+    // The socket is created in the directory the descriptor holds, through /proc/self/fd.
+    let at = format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), crate::control::SOCKET);
+    // Mode 0666 through the umask at creation, not a chmod afterwards (chmod follows symlinks).
     let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o111));
-    let bound = std::os::unix::net::UnixListener::bind(&path);
+    let bound = std::os::unix::net::UnixListener::bind(&at);
     nix::sys::stat::umask(old);
     let l = bound.map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
     l.set_nonblocking(true).map_err(|e| Error::io("control socket", e))?;

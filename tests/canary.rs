@@ -442,7 +442,8 @@ fn a_weakened_sandbox_fails_the_canary_and_run_refuses_to_start() {
         let cfg = f.config.display().to_string();
         let o = f.command(&["run", "--config", &cfg]).output_within(COMMAND_LIMIT);
         let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{mode:?}: {err}");
+        // 3: the preflight failed (docs/operator-guide.md, "Exit status").
+        assert_eq!(o.status.code(), Some(3), "{mode:?}: {err}");
         assert!(err.contains("io_uring_setup") && err.contains("refusing to start"), "{mode:?}: {err}");
         assert!(!String::from_utf8_lossy(&o.stdout).contains("node-up"), "{mode:?}: a role started anyway");
         assert!(!f.p("state/receipt.json").exists(), "{mode:?}: a receipt for a failed preflight");

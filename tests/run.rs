@@ -300,7 +300,7 @@ fn crashed_engine_is_restarted_and_the_node_reconnects() {
         // First run: serve until the node has fetched once (httpd logs the request), then
         // crash. Later runs: serve. No guessed time: the crash follows the node's first OK.
         let engine_sh = format!(
-            "if [ ! -e /scratch/crashed ]; then touch /scratch/crashed; /usr/bin/busybox httpd -f -vv -p 127.0.0.1:18080 -h /models 2> /scratch/log & while ! /usr/bin/busybox grep -q response:200 /scratch/log; do sleep 0.05; done; kill $!; exit 3; fi; {HTTPD}"
+            "if [ ! -e /scratch/crashed ]; then : > /scratch/crashed; /usr/bin/busybox httpd -f -vv -p 127.0.0.1:18080 -h /models 2> /scratch/log & while ! /usr/bin/busybox grep -q response:200 /scratch/log; do sleep 0.05; done; kill $!; exit 3; fi; {HTTPD}"
         );
         let node_sh = "while true; do if /usr/bin/busybox wget -q -O /dev/null http://127.0.0.1:18080/hello.txt; then echo OK; else echo FAIL; fi; sleep 0.1; done";
         let f = cell(mode, "restart", &engine_sh, node_sh, "", "restart = \"on-failure\"", "");

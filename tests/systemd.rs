@@ -69,6 +69,8 @@ fn unit_does_not_fight_the_launcher() {
         "TasksMax=",
         "ProtectSystem=strict",
         "NoNewPrivileges=yes",
+        // Exit codes a restart cannot fix (docs/operator-guide.md, "Exit status").
+        "RestartPreventExitStatus=3 125",
     ] {
         assert!(active.iter().any(|l| l.starts_with(needed)), "unit lacks {needed}");
     }

@@ -486,7 +486,9 @@ fn run_battery(
     let mut out = Vec::new();
     let mut f = std::fs::File::from(out_r);
     std::io::Read::read_to_end(&mut f, &mut out).map_err(|e| Error::io("read canary output", e))?;
-    let code = sandbox::run_to_exit(sb);
+    // Never sigwait here: `run` runs the battery between its own signal handling, and a
+    // SIGTERM taken (and forwarded) here would be lost to it.
+    let code = sandbox::spawn::wait_exit(sb);
     drop(pty);
     if code != 0 {
         return Err(Error::errno(

@@ -229,9 +229,7 @@ ro_binds = [{{ src = "{d}/venv", dst = "/opt/venv" }}]
         let f = self.p("c.toml");
         std::fs::write(&f, text).expect("write");
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-        let cfg = Config::parse(text, &f)?;
-        cfg.check_host(&inv)?;
-        Ok(cfg)
+        Config::load(&f, &inv)
     }
     fn me(&self) -> Invoker {
         // Rootless as the file owner: ownership checks compare against this uid.
@@ -328,7 +326,7 @@ fn host_config_writable_by_non_root_when_root() {
     match Config::load(&f, &inv) {
         Err(Error::Config { field, reason, .. }) => {
             assert_eq!(field, "(config file)");
-            assert!(reason.contains("writable by a non-root user"), "{reason}");
+            assert!(reason.contains("writable by group or others") && reason.contains("chmod go-w"), "{reason}");
         }
         other => panic!("expected refusal, got {other:?}"),
     }

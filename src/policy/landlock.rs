@@ -187,6 +187,12 @@ impl Rules {
         Ok(rules)
     }
 
+    /// Parse rules from bytes sealnode already read (and checked).
+    pub fn from_loaded(bytes: &[u8], file: &Path) -> Result<Rules> {
+        let text = std::str::from_utf8(bytes).map_err(|e| Error::policy(file, format!("not UTF-8: {e}")))?;
+        Rules::parse(text, file)
+    }
+
     pub fn load(file: &Path) -> Result<Rules> {
         let text = std::fs::read_to_string(file).map_err(|e| Error::policy(file, format!("cannot read: {e}")))?;
         Rules::parse(&text, file)

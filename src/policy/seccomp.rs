@@ -157,6 +157,25 @@ pub fn compile_file(file: &Path, role: &str, arch: TargetArch) -> Result<BpfProg
     compile_text(&text, file, role, arch)
 }
 
+/// Compile the filter for `role` from bytes sealnode already read (and checked), once per
+/// distinct content: every later start with the same bytes reuses the same program.
+pub fn compile_loaded(bytes: &[u8], sha256: &str, file: &Path, role: &str, arch: TargetArch) -> Result<BpfProgram> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    /// (content sha256, role, architecture) -> the compiled program.
+    type Cache = Mutex<HashMap<(String, String, String), BpfProgram>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = (sha256.to_string(), role.to_string(), format!("{arch:?}"));
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(p) = cache.lock().map_err(|_| Error::policy(file, "compile cache poisoned"))?.get(&key) {
+        return Ok(p.clone());
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| Error::policy(file, format!("not UTF-8: {e}")))?;
+    let prog = compile_text(text, file, role, arch)?;
+    cache.lock().map_err(|_| Error::policy(file, "compile cache poisoned"))?.insert(key, prog.clone());
+    Ok(prog)
+}
+
 /// Legacy syscalls that exist on x86_64 only (aarch64 and riscv64 have just the *at/modern
 /// forms). Rules naming them are dropped when compiling for those architectures; any other
 /// unknown name is still an error, so typos are caught.

@@ -258,7 +258,9 @@ impl Plan {
         let r = cfg.role(role);
         let ids = cfg.role_ids(role, inv)?;
         let kernel_abi = crate::sys::landlock_abi();
-        let rules = landlock::Rules::load(&r.landlock)?;
+        // The policies as Config::load read them (checked, once): never the files again.
+        let (sc, ll) = cfg.policy_files(role)?;
+        let rules = landlock::Rules::from_loaded(&ll.bytes, &r.landlock)?;
         if kernel_abi < i32::from(rules.min_abi) {
             return Err(Error::Unsupported {
                 what: format!(
@@ -272,7 +274,7 @@ impl Plan {
             });
         }
         let landlock = rules.resolve(cfg, role);
-        let seccomp = seccomp::compile_file(&r.seccomp, role.name(), seccomp::native_arch())?;
+        let seccomp = seccomp::compile_loaded(&sc.bytes, &sc.sha256, &r.seccomp, role.name(), seccomp::native_arch())?;
 
         let mut mounts = vec![Mount::Tmpfs {
             dst: cstr(NEWROOT)?,
@@ -402,10 +404,11 @@ impl Plan {
             mounts.push(Mount::File { dst: under_root(Path::new(p))?, contents: contents.into_bytes() });
         }
 
-        // The role's own program with a pin: verified now (before every start) and executed
-        // from the verified fd. `exec` runs another command, so the pin does not apply there.
+        // The role's own program with a pin: copied into a sealed memfd, the memfd hashed and
+        // executed (before every start), so what runs is exactly what was hashed. `exec` runs
+        // another command, so the pin does not apply there.
         let program = match (&program, &argv, &r.sha256) {
-            (None, None, Some(want)) => Some(Program::Verified(verify_pinned(cfg, role, want)?)),
+            (None, None, Some(want)) => Some(Program::Verified(verify_pinned(cfg, role, want, inv)?)),
             _ => program,
         };
         let argv = argv.unwrap_or_else(|| r.command.clone());
@@ -496,19 +499,46 @@ pub fn host_path(cfg: &Config, role: Role, inside: &Path) -> PathBuf {
     inside.to_path_buf()
 }
 
-/// Open the role's program and check its sha256 against the pin.
-fn verify_pinned(cfg: &Config, role: Role, want: &str) -> Result<std::os::fd::OwnedFd> {
+/// The pinned program, as it will run: the host file copied into a memfd, the memfd sealed
+/// against writes, growing and shrinking, then hashed and compared with the pin. A writer
+/// rewriting the file in place while (or after) it is read changes nothing that runs: the
+/// copy either matches the pin or the start is refused. The file itself must not be writable
+/// by anyone but root or the launcher.
+fn verify_pinned(cfg: &Config, role: Role, want: &str, inv: &Invoker) -> Result<std::os::fd::OwnedFd> {
     use sha2::{Digest, Sha256};
-    use std::io::Read;
+    use std::io::{Read, Seek};
+    use std::os::unix::fs::MetadataExt;
     let inside = Path::new(&cfg.role(role).command[0]);
     let path = host_path(cfg, role, inside);
     let field = format!("{role}.sha256");
     let mut f = std::fs::File::open(&path)
         .map_err(|e| Error::config(&cfg.file, &field, format!("cannot open {} to verify it: {e}", path.display())))?;
+    let md = f.metadata().map_err(|e| Error::io(format!("fstat {}", path.display()), e))?;
+    if !md.is_file() {
+        return Err(Error::config(&cfg.file, &field, format!("{} is not a regular file", path.display())));
+    }
+    if (md.uid() != 0 && md.uid() != inv.uid) || md.mode() & 0o022 != 0 {
+        return Err(Error::config(
+            &cfg.file,
+            &field,
+            format!(
+                "{} can be rewritten by a user other than root or the launcher (owner uid {}, mode {:o}); a pin on it proves nothing: chown root and chmod go-w",
+                path.display(),
+                md.uid(),
+                md.mode() & 0o7777
+            ),
+        ));
+    }
+    let mut copy = std::fs::File::from(sealable_memfd(&format!("sealnode-{role}"))?);
+    std::io::copy(&mut f, &mut copy).map_err(|e| Error::io(format!("copy {} into memory", path.display()), e))?;
+    let fd: std::os::fd::OwnedFd = copy.into();
+    seal(&fd)?;
+    let mut copy = std::fs::File::from(fd);
+    copy.rewind().map_err(|e| Error::io("rewind the memfd", e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        let n = copy.read(&mut buf).map_err(|e| Error::io("read the memfd", e))?;
         if n == 0 {
             break;
         }
@@ -526,26 +556,36 @@ fn verify_pinned(cfg: &Config, role: Role, want: &str) -> Result<std::os::fd::Ow
             ),
         ));
     }
-    Ok(f.into())
+    Ok(copy.into())
 }
 
-/// A sealed, read-only in-memory copy of the running sealnode binary, for probes: nothing in
-/// the sandbox can modify it, and it needs no path inside the sandbox.
-pub fn sealed_self() -> Result<std::os::fd::OwnedFd> {
-    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+/// A memfd that can be sealed (close-on-exec: the child execs it through /proc/self/fd).
+fn sealable_memfd(name: &str) -> Result<std::os::fd::OwnedFd> {
     use nix::sys::memfd::{memfd_create, MFdFlags};
-    let fd = memfd_create("sealnode-probe", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
-        .map_err(|e| Error::errno("memfd_create", e))?;
-    let mut src = std::fs::File::open("/proc/self/exe").map_err(|e| Error::io("open /proc/self/exe", e))?;
-    let mut dst = std::fs::File::from(fd);
-    std::io::copy(&mut src, &mut dst).map_err(|e| Error::io("copy sealnode into memfd", e))?;
-    let fd: std::os::fd::OwnedFd = dst.into();
+    memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).map_err(|e| Error::errno("memfd_create", e))
+}
+
+/// Seal a memfd for good: no write, grow, shrink, and no further seal changes.
+fn seal(fd: &std::os::fd::OwnedFd) -> Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
     fcntl(
-        &fd,
+        fd,
         FcntlArg::F_ADD_SEALS(
             SealFlag::F_SEAL_SEAL | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE,
         ),
     )
     .map_err(|e| Error::errno("seal memfd", e))?;
+    Ok(())
+}
+
+/// A sealed, read-only in-memory copy of the running sealnode binary, for probes: nothing in
+/// the sandbox can modify it, and it needs no path inside the sandbox.
+pub fn sealed_self() -> Result<std::os::fd::OwnedFd> {
+    let fd = sealable_memfd("sealnode-probe")?;
+    let mut src = std::fs::File::open("/proc/self/exe").map_err(|e| Error::io("open /proc/self/exe", e))?;
+    let mut dst = std::fs::File::from(fd);
+    std::io::copy(&mut src, &mut dst).map_err(|e| Error::io("copy sealnode into memfd", e))?;
+    let fd: std::os::fd::OwnedFd = dst.into();
+    seal(&fd)?;
     Ok(fd)
 }

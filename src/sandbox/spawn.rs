@@ -209,6 +209,20 @@ fn setup_error(plan: &Plan, rec: Record) -> Error {
     }
 }
 
+/// Wait for the sandbox to exit without taking any signal: a caller with its own signal
+/// handling (the supervisor's signalfd) still finds SIGTERM and the rest pending afterwards.
+/// Returns the workload's exit code (128+N if killed by signal N).
+pub fn wait_exit(sb: Sandbox) -> i32 {
+    loop {
+        match waitpid(sb.pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(_) => return 128 + libc::SIGKILL,
+        }
+    }
+}
+
 /// Wait for the sandbox to exit, forwarding SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to its
 /// init. Returns the workload's exit code (128+N if killed by signal N).
 pub fn run_to_exit(sb: Sandbox) -> i32 {

@@ -1,0 +1,562 @@
+//! Proof at every start (issue #12): every start passes the same gate (preflight, receipt),
+//! policies are loaded once through checked descriptors, signals are never lost, SIGHUP is a
+//! real reload, the pin runs what it hashed, restarts are limited. Real cells, as root and as
+//! uid 65534.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+const HTTPD: &str = "exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models";
+
+/// A cell whose roles are busybox shell scripts; sealnode's binary is at /opt/sealnode.
+fn cell(mode: Mode, name: &str, engine_sh: &str, node_sh: &str, engine_extra: &str, node_extra: &str) -> Fixture {
+    let mut f = Fixture::new(mode, name);
+    std::fs::write(f.p("models/hello.txt"), "hello\n").expect("write");
+    let q = |s: &str| serde_json::to_string(s).expect("quote");
+    f.engine_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", q(engine_sh));
+    f.node_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", q(node_sh));
+    let bin = f.p("bin").display().to_string();
+    f.engine_extra = format!("ro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]\n{engine_extra}");
+    f.node_extra = format!("ro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]\n{node_extra}");
+    f.cell_extra = "stop_timeout_s = 2".into();
+    f.write_config();
+    f
+}
+
+type Lines = Arc<Mutex<Vec<(Instant, String)>>>;
+
+struct Running {
+    child: Child,
+    out: Lines,
+    err: Lines,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn collect(pipe: impl std::io::Read + Send + 'static) -> (Lines, std::thread::JoinHandle<()>) {
+    let lines: Lines = Arc::default();
+    let l2 = lines.clone();
+    let t = std::thread::spawn(move || {
+        for l in BufReader::new(pipe).lines().map_while(Result::ok) {
+            l2.lock().expect("lock").push((Instant::now(), l));
+        }
+    });
+    (lines, t)
+}
+
+fn start(f: &Fixture, envs: &[(&str, &str)]) -> Running {
+    let cfg = f.config.display().to_string();
+    let mut cmd = f.command(&["run", "--config", &cfg]);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn run");
+    let (out, t1) = collect(child.stdout.take().expect("stdout"));
+    let (err, t2) = collect(child.stderr.take().expect("stderr"));
+    Running { child, out, err, readers: vec![t1, t2] }
+}
+
+impl Running {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+    fn text(lines: &Lines) -> String {
+        lines.lock().expect("lock").iter().map(|(_, l)| format!("{l}\n")).collect()
+    }
+    fn stderr(&self) -> String {
+        Self::text(&self.err)
+    }
+    /// When the first stdout (or stderr) line matching `pred` arrived, waiting up to `secs`.
+    fn wait(&self, lines: &Lines, secs: u64, pred: impl Fn(&str) -> bool) -> Instant {
+        let mut at = None;
+        let found = wait_until(Duration::from_secs(secs), || {
+            at = lines.lock().expect("lock").iter().find(|(_, l)| pred(l)).map(|(t, _)| *t);
+            at.is_some()
+        });
+        assert!(
+            found,
+            "no matching line within {secs}s; stdout:\n{}\nstderr:\n{}",
+            Self::text(&self.out),
+            self.stderr()
+        );
+        at.expect("found")
+    }
+    fn out_line(&self, secs: u64, pred: impl Fn(&str) -> bool) -> Instant {
+        self.wait(&self.out, secs, pred)
+    }
+    fn err_line(&self, secs: u64, pred: impl Fn(&str) -> bool) -> Instant {
+        self.wait(&self.err, secs, pred)
+    }
+    /// Wait for sealnode to exit by itself; (exit code, stderr).
+    fn exited(mut self, secs: u64) -> (Option<i32>, String) {
+        let st = wait_within(&mut self.child, Duration::from_secs(secs), "sealnode run");
+        for t in self.readers.drain(..) {
+            assert!(wait_until(READ_LIMIT, || t.is_finished()), "sealnode's output still open after it exited");
+        }
+        (st.code(), self.stderr())
+    }
+    /// SIGTERM; (exit code, seconds it took, stderr).
+    fn stop(self) -> (Option<i32>, f64, String) {
+        let t = Instant::now();
+        let _ = kill(self.pid(), Signal::SIGTERM);
+        let (code, err) = self.exited(30);
+        (code, t.elapsed().as_secs_f64(), err)
+    }
+}
+
+fn receipt(f: &Fixture) -> Value {
+    serde_json::from_slice(&std::fs::read(f.p("state/receipt.json")).expect("receipt")).expect("json")
+}
+
+/// The generations written, in order, from the log's "preflight passed; receipt written" lines.
+fn generations(err: &str, role: &str) -> Vec<u64> {
+    err.lines()
+        .filter(|l| l.contains("preflight passed; receipt written"))
+        .filter(|l| l.split_whitespace().any(|w| w == format!("roles={role}") || w == "roles=engine,node"))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("generation=")?.parse().ok()))
+        .collect()
+}
+
+fn ctl(f: &Fixture, cmd: &str) -> Value {
+    let cfg = f.config.display().to_string();
+    let o = f.command(&["ctl", "--config", &cfg, cmd]).output_within(COMMAND_LIMIT);
+    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+}
+
+fn run_once(f: &Fixture) -> (Option<i32>, String) {
+    let cfg = f.config.display().to_string();
+    let o = f.command(&["run", "--config", &cfg]).output_within(COMMAND_LIMIT);
+    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn policies_are_read_only_through_trusted_directories() {
+    use std::os::unix::fs::PermissionsExt;
+    for mode in modes() {
+        let f = cell(mode, "trust", HTTPD, "exec sleep 1000", "", "");
+        let dir = f.p("policy");
+        // Writable by others (not sticky): anyone could swap the policy in.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(
+            err.contains(&format!("directory {} is writable by group or others", dir.display()))
+                && err.contains("engine.seccomp")
+                && err.contains("chmod go-w"),
+            "{mode:?}: {err}"
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        // Owned by a third user.
+        if is_root() {
+            std::os::unix::fs::chown(&dir, Some(4242), None).expect("chown");
+            let (code, err) = run_once(&f);
+            assert_eq!(code, Some(125), "{mode:?}: {err}");
+            assert!(err.contains(&format!("directory {} is owned by another user", dir.display())), "{mode:?}: {err}");
+            std::os::unix::fs::chown(&dir, Some(0), None).expect("chown");
+        }
+        // A symlinked policy: refused, not followed.
+        let real = f.p("policy/node-real.json");
+        std::fs::rename(f.p("policy/node.json"), &real).expect("rename");
+        std::os::unix::fs::symlink(&real, f.p("policy/node.json")).expect("symlink");
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("node.seccomp") && err.contains("is a symlink"), "{mode:?}: {err}");
+    }
+}
+
+/// The policies are read once: replaced on disk after the start (with ones that would let
+/// the engine connect to the egress forwarder), the engine's crash restart still runs under
+/// the loaded ones (a real connect from the restarted engine is refused by seccomp), and the
+/// new receipt has the same digests.
+#[test]
+fn replaced_policies_never_reach_a_restarted_engine() {
+    for mode in modes() {
+        let up = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = up.local_addr().expect("addr").port();
+        let fwd = sealnode::config::Config::egress_addr(0);
+        let engine_sh = format!(
+            "if [ ! -e /scratch/crashed ]; then : > /scratch/crashed; /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & while [ ! -e /models/go ]; do sleep 0.05; done; exit 3; fi; /opt/sealnode/sealnode __probe-inside --connect {fwd}:{port}; {HTTPD}"
+        );
+        let f = cell(
+            mode,
+            "replaced",
+            &engine_sh,
+            "echo node-up; exec sleep 1000",
+            "restart = \"on-failure\"",
+            &format!("egress = [{{ host = \"gw.test\", port = {port}, connect = \"127.0.0.1:{port}\" }}]"),
+        );
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let r1 = receipt(&f);
+        // The weakened policies: connect allowed by the filter, any port by Landlock.
+        let sc = f.p("policy/engine.json");
+        let text = std::fs::read_to_string(&sc).expect("policy");
+        std::fs::write(
+            &sc,
+            text.replacen(
+                "\"filter\": [",
+                "\"filter\": [\n   {\"syscall\": \"connect\", \"comment\": \"weakened\"},",
+                1,
+            ),
+        )
+        .expect("weaken seccomp");
+        let ll = f.p("policy/engine.toml");
+        let text = std::fs::read_to_string(&ll).expect("rules");
+        std::fs::write(&ll, text.replace("connect = []", "connect_any = true")).expect("weaken landlock");
+        std::fs::write(f.p("models/go"), "").expect("go");
+        let probe = run.out_line(60, |l| l.contains("\"ENGINE_ONLY\""));
+        let line = run.out.lock().expect("lock").iter().find(|(t, _)| *t == probe).map(|(_, l)| l.clone());
+        let e: Value = serde_json::from_str(&line.expect("line")).expect("probe json");
+        refused(&e, &format!("connect:{fwd}:{port}"), &[libc::ENOSYS]);
+        let r2 = receipt(&f);
+        assert_eq!(r2["generation"].as_u64(), r1["generation"].as_u64().map(|g| g + 1), "{mode:?}: one more receipt");
+        for role in ["engine", "node"] {
+            for k in ["seccomp_program_sha256", "landlock_rules_sha256"] {
+                assert_eq!(r2["roles"][role][k], r1["roles"][role][k], "{mode:?}: {role} {k} changed");
+            }
+        }
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        drop(up);
+    }
+}
+
+/// Every crash restart passes the gate: a preflight of that role and a receipt with the next
+/// generation, shown in the log and in `ctl status`.
+#[test]
+fn every_crash_restart_runs_the_preflight_and_writes_a_receipt() {
+    for mode in modes() {
+        let f = cell(mode, "every", HTTPD, "echo node-up; exit 0", "", "restart = \"always\"");
+        let run = start(&f, &[]);
+        for _ in 0..3 {
+            run.out_line(60, |l| l == "node-up");
+        }
+        // Wait for the fourth start, then look at what the gate recorded.
+        let deadline = Duration::from_secs(60);
+        assert!(
+            wait_until(deadline, || run.out.lock().expect("lock").iter().filter(|(_, l)| l == "node-up").count() >= 4),
+            "{mode:?}"
+        );
+        let st = ctl(&f, "status");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        let both = generations(&err, "both");
+        let node = generations(&err, "node");
+        assert!(node.len() >= 4, "{mode:?}: {node:?}\n{err}");
+        // First start (both roles), then one receipt per node start, each one more.
+        assert_eq!(both[0], node[0], "{mode:?}: the first start covers both roles");
+        for w in node.windows(2) {
+            assert_eq!(w[1], w[0] + 1, "{mode:?}: generations {node:?}");
+        }
+        let node_status = &st["roles"][1];
+        assert_eq!(node_status["role"], "node", "{st}");
+        assert!(node_status["generation"].as_u64().is_some_and(|g| node.contains(&g)), "{mode:?}: {st}");
+        assert_eq!(node_status["preflight"]["passed"], true, "{mode:?}: {st}");
+        assert!(
+            node_status["preflight"]["ms"].is_u64() && node_status["preflight"]["attempts"].as_u64() > Some(50),
+            "{st}"
+        );
+    }
+}
+
+/// SIGTERM at any moment stops the cell within the grace period, exit 0, nothing left
+/// running, scratch wiped: during the preflight, the readiness wait and a restart backoff.
+#[test]
+fn sigterm_is_never_lost() {
+    for mode in modes() {
+        // During the first preflight: SIGTERM as soon as the cell exists (the battery runs
+        // next). Counted only where the preflight finished after the signal was sent.
+        let mut in_preflight = 0;
+        for _ in 0..5 {
+            let f = cell(mode, "term-preflight", HTTPD, "echo node-up; exec sleep 1000", "", "");
+            std::fs::write(f.p("node-scratch/stale"), "x").expect("stale");
+            let run = start(&f, &[]);
+            run.err_line(60, |l| l.contains("cell created"));
+            let sent = Instant::now();
+            let errs = run.err.clone();
+            let (code, secs, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?}: {err}");
+            assert!(secs < 10.0, "{mode:?}: stop took {secs:.1}s");
+            assert!(std::fs::read_dir(f.p("node-scratch")).expect("scratch").next().is_none(), "{mode:?}: not wiped");
+            let passed_at =
+                errs.lock().expect("lock").iter().find(|(_, l)| l.contains("preflight passed")).map(|(t, _)| *t);
+            in_preflight += usize::from(passed_at.is_some_and(|t| t > sent));
+        }
+        assert!(in_preflight >= 1, "{mode:?}: no SIGTERM landed before the preflight finished");
+        // During the readiness wait: an engine that never listens.
+        let f = cell(mode, "term-ready", "echo engine-up; exec sleep 1000", "exec sleep 1000", "", "");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "engine-up");
+        let mut tree = descendants(run.child.id() as i32);
+        let (code, secs, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(secs < 10.0, "{mode:?}: stop during the readiness wait took {secs:.1}s");
+        all_gone(&mut tree, mode);
+        // During a restart backoff (0.5 s, then 1 s, ...).
+        let f = cell(mode, "term-backoff", "exit 3", "exec sleep 1000", "restart = \"on-failure\"", "");
+        let run = start(&f, &[]);
+        run.err_line(60, |l| l.contains("role exited; restarting"));
+        let (code, secs, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(secs < 10.0, "{mode:?}: stop during a backoff took {secs:.1}s");
+    }
+}
+
+fn ppid(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn descendants(root: i32) -> Vec<i32> {
+    let all: Vec<i32> =
+        std::fs::read_dir("/proc").expect("proc").filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    all.into_iter()
+        .filter(|p| {
+            let mut cur = *p;
+            for _ in 0..10 {
+                match ppid(cur) {
+                    Some(pp) if pp == root => return true,
+                    Some(pp) if pp > 1 => cur = pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+fn all_gone(tree: &mut Vec<i32>, mode: Mode) {
+    let alive = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    let gone = wait_until(Duration::from_secs(10), || {
+        tree.retain(alive);
+        tree.is_empty()
+    });
+    assert!(gone, "{mode:?}: survived the stop: {tree:?}");
+}
+
+/// SIGHUP re-reads the config: valid, both roles restart with it through the gate and the
+/// receipt matches it; broken, the running cell keeps serving and the error is logged and in
+/// `ctl status`. systemd hears RELOADING=1 (with MONOTONIC_USEC), then READY=1.
+#[test]
+fn sighup_reloads_the_config_or_keeps_the_cell() {
+    for mode in modes() {
+        let f = cell(
+            mode,
+            "reload",
+            &format!("echo engine-env=$ENGINE_ONLY; {HTTPD}"),
+            "echo node-up; exec sleep 1000",
+            "",
+            "",
+        );
+        let sock = f.p("notify.sock");
+        let ns = std::os::unix::net::UnixDatagram::bind(&sock).expect("notify socket");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let msgs: Arc<Mutex<Vec<String>>> = Arc::default();
+        let m2 = msgs.clone();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 4096];
+            while let Ok(n) = ns.recv(&mut b) {
+                m2.lock().expect("lock").push(String::from_utf8_lossy(&b[..n]).into_owned());
+            }
+        });
+        let s = sock.display().to_string();
+        let run = start(&f, &[("NOTIFY_SOCKET", s.as_str())]);
+        run.out_line(60, |l| l == "node-up");
+        run.out_line(60, |l| l == "engine-env=1");
+        // Valid: the engine's environment changes.
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        std::fs::write(&f.config, text.replace("ENGINE_ONLY = \"1\"", "ENGINE_ONLY = \"2\"")).expect("edit");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.out_line(60, |l| l == "engine-env=2");
+        assert!(
+            wait_until(Duration::from_secs(60), || {
+                run.out.lock().expect("lock").iter().filter(|(_, l)| l == "node-up").count() == 2
+                    && ctl(&f, "status")["roles"][1]["state"] == "running"
+            }),
+            "{mode:?}: the node did not come back: {}",
+            run.stderr()
+        );
+        let cfg = f.config.display().to_string();
+        let v = f.command(&["verify-receipt", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        assert_eq!(v.status.code(), Some(0), "{mode:?}: {}", String::from_utf8_lossy(&v.stdout));
+        let st = ctl(&f, "status");
+        assert_eq!(st["reload"]["ok"], true, "{mode:?}: {st}");
+        // Broken (a model dir that does not exist; still readable by `ctl`): the cell keeps
+        // serving with the config it has.
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        let models = format!("models = \"{}\"", f.p("models").display());
+        assert!(text.contains(&models));
+        std::fs::write(&f.config, text.replace(&models, "models = \"/nonexistent-models\"")).expect("break");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.err_line(60, |l| l.contains("reload refused"));
+        let st = ctl(&f, "status");
+        assert_eq!(st["reload"]["ok"], false, "{mode:?}: {st}");
+        assert!(st["reload"]["error"].as_str().is_some_and(|e| e.contains("engine.models")), "{mode:?}: {st}");
+        assert_eq!(st["roles"][0]["state"], "running", "{mode:?}: {st}");
+        assert_eq!(st["roles"][1]["state"], "running", "{mode:?}: {st}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=engine"), 2, "{mode:?}: only the valid reload restarts: {err}");
+        let msgs = msgs.lock().expect("lock").clone();
+        let pos = |pred: &dyn Fn(&str) -> bool| msgs.iter().position(|m| pred(m));
+        let reloading = pos(&|m| m.lines().any(|l| l == "RELOADING=1") && m.contains("MONOTONIC_USEC="))
+            .unwrap_or_else(|| panic!("{mode:?}: no RELOADING=1 with MONOTONIC_USEC: {msgs:?}"));
+        let ready_again = msgs.iter().skip(reloading).any(|m| m.lines().any(|l| l == "READY=1"));
+        assert!(ready_again, "{mode:?}: no READY=1 after the reload: {msgs:?}");
+    }
+}
+
+fn run_count(err: &str, what: &str) -> usize {
+    err.matches(what).count()
+}
+
+/// A pinned engine rewritten in place the moment sealnode has read it (inotify), as in the
+/// reproduction: what runs is the verified program, or the start is refused; never the
+/// rewritten one.
+#[test]
+fn the_pin_runs_what_it_hashed() {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    for mode in modes() {
+        let mut f = cell(mode, "pin-race", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        std::fs::create_dir(f.p("engine-bin")).expect("dir");
+        let prog = f.p("engine-bin/busybox");
+        let good = std::fs::read("/usr/bin/busybox").expect("busybox");
+        // The "evil" program: /bin/echo, which prints its arguments instead of serving.
+        let evil = std::fs::read("/bin/echo").expect("echo");
+        use sha2::Digest;
+        let pin = hex::encode(sha2::Sha256::digest(&good));
+        f.engine_cmd = "[\"/opt/engine/busybox\", \"sh\", \"-c\", \"echo ENGINE-GOOD; exec /opt/engine/busybox httpd -f -p 127.0.0.1:18080 -h /models\"]".into();
+        f.engine_extra = format!(
+            "ro_binds = [{{ src = \"{}\", dst = \"/opt/engine\" }}]\nsha256 = \"{pin}\"",
+            f.p("engine-bin").display()
+        );
+        f.write_config();
+        let mut outcomes = std::collections::BTreeMap::new();
+        for _ in 0..4 {
+            std::fs::write(&prog, &good).expect("good");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            // Rewrite in place (same inode) the moment sealnode has finished reading the file
+            // to hash it: after its reads (inotify IN_ACCESS) pause for 2 ms. That is the window
+            // between the hash and the exec.
+            let ino = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).expect("inotify");
+            ino.add_watch(&prog, AddWatchFlags::IN_ACCESS).expect("watch");
+            let (p2, evil2) = (prog.clone(), evil.clone());
+            let writer = std::thread::spawn(move || {
+                let mut last = None;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < deadline {
+                    if ino.read_events().is_ok_and(|e| !e.is_empty()) {
+                        last = Some(Instant::now());
+                    } else if last.is_some_and(|t: Instant| t.elapsed() > Duration::from_millis(2)) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                let mut w = std::fs::OpenOptions::new().write(true).truncate(true).open(&p2).expect("open for rewrite");
+                std::io::Write::write_all(&mut w, &evil2).expect("rewrite");
+            });
+            let run = start(&f, &[]);
+            let decided = wait_until(Duration::from_secs(60), || {
+                let out = Running::text(&run.out);
+                out.contains("ENGINE-GOOD") || run.stderr().contains("does not match its pin")
+            });
+            assert!(decided, "{mode:?}: {}", run.stderr());
+            let out = Running::text(&run.out);
+            assert!(
+                !out.contains("sh -c echo ENGINE-GOOD"),
+                "{mode:?}: the rewritten program ran under the pin: {out}"
+            );
+            let kind = if out.contains("ENGINE-GOOD") { "verified program ran" } else { "start refused" };
+            *outcomes.entry(kind).or_insert(0) += 1;
+            let (code, _, err) = run.stop();
+            if kind == "start refused" {
+                assert_eq!(code, Some(125), "{mode:?}: {err}");
+                assert!(err.contains("does not match its pin"), "{mode:?}: {err}");
+            }
+            assert!(wait_until(Duration::from_secs(10), || writer.is_finished()), "{mode:?}: the writer never ran");
+        }
+        eprintln!("{mode:?}: {outcomes:?}");
+    }
+}
+
+/// A pin on a file someone else can rewrite proves nothing: refused.
+#[test]
+fn a_pin_on_a_writable_file_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    for mode in modes() {
+        let mut f = cell(mode, "pin-writable", HTTPD, "exec sleep 1000", "", "");
+        std::fs::create_dir(f.p("engine-bin")).expect("dir");
+        let prog = f.p("engine-bin/busybox");
+        std::fs::copy("/usr/bin/busybox", &prog).expect("copy");
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        use sha2::Digest;
+        let pin = hex::encode(sha2::Sha256::digest(std::fs::read(&prog).expect("read")));
+        f.engine_cmd =
+            "[\"/opt/engine/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
+        f.engine_extra = format!(
+            "ro_binds = [{{ src = \"{}\", dst = \"/opt/engine\" }}]\nsha256 = \"{pin}\"",
+            f.p("engine-bin").display()
+        );
+        f.write_config();
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(
+            err.contains("engine.sha256") && err.contains("can be rewritten by a user other than root"),
+            "{mode:?}: {err}"
+        );
+    }
+}
+
+/// A state or runtime dir that is not sealnode's own is refused before anything starts.
+#[test]
+fn foreign_or_open_state_dirs_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    for mode in modes() {
+        let f = cell(mode, "dirs", HTTPD, "exec sleep 1000", "", "");
+        let state = f.p("state");
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("cell.state_dir") && err.contains("writable by group or others"), "{mode:?}: {err}");
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+        if is_root() {
+            std::os::unix::fs::chown(&state, Some(4242), Some(4242)).expect("chown");
+            let (code, err) = run_once(&f);
+            assert_eq!(code, Some(125), "{mode:?}: {err}");
+            assert!(err.contains("cell.state_dir") && err.contains("owned by uid 4242"), "{mode:?}: {err}");
+        }
+        assert!(!f.p("state/receipt.json").exists(), "{mode:?}: a receipt was written");
+    }
+}
+
+/// An engine that exits at once: restarted `restart_limit.burst` times, then the cell stops
+/// with exit 5.
+#[test]
+fn the_restart_limit_stops_the_cell_with_its_own_code() {
+    for mode in modes() {
+        let f = cell(
+            mode,
+            "limit",
+            "echo engine-up; exit 3",
+            "exec sleep 1000",
+            "restart = \"on-failure\"\nrestart_limit = { burst = 2, interval_s = 60 }",
+            "",
+        );
+        let run = start(&f, &[]);
+        let (code, err) = run.exited(60);
+        assert_eq!(code, Some(5), "{mode:?}: {err}");
+        assert!(err.contains("restart limit reached"), "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=engine"), 3, "{mode:?}: first start and two restarts: {err}");
+    }
+}
