@@ -1,13 +1,17 @@
-//! The cell: the user and network namespace engine and node share (loopback only).
+//! The cell: the user namespace both roles' sandboxes live in, and one network namespace per
+//! role, each holding only its own loopback.
 //!
-//! A small cell init process creates the namespaces, brings `lo` up and binds one listener per
-//! egress upstream on a cell-local address (binding port 443 is fine: it is privileged in the
-//! cell's user namespace). It hands the listeners to the supervisor over a socketpair
-//! (SCM_RIGHTS; a socket stays in the netns it was created in), confines itself, and then
-//! serves as a socket factory: each request byte gets back a fresh TCP socket created inside
-//! the cell, which the supervisor uses to probe the engine's readiness. This works rootless,
-//! where the supervisor itself cannot enter the cell. The supervisor keeps fds of both
-//! namespaces, so the netns outlives any role restart.
+//! A small cell init process creates the user namespace and the **node's** network namespace,
+//! brings `lo` up there and binds, in it, one listener per egress upstream on a cell-local
+//! address and one on `127.0.0.1:<engine.port>` (binding port 443 is fine: it is privileged in
+//! the cell's user namespace). Then it creates the **engine's** network namespace (unshare) and
+//! brings its `lo` up. It hands the listeners and both namespaces to the supervisor over a
+//! socketpair (SCM_RIGHTS; a socket stays in the netns it was created in), confines itself, and
+//! then serves as a socket factory: each request byte gets back a fresh TCP socket created in
+//! the engine's namespace, which the supervisor uses to probe the engine's readiness and to
+//! forward the node's connections to the engine's port (that port only). This works rootless,
+//! where the supervisor itself cannot enter the cell. The supervisor keeps fds of all three
+//! namespaces, so they outlive any role restart.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::net::Ipv4Addr;
@@ -31,20 +35,41 @@ use crate::sandbox::stage::Record;
 use crate::{policy, sys};
 
 /// Steps of the cell init, for its failure record.
-const STEPS: [&str; 6] =
-    ["die_with_parent", "wait_for_id_maps", "loopback_up", "egress_listen", "send_listeners", "confine"];
+const STEPS: [&str; 8] = [
+    "die_with_parent",
+    "wait_for_id_maps",
+    "loopback_up",
+    "egress_listen",
+    "send_listeners",
+    "confine",
+    "engine_listen",
+    "engine_netns",
+];
 
 #[derive(Debug)]
 pub struct Cell {
     /// Host pid of the cell init.
     pub pid: Pid,
     userns: OwnedFd,
-    netns: OwnedFd,
+    /// The node's network namespace (egress listeners, the engine-port listener).
+    node_netns: OwnedFd,
+    /// The engine's network namespace: its own loopback and nothing else.
+    engine_netns: OwnedFd,
     /// Supervisor's end of the SOCK_SEQPACKET pair to the cell init.
     ctl: OwnedFd,
-    /// One listener per egress upstream, inside the cell's netns, non-blocking.
+    /// One listener per egress upstream, inside the node's netns, non-blocking.
     pub listeners: Vec<OwnedFd>,
+    /// The node's way to the engine: 127.0.0.1:<engine.port> in the node's netns, forwarded
+    /// by the supervisor to the same port in the engine's netns.
+    pub engine_listener: Option<OwnedFd>,
     _alive: OwnedFd,
+}
+
+/// Whose network namespace a process joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    Engine,
+    Node,
 }
 
 fn fail(ctl: RawFd, step: usize, item: usize, e: Errno) -> ! {
@@ -67,19 +92,38 @@ fn listener(addr: Ipv4Addr, port: u16) -> std::result::Result<OwnedFd, Errno> {
     Ok(fd)
 }
 
-/// The cell init, in the new user + net namespaces. Never returns.
-fn cell_main(sync: RawFd, ctl: RawFd, egress: &[(Ipv4Addr, u16)], abi: u8) -> ! {
+/// The cell init, in the new user namespace and the node's network namespace. Never returns.
+fn cell_main(sync: RawFd, ctl: RawFd, egress: &[(Ipv4Addr, u16)], engine_port: Option<u16>, abi: u8) -> ! {
     must(ctl, 0, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
     let mut b = [0u8; 1];
     if !matches!(sys::read_retry(sync, &mut b), Ok(1)) {
         fail(ctl, 1, 0, Errno::EPIPE);
     }
     must(ctl, 2, 0, sys::loopback_up());
-    let fds: Vec<OwnedFd> = egress.iter().enumerate().map(|(i, (a, p))| must(ctl, 3, i, listener(*a, *p))).collect();
+    let mut fds: Vec<OwnedFd> =
+        egress.iter().enumerate().map(|(i, (a, p))| must(ctl, 3, i, listener(*a, *p))).collect();
+    if let Some(port) = engine_port {
+        fds.push(must(ctl, 6, 0, listener(Ipv4Addr::LOCALHOST, port)));
+    }
+    let ns = |step| {
+        must(
+            ctl,
+            step,
+            0,
+            nix::fcntl::open("/proc/self/ns/net", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()),
+        )
+    };
+    let node_ns = ns(7);
+    // The engine's namespace: from here on the init (and every socket it makes) is in it.
+    must(ctl, 7, 1, nix::sched::unshare(CloneFlags::CLONE_NEWNET));
+    must(ctl, 7, 2, sys::loopback_up());
+    let engine_ns = ns(7);
+    fds.push(node_ns);
+    fds.push(engine_ns);
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let cmsg = [ControlMessage::ScmRights(&raw)];
     let iov = [IoSlice::new(&[0u8])];
-    must(ctl, 4, 0, sendmsg::<()>(ctl, &iov, if raw.is_empty() { &[] } else { &cmsg }, MsgFlags::empty(), None));
+    must(ctl, 4, 0, sendmsg::<()>(ctl, &iov, &cmsg, MsgFlags::empty(), None));
     drop(fds);
     // Nothing but socket creation from here: no capabilities, no files, not dumpable.
     must(ctl, 5, 0, caps::drop_all());
@@ -128,8 +172,15 @@ fn recv_with_fds(ctl: RawFd, max_fds: usize) -> std::result::Result<(Vec<u8>, Ve
 
 impl Cell {
     /// Create the cell. `ids` are the host ids mapped 1:1 into its user namespace (both roles'
-    /// when rootful, the invoking user's when rootless).
-    pub fn create(ids: &[Ids], rootful: bool, egress: &[(Ipv4Addr, u16)], landlock_abi: u8) -> Result<Cell> {
+    /// when rootful, the invoking user's when rootless). `engine_port`: the port the node
+    /// reaches the engine on (forwarded), if the engine has one.
+    pub fn create(
+        ids: &[Ids],
+        rootful: bool,
+        egress: &[(Ipv4Addr, u16)],
+        engine_port: Option<u16>,
+        landlock_abi: u8,
+    ) -> Result<Cell> {
         let (sup, child) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
             .map_err(|e| Error::errno("socketpair", e))?;
         let (sync_r, sync_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
@@ -145,7 +196,7 @@ impl Cell {
             if let Err(e) = sys::close_all_except(&keep) {
                 fail(child.as_raw_fd(), 0, 1, e);
             }
-            cell_main(sync_r.as_raw_fd(), child.as_raw_fd(), egress, landlock_abi);
+            cell_main(sync_r.as_raw_fd(), child.as_raw_fd(), egress, engine_port, landlock_abi);
         }
         drop(child);
         drop(sync_r);
@@ -166,7 +217,6 @@ impl Cell {
             .map_err(|e| Error::errno(format!("open /proc/{pid}/ns/{n}"), e))
         };
         let userns = ns("user").map_err(abort)?;
-        let netns = ns("net").map_err(abort)?;
         let mut uids: Vec<u32> = ids.iter().map(|i| i.uid).collect();
         let mut gids: Vec<u32> = ids.iter().map(|i| i.gid).collect();
         uids.sort_unstable();
@@ -185,10 +235,11 @@ impl Cell {
         w("uid_map", map(&uids)).map_err(abort)?;
         w("gid_map", map(&gids)).map_err(abort)?;
         sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| abort(Error::errno("release cell init", e)))?;
-        let (payload, listeners) = recv_with_fds(sup.as_raw_fd(), egress.len())
-            .map_err(|e| abort(Error::errno("receive cell listeners", e)))?;
+        let wanted = egress.len() + usize::from(engine_port.is_some()) + 2;
+        let (payload, mut listeners) =
+            recv_with_fds(sup.as_raw_fd(), wanted).map_err(|e| abort(Error::errno("receive cell listeners", e)))?;
         match payload.first() {
-            Some(0) if listeners.len() == egress.len() => {}
+            Some(0) if listeners.len() == wanted => {}
             Some(1) if payload.len() > Record::SIZE => {
                 let mut b = [0u8; Record::SIZE];
                 b.copy_from_slice(&payload[1..=Record::SIZE]);
@@ -196,6 +247,9 @@ impl Cell {
                 let step = STEPS.get(rec.stage as usize).copied().unwrap_or("unknown");
                 let detail = match (step, egress.get(rec.item as usize)) {
                     ("egress_listen", Some((a, p))) => format!("cell: listen on {a}:{p}"),
+                    ("engine_listen", _) => {
+                        format!("cell: listen on 127.0.0.1:{} (the node's way to the engine)", engine_port.unwrap_or(0))
+                    }
                     _ => "cell".to_string(),
                 };
                 let _ = waitpid(pid, None);
@@ -203,25 +257,51 @@ impl Cell {
             }
             _ => return Err(abort(Error::errno("cell init sent no listeners", Errno::EPROTO))),
         }
-        Ok(Cell { pid, userns, netns, ctl: sup, listeners, _alive: sync_w })
+        // Sent in order: the egress listeners, the engine-port listener, the two namespaces.
+        let engine_netns = listeners.pop().ok_or_else(|| abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
+        let node_netns = listeners.pop().ok_or_else(|| abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
+        let engine_listener = if engine_port.is_some() { listeners.pop() } else { None };
+        Ok(Cell { pid, userns, node_netns, engine_netns, ctl: sup, listeners, engine_listener, _alive: sync_w })
     }
 
-    /// A fresh non-blocking TCP socket inside the cell's network namespace.
-    pub fn socket(&self) -> Result<OwnedFd> {
-        nix::sys::socket::send(self.ctl.as_raw_fd(), &[1u8], MsgFlags::empty())
-            .map_err(|e| Error::errno("request cell socket", e))?;
-        let (payload, mut fds) =
-            recv_with_fds(self.ctl.as_raw_fd(), 1).map_err(|e| Error::errno("receive cell socket", e))?;
-        match (payload.first(), fds.pop()) {
-            (Some(0), Some(fd)) => Ok(fd),
-            _ => Err(Error::errno("cell init could not create a socket", Errno::EIO)),
-        }
+    /// A fresh non-blocking TCP socket inside the engine's network namespace.
+    pub fn engine_socket(&self) -> Result<OwnedFd> {
+        engine_socket(&self.ctl).map_err(|e| Error::errno("a socket in the engine's namespace", e))
     }
 
-    /// Enter the cell's user and network namespaces (in a short-lived intermediate process).
-    pub fn join(&self) -> std::result::Result<(), Errno> {
+    /// A handle that makes sockets in the engine's namespace (for the forwarder).
+    pub fn engine_sockets(&self) -> Result<EngineSockets> {
+        Ok(EngineSockets(self.ctl.try_clone().map_err(|e| Error::io("dup the cell's socket factory", e))?))
+    }
+
+    /// Enter the cell's user namespace and `net`'s network namespace (in a short-lived
+    /// intermediate process).
+    pub fn join(&self, net: Net) -> std::result::Result<(), Errno> {
         nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
-        nix::sched::setns(self.netns.as_fd(), CloneFlags::CLONE_NEWNET)
+        let ns = match net {
+            Net::Engine => &self.engine_netns,
+            Net::Node => &self.node_netns,
+        };
+        nix::sched::setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)
+    }
+}
+
+/// Makes TCP sockets in the engine's network namespace, through the cell init.
+#[derive(Debug)]
+pub struct EngineSockets(OwnedFd);
+
+impl EngineSockets {
+    pub fn socket(&self) -> std::result::Result<OwnedFd, Errno> {
+        engine_socket(&self.0)
+    }
+}
+
+fn engine_socket(ctl: &OwnedFd) -> std::result::Result<OwnedFd, Errno> {
+    nix::sys::socket::send(ctl.as_raw_fd(), &[1u8], MsgFlags::empty())?;
+    let (payload, mut fds) = recv_with_fds(ctl.as_raw_fd(), 1)?;
+    match (payload.first(), fds.pop()) {
+        (Some(0), Some(fd)) => Ok(fd),
+        _ => Err(Errno::EIO),
     }
 }
 

@@ -1,8 +1,11 @@
-//! Declared egress: the node reaches each upstream only through this forwarder.
+//! Declared egress: the node reaches each upstream only through this forwarder; and the
+//! node's one way to the engine.
 //!
-//! Each upstream has a listener inside the cell (on its own loopback address, named in the
-//! node's /etc/hosts). The supervisor accepts there and connects out on the host side to that
-//! upstream only, resolving the name outside the cell. Bytes move with splice(2) through a
+//! Each upstream has a listener in the node's network namespace (on its own loopback address,
+//! named in the node's /etc/hosts). The supervisor accepts there and connects out on the host
+//! side to that upstream only, resolving the name outside the cell. The engine route is the
+//! same with its listener on the node's 127.0.0.1:<engine.port> and its outer socket made in
+//! the engine's network namespace, connected to that port only. Bytes move with splice(2) through a
 //! pipe per direction (no copies through user space), driven by the supervisor's epoll loop:
 //! no thread per connection. Connections per upstream are bounded, idle ones are closed, and
 //! connections and bytes are counted per upstream.
@@ -51,13 +54,44 @@ pub struct Upstream {
     pub connect: Option<SocketAddr>,
     pub listener: OwnedFd,
     resolved: Option<(SocketAddr, Instant)>,
+    /// The engine route: outer sockets come from the engine's namespace, to 127.0.0.1:port.
+    engine: Option<crate::cell::EngineSockets>,
     pub stats: Stats,
 }
 
 impl Upstream {
     pub fn new(host: String, port: u16, connect: Option<SocketAddr>, listener: OwnedFd) -> Upstream {
         let stats = Stats { upstream: format!("{host}:{port}"), ..Stats::default() };
-        Upstream { host, port, connect, listener, resolved: None, stats }
+        Upstream { host, port, connect, listener, resolved: None, engine: None, stats }
+    }
+
+    /// The node's way to the engine: `listener` is the node's 127.0.0.1:`port`.
+    pub fn engine(port: u16, listener: OwnedFd, sockets: crate::cell::EngineSockets) -> Upstream {
+        let stats = Stats { upstream: format!("engine 127.0.0.1:{port}"), ..Stats::default() };
+        let to = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+        Upstream {
+            host: "engine".into(),
+            port,
+            connect: Some(to),
+            listener,
+            resolved: None,
+            engine: Some(sockets),
+            stats,
+        }
+    }
+
+    pub fn is_engine(&self) -> bool {
+        self.engine.is_some()
+    }
+
+    /// A non-blocking connect to this upstream: on the host, or in the engine's namespace.
+    fn open(&mut self) -> Result<OwnedFd, (String, Errno)> {
+        let addr = self.address().map_err(|e| (e.to_string(), Errno::EHOSTUNREACH))?;
+        let fd = match &self.engine {
+            Some(s) => s.socket().and_then(|fd| connect_nonblocking(fd, addr)),
+            None => open_outer(addr),
+        };
+        fd.map_err(|e| (format!("{addr}: {}", e.desc()), e))
     }
 
     fn address(&mut self) -> std::io::Result<SocketAddr> {
@@ -200,8 +234,14 @@ impl Forwarder {
         Ok(Forwarder { upstreams, conns: HashMap::new(), next_id: 1, max_per_upstream, idle_timeout })
     }
 
+    /// Counters of the declared egress upstreams.
     pub fn stats(&self) -> Vec<Stats> {
-        self.upstreams.iter().map(|u| u.stats.clone()).collect()
+        self.upstreams.iter().filter(|u| !u.is_engine()).map(|u| u.stats.clone()).collect()
+    }
+
+    /// Counters of the node's connections to the engine.
+    pub fn engine_stats(&self) -> Option<Stats> {
+        self.upstreams.iter().find(|u| u.is_engine()).map(|u| u.stats.clone())
     }
 
     pub fn active(&self) -> usize {
@@ -262,11 +302,7 @@ impl Forwarder {
                 tracing::warn!(upstream = %u.stats.upstream, limit = self.max_per_upstream, "egress connection refused: limit reached");
                 continue;
             }
-            let outer = match u
-                .address()
-                .map_err(|e| (e.to_string(), Errno::EHOSTUNREACH))
-                .and_then(|addr| open_outer(addr).map_err(|e| (format!("{addr}: {}", e.desc()), e)))
-            {
+            let outer = match u.open() {
                 Ok(fd) => fd,
                 Err((why, _)) => {
                     u.stats.connect_failed += 1;
@@ -383,6 +419,11 @@ impl Forwarder {
 fn open_outer(addr: SocketAddr) -> Result<OwnedFd, Errno> {
     let fam = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     let fd = socket(fam, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)?;
+    connect_nonblocking(fd, addr)
+}
+
+/// Start connecting the non-blocking socket `fd` to `addr`.
+fn connect_nonblocking(fd: OwnedFd, addr: SocketAddr) -> Result<OwnedFd, Errno> {
     let _ = nix::sys::socket::setsockopt(&fd, sockopt::TcpNoDelay, &true);
     match connect(fd.as_raw_fd(), &SockaddrStorage::from(addr)) {
         Ok(()) | Err(Errno::EINPROGRESS) => Ok(fd),

@@ -184,7 +184,7 @@ pub fn build_cell(cfg: &Config, inv: &Invoker) -> Result<Cell> {
         cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
     let (_, ll) = cfg.policy_files(Role::Node)?;
     let abi = crate::policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.node.landlock)?.min_abi;
-    Cell::create(&ids, inv.rootful(), &egress, abi)
+    Cell::create(&ids, inv.rootful(), &egress, cfg.engine.port.map(|p| p as u16), abi)
 }
 
 impl Supervisor {
@@ -203,13 +203,18 @@ impl Supervisor {
             .map_err(|e| Error::errno("epoll_ctl", e))?;
 
         let mut cell = build_cell(&cfg, &inv)?;
-        let upstreams = std::mem::take(&mut cell.listeners)
+        let mut upstreams: Vec<Upstream> = std::mem::take(&mut cell.listeners)
             .into_iter()
             .zip(&cfg.node.egress)
             .map(|(l, e)| {
                 Upstream::new(e.host.clone(), e.port as u16, e.connect.as_ref().and_then(|c| c.parse().ok()), l)
             })
             .collect();
+        // The node's one way to the engine: its 127.0.0.1:<engine.port>, forwarded into the
+        // engine's namespace, to that port only.
+        if let (Some(l), Some(port)) = (cell.engine_listener.take(), cfg.engine.port) {
+            upstreams.push(Upstream::engine(port as u16, l, cell.engine_sockets()?));
+        }
         let fwd = Forwarder::new(
             upstreams,
             cfg.cell.egress_max_connections,
@@ -308,6 +313,16 @@ impl Supervisor {
                         After::Exit => {
                             for s in self.fwd.stats() {
                                 tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
+                            }
+                            if let Some(s) = self.fwd.engine_stats() {
+                                tracing::info!(
+                                    accepted = s.accepted,
+                                    bytes_up = s.bytes_up,
+                                    bytes_down = s.bytes_down,
+                                    refused = s.refused_over_limit,
+                                    failed = s.connect_failed,
+                                    "node-to-engine totals"
+                                );
                             }
                             tracing::info!(code, "cell stopped");
                             return code;
@@ -504,6 +519,7 @@ impl Supervisor {
             "ready": self.ready_sent,
             "roles": roles,
             "egress": self.fwd.stats(),
+            "engine_forwarding": self.fwd.engine_stats(),
             "reload": self.last_reload,
             "receipt": self.receipt.as_ref().map(|r| serde_json::json!({
                 "path": crate::receipt::path(&self.cfg),
@@ -590,7 +606,7 @@ impl Supervisor {
         let port = self.cfg.engine.port.unwrap_or(0) as u16;
         let Some(p) = self.probe.as_mut() else { return };
         p.next_try = Instant::now() + PROBE_INTERVAL;
-        let Ok(fd) = self.cell.socket() else { return };
+        let Ok(fd) = self.cell.engine_socket() else { return };
         match connect(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))) {
             Ok(()) | Err(Errno::EINPROGRESS) => {}
             Err(_) => return,

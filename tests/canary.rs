@@ -162,8 +162,7 @@ const ERRNOS: &[(&str, &str, i32)] = &[
     ("engine_connect", "engine", libc::ENOSYS),
     ("engine_to_egress", "engine", libc::ENOSYS),
     ("engine_fastopen_egress", "engine", libc::ENOSYS),
-    // The engine may bind its own port only (Landlock); the node's filter has no bind.
-    ("bind_other_port", "engine", libc::EACCES),
+    // The node's filter has no bind (the engine may listen in its own namespace: not run).
     ("bind_other_port", "node", libc::ENOSYS),
 ];
 /// Killed by the filter's architecture check (SIGSYS), x86_64 only.
@@ -292,9 +291,8 @@ const SINGLE_LAYER_ROWS: &[(&str, &[&str])] = &[
     ("unexpected_env", &[]),
     ("proxy_env", &[]),
 ];
-/// The engine may bind its own port, so only Landlock refuses another one there (the node's
-/// filter has no bind: two layers).
-const SINGLE_LAYER_ENGINE_ROWS: &[(&str, &[&str])] = &[("bind_other_port", &["landlock"])];
+/// Engine-only exceptions: none (bind_other_port, once one, runs in the node only).
+const SINGLE_LAYER_ENGINE_ROWS: &[(&str, &[&str])] = &[];
 /// Attempts whose target a kernel may lack entirely (a build option, a device, an ABI): only
 /// these may be reported moot.
 const MAY_BE_MOOT: &[&str] = &[

@@ -622,3 +622,92 @@ fn restart_always_restarts_a_clean_exit_with_a_doubling_backoff() {
         }
     }
 }
+
+/// Each role its own network (#13): an engine whose policy allows connect (filter and
+/// Landlock) still reaches nothing but its own loopback: not the node's egress listeners, not
+/// the host. The node reaches the engine's API port through the forwarder and nothing else of
+/// the engine (not a runner-style port it also listens on), and sees none of its sockets.
+#[test]
+fn each_role_has_its_own_network() {
+    for mode in modes() {
+        let (_up, up_port) = upstream("hello-from-upstream\n");
+        let (_host, host_port) = upstream("host service\n");
+        let fwd = sealnode::config::Config::egress_addr(0);
+        let engine_sh = format!(
+            "/usr/bin/busybox httpd -f -p 127.0.0.1:18090 -h /models & until /usr/bin/busybox wget -q -O /dev/null http://127.0.0.1:18090/hello.txt; do sleep 0.05; done; /opt/sealnode/sealnode __probe-inside --connect {fwd}:{up_port} --connect 127.0.0.1:{host_port} --connect 127.0.0.1:18090; {HTTPD}"
+        );
+        let node_sh = format!(
+            "/opt/sealnode/sealnode __probe-inside --fetch 127.0.0.1:{ENGINE_PORT} --fetch gw.test:{up_port} --connect 127.0.0.1:18090; echo TCP-BEGIN; cat /proc/net/tcp; echo TCP-END; exec sleep 1000"
+        );
+        let mut f = cell(
+            mode,
+            "own-net",
+            &engine_sh,
+            &node_sh,
+            &format!("egress = [{{ host = \"gw.test\", port = {up_port}, connect = \"127.0.0.1:{up_port}\" }}]"),
+            "",
+            "",
+        );
+        // A test engine policy that lets it connect anywhere and listen on any port: the
+        // namespace is what stops it.
+        let sc = std::fs::read_to_string(f.p("policy/engine.json")).expect("policy");
+        let sc = sc.replacen(
+            "\"filter\": [",
+            "\"filter\": [\n   {\"syscall\": \"connect\", \"comment\": \"test: connect allowed\"},",
+            1,
+        );
+        std::fs::write(f.p("policy/engine-connect.json"), sc).expect("write");
+        let ll = std::fs::read_to_string(f.p("policy/engine.toml")).expect("rules");
+        // Ollama-like: it may also listen on any port (a runner's).
+        let ll =
+            ll.replace("connect = []", "connect_any = true").replace("bind = [\"@engine_port\"]", "bind_any = true");
+        std::fs::write(f.p("policy/engine-connect.toml"), ll).expect("write");
+        f.engine_policy = "engine-connect".into();
+        f.write_config();
+        let run = start(&f, &[]);
+        let e = report(&run.line(60, |l| l.contains("\"ENGINE_ONLY\"")));
+        let n = report(&run.line(60, |l| l.contains("\"FRUTEBOX_ENGINE\"")));
+        run.line(30, |l| l == "TCP-BEGIN");
+        let mut tcp = Vec::new();
+        loop {
+            let l = run.line(30, |_| true);
+            if l == "TCP-END" {
+                break;
+            }
+            tcp.push(l);
+        }
+        let ctx = format!("{mode:?}");
+        // The engine's own runner-style port: its policy really allows connect...
+        assert_eq!(attempt(&e, "connect:127.0.0.1:18090")["ok"], true, "{ctx}: {e}");
+        // ...and still nothing outside its namespace answers.
+        refused(&e, &format!("connect:{fwd}:{up_port}"), &[libc::ECONNREFUSED]);
+        refused(&e, &format!("connect:127.0.0.1:{host_port}"), &[libc::ECONNREFUSED]);
+        // The node: the engine's API and the declared egress, nothing else of the engine.
+        assert_eq!(attempt(&n, &format!("fetch:127.0.0.1:{ENGINE_PORT}"))["ok"], true, "{ctx}: {n}");
+        assert_eq!(attempt(&n, &format!("fetch:gw.test:{up_port}"))["ok"], true, "{ctx}: {n}");
+        refused(&n, "connect:127.0.0.1:18090", &[libc::EACCES, libc::ECONNREFUSED]);
+        // The node's /proc/net/tcp: only its own namespace's sockets. Listening: exactly the
+        // engine-port forwarder and the egress listener; the engine's port 18090 nowhere.
+        let port_hex = |p: u16| format!("{p:04X}");
+        let listening: Vec<String> = tcp
+            .iter()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(3) == Some(&"0A")).then(|| f[1].to_string())
+            })
+            .collect();
+        let mut want = vec![format!("0100007F:{}", port_hex(ENGINE_PORT)), format!("0200007F:{}", port_hex(up_port))];
+        let mut got = listening.clone();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{ctx}: listening sockets in the node's namespace: {tcp:?}");
+        assert!(
+            !tcp.iter().any(|l| l.contains(&format!(":{}", port_hex(18090)))),
+            "{ctx}: the engine's runner port is visible to the node: {tcp:?}"
+        );
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{ctx}: {err}");
+        assert!(err.contains("node-to-engine totals") && err.contains("accepted=1"), "{ctx}: {err}");
+    }
+}

@@ -252,9 +252,15 @@ pub const SPECS: &[Spec] = &[
     f("interfaces_only_lo", "network", "an interface other than lo", &[N]),
     a("host_loopback_service", "network", "connect to a service on the host's 127.0.0.1", &[N, L, S], NET),
     a("host_abstract_socket", "network", "connect to the host's abstract unix socket", &[N, L, S], NET),
-    a("bind_other_port", "network", "listen on an undeclared port", &[L, S], &[(EACCES, L), (ENOSYS, S)]),
+    // The node only: the engine may listen on other ports of its own network namespace (an
+    // Ollama runner), which nothing outside that namespace can reach.
+    only(
+        a("bind_other_port", "network", "listen on an undeclared port", &[L, S], &[(EACCES, L), (ENOSYS, S)]),
+        Roles::Node,
+    ),
     only(a("engine_connect", "network", "the engine connects anywhere (its own port)", &[S, L], NET), Roles::Engine),
-    only(a("engine_to_egress", "network", "the engine reaches an egress forwarder", &[S, L], NET), Roles::Engine),
+    // The forwarders listen in the node's network namespace only: the engine's has none.
+    only(a("engine_to_egress", "network", "the engine reaches an egress forwarder", &[S, L, N], NET), Roles::Engine),
     only(
         a(
             "engine_fastopen_egress",
@@ -300,7 +306,6 @@ pub const SINGLE_LAYER: &[(&str, &str)] = &[
     ("socket_vsock", "unprivileged; only seccomp (and no vsock transport in the cell's netns)"),
     ("socket_autoload", "module autoload is triggered without privilege; only seccomp refuses it"),
     ("interfaces_only_lo", "a fact about the network namespace"),
-    ("bind_other_port", "only Landlock; a port bound in the cell is unreachable from outside anyway"),
     ("see_foreign_processes", "visibility is the pid namespace's job"),
     ("core_dumps_off", "a fact about rlimits"),
     ("rlimits_finite", "a fact about rlimits"),

@@ -58,8 +58,8 @@ pub fn spawn(plan: &Plan) -> Result<Sandbox> {
     spawn_in(plan, None)
 }
 
-/// Clone the role into `cell`: a short-lived intermediate joins the cell's user and network
-/// namespaces, then clones the role with CLONE_PARENT so the role's init is the supervisor's
+/// Clone the role into `cell`: a short-lived intermediate joins the cell's user namespace and
+/// the role's own network namespace, then clones the role with CLONE_PARENT so the role's init is the supervisor's
 /// own child (waitable, and its parent-death signal tied to the supervisor).
 fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_t> {
     let (pid_r, pid_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
@@ -67,8 +67,12 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
     match unsafe { nix::unistd::fork() }.map_err(|e| Error::errno("fork", e))? {
         nix::unistd::ForkResult::Child => {
             drop(pid_r);
+            let net = match plan.role {
+                crate::config::Role::Engine => crate::cell::Net::Engine,
+                crate::config::Role::Node => crate::cell::Net::Node,
+            };
             // SAFETY: the intermediate is single-threaded (a fresh fork).
-            let r = cell.join().and_then(|()| unsafe { sys::clone_fork(libc::CLONE_PARENT | ROLE_NAMESPACES) });
+            let r = cell.join(net).and_then(|()| unsafe { sys::clone_fork(libc::CLONE_PARENT | ROLE_NAMESPACES) });
             match r {
                 Ok(0) => child_main(plan, fds),
                 Ok(pid) => {
