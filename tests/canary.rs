@@ -477,6 +477,16 @@ struct Run {
     out: std::sync::mpsc::Receiver<String>,
 }
 
+impl Drop for Run {
+    /// A test that fails while sealnode runs must not leave it running (its roles die with it).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn start_run(f: &Fixture) -> Run {
     let cfg = f.config.display().to_string();
     let mut child = f
@@ -801,6 +811,18 @@ fn a_silent_control_client_does_not_stall_the_supervisor() {
     let pending: Vec<UnixStream> = (0..sealnode::control::MAX_CLIENTS).map(|_| connect()).collect();
     let over = raw_request(&f, b"{\"cmd\":\"status\"}\n");
     assert_eq!(over["error"], "busy: too many control connections", "{over}");
+    // ...and each of the MAX_CLIENTS was accepted, not answered busy: nothing to read yet (the
+    // 17th's answer came after they were all taken in; their timeout is 2 s away).
+    for (i, s) in pending.iter().enumerate() {
+        s.set_nonblocking(true).expect("nonblocking");
+        let mut b = [0u8; 64];
+        let r = std::io::Read::read(&mut &*s, &mut b);
+        assert!(
+            matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "pending client {i} was not kept waiting: {:?}",
+            r.map(|n| String::from_utf8_lossy(&b[..n]).into_owned())
+        );
+    }
     drop(pending);
     let served = wait_until(Duration::from_secs(10), || raw_request(&f, b"{\"cmd\":\"status\"}\n")["ok"] == true);
     assert!(served, "status not served after the pending clients went away");

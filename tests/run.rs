@@ -62,6 +62,16 @@ struct Running {
     stderr: std::sync::Arc<std::sync::Mutex<(String, bool)>>,
 }
 
+impl Drop for Running {
+    /// A test that fails while sealnode runs must not leave it running (its roles die with it).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn start(f: &Fixture, envs: &[(&str, &str)]) -> Running {
     start_with(f, envs, false)
 }

@@ -224,6 +224,7 @@ fn exit_codes_and_stdio_pass_through() {
             .command(&["exec", "--config", &cfg, "--role", "engine", "--", "/bin/cat"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .expect("spawn");
         child.stdin.take().expect("stdin").write_all(b"through the sandbox\n").expect("write");
@@ -275,6 +276,10 @@ fn supervisor_death_kills_the_sandbox() {
         let mut child = f
             .command(&["exec", "--config", &cfg, "--role", "node", "--", "/bin/sleep", "1000"])
             .stdin(Stdio::null())
+            // Not the test's own stdout/stderr: a survivor holding them would keep the test
+            // runner's pipe (scripts/test's tee) open for its 1000 s.
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .expect("spawn");
         // Find the sandboxed sleep by its unique argument and our fixture's launcher.
@@ -305,7 +310,10 @@ fn supervisor_death_kills_the_sandbox() {
             let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap_or_default();
             stat.is_empty() || stat.contains(") Z ")
         };
-        assert!(wait_until(Duration::from_secs(10), dead), "{mode:?}: sandboxed process survived its supervisor");
+        if !wait_until(Duration::from_secs(10), dead) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0]), nix::sys::signal::Signal::SIGKILL);
+            panic!("{mode:?}: sandboxed process survived its supervisor (killed now)");
+        }
     }
 }
 
@@ -342,7 +350,9 @@ fn launcher_killed_during_setup_leaves_nothing() {
         let (mut caught, mut mid_setup) = (0, 0);
         for _ in 0..15 {
             let mut child = f
-                .command(&["exec", "--config", &cfg, "--role", "node", "--", "/bin/sleep", "7"])
+                // Outlives the 10 s survivor deadline below: a sandbox that survived its
+                // launcher is still there to be counted.
+                .command(&["exec", "--config", &cfg, "--role", "node", "--", "/bin/sleep", "1000"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -366,7 +376,7 @@ fn launcher_killed_during_setup_leaves_nothing() {
             let workload_ran = init.as_ref().is_some_and(|k| {
                 let kids = std::fs::read_to_string(format!("/proc/{k}/task/{k}/children")).unwrap_or_default();
                 kids.split_whitespace()
-                    .any(|c| std::fs::read(format!("/proc/{c}/cmdline")).is_ok_and(|c| c == b"/bin/sleep\x007\x00"))
+                    .any(|c| std::fs::read(format!("/proc/{c}/cmdline")).is_ok_and(|c| c == b"/bin/sleep\x001000\x00"))
             });
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher as i32), nix::sys::signal::Signal::SIGKILL);
@@ -374,8 +384,8 @@ fn launcher_killed_during_setup_leaves_nothing() {
             let Some(init) = init else { continue };
             caught += 1;
             mid_setup += usize::from(!workload_ran);
-            // As above: killed at once, reaped asynchronously; 10 s hides no survivor (sleep 7
-            // outlives a sandbox that survived its launcher, and `survivors` records it).
+            // As above: killed at once, reaped asynchronously; 10 s hides no survivor (its
+            // workload sleeps 1000 s, and `survivors` records it).
             let gone = Instant::now() + Duration::from_secs(10);
             loop {
                 let stat = std::fs::read_to_string(format!("/proc/{init}/stat")).unwrap_or_default();

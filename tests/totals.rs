@@ -10,15 +10,31 @@ use std::process::Command;
 use common::*;
 
 fn totals(log: &str, skips: &str, cargo_status: i32, package: &str) -> (i32, String) {
+    totals_with(log, skips, cargo_status, package, "", "")
+}
+
+fn totals_with(
+    log: &str,
+    skips: &str,
+    cargo_status: i32,
+    package: &str,
+    checks: &str,
+    expected: &str,
+) -> (i32, String) {
     let dir = tempfile::tempdir().expect("tmp");
     let (l, s) = (dir.path().join("log"), dir.path().join("skips"));
+    let (c, e) = (dir.path().join("checks"), dir.path().join("expected"));
     std::fs::write(&l, log).expect("log");
     std::fs::write(&s, skips).expect("skips");
+    std::fs::write(&c, checks).expect("checks");
+    std::fs::write(&e, expected).expect("expected");
     let o = Command::new(repo().join("scripts/test-totals"))
         .arg(&l)
         .arg(&s)
         .arg(cargo_status.to_string())
         .arg(package)
+        .arg(&c)
+        .arg(&e)
         .output_within(COMMAND_LIMIT);
     (o.status.code().expect("exit code"), String::from_utf8_lossy(&o.stdout).into_owned())
 }
@@ -137,6 +153,44 @@ fn scripts_test_goes_on_after_failures_and_exits_non_zero() {
         .output_within(COMMAND_LIMIT);
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(101), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    // The package test is skipped as a normal user: counted as skipped, not as passed.
-    assert_eq!(last_line(&out), "tests: 7 passed, 2 failed, 1 skipped", "{out}");
+    // fmt and clippy passed (two), the package test is skipped as a normal user: counted as
+    // skipped, not as passed.
+    assert_eq!(last_line(&out), "tests: 9 passed, 2 failed, 1 skipped", "{out}");
+}
+
+/// Found by review: the skip of a test whose binary then crashed was subtracted from passes
+/// that were never added; a "test result:" line printed before the binary was killed hid the
+/// kill; a line split by a child's stderr (one test thread) lost a skip; ignored tests, doc
+/// tests, fmt/clippy and binaries missing from the log were not counted.
+#[test]
+fn review_cases_are_counted() {
+    let one_ok = "     Running tests/a.rs (target/debug/deps/a-00000000000000aa)\n\nrunning 1 test\ntest x ... ok\n\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s\n\n";
+    let crashed_with_skip =
+        "     Running tests/b.rs (target/debug/deps/b-00000000000000bb)\n\nrunning 1 test\ntest y ... ok\n";
+    let (_, out) = totals(&format!("{one_ok}{crashed_with_skip}"), "b\ty\tfeature\twhy\n", 101, "none");
+    assert_eq!(last_line(&out), "tests: 1 passed, 1 failed, 0 skipped", "{out}");
+    // Killed after its summary: cargo says so.
+    let killed = "     Running tests/c.rs (target/debug/deps/c-00000000000000cc)\n\nrunning 1 test\ntest z ... ok\n\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s\n\nerror: test failed, to rerun pass `--test c`\n\nCaused by:\n  process didn't exit successfully: `target/debug/deps/c-00000000000000cc` (signal: 9, SIGKILL: kill)\n";
+    let (code, out) = totals(&format!("{one_ok}{killed}"), "", 101, "none");
+    assert_eq!((code, last_line(&out)), (1, "tests: 2 passed, 1 failed, 0 skipped"), "{out}");
+    // One test thread: a child's stderr splits "test x ... ok"; the skip still counts.
+    let split = one_ok.replace("test x ... ok", "test x ... \n!!! SKIPPED: feature\nok");
+    let (_, out) = totals(&split, "a\tx\tfeature\twhy\n", 0, "none");
+    assert_eq!(last_line(&out), "tests: 0 passed, 0 failed, 1 skipped", "{out}");
+    // Ignored tests are skipped; doc tests are a binary like the others.
+    let ignored = one_ok.replace("1 passed; 0 failed; 0 ignored", "1 passed; 0 failed; 2 ignored");
+    let doc = "   Doc-tests sealnode\n\nrunning 1 test\ntest src/lib.rs - x (line 3) ... ok\n\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.10s\n";
+    let (_, out) = totals(&format!("{ignored}{doc}"), "", 0, "none");
+    assert_eq!(last_line(&out), "tests: 2 passed, 0 failed, 2 skipped", "{out}");
+    // fmt failed, clippy passed; a binary cargo built never ran (the log was cut).
+    let (code, out) = totals_with(
+        one_ok,
+        "",
+        0,
+        "none",
+        "failed cargo-fmt\npassed cargo-clippy\n",
+        "a-00000000000000aa\nd-00000000000000dd\n",
+    );
+    assert_eq!((code, last_line(&out)), (1, "tests: 2 passed, 2 failed, 0 skipped"), "{out}");
+    assert!(out.contains("cargo-fmt") && out.contains("d-00000000000000dd never ran"), "{out}");
 }

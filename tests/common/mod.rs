@@ -359,11 +359,20 @@ impl RunningCell {
             assert!(std::time::Instant::now() < deadline, "{mode:?}: no round trip within {timeout:?}");
             std::thread::sleep(std::time::Duration::from_millis(50));
         };
-        // Empty when the caller reads the gateway's stdout itself.
-        let mut out = String::new();
-        if let Some(mut o) = gw.stdout.take() {
-            let _ = std::io::Read::read_to_string(&mut o, &mut out);
-        }
+        // Empty when the caller reads the gateway's stdout itself. Read in a thread: a
+        // descendant holding the pipe must not hang the test.
+        let out = gw.stdout.take().map(|mut o| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = std::io::Read::read_to_string(&mut o, &mut s);
+                s
+            })
+        });
+        let out = match out {
+            Some(t) if wait_until(READ_LIMIT, || t.is_finished()) => t.join().unwrap_or_default(),
+            Some(_) => panic!("{mode:?}: the gateway exited but its stdout stays open"),
+            None => String::new(),
+        };
         (status, out)
     }
 
@@ -386,7 +395,23 @@ impl RunningCell {
             panic!("sealnode run did not stop within 60 s of SIGTERM");
         }
         let status = self.child.wait().expect("run");
-        (status, self.stderr.take().and_then(|t| t.join().ok()).unwrap_or_default())
+        // sealnode's stderr ends when every process it started is gone: a survivor fails.
+        let stderr = self.stderr.take().expect("stderr reader");
+        assert!(
+            wait_until(READ_LIMIT, || stderr.is_finished()),
+            "sealnode exited ({status}) but its stderr stays open: a survivor"
+        );
+        (status, stderr.join().unwrap_or_default())
+    }
+}
+
+impl Drop for RunningCell {
+    /// A test that fails while a cell runs must not leave it running.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -410,8 +435,14 @@ pub trait OutputWithin {
 }
 
 impl OutputWithin for Command {
+    /// The command runs in its own process group, so a timeout kills everything it started;
+    /// and a descendant that outlives it holding the output pipes open fails the test instead
+    /// of hanging it (found by review: the readers' join waited for EOF forever).
     fn try_output_within(&mut self, limit: std::time::Duration) -> std::io::Result<Output> {
-        let mut child = self.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        use std::os::unix::process::CommandExt;
+        let mut child =
+            self.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
+        let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
         let drain = |p: Option<Box<dyn std::io::Read + Send>>| {
             std::thread::spawn(move || {
                 let mut b = Vec::new();
@@ -429,19 +460,27 @@ impl OutputWithin for Command {
                 break st;
             }
             if std::time::Instant::now() > deadline {
+                let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
                 let _ = child.kill();
                 let _ = child.wait();
-                let (o, e) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
                 panic!(
-                    "{:?} {:?} still running after {limit:?}: killed\nstdout: {}\nstderr: {}",
+                    "{:?} {:?} still running after {limit:?}: killed (its whole process group)",
                     self.get_program(),
                     self.get_args().collect::<Vec<_>>(),
-                    String::from_utf8_lossy(&o),
-                    String::from_utf8_lossy(&e)
                 );
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         };
+        // Exited; its output ends once nothing else holds the pipes. A descendant that does
+        // (a survivor) gets 10 s, then the group is killed and the test fails.
+        if !wait_until(std::time::Duration::from_secs(10), || out.is_finished() && err.is_finished()) {
+            let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+            panic!(
+                "{:?} {:?} exited ({status}), but something it started still holds its output open: killed its process group",
+                self.get_program(),
+                self.get_args().collect::<Vec<_>>()
+            );
+        }
         Ok(Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() })
     }
 }
