@@ -637,6 +637,39 @@ impl Config {
         v
     }
 
+    /// What sealnode trusts (this config, every policy file, its state and runtime dirs) may
+    /// not lie in or below a directory a role can write: the role could rewrite it. Rootless,
+    /// the roles are the launcher's own uid, so the owner checks cannot catch this (found by
+    /// review: a node rewrote its own seccomp policy in its scratch before a SIGHUP).
+    fn check_trusted_outside_roles(&self) -> Result<()> {
+        let mut trusted: Vec<(String, &Path)> = vec![
+            ("(config file)".into(), self.file.as_path()),
+            ("cell.state_dir".into(), self.cell.state_dir.as_path()),
+            ("cell.runtime_dir".into(), self.cell.runtime_dir.as_path()),
+        ];
+        for role in Role::ALL {
+            trusted.push((format!("{role}.seccomp"), self.role(role).seccomp.as_path()));
+            trusted.push((format!("{role}.landlock"), self.role(role).landlock.as_path()));
+        }
+        let writable: Vec<(String, &Path, bool)> =
+            Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|(_, _, w)| *w).collect();
+        for (field, path) in &trusted {
+            for (wf, w, _) in &writable {
+                if contains(w, path) {
+                    return Err(self.err(
+                        field.clone(),
+                        format!(
+                            "{} is inside {} ({wf}), which a role can write; keep what sealnode trusts outside every role's writable dirs",
+                            path.display(),
+                            w.display()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A writable dir must not overlap any other bound path, in either role.
     fn check_overlaps(&self) -> Result<()> {
         let all: Vec<_> = Role::ALL.iter().flat_map(|r| self.host_paths(*r)).collect();
@@ -689,6 +722,7 @@ impl Config {
 
     /// Host checks: files exist, no symlinks on role paths, ownership and modes.
     fn check_host(&self, inv: &Invoker) -> Result<()> {
+        self.check_trusted_outside_roles()?;
         let mut ids = Vec::new();
         for role in Role::ALL {
             ids.push(self.role_ids(role, inv)?);

@@ -24,8 +24,8 @@ enum Command {
     /// invalid) and restarts both roles (the cell's network namespace stays). Notifies systemd
     /// (READY=1 once the engine is ready and the node started, RELOADING=1, STATUS, WATCHDOG,
     /// STOPPING). Exit status: 0 stopped by a signal, 1 a role exited without restart, 3 the
-    /// preflight failed, 4 the engine was not ready in time, 5 the restart limit was reached,
-    /// 125 a config, policy or setup error.
+    /// preflight found an escape, 4 the engine was not ready in time, 5 the restart limit was
+    /// reached, 6 the preflight could not run, 125 a config, policy or setup error.
     Run {
         /// Config file.
         #[arg(long, default_value = DEFAULT_CONFIG)]
@@ -245,6 +245,14 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Command::Run { config } => {
+            // Signals wait (blocked) from the first instruction: the supervisor takes them from
+            // its signalfd, so one sent while the config loads or the cell is made is not lost
+            // and does not kill sealnode half-way (found by review).
+            let _ = nix::sys::signal::sigprocmask(
+                nix::sys::signal::SigmaskHow::SIG_BLOCK,
+                Some(&sandbox::spawn::launcher_sigset()),
+                None,
+            );
             let inv = Invoker::current();
             let sup = Config::load(&config, &inv).and_then(|cfg| sealnode::supervisor::Supervisor::new(cfg, inv));
             match sup {

@@ -149,12 +149,9 @@ pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<Str
                 landlock_file: r.landlock.display().to_string(),
                 landlock_rules_sha256: ll.sha256.clone(),
                 program,
-                // Pinned: what runs is a sealed copy verified against the pin, so the pin is
-                // its digest. Unpinned: the file as it is now.
-                program_sha256: match &r.sha256 {
-                    Some(pin) => Some(pin.to_ascii_lowercase()),
-                    None => file_sha256(&host).ok(),
-                },
+                // The file as it is now; a start records the sealed copy it runs instead
+                // (write's `programs`), so verify-receipt sees a pinned file changed since.
+                program_sha256: file_sha256(&host).ok(),
                 program_pin: r.sha256.clone(),
             },
         );
@@ -239,14 +236,20 @@ pub fn path(cfg: &Config) -> PathBuf {
     cfg.cell.state_dir.join(FILE)
 }
 
-/// Build and write the receipt for a start whose preflight produced `canary`.
-pub fn write(cfg: &Config, inv: &Invoker, canary: &Report) -> Result<Receipt> {
+/// Build and write the receipt for a start whose preflight produced `canary`. `programs`:
+/// role name -> sha256 of the sealed copy each pinned role will run (what was verified).
+pub fn write(cfg: &Config, inv: &Invoker, canary: &Report, programs: &BTreeMap<String, String>) -> Result<Receipt> {
     let state = &cfg.cell.state_dir;
     // sealnode's own dir: created 0750 if missing, checked on its descriptor; the receipt and
     // the counter are written through that descriptor only.
     let dir =
         crate::trusted::own_dir(state, inv.uid, 0o750).map_err(|e| Error::config(&cfg.file, "cell.state_dir", e))?;
-    let (sealnode, config, roles) = current_digests(cfg)?;
+    let (sealnode, config, mut roles) = current_digests(cfg)?;
+    for (role, digest) in programs {
+        if let Some(r) = roles.get_mut(role) {
+            r.program_sha256 = Some(digest.clone());
+        }
+    }
     let report = serde_json::to_vec(canary).map_err(|e| Error::io("canary report", std::io::Error::other(e)))?;
     let receipt = Receipt {
         schema: SCHEMA,
@@ -418,6 +421,35 @@ mod tests {
         let names: Vec<_> =
             std::fs::read_dir(dir.path()).expect("dir").filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
         assert_eq!(names, [std::ffi::OsString::from(FILE)], "leftovers");
+    }
+
+    /// A reader opening the path while receipts are being replaced sees one whole receipt every
+    /// time, never an empty or partial file. (Found by review: renaming the temp file into
+    /// place before writing it passed the test above.)
+    #[test]
+    fn readers_never_see_a_partial_receipt() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join(FILE);
+        let body = |i: usize| vec![b'a' + (i % 26) as u8; 20_000 + (i % 7) * 10_000];
+        write_atomic(&path, &body(0), 0o640).expect("first");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p2, s2) = (path.clone(), stop.clone());
+        let reader = std::thread::spawn(move || {
+            let mut reads = 0usize;
+            while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                let b = std::fs::read(&p2).expect("read");
+                let whole = !b.is_empty() && b.iter().all(|c| *c == b[0]) && (b.len() - 20_000) % 10_000 == 0;
+                assert!(whole, "a reader saw a partial receipt: {} bytes", b.len());
+                reads += 1;
+            }
+            reads
+        });
+        for i in 1..300 {
+            write_atomic(&path, &body(i), 0o640).expect("write");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads = reader.join().expect("reader");
+        assert!(reads >= 50, "only {reads} reads raced the writes");
     }
 
     /// A write that fails (the target is a directory: rename refuses) leaves the old state and

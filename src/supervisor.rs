@@ -49,6 +49,8 @@ pub mod exit {
     pub const NOT_READY: i32 = 4;
     /// A role exited more often than its `restart_limit` allows.
     pub const RESTART_LIMIT: i32 = 5;
+    /// The preflight could not run at all (a host-side failure, not an escape): restartable.
+    pub const PREFLIGHT_ERROR: i32 = 6;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,12 +128,17 @@ pub struct Supervisor {
     receipt: Option<crate::receipt::Receipt>,
     /// The latest preflight result of each role, which the receipt summarises.
     report: Option<crate::canary::Report>,
+    /// Each role's plan as the gate built and checked it (pin verified into a sealed copy):
+    /// the next start of that role runs exactly this.
+    prepared: [Option<Plan>; 2],
     /// A config a SIGHUP loaded, applied once both roles are down.
     next_cfg: Option<Config>,
     /// A reload is under way: READY=1 again once the node runs.
     reloading: bool,
     /// The outcome of the last SIGHUP, for `ctl status`.
     last_reload: Option<serde_json::Value>,
+    /// Held for the supervisor's lifetime: one `sealnode run` per state dir.
+    _lock: nix::fcntl::Flock<std::fs::File>,
     born: Instant,
 }
 
@@ -202,6 +209,9 @@ impl Supervisor {
             .add(sigfd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNAL))
             .map_err(|e| Error::errno("epoll_ctl", e))?;
 
+        // One cell per state dir: a second `run` would rebind the control socket, wipe the
+        // first one's scratch and share its generations (found by review).
+        let lock = lock_state(&cfg, &inv)?;
         let mut cell = build_cell(&cfg, &inv)?;
         let mut upstreams: Vec<Upstream> = std::mem::take(&mut cell.listeners)
             .into_iter()
@@ -258,9 +268,11 @@ impl Supervisor {
             next_client: 1,
             receipt: None,
             report: None,
+            prepared: [None, None],
             next_cfg: None,
             reloading: false,
             last_reload: None,
+            _lock: lock,
             born: Instant::now(),
         })
     }
@@ -362,13 +374,26 @@ impl Supervisor {
     /// if any attempt succeeds), then a new receipt with the next generation. Its digests are
     /// those of the bytes loaded once; the canary summary holds each role's latest preflight.
     fn gate(&mut self, roles: &[Role]) -> std::result::Result<(), i32> {
+        // The plans first: what the receipt then describes is what will run (a pinned program
+        // is verified into its sealed copy here, before any receipt is written).
+        let mut plans = Vec::new();
+        for role in roles {
+            match Plan::build(&self.cfg, *role, &self.inv, None, None) {
+                Ok(p) => plans.push((*role, p)),
+                Err(e) => {
+                    tracing::error!(role = %role, error = %e, "cannot prepare the role");
+                    eprintln!("sealnode: {e}");
+                    return Err(sandbox::SETUP_FAILED);
+                }
+            }
+        }
         let t = Instant::now();
         let fresh = match crate::canary::battery(&self.cfg, &self.inv, roles, Some(&self.cell)) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "preflight canary could not run");
-                eprintln!("sealnode: preflight: {e}");
-                return Err(exit::PREFLIGHT_FAILED);
+                eprintln!("sealnode: preflight could not run: {e}");
+                return Err(exit::PREFLIGHT_ERROR);
             }
         };
         let ms = t.elapsed().as_millis() as u64;
@@ -393,7 +418,9 @@ impl Supervisor {
         report.roles.sort_by_key(|r| r.role as usize);
         report.passed = report.roles.iter().all(|r| r.succeeded == 0);
         let attempts: usize = fresh.roles.iter().map(|r| r.attempts.len()).sum();
-        let written = crate::receipt::write(&self.cfg, &self.inv, &report);
+        let programs =
+            plans.iter().filter_map(|(r, p)| Some((r.name().to_string(), p.program_sha256.clone()?))).collect();
+        let written = crate::receipt::write(&self.cfg, &self.inv, &report, &programs);
         self.report = Some(report);
         match written {
             Ok(r) => {
@@ -401,6 +428,9 @@ impl Supervisor {
                 tracing::info!(roles = %names.join(","), attempts, ms, generation = r.generation, path = %crate::receipt::path(&self.cfg).display(), "preflight passed; receipt written");
                 for role in roles {
                     self.slot(*role).gate = Some(Gate { generation: r.generation, preflight_ms: ms, attempts });
+                }
+                for (role, plan) in plans {
+                    self.prepared[role as usize] = Some(plan);
                 }
                 self.receipt = Some(r);
                 Ok(())
@@ -563,8 +593,11 @@ impl Supervisor {
 
     /// Start a role. Errors stop the cell (returned as the exit code when nothing runs yet).
     fn start(&mut self, role: Role) -> std::result::Result<(), i32> {
-        let started = Plan::build(&self.cfg, role, &self.inv, None, None)
-            .and_then(|plan| sandbox::spawn_in(&plan, Some(&self.cell)));
+        // Only what a gate prepared starts: fail closed if there is none.
+        let started = match self.prepared[role as usize].take() {
+            Some(plan) => sandbox::spawn_in(&plan, Some(&self.cell)),
+            None => Err(Error::errno(format!("{role}: no start passed the gate (internal error)"), Errno::EPERM)),
+        };
         match started {
             Ok(sb) => {
                 tracing::info!(role = %role, pid = sb.pid.as_raw(), "role started");
@@ -739,6 +772,40 @@ impl Supervisor {
                 self.last_reload = Some(serde_json::json!({ "ok": false, "at": at, "error": e.to_string() }));
             }
             Ok(new) => {
+                // Fail before anything stops: both roles' plans (pins included) and a preflight
+                // of the new policies in this cell, while the old roles keep running.
+                let dry = Role::ALL
+                    .iter()
+                    .try_for_each(|r| Plan::build(&new, *r, &self.inv, None, None).map(drop))
+                    .and_then(|()| crate::canary::battery(&new, &self.inv, &Role::ALL, Some(&self.cell)))
+                    .and_then(|rep| {
+                        let escaped: Vec<String> = rep
+                            .roles
+                            .iter()
+                            .flat_map(|r| {
+                                r.attempts
+                                    .iter()
+                                    .filter(|a| a.refused_by.is_none())
+                                    .map(move |a| format!("{} {}", r.role, a.id))
+                            })
+                            .collect();
+                        if escaped.is_empty() {
+                            Ok(())
+                        } else {
+                            Err(Error::config(
+                                &new.file,
+                                "(policies)",
+                                format!("the new config's preflight found escapes: {}", escaped.join(", ")),
+                            ))
+                        }
+                    });
+                if let Err(e) = dry {
+                    tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
+                    eprintln!("sealnode: reload refused: {e}");
+                    notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
+                    self.last_reload = Some(serde_json::json!({ "ok": false, "at": at, "error": e.to_string() }));
+                    return;
+                }
                 tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: config reloaded; restarting both roles through the gate (the cell's network stays)");
                 let mut states = vec![NotifyState::Reloading, NotifyState::Status("reloading")];
                 if let Ok(usec) = NotifyState::monotonic_usec_now() {
@@ -840,6 +907,13 @@ impl Supervisor {
         }
         if after == After::Exit {
             notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+            // A recycle in progress will not complete: say so rather than hang up.
+            if let Some(mut c) = self.pending.take() {
+                crate::control::respond(
+                    &mut c,
+                    &crate::control::error("sealnode is stopping; the recycle did not complete"),
+                );
+            }
         }
         self.probe_failed();
         self.probe = None;
@@ -887,7 +961,9 @@ impl Supervisor {
                     self.slots[i].state = State::Down;
                     // The node restarts only once the engine is ready again. Either passes the
                     // gate first: its preflight, a new receipt.
-                    if role == Role::Engine || self.probe.is_none() {
+                    let engine_ready =
+                        self.probe.is_none() && matches!(self.slots[Role::Engine as usize].state, State::Running(_));
+                    if role == Role::Engine || engine_ready {
                         match self.gate(&[role]) {
                             Ok(()) => {
                                 let _ = self.start(role);
@@ -929,6 +1005,34 @@ impl Supervisor {
     /// Per-upstream counters (for logs and, later, the control socket).
     pub fn egress_stats(&self) -> Vec<crate::egress::Stats> {
         self.fwd.stats()
+    }
+}
+
+/// Take `<state_dir>/lock` (through the state dir's descriptor), exclusively, for as long as
+/// this supervisor lives; refuse if another one holds it.
+fn lock_state(cfg: &Config, inv: &Invoker) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{openat, Flock, FlockArg, OFlag};
+    let dir = crate::trusted::own_dir(&cfg.cell.state_dir, inv.uid, 0o750)
+        .map_err(|e| Error::config(&cfg.file, "cell.state_dir", e))?;
+    let shown = cfg.cell.state_dir.join("lock");
+    let fd = openat(
+        &dir,
+        "lock",
+        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| Error::errno(format!("open {}", shown.display()), e))?;
+    match Flock::lock(std::fs::File::from(fd), FlockArg::LockExclusiveNonblock) {
+        Ok(l) => Ok(l),
+        Err((_, Errno::EWOULDBLOCK)) => Err(Error::config(
+            &cfg.file,
+            "cell.state_dir",
+            format!(
+                "another `sealnode run` holds {} (one cell per state dir: stop it, or give this config its own state_dir and runtime_dir)",
+                shown.display()
+            ),
+        )),
+        Err((_, e)) => Err(Error::errno(format!("lock {}", shown.display()), e)),
     }
 }
 

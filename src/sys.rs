@@ -407,3 +407,14 @@ pub fn capset(effective: u64, permitted: u64, inheritable: u64) -> Result<(), Er
     // SAFETY: hdr and data are valid for capset's version-3 layout (two data structs).
     Errno::result(unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) }).map(drop)
 }
+
+/// A random 64-bit value from the kernel (getrandom(2)), for names nobody can predict.
+pub fn random_u64() -> Result<u64, Errno> {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into the buffer we own.
+    let n = Errno::result(unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) })?;
+    if n as usize != b.len() {
+        return Err(Errno::EIO);
+    }
+    Ok(u64::from_ne_bytes(b))
+}

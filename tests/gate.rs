@@ -41,6 +41,16 @@ struct Running {
     readers: Vec<std::thread::JoinHandle<()>>,
 }
 
+impl Drop for Running {
+    /// A test that fails while sealnode runs must not leave it running (its roles die with it).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn collect(pipe: impl std::io::Read + Send + 'static) -> (Lines, std::thread::JoinHandle<()>) {
     let lines: Lines = Arc::default();
     let l2 = lines.clone();
@@ -558,5 +568,196 @@ fn the_restart_limit_stops_the_cell_with_its_own_code() {
         assert_eq!(code, Some(5), "{mode:?}: {err}");
         assert!(err.contains("restart limit reached"), "{mode:?}: {err}");
         assert_eq!(run_count(&err, "role started role=engine"), 3, "{mode:?}: first start and two restarts: {err}");
+    }
+}
+
+fn pinned_engine(f: &mut Fixture, contents: &[u8], pin: &str) {
+    std::fs::create_dir_all(f.p("engine-bin")).expect("dir");
+    let prog = f.p("engine-bin/busybox");
+    std::fs::write(&prog, contents).expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    f.engine_cmd =
+        "[\"/opt/engine/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
+    f.engine_extra = format!(
+        "ro_binds = [{{ src = \"{}\", dst = \"/opt/engine\" }}]\nsha256 = \"{pin}\"",
+        f.p("engine-bin").display()
+    );
+    f.write_config();
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+/// Found by review: the receipt was written before the pin was checked (a start refused for
+/// its pin still left a receipt saying it passed), and verify-receipt compared the pin with
+/// itself. Now the plan (and the pin's sealed copy) comes first, and verify-receipt hashes the
+/// file on disk.
+#[test]
+fn a_pinned_engine_gets_a_receipt_only_for_what_runs() {
+    for mode in modes() {
+        let good = std::fs::read("/usr/bin/busybox").expect("busybox");
+        let mut f = cell(mode, "pin-receipt", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        pinned_engine(&mut f, &good, &"0".repeat(64));
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("does not match its pin"), "{mode:?}: {err}");
+        assert!(!f.p("state/receipt.json").exists(), "{mode:?}: a receipt for a start that never happened");
+        pinned_engine(&mut f, &good, &sha256_hex(&good));
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(receipt(&f)["roles"]["engine"]["program_sha256"], sha256_hex(&good), "{mode:?}");
+        // The pinned file changed on disk after the start: verify-receipt says so.
+        let mut evil = good.clone();
+        evil.extend_from_slice(b"EVIL");
+        std::fs::write(f.p("engine-bin/busybox"), &evil).expect("tamper");
+        let cfg = f.config.display().to_string();
+        let v = f.command(&["verify-receipt", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        let out = String::from_utf8_lossy(&v.stdout);
+        assert_eq!(v.status.code(), Some(1), "{mode:?}: {out}");
+        assert!(out.contains("engine program sha256"), "{mode:?}: {out}");
+    }
+}
+
+/// Found by review: a pinned #! script passed the gate and then failed at every start.
+#[test]
+fn a_pinned_script_is_refused() {
+    for mode in modes() {
+        let script = b"#!/bin/sh\nexec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models\n";
+        let mut f = cell(mode, "pin-script", HTTPD, "exec sleep 1000", "", "");
+        pinned_engine(&mut f, script, &sha256_hex(script));
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("engine.sha256") && err.contains("is not an ELF executable"), "{mode:?}: {err}");
+    }
+}
+
+/// Found by review: a SIGHUP with a config that parses but cannot start (a pin that does not
+/// match) stopped the running roles and then the cell. Now the new plans and preflight are
+/// checked first, while the old roles keep running.
+#[test]
+fn a_reload_that_cannot_start_keeps_the_cell() {
+    for mode in modes() {
+        let good = std::fs::read("/usr/bin/busybox").expect("busybox");
+        let mut f = cell(mode, "reload-pin", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        pinned_engine(&mut f, &good, &sha256_hex(&good));
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        std::fs::write(&f.config, text.replace(&sha256_hex(&good), &"1".repeat(64))).expect("bad pin");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.err_line(60, |l| l.contains("reload refused"));
+        let st = ctl(&f, "status");
+        assert_eq!(st["reload"]["ok"], false, "{mode:?}: {st}");
+        assert!(st["reload"]["error"].as_str().is_some_and(|e| e.contains("does not match its pin")), "{st}");
+        assert_eq!(
+            (&st["roles"][0]["state"], &st["roles"][1]["state"]),
+            (&"running".into(), &"running".into()),
+            "{st}"
+        );
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=engine"), 1, "{mode:?}: the engine was restarted: {err}");
+    }
+}
+
+/// Found by review: rootless, the roles are the launcher's uid, so a policy or the state dir
+/// inside a role's scratch passed the owner checks and the role could rewrite them.
+#[test]
+fn nothing_sealnode_trusts_may_live_in_a_role_writable_dir() {
+    for mode in modes() {
+        let f = cell(mode, "in-scratch", HTTPD, "exec sleep 1000", "", "");
+        let planted = f.p("node-scratch/node.json");
+        std::fs::copy(f.p("policy/node.json"), &planted).expect("copy");
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        let policy = format!("seccomp = \"{}\"", f.p("policy/node.json").display());
+        assert!(text.contains(&policy));
+        std::fs::write(&f.config, text.replace(&policy, &format!("seccomp = \"{}\"", planted.display()))).expect("cfg");
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("node.seccomp") && err.contains("which a role can write"), "{mode:?}: {err}");
+        let state = format!("state_dir = \"{}\"", f.p("state").display());
+        std::fs::write(
+            &f.config,
+            text.replace(&state, &format!("state_dir = \"{}\"", f.p("engine-scratch").display())),
+        )
+        .expect("cfg");
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("cell.state_dir") && err.contains("which a role can write"), "{mode:?}: {err}");
+    }
+}
+
+/// Found by review: two `sealnode run` on one config shared the control socket, the scratch
+/// dirs and the generation counter.
+#[test]
+fn one_cell_per_state_dir() {
+    for mode in modes() {
+        let f = cell(mode, "two-runs", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let (code, err) = run_once(&f);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("another `sealnode run` holds"), "{mode:?}: {err}");
+        assert_eq!(ctl(&f, "status")["roles"][1]["state"], "running", "{mode:?}: the first cell was disturbed");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
+/// Found by review: the canary's host-side abstract socket had a predictable name (the
+/// supervisor's pid); any local user who took it failed every later preflight, and exit 3
+/// kept systemd from restarting. The name is now random.
+#[test]
+fn a_squatted_canary_name_does_not_stop_the_cell() {
+    for mode in modes() {
+        let engine_sh = format!(
+            "if [ ! -e /scratch/crashed ]; then : > /scratch/crashed; /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & while [ ! -e /models/go ]; do sleep 0.05; done; exit 3; fi; {HTTPD}"
+        );
+        let f = cell(mode, "squat", &engine_sh, "echo node-up; exec sleep 1000", "restart = \"on-failure\"", "");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("sealnode-canary-{}", run.child.id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
+        let _squat = std::os::unix::net::UnixListener::bind_addr(&addr).expect("squat the old name");
+        std::fs::write(f.p("models/go"), "").expect("go");
+        run.err_line(60, |l| l.contains("preflight passed") && l.contains("roles=engine "));
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
+/// A recycle interrupted by SIGTERM is answered, not hung up on.
+#[test]
+fn a_recycle_cut_short_by_sigterm_is_answered() {
+    for mode in modes() {
+        // The node ignores SIGTERM: the recycle's stop lasts the 2 s grace period.
+        let f = cell(mode, "recycle-term", HTTPD, "trap '' TERM; echo node-up; exec sleep 1000", "", "");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let cfg = f.config.display().to_string();
+        let mut client = f
+            .command(&["ctl", "--config", &cfg, "recycle"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("recycle");
+        run.err_line(60, |l| l.contains("control: recycle requested"));
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        wait_within(&mut client, Duration::from_secs(30), "ctl recycle");
+        let out = client.wait_with_output().expect("output");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.contains("stopping")),
+            "{mode:?}: {v} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

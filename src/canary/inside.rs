@@ -95,9 +95,16 @@ fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
 
+/// A suffix for the files an attempt makes in the role's own scratch: unpredictable, so a
+/// role's earlier run cannot have planted something there (the files are created O_EXCL and
+/// never followed through a symlink, too).
+fn unique() -> String {
+    format!("{}-{:016x}", std::process::id(), crate::sys::random_u64().unwrap_or(0))
+}
+
 /// Create a fresh file in `dir` and remove it again.
 fn create_in(dir: &str) -> R {
-    let path = format!("{dir}/.sealnode-canary-{}", std::process::id());
+    let path = format!("{dir}/.sealnode-canary-{}", unique());
     let fd = open_path(&path, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC, 0o600)?;
     let _ = nix::unistd::close(fd);
     remove(&path);
@@ -263,9 +270,13 @@ fn run(id: &str, ctx: &Ctx) -> R {
         }
         "read_kcore" => read_some("/proc/kcore"),
         "exec_from_scratch" => {
-            let path = format!("{scratch}/.sealnode-canary-exec-{}", std::process::id());
+            let path = format!("{scratch}/.sealnode-canary-exec-{}", unique());
             let me = std::fs::read("/proc/self/exe").map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5)))?;
-            let fd = open_path(&path, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_CLOEXEC, 0o755)?;
+            let fd = open_path(
+                &path,
+                libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_WRONLY | libc::O_CLOEXEC,
+                0o755,
+            )?;
             let mut f = std::fs::File::from(unsafe_owned(fd));
             let _ = f.write_all(&me);
             drop(f);
@@ -277,7 +288,7 @@ fn run(id: &str, ctx: &Ctx) -> R {
             r.map(drop)
         }
         "symlink_escape" => {
-            let link = format!("{scratch}/.sealnode-canary-link-{}", std::process::id());
+            let link = format!("{scratch}/.sealnode-canary-link-{}", unique());
             let (mut t, mut l) = (c("/etc/shadow"), c(&link));
             let r = sc(libc::SYS_symlinkat, [Arg::B(&mut t), i(libc::AT_FDCWD as i64 as u64), Arg::B(&mut l), Z, Z, Z])
                 .and_then(|()| read_some(&link));
@@ -285,7 +296,7 @@ fn run(id: &str, ctx: &Ctx) -> R {
             r
         }
         "hardlink_escape" => {
-            let link = format!("{scratch}/.sealnode-canary-hard-{}", std::process::id());
+            let link = format!("{scratch}/.sealnode-canary-hard-{}", unique());
             let (mut t, mut l) = (c("/etc/hostname"), c(&link));
             let fdcwd = libc::AT_FDCWD as i64 as u64;
             let r = sc(libc::SYS_linkat, [i(fdcwd), Arg::B(&mut t), i(fdcwd), Arg::B(&mut l), Z, Z]);
@@ -293,7 +304,7 @@ fn run(id: &str, ctx: &Ctx) -> R {
             r
         }
         "mknod_device" => {
-            let path = format!("{scratch}/.sealnode-canary-null-{}", std::process::id());
+            let path = format!("{scratch}/.sealnode-canary-null-{}", unique());
             let mut p = c(&path);
             let dev = libc::makedev(1, 3);
             let r = sc(

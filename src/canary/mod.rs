@@ -412,7 +412,10 @@ fn targets() -> Result<Targets> {
     use std::os::linux::net::SocketAddrExt;
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("canary: host listener", e))?;
     let port = tcp.local_addr().map_err(|e| Error::io("canary: host listener", e))?.port();
-    let name = format!("sealnode-canary-{}", std::process::id());
+    // Unpredictable: abstract names are shared by every user of the host's network namespace,
+    // and a squatted name must not stop a preflight (found by review: it was the pid).
+    let r = crate::sys::random_u64().map_err(|e| Error::errno("canary: getrandom", e))?;
+    let name = format!("sealnode-canary-{r:016x}");
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(|e| Error::io("canary: abstract name", e))?;
     let abs =
@@ -488,9 +491,16 @@ fn run_battery(
     restore_stdio(saved)?;
     drop(out_w);
     let sb = spawned?;
-    let mut out = Vec::new();
-    let mut f = std::fs::File::from(out_r);
-    std::io::Read::read_to_end(&mut f, &mut out).map_err(|e| Error::io("read canary output", e))?;
+    // Bounded: `run` runs the battery inside its event loop, so an attempt that blocked
+    // would stall the supervisor. A battery takes well under a second.
+    let out = match read_until_eof(out_r, BATTERY_DEADLINE) {
+        Ok(out) => out,
+        Err(e) => {
+            let _ = nix::sys::signal::kill(sb.pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = sandbox::spawn::wait_exit(sb);
+            return Err(Error::errno(format!("canary probe in the {role} role"), e));
+        }
+    };
     // Never sigwait here: `run` runs the battery between its own signal handling, and a
     // SIGTERM taken (and forwarded) here would be lost to it.
     let code = sandbox::spawn::wait_exit(sb);
@@ -505,6 +515,36 @@ fn run_battery(
         let shown = String::from_utf8_lossy(&out[..out.len().min(300)]).into_owned();
         Error::io(format!("canary output of the {role} role ({shown:?})"), std::io::Error::other(e))
     })
+}
+
+/// How long one role's battery may take before it counts as hung.
+const BATTERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Read `fd` to its end, at most until `limit` has passed (ETIMEDOUT then).
+fn read_until_eof(fd: OwnedFd, limit: std::time::Duration) -> std::result::Result<Vec<u8>, nix::errno::Errno> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = std::time::Instant::now() + limit;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(nix::errno::Errno::ETIMEDOUT);
+        }
+        let ms = PollTimeout::try_from(left.as_millis().min(60_000) as u64 + 1).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(std::os::fd::AsFd::as_fd(&fd), PollFlags::POLLIN)];
+        match poll(&mut fds, ms) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(e),
+        }
+        match nix::unistd::read(&fd, &mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Point our stdin at the pty and stdout at the pipe while the sandbox is cloned (it inherits

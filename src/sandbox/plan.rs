@@ -164,6 +164,8 @@ pub struct Plan {
     pub envp: Vec<CString>,
     // Keeps the sealed self copy open until the child has exec'd it.
     pub program: Program,
+    /// For a pinned program: the sha256 of the sealed copy that will run (the receipt's).
+    pub program_sha256: Option<String>,
 }
 
 impl Plan {
@@ -407,9 +409,12 @@ impl Plan {
         // The role's own program with a pin: copied into a sealed memfd, the memfd hashed and
         // executed (before every start), so what runs is exactly what was hashed. `exec` runs
         // another command, so the pin does not apply there.
-        let program = match (&program, &argv, &r.sha256) {
-            (None, None, Some(want)) => Some(Program::Verified(verify_pinned(cfg, role, want, inv)?)),
-            _ => program,
+        let (program, program_sha256) = match (&program, &argv, &r.sha256) {
+            (None, None, Some(want)) => {
+                let (fd, digest) = verify_pinned(cfg, role, want, inv)?;
+                (Some(Program::Verified(fd)), Some(digest))
+            }
+            _ => (program, None),
         };
         let argv = argv.unwrap_or_else(|| r.command.clone());
         let Some(prog0) = argv.first() else {
@@ -484,6 +489,7 @@ impl Plan {
             argv: argv.iter().map(cstr).collect::<Result<_>>()?,
             envp: env.iter().map(|(k, v)| cstr(format!("{k}={v}"))).collect::<Result<_>>()?,
             program: program.unwrap_or(Program::Path(cstr(prog0)?)),
+            program_sha256,
         })
     }
 }
@@ -504,7 +510,7 @@ pub fn host_path(cfg: &Config, role: Role, inside: &Path) -> PathBuf {
 /// rewriting the file in place while (or after) it is read changes nothing that runs: the
 /// copy either matches the pin or the start is refused. The file itself must not be writable
 /// by anyone but root or the launcher.
-fn verify_pinned(cfg: &Config, role: Role, want: &str, inv: &Invoker) -> Result<std::os::fd::OwnedFd> {
+fn verify_pinned(cfg: &Config, role: Role, want: &str, inv: &Invoker) -> Result<(std::os::fd::OwnedFd, String)> {
     use sha2::{Digest, Sha256};
     use std::io::{Read, Seek};
     use std::os::unix::fs::MetadataExt;
@@ -537,12 +543,29 @@ fn verify_pinned(cfg: &Config, role: Role, want: &str, inv: &Invoker) -> Result<
     copy.rewind().map_err(|e| Error::io("rewind the memfd", e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
+    let mut head = Vec::new();
     loop {
         let n = copy.read(&mut buf).map_err(|e| Error::io("read the memfd", e))?;
         if n == 0 {
             break;
         }
+        if head.len() < 4 {
+            head.extend_from_slice(&buf[..n.min(4 - head.len())]);
+        }
         h.update(&buf[..n]);
+    }
+    // Executed from the memfd, a #! script would have its interpreter open the script by a
+    // /proc/self/fd path that is closed by then: only a binary can be pinned (found by review:
+    // a pinned script passed the gate and then failed at every start).
+    if head != b"\x7fELF" {
+        return Err(Error::config(
+            &cfg.file,
+            &field,
+            format!(
+                "{} is not an ELF executable; a pin must name the binary that runs (for a #! script, pin its interpreter and bind the script read-only)",
+                path.display()
+            ),
+        ));
     }
     let found = hex::encode(h.finalize());
     if !found.eq_ignore_ascii_case(want) {
@@ -556,7 +579,7 @@ fn verify_pinned(cfg: &Config, role: Role, want: &str, inv: &Invoker) -> Result<
             ),
         ));
     }
-    Ok(copy.into())
+    Ok((copy.into(), found))
 }
 
 /// A memfd that can be sealed (close-on-exec: the child execs it through /proc/self/fd).
