@@ -202,6 +202,11 @@ pub struct Egress {
     pub port: u32,
     /// Optional fixed upstream address ("ip:port") instead of resolving `host`.
     pub connect: Option<String>,
+    /// Let `host` resolve to a private address (10/8, 172.16/12, 192.168/16, 100.64/10,
+    /// fc00::/7). Loopback, link-local, the host's own addresses and the rest of the deny set
+    /// stay refused; name a `connect` address for those.
+    #[serde(default)]
+    pub allow_private: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -27,7 +27,16 @@ use serde::Serialize;
 /// Epoll token kinds (top byte of the 64-bit token).
 pub const TOKEN_LISTENER: u64 = 2 << 56;
 pub const TOKEN_CONN: u64 = 3 << 56;
+pub const TOKEN_LOOKUP: u64 = 7 << 56;
 pub const TOKEN_KIND: u64 = 0xff << 56;
+
+/// A name lookup that has not answered by then has failed (the resolver may still hang: its
+/// helper process is killed).
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// A failed lookup is not retried for this long: connections meanwhile are refused at once.
+const NEGATIVE_TTL: Duration = Duration::from_secs(10);
+/// Lookups in flight at once, over all upstreams.
+const MAX_LOOKUPS: usize = 4;
 
 /// Bytes buffered in each direction's pipe.
 const PIPE_SIZE: usize = 256 * 1024;
@@ -56,13 +65,39 @@ pub struct Upstream {
     resolved: Option<(SocketAddr, Instant)>,
     /// The engine route: outer sockets come from the engine's namespace, to 127.0.0.1:port.
     engine: Option<crate::cell::EngineSockets>,
+    /// Private (RFC 1918, CGNAT, ULA) addresses are allowed for this upstream's name.
+    allow_private: bool,
+    /// The node's connections waiting for a lookup of `host`.
+    parked: Vec<OwnedFd>,
+    /// A lookup of `host` is in flight.
+    looking_up: bool,
+    /// The last lookup failed: refuse at once until then.
+    failed_until: Option<Instant>,
     pub stats: Stats,
 }
 
 impl Upstream {
-    pub fn new(host: String, port: u16, connect: Option<SocketAddr>, listener: OwnedFd) -> Upstream {
+    pub fn new(
+        host: String,
+        port: u16,
+        connect: Option<SocketAddr>,
+        allow_private: bool,
+        listener: OwnedFd,
+    ) -> Upstream {
         let stats = Stats { upstream: format!("{host}:{port}"), ..Stats::default() };
-        Upstream { host, port, connect, listener, resolved: None, engine: None, stats }
+        Upstream {
+            host,
+            port,
+            connect,
+            listener,
+            resolved: None,
+            engine: None,
+            allow_private,
+            parked: Vec::new(),
+            looking_up: false,
+            failed_until: None,
+            stats,
+        }
     }
 
     /// The node's way to the engine: `listener` is the node's 127.0.0.1:`port`.
@@ -76,6 +111,10 @@ impl Upstream {
             listener,
             resolved: None,
             engine: Some(sockets),
+            allow_private: false,
+            parked: Vec::new(),
+            looking_up: false,
+            failed_until: None,
             stats,
         }
     }
@@ -84,31 +123,109 @@ impl Upstream {
         self.engine.is_some()
     }
 
-    /// A non-blocking connect to this upstream: on the host, or in the engine's namespace.
-    fn open(&mut self) -> Result<OwnedFd, (String, Errno)> {
-        let addr = self.address().map_err(|e| (e.to_string(), Errno::EHOSTUNREACH))?;
+    /// The address to connect to now, if known without a lookup: the configured one, or a
+    /// resolved one that is still fresh.
+    fn known_address(&self) -> Option<SocketAddr> {
+        self.connect.or_else(|| self.resolved.filter(|(_, at)| at.elapsed() < RESOLVE_TTL).map(|(a, _)| a))
+    }
+
+    /// A non-blocking connect to `addr`: on the host, or in the engine's namespace.
+    fn open(&self, addr: SocketAddr) -> Result<OwnedFd, (String, Errno)> {
         let fd = match &self.engine {
             Some(s) => s.socket().and_then(|fd| connect_nonblocking(fd, addr)),
             None => open_outer(addr),
         };
         fd.map_err(|e| (format!("{addr}: {}", e.desc()), e))
     }
+}
 
-    fn address(&mut self) -> std::io::Result<SocketAddr> {
-        if let Some(a) = self.connect {
-            return Ok(a);
-        }
-        if let Some((a, at)) = self.resolved {
-            if at.elapsed() < RESOLVE_TTL {
-                return Ok(a);
+/// Why `ip` may not be an egress upstream's address, if it may not: the places a name could
+/// be pointed at to turn the node's egress against the host or its network. `own`: the host's
+/// own addresses. Private ranges pass only where the upstream allows them.
+pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: bool) -> Option<&'static str> {
+    use std::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    if own.contains(&ip) {
+        return Some("one of this host's own addresses");
+    }
+    match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            if a.is_loopback() {
+                Some("loopback")
+            } else if a.is_link_local() {
+                Some("link-local (169.254.0.0/16, cloud metadata services)")
+            } else if a.is_unspecified() || o[0] == 0 {
+                Some("unspecified or 'this network' (0.0.0.0/8)")
+            } else if a.is_multicast() || a.is_broadcast() {
+                Some("multicast or broadcast")
+            } else if !allow_private && (a.is_private() || (o[0] == 100 && (o[1] & 0xc0) == 64)) {
+                Some("private (10/8, 172.16/12, 192.168/16, 100.64/10); set allow_private for this upstream")
+            } else {
+                None
             }
         }
-        let a = (self.host.as_str(), self.port)
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))?;
-        self.resolved = Some((a, Instant::now()));
-        Ok(a)
+        IpAddr::V6(a) => {
+            let seg = a.segments();
+            if a.is_loopback() {
+                Some("loopback")
+            } else if a.is_unspecified() {
+                Some("unspecified")
+            } else if a.is_multicast() {
+                Some("multicast")
+            } else if (seg[0] & 0xffc0) == 0xfe80 {
+                Some("link-local (fe80::/10)")
+            } else if !allow_private && (seg[0] & 0xfe00) == 0xfc00 {
+                Some("unique local (fc00::/7); set allow_private for this upstream")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// This host's own addresses, every interface.
+fn own_addresses() -> Vec<std::net::IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+    addrs
+        .filter_map(|i| {
+            let a = i.address?;
+            if let Some(v4) = a.as_sockaddr_in() {
+                return Some(std::net::IpAddr::V4(v4.ip()));
+            }
+            a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+        })
+        .collect()
+}
+
+/// A name lookup in a short-lived helper process (the supervisor stays single-threaded and
+/// never blocks on the resolver): it writes one address per line to its pipe and exits.
+#[derive(Debug)]
+struct Lookup {
+    upstream: usize,
+    pid: nix::unistd::Pid,
+    pipe: OwnedFd,
+    out: Vec<u8>,
+    deadline: Instant,
+}
+
+fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, OwnedFd), Errno> {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+    // SAFETY: the supervisor is single-threaded; the child only resolves, writes and exits.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => {
+            let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            let text: String = match (host, port).to_socket_addrs() {
+                Ok(addrs) => addrs.map(|a| format!("{}\n", a.ip())).collect(),
+                Err(e) => format!("error {e}\n"),
+            };
+            let _ = crate::sys::write_all(w.as_raw_fd(), text.as_bytes());
+            crate::sys::exit_now(0)
+        }
+        nix::unistd::ForkResult::Parent { child } => Ok((child, r)),
     }
 }
 
@@ -219,6 +336,7 @@ pub struct Forwarder {
     next_id: u64,
     max_per_upstream: usize,
     idle_timeout: Duration,
+    lookups: HashMap<u64, Lookup>,
 }
 
 impl Forwarder {
@@ -231,7 +349,14 @@ impl Forwarder {
         for (i, u) in upstreams.iter().enumerate() {
             epoll.add(u.listener.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_LISTENER | i as u64))?;
         }
-        Ok(Forwarder { upstreams, conns: HashMap::new(), next_id: 1, max_per_upstream, idle_timeout })
+        Ok(Forwarder {
+            upstreams,
+            conns: HashMap::new(),
+            next_id: 1,
+            max_per_upstream,
+            idle_timeout,
+            lookups: HashMap::new(),
+        })
     }
 
     /// Counters of the declared egress upstreams.
@@ -252,6 +377,7 @@ impl Forwarder {
     pub fn handle(&mut self, epoll: &Epoll, token: u64, events: EpollFlags) {
         match token & TOKEN_KIND {
             TOKEN_LISTENER => self.accept(epoll, (token & !TOKEN_KIND) as usize),
+            TOKEN_LOOKUP => self.read_lookup(epoll, token & !TOKEN_KIND),
             TOKEN_CONN => {
                 let id = (token & !TOKEN_KIND) >> 1;
                 self.pump(epoll, id);
@@ -297,42 +423,169 @@ impl Forwarder {
             };
             // Small request/response traffic (WebSocket frames) must not wait for Nagle.
             let _ = nix::sys::socket::setsockopt(&inner, sockopt::TcpNoDelay, &true);
-            if u.stats.active >= self.max_per_upstream {
+            if u.stats.active + u.parked.len() >= self.max_per_upstream {
                 u.stats.refused_over_limit += 1;
                 tracing::warn!(upstream = %u.stats.upstream, limit = self.max_per_upstream, "egress connection refused: limit reached");
                 continue;
             }
-            let outer = match u.open() {
-                Ok(fd) => fd,
-                Err((why, _)) => {
+            match u.known_address() {
+                Some(addr) => self.connect_out(epoll, i, inner, addr),
+                None => self.park(epoll, i, inner),
+            }
+        }
+    }
+
+    /// The name of upstream `i` must be looked up first: the connection waits while a helper
+    /// process resolves it (off the loop), or is refused at once while a recent failure stands.
+    fn park(&mut self, epoll: &Epoll, i: usize, inner: OwnedFd) {
+        let in_flight = self.lookups.len();
+        let id = self.next_id;
+        let u = &mut self.upstreams[i];
+        if u.failed_until.is_some_and(|t| Instant::now() < t) {
+            u.stats.connect_failed += 1;
+            tracing::debug!(upstream = %u.stats.upstream, "egress connection refused: the last lookup failed");
+            return;
+        }
+        if !u.looking_up {
+            if in_flight >= MAX_LOOKUPS {
+                u.stats.connect_failed += 1;
+                tracing::warn!(upstream = %u.stats.upstream, limit = MAX_LOOKUPS, "egress connection refused: too many name lookups in flight");
+                return;
+            }
+            let (pid, pipe) = match spawn_lookup(&u.host, u.port) {
+                Ok(l) => l,
+                Err(e) => {
                     u.stats.connect_failed += 1;
-                    tracing::warn!(upstream = %u.stats.upstream, error = %why, "egress connect failed");
-                    continue;
+                    tracing::warn!(upstream = %u.stats.upstream, error = %e, "egress name lookup could not start");
+                    return;
                 }
             };
-            let (Ok(d0), Ok(d1)) = (Dir::new(), Dir::new()) else { continue };
-            u.stats.accepted += 1;
-            u.stats.active += 1;
-            let id = self.next_id;
-            self.next_id += 1;
-            let mut c = Conn {
-                upstream: i,
-                inner,
-                outer,
-                connecting: true,
-                dirs: [d0, d1],
-                gone: [false; 2],
-                registered: (EpollFlags::empty(), EpollFlags::empty()),
-                last_active: Instant::now(),
-            };
-            let (fi, fo) = interest(&c);
-            c.registered = (fi, fo);
-            let ok = epoll.add(c.inner.as_fd(), EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok()
-                && epoll.add(c.outer.as_fd(), EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok();
-            self.conns.insert(id, c);
-            if !ok {
-                self.close(epoll, id);
+            if epoll.add(pipe.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_LOOKUP | id)).is_err() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                u.stats.connect_failed += 1;
+                return;
             }
+            u.looking_up = true;
+            self.next_id += 1;
+            tracing::info!(upstream = %u.stats.upstream, name = %u.host, pid = pid.as_raw(), "egress name lookup started");
+            self.lookups.insert(
+                id,
+                Lookup { upstream: i, pid, pipe, out: Vec::new(), deadline: Instant::now() + LOOKUP_TIMEOUT },
+            );
+        }
+        self.upstreams[i].parked.push(inner);
+    }
+
+    fn read_lookup(&mut self, epoll: &Epoll, id: u64) {
+        let Some(l) = self.lookups.get_mut(&id) else { return };
+        let mut b = [0u8; 4096];
+        loop {
+            match nix::unistd::read(&l.pipe, &mut b) {
+                Ok(0) => break,
+                Ok(n) if l.out.len() < 65536 => l.out.extend_from_slice(&b[..n]),
+                Ok(_) => break,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return,
+                Err(_) => break,
+            }
+        }
+        let Some(l) = self.lookups.remove(&id) else { return };
+        let _ = epoll.delete(l.pipe.as_fd());
+        let text = String::from_utf8_lossy(&l.out).into_owned();
+        self.lookup_done(epoll, l.upstream, Ok(text));
+    }
+
+    /// A lookup answered (`Ok(lines)`) or failed: take the first address that may be used, or
+    /// refuse every parked connection and remember the failure for NEGATIVE_TTL.
+    fn lookup_done(&mut self, epoll: &Epoll, i: usize, answer: std::result::Result<String, String>) {
+        let own = own_addresses();
+        let u = &mut self.upstreams[i];
+        u.looking_up = false;
+        let mut why = String::new();
+        let mut chosen = None;
+        match answer {
+            Err(e) => why = e,
+            Ok(text) if text.starts_with("error ") => why = text.trim_start_matches("error ").trim().to_string(),
+            Ok(text) => {
+                for ip in text.lines().filter_map(|l| l.trim().parse::<std::net::IpAddr>().ok()) {
+                    match denied(ip, &own, u.allow_private) {
+                        Some(reason) => {
+                            tracing::warn!(upstream = %u.stats.upstream, name = %u.host, address = %ip, reason, "egress address refused");
+                            why = format!("{ip} refused: {reason}");
+                        }
+                        None if chosen.is_none() => chosen = Some(SocketAddr::new(ip, u.port)),
+                        None => {}
+                    }
+                }
+                if chosen.is_none() && why.is_empty() {
+                    why = "no address".into();
+                }
+            }
+        }
+        let parked = std::mem::take(&mut u.parked);
+        match chosen {
+            Some(addr) => {
+                u.resolved = Some((addr, Instant::now()));
+                u.failed_until = None;
+                for inner in parked {
+                    self.connect_out(epoll, i, inner, addr);
+                }
+            }
+            None => {
+                u.failed_until = Some(Instant::now() + NEGATIVE_TTL);
+                u.stats.connect_failed += parked.len() as u64;
+                tracing::warn!(upstream = %u.stats.upstream, name = %u.host, error = %why, refused = parked.len(), "egress name lookup failed");
+            }
+        }
+    }
+
+    /// Lookups past their deadline fail (their helper is killed); returns the next deadline.
+    pub fn expire_lookups(&mut self, epoll: &Epoll) -> Option<Instant> {
+        let now = Instant::now();
+        let late: Vec<u64> = self.lookups.iter().filter(|(_, l)| l.deadline <= now).map(|(id, _)| *id).collect();
+        for id in late {
+            if let Some(l) = self.lookups.remove(&id) {
+                let _ = epoll.delete(l.pipe.as_fd());
+                let _ = nix::sys::signal::kill(l.pid, nix::sys::signal::Signal::SIGKILL);
+                self.lookup_done(epoll, l.upstream, Err(format!("timed out after {} s", LOOKUP_TIMEOUT.as_secs())));
+            }
+        }
+        self.lookups.values().map(|l| l.deadline).min()
+    }
+
+    /// Connect the node's connection `inner` out to `addr` for upstream `i`.
+    fn connect_out(&mut self, epoll: &Epoll, i: usize, inner: OwnedFd, addr: SocketAddr) {
+        let u = &mut self.upstreams[i];
+        let outer = match u.open(addr) {
+            Ok(fd) => fd,
+            Err((why, _)) => {
+                u.stats.connect_failed += 1;
+                tracing::warn!(upstream = %u.stats.upstream, error = %why, "egress connect failed");
+                return;
+            }
+        };
+        let (Ok(d0), Ok(d1)) = (Dir::new(), Dir::new()) else { return };
+        u.stats.accepted += 1;
+        u.stats.active += 1;
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut c = Conn {
+            upstream: i,
+            inner,
+            outer,
+            connecting: true,
+            dirs: [d0, d1],
+            gone: [false; 2],
+            registered: (EpollFlags::empty(), EpollFlags::empty()),
+            last_active: Instant::now(),
+        };
+        let (fi, fo) = interest(&c);
+        c.registered = (fi, fo);
+        let ok = epoll.add(c.inner.as_fd(), EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok()
+            && epoll.add(c.outer.as_fd(), EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok();
+        self.conns.insert(id, c);
+        if !ok {
+            self.close(epoll, id);
         }
     }
 
@@ -406,8 +659,16 @@ impl Forwarder {
         self.conns.values().map(|c| c.last_active + self.idle_timeout).min()
     }
 
-    /// Drop every connection (stop, recycle).
+    /// When the next name lookup times out.
+    pub fn next_lookup_deadline(&self) -> Option<Instant> {
+        self.lookups.values().map(|l| l.deadline).min()
+    }
+
+    /// Drop every connection (stop, recycle), waiting ones too.
     pub fn close_all(&mut self, epoll: &Epoll) {
+        for u in self.upstreams.iter_mut() {
+            u.parked.clear();
+        }
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {
             self.close(epoll, id);
@@ -428,5 +689,53 @@ fn connect_nonblocking(fd: OwnedFd, addr: SocketAddr) -> Result<OwnedFd, Errno> 
     match connect(fd.as_raw_fd(), &SockaddrStorage::from(addr)) {
         Ok(()) | Err(Errno::EINPROGRESS) => Ok(fd),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::denied;
+    use std::net::IpAddr;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn the_deny_set() {
+        let own = [ip("203.0.113.7")];
+        for (a, why) in [
+            ("127.0.0.1", "loopback"),
+            ("127.5.6.7", "loopback"),
+            ("169.254.169.254", "link-local"),
+            ("0.0.0.0", "unspecified"),
+            ("0.1.2.3", "this network"),
+            ("224.0.0.1", "multicast"),
+            ("255.255.255.255", "broadcast"),
+            ("10.1.2.3", "private"),
+            ("172.16.0.1", "private"),
+            ("192.168.1.1", "private"),
+            ("100.64.0.1", "private"),
+            ("203.0.113.7", "own addresses"),
+            ("::1", "loopback"),
+            ("::", "unspecified"),
+            ("ff02::1", "multicast"),
+            ("fe80::1", "link-local"),
+            ("fc00::1", "unique local"),
+            ("::ffff:127.0.0.1", "loopback"),
+            ("::ffff:169.254.169.254", "link-local"),
+        ] {
+            let r = denied(ip(a), &own, false);
+            assert!(r.is_some_and(|r| r.contains(why)), "{a}: {r:?}");
+        }
+        // Private ranges pass where the upstream allows them; the rest never does.
+        assert_eq!(denied(ip("10.1.2.3"), &own, true), None);
+        assert_eq!(denied(ip("fc00::1"), &own, true), None);
+        assert!(denied(ip("127.0.0.1"), &own, true).is_some());
+        assert!(denied(ip("169.254.169.254"), &own, true).is_some());
+        // Public addresses pass.
+        assert_eq!(denied(ip("198.51.100.10"), &own, false), None);
+        assert_eq!(denied(ip("2001:db8::1"), &own, false), None);
+        assert_eq!(denied(ip("100.128.0.1"), &own, false), None);
     }
 }

@@ -217,7 +217,13 @@ impl Supervisor {
             .into_iter()
             .zip(&cfg.node.egress)
             .map(|(l, e)| {
-                Upstream::new(e.host.clone(), e.port as u16, e.connect.as_ref().and_then(|c| c.parse().ok()), l)
+                Upstream::new(
+                    e.host.clone(),
+                    e.port as u16,
+                    e.connect.as_ref().and_then(|c| c.parse().ok()),
+                    e.allow_private,
+                    l,
+                )
             })
             .collect();
         // The node's one way to the engine: its 127.0.0.1:<engine.port>, forwarded into the
@@ -581,6 +587,7 @@ impl Supervisor {
             d.push(s);
         }
         d.extend(self.clients.values().map(|(_, _, deadline)| *deadline));
+        d.extend(self.fwd.next_lookup_deadline());
         d.into_iter().min()
     }
 
@@ -1000,6 +1007,7 @@ impl Supervisor {
         if self.next_sweep.is_none_or(|s| s <= now) {
             self.next_sweep = self.fwd.sweep(&self.epoll);
         }
+        self.fwd.expire_lookups(&self.epoll);
     }
 
     /// Per-upstream counters (for logs and, later, the control socket).

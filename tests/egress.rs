@@ -1,0 +1,202 @@
+//! Egress name resolution (#13, item 3): lookups run off the event loop with a timeout and
+//! negative caching, and resolved addresses are held to a deny set. The host's resolver and
+//! hosts file are replaced for the test's sealnode only, in a mount namespace the test makes.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A host upstream that greets every connection.
+fn upstream() -> (TcpListener, u16) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let l2 = l.try_clone().expect("clone");
+    std::thread::spawn(move || {
+        for mut s in l2.incoming().flatten() {
+            let _ = s.write_all(b"hello\n");
+        }
+    });
+    (l, port)
+}
+
+struct Cell {
+    child: Child,
+    err: Arc<Mutex<String>>,
+    out: Arc<Mutex<String>>,
+}
+
+impl Drop for Cell {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn read_into(pipe: impl std::io::Read + Send + 'static, into: Arc<Mutex<String>>) {
+    std::thread::spawn(move || {
+        for l in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut s = into.lock().expect("lock");
+            s.push_str(&l);
+            s.push('\n');
+        }
+    });
+}
+
+/// `sealnode run` with its own /etc/resolv.conf and /etc/hosts (bind mounts in a private mount
+/// namespace; the launcher, rootful or rootless, is exec'd inside it).
+fn start(f: &Fixture, resolv: &str, hosts: &str) -> Cell {
+    let (r, h) = (f.p("resolv.conf"), f.p("hosts"));
+    std::fs::write(&r, resolv).expect("resolv");
+    std::fs::write(&h, hosts).expect("hosts");
+    let cfg = f.config.display().to_string();
+    let inner = f.command(&["run", "--config", &cfg]);
+    let mut cmd = Command::new("/usr/bin/unshare");
+    cmd.args(["-m", "--propagation", "private", "--", "/bin/sh", "-c"])
+        .arg("mount --bind \"$1\" /etc/resolv.conf && mount --bind \"$2\" /etc/hosts && shift 2 && exec \"$@\"")
+        .arg("sh")
+        .arg(&r)
+        .arg(&h)
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .current_dir(&f.dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    let (err, out) = (Arc::new(Mutex::new(String::new())), Arc::new(Mutex::new(String::new())));
+    read_into(child.stderr.take().expect("stderr"), err.clone());
+    read_into(child.stdout.take().expect("stdout"), out.clone());
+    Cell { child, err, out }
+}
+
+impl Cell {
+    fn err_has(&self, what: &str, secs: u64) {
+        let ok = wait_until(Duration::from_secs(secs), || self.err.lock().expect("lock").contains(what));
+        assert!(ok, "no {what:?} within {secs}s:\n{}", self.err.lock().expect("lock"));
+    }
+    fn out_line(&self, pred: impl Fn(&str) -> bool, secs: u64) -> String {
+        let mut found = None;
+        let ok = wait_until(Duration::from_secs(secs), || {
+            found = self.out.lock().expect("lock").lines().find(|l| pred(l)).map(str::to_string);
+            found.is_some()
+        });
+        assert!(ok, "no matching stdout line within {secs}s; stderr:\n{}", self.err.lock().expect("lock"));
+        found.expect("line")
+    }
+    fn stop(mut self) -> (Option<i32>, f64, String) {
+        let t = Instant::now();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let st = wait_within(&mut self.child, Duration::from_secs(30), "sealnode run");
+        let secs = t.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_millis(100));
+        (st.code(), secs, self.err.lock().expect("lock").clone())
+    }
+}
+
+fn cell(mode: Mode, name: &str, node_sh: &str, egress: &str) -> Fixture {
+    let mut f = Fixture::new(mode, name);
+    std::fs::write(f.p("models/hello.txt"), "hello\n").expect("write");
+    let q = |s: &str| serde_json::to_string(s).expect("quote");
+    f.engine_cmd = "[\"/usr/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
+    f.node_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", q(node_sh));
+    let bin = f.p("bin").display().to_string();
+    f.node_extra = format!("ro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]\negress = [{egress}]");
+    f.cell_extra = "stop_timeout_s = 2".into();
+    f.write_config();
+    f
+}
+
+/// A resolver that never answers: the node's connections wait (then fail after the lookup
+/// timeout), while the supervisor keeps answering the control socket at once and stops on
+/// SIGTERM within the grace period.
+#[test]
+fn a_hanging_resolver_never_stalls_the_supervisor() {
+    if !is_root() {
+        return unavailable("rootful", "the test replaces /etc/resolv.conf in a mount namespace (root)");
+    }
+    // The test's resolver: takes queries, never answers.
+    let dns = UdpSocket::bind("127.0.0.77:53").expect("bind the silent resolver");
+    for mode in modes() {
+        let (_up, port) = upstream();
+        let node_sh = format!(
+            "echo node-up; while true; do /usr/bin/busybox nc -w 8 gw.hang.test {port} </dev/null >/dev/null 2>&1; sleep 0.2; done"
+        );
+        let f = cell(mode, "dns-hang", &node_sh, &format!("{{ host = \"gw.hang.test\", port = {port} }}"));
+        let c = start(&f, "nameserver 127.0.0.77\noptions timeout:30 attempts:1\n", "127.0.0.1 localhost\n");
+        c.out_line(|l| l == "node-up", 60);
+        c.err_has("egress name lookup started", 30);
+        // The lookup hangs: the loop answers anyway, at once. (Rootful the test's root is
+        // allowed; rootless the refusal is the loop's answer just the same.)
+        for _ in 0..5 {
+            let t = Instant::now();
+            let mut s = std::os::unix::net::UnixStream::connect(f.p("run/control.sock")).expect("connect");
+            s.set_read_timeout(Some(READ_LIMIT)).expect("timeout");
+            s.write_all(b"{\"cmd\":\"status\"}\n").expect("send");
+            let mut line = String::new();
+            BufReader::new(s).read_line(&mut line).expect("read");
+            let ms = t.elapsed().as_millis();
+            assert!(!line.is_empty() && ms < 100, "{mode:?}: control answered in {ms} ms while a lookup hangs: {line}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        c.err_has("egress name lookup failed", 30);
+        assert!(c.err.lock().expect("lock").contains("timed out after 5 s"), "{mode:?}");
+        let (code, secs, err) = c.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(secs < 5.0, "{mode:?}: stop took {secs:.1}s with a hanging resolver");
+    }
+    drop(dns);
+}
+
+/// Names that resolve to loopback or to the link-local metadata address are refused and
+/// logged with the name and the address; an upstream with an explicit `connect` still works.
+#[test]
+fn resolved_addresses_are_held_to_the_deny_set() {
+    if !is_root() {
+        return unavailable("rootful", "the test replaces /etc/hosts in a mount namespace (root)");
+    }
+    for mode in modes() {
+        let (_a, p1) = upstream();
+        let (_b, p2) = upstream();
+        let (_c, p3) = upstream();
+        let node_sh = format!(
+            "/opt/sealnode/sealnode __probe-inside --fetch loop.test:{p1} --fetch metadata.test:{p2} --fetch gw.test:{p3}; exec sleep 1000"
+        );
+        let egress = format!(
+            "{{ host = \"loop.test\", port = {p1} }}, {{ host = \"metadata.test\", port = {p2} }}, {{ host = \"gw.test\", port = {p3}, connect = \"127.0.0.1:{p3}\" }}"
+        );
+        let f = cell(mode, "dns-deny", &node_sh, &egress);
+        let c = start(
+            &f,
+            "nameserver 127.0.0.77\noptions timeout:1 attempts:1\n",
+            "127.0.0.1 localhost loop.test\n169.254.169.254 metadata.test\n",
+        );
+        let n: serde_json::Value =
+            serde_json::from_str(&c.out_line(|l| l.contains("\"FRUTEBOX_ENGINE\""), 60)).expect("probe");
+        // loop.test resolves to the host's loopback, where an upstream does listen: refused.
+        refused(&n, &format!("fetch:loop.test:{p1}"), &[]);
+        refused(&n, &format!("fetch:metadata.test:{p2}"), &[]);
+        assert_eq!(attempt(&n, &format!("fetch:gw.test:{p3}"))["ok"], true, "{mode:?}: {n}");
+        let (code, _, err) = c.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        let refused_line = |name: &str, addr: &str| {
+            err.lines().any(|l| {
+                l.contains("egress address refused")
+                    && l.contains(&format!("name={name}"))
+                    && l.contains(&format!("address={addr}"))
+            })
+        };
+        assert!(refused_line("loop.test", "127.0.0.1"), "{mode:?}: {err}");
+        assert!(refused_line("metadata.test", "169.254.169.254"), "{mode:?}: {err}");
+    }
+}
