@@ -11,6 +11,19 @@ use common::*;
 
 #[test]
 fn job_round_trip_through_the_sealed_node() {
+    round_trip(false);
+}
+
+/// The Ollama profile (#13): the stand-in with Ollama's process shape (a server that spawns a
+/// runner on a random loopback port and proxies to it) under engine-ollama.json/.toml, which
+/// allow any bind and connect. Its own network namespace is what confines it; the canary
+/// passes while it serves, and the node's egress is the gateway only.
+#[test]
+fn ollama_shaped_engine_under_the_ollama_profile() {
+    round_trip(true);
+}
+
+fn round_trip(ollama: bool) {
     let (Ok(copy), Ok(prefix), Ok(venv)) = (
         std::env::var("SEALNODE_TEST_PYTHON"),
         std::env::var("SEALNODE_TEST_PYTHON_PREFIX"),
@@ -19,16 +32,21 @@ fn job_round_trip_through_the_sealed_node() {
         return unavailable("frutebox", "SEALNODE_TEST_PYTHON/_PREFIX/_VENV not set (.ci/run prepares them)");
     };
     for (i, mode) in modes().into_iter().enumerate() {
-        let mut f = Fixture::new(mode, "demo");
+        let mut f = Fixture::new(mode, if ollama { "demo-ollama" } else { "demo" });
         let standin = f.p("standin");
         std::fs::create_dir_all(&standin).expect("mkdir");
         for s in ["standin-engine.py", "standin-gateway.py"] {
             std::fs::copy(repo().join("examples/demo").join(s), standin.join(s)).expect("copy");
         }
-        let gw_port = 18765 + i as u16 + (std::process::id() % 500) as u16 * 2;
+        let gw_port = 18765 + i as u16 + (std::process::id() % 500) as u16 * 2 + if ollama { 1000 } else { 0 };
         let py = format!("{venv}/bin/python");
         let binds = format!("ro_binds = [{{ src = \"{copy}\", dst = \"{prefix}\" }}, {{ src = \"{venv}\" }}");
-        f.engine_cmd = format!("[\"{py}\", \"-I\", \"-u\", \"/opt/standin/standin-engine.py\", \"--port\", \"18080\"]");
+        let shape = if ollama { ", \"--ollama-shape\"" } else { "" };
+        f.engine_cmd =
+            format!("[\"{py}\", \"-I\", \"-u\", \"/opt/standin/standin-engine.py\", \"--port\", \"18080\"{shape}]");
+        if ollama {
+            f.engine_policy = "engine-ollama".into();
+        }
         f.engine_extra = format!(
             "{binds}, {{ src = \"{}\", dst = \"/opt/standin\" }}]\nready = {{ kind = \"http\", path = \"/\" }}",
             standin.display()
@@ -64,7 +82,29 @@ fn job_round_trip_through_the_sealed_node() {
         std::thread::sleep(Duration::from_millis(500));
         let mut run = f.start_run();
         let (gw_status, gw_out) = run.wait_for_gateway(&mut gw, Duration::from_secs(70), mode);
+        let mut canary = None;
+        if ollama {
+            // The runner child exists (Ollama's shape), and the seal holds while it serves.
+            let runners = std::fs::read_dir("/proc")
+                .expect("proc")
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                        String::from_utf8_lossy(&c).contains("standin-engine.py\0--runner")
+                            && String::from_utf8_lossy(&c).contains("-I")
+                    })
+                })
+                .count();
+            assert!(runners >= 1, "{mode:?}: no stand-in runner process");
+            let cfg = f.config.display().to_string();
+            canary = Some(f.command(&["canary", "--config", &cfg, "--json"]).output_within(COMMAND_LIMIT));
+        }
         let (status, err) = run.stop();
+        if let Some(c) = canary {
+            let v: serde_json::Value = serde_json::from_slice(&c.stdout).expect("canary json");
+            assert_eq!(c.status.code(), Some(0), "{mode:?}: canary with the Ollama profile: {v}");
+            assert_eq!(v["passed"], true, "{mode:?}: {v}");
+        }
         assert!(gw_status.success(), "{mode:?}: gateway: {gw_out}\nsealnode: {err}");
         assert!(
             gw_out.contains(

@@ -233,6 +233,14 @@ fn exit_codes_and_stdio_pass_through() {
         assert_eq!(String::from_utf8_lossy(&o.stdout), "through the sandbox\n", "{mode:?}");
         // A bare name is searched in the sandbox's PATH.
         assert_eq!(f.exec("node", &["true"]).status.code(), Some(0), "{mode:?}: PATH search");
+        // The sandbox init's command line (the launcher's, config path included) is masked.
+        // (The mask is a read-only /dev/null that Landlock does not grant here: it cannot even
+        // be opened.)
+        let o = f.exec(
+            "node",
+            &["/bin/sh", "-c", "cat /proc/1/cmdline 2>/dev/null | wc -c; grep -c sealnode /proc/1/status"],
+        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "0\n1\n", "{mode:?}: /proc/1/cmdline");
     }
 }
 

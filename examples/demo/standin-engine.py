@@ -6,11 +6,21 @@ readiness check) and answers deterministically, so a job can travel
 gateway -> node -> engine -> node -> gateway on a machine without a GPU or model weights.
 It runs inside sealnode's engine sandbox (stdlib only, no network beyond its own port).
 
-    python standin-engine.py [--port 11434]
+    python standin-engine.py [--port 11434] [--ollama-shape]
+
+With --ollama-shape it also has Ollama's process shape: the server on --port spawns a runner
+child (this script again, with --runner) that listens on a random loopback port, the way
+`ollama serve` starts `ollama runner --port N`, and proxies every chat request to it. Still a
+stand-in: no model, the same deterministic answers.
 """
 import argparse
+import http.client
 import json
+import subprocess
+import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+RUNNER_PORT = None
 
 
 def answer(messages):
@@ -36,7 +46,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/api/chat":
             self.send_error(404)
             return
-        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if RUNNER_PORT is not None:
+            return self.proxy(body)
+        req = json.loads(body or b"{}")
         text = answer(req.get("messages", []))
         model = req.get("model", "standin")
         counts = {"prompt_eval_count": sum(len(m.get("content", "")) for m in req.get("messages", [])) // 4,
@@ -63,10 +76,42 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
+    def proxy(self, body):
+        """Ollama's shape: the server hands the request to its runner on loopback."""
+        c = http.client.HTTPConnection("127.0.0.1", RUNNER_PORT, timeout=60)
+        c.request("POST", "/api/chat", body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        self.send_response(r.status)
+        for k in ("Content-Type", "Content-Length"):
+            if r.getheader(k):
+                self.send_header(k, r.getheader(k))
+        self.end_headers()
+        while True:
+            chunk = r.readline()
+            if not chunk:
+                break
+            self.wfile.write(chunk)
+            self.wfile.flush()
+        c.close()
+
+
 def main():
+    global RUNNER_PORT
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, default=11434)
+    p.add_argument("--ollama-shape", action="store_true")
+    p.add_argument("--runner", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.runner:
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        print(f"RUNNER-PORT {srv.server_address[1]}", flush=True)
+        srv.serve_forever()
+        return
+    if a.ollama_shape:
+        runner = subprocess.Popen([sys.executable, "-I", "-u", __file__, "--runner"], stdout=subprocess.PIPE, text=True)
+        line = runner.stdout.readline().split()
+        RUNNER_PORT = int(line[1])
+        print(f"stand-in runner on 127.0.0.1:{RUNNER_PORT} (pid {runner.pid})", flush=True)
     ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()
 
 

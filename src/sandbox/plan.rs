@@ -57,6 +57,9 @@ pub const PROC_MASK_FILES: &[&str] = &[
     "/proc/sched_debug",
     "/proc/kmsg",
     "/proc/config.gz",
+    // The sandbox init is a fork of the launcher: its command line is sealnode's, config path
+    // included (its environ is closed anyway: not dumpable).
+    "/proc/1/cmdline",
 ];
 pub const PROC_MASK_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/asound", "/proc/firmware"];
 /// /proc subtrees kept visible but read-only.

@@ -149,8 +149,14 @@ impl Fixture {
         }
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         mkdir(&base.join("policy"), 0o755, None);
-        for f in ["seccomp/engine.json", "seccomp/node.json", "landlock-rules/engine.toml", "landlock-rules/node.toml"]
-        {
+        for f in [
+            "seccomp/engine.json",
+            "seccomp/node.json",
+            "seccomp/engine-ollama.json",
+            "landlock-rules/engine.toml",
+            "landlock-rules/node.toml",
+            "landlock-rules/engine-ollama.toml",
+        ] {
             let dst = base.join("policy").join(Path::new(f).file_name().expect("name"));
             std::fs::copy(repo().join(f), &dst).expect("copy policy");
             std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o644)).expect("chmod");
