@@ -12,5 +12,7 @@ taskset -c "${SEALNODE_BENCH_CPU:-1}" ./egress.sh | sed 's/^### egress: /### egr
 echo
 ./egress.sh | sed 's/^### egress: /### egress, unpinned (throughput): /'
 echo
+taskset -c "${SEALNODE_BENCH_CPU:-1}" ./engine-hop.sh | sed 's/^### node -> engine: /### node -> engine, pinned to one CPU: /'
+echo
 ./footprint.sh
 ./inference.sh

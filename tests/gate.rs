@@ -32,6 +32,14 @@ fn cell(mode: Mode, name: &str, engine_sh: &str, node_sh: &str, engine_extra: &s
     f
 }
 
+/// An engine script that serves until the test creates models/go, then crashes (exit 3) once;
+/// every later start runs `then`.
+fn crash_once_on_go(then: &str) -> String {
+    format!(
+        "if [ ! -e /scratch/crashed ]; then : > /scratch/crashed; /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & while [ ! -e /models/go ]; do sleep 0.05; done; exit 3; fi; {then}"
+    )
+}
+
 type Lines = Arc<Mutex<Vec<(Instant, String)>>>;
 
 struct Running {
@@ -193,9 +201,8 @@ fn replaced_policies_never_reach_a_restarted_engine() {
         let up = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = up.local_addr().expect("addr").port();
         let fwd = sealnode::config::Config::egress_addr(0);
-        let engine_sh = format!(
-            "if [ ! -e /scratch/crashed ]; then : > /scratch/crashed; /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & while [ ! -e /models/go ]; do sleep 0.05; done; exit 3; fi; /opt/sealnode/sealnode __probe-inside --connect {fwd}:{port}; {HTTPD}"
-        );
+        let engine_sh =
+            crash_once_on_go(&format!("/opt/sealnode/sealnode __probe-inside --connect {fwd}:{port}; {HTTPD}"));
         let f = cell(
             mode,
             "replaced",
@@ -319,29 +326,6 @@ fn sigterm_is_never_lost() {
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert!(secs < 10.0, "{mode:?}: stop during a backoff took {secs:.1}s");
     }
-}
-
-fn ppid(pid: i32) -> Option<i32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn descendants(root: i32) -> Vec<i32> {
-    let all: Vec<i32> =
-        std::fs::read_dir("/proc").expect("proc").filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
-    all.into_iter()
-        .filter(|p| {
-            let mut cur = *p;
-            for _ in 0..10 {
-                match ppid(cur) {
-                    Some(pp) if pp == root => return true,
-                    Some(pp) if pp > 1 => cur = pp,
-                    _ => return false,
-                }
-            }
-            false
-        })
-        .collect()
 }
 
 fn all_gone(tree: &mut Vec<i32>, mode: Mode) {
@@ -715,9 +699,7 @@ fn one_cell_per_state_dir() {
 #[test]
 fn a_squatted_canary_name_does_not_stop_the_cell() {
     for mode in modes() {
-        let engine_sh = format!(
-            "if [ ! -e /scratch/crashed ]; then : > /scratch/crashed; /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & while [ ! -e /models/go ]; do sleep 0.05; done; exit 3; fi; {HTTPD}"
-        );
+        let engine_sh = crash_once_on_go(HTTPD);
         let f = cell(mode, "squat", &engine_sh, "echo node-up; exec sleep 1000", "restart = \"on-failure\"", "");
         let run = start(&f, &[]);
         run.out_line(60, |l| l == "node-up");

@@ -277,33 +277,6 @@ fn all_die(tree: &mut Vec<i32>, what: &str) {
     assert!(gone, "{what} by 10 s: {tree:?}");
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| !s.contains(") Z ")).unwrap_or(false)
-}
-
-fn ppid(pid: i32) -> Option<i32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn descendants(root: i32) -> Vec<i32> {
-    let all: Vec<i32> =
-        std::fs::read_dir("/proc").expect("proc").filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
-    all.into_iter()
-        .filter(|p| {
-            let mut cur = *p;
-            for _ in 0..10 {
-                match ppid(cur) {
-                    Some(pp) if pp == root => return true,
-                    Some(pp) if pp > 1 => cur = pp,
-                    _ => return false,
-                }
-            }
-            false
-        })
-        .collect()
-}
-
 #[test]
 fn crashed_engine_is_restarted_and_the_node_reconnects() {
     for mode in modes() {

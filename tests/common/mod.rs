@@ -533,3 +533,32 @@ pub fn wait_within(
     }
     child.wait().expect("wait")
 }
+
+/// Is `pid` alive (not gone, not a zombie)?
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| !s.contains(") Z ")).unwrap_or(false)
+}
+
+fn ppid(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Every process whose ancestry (up to 10 levels) reaches `root`.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let all: Vec<i32> =
+        std::fs::read_dir("/proc").expect("proc").filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    all.into_iter()
+        .filter(|p| {
+            let mut cur = *p;
+            for _ in 0..10 {
+                match ppid(cur) {
+                    Some(pp) if pp == root => return true,
+                    Some(pp) if pp > 1 => cur = pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
