@@ -137,8 +137,9 @@ pub struct Supervisor {
     reloading: bool,
     /// The outcome of the last SIGHUP, for `ctl status`.
     last_reload: Option<serde_json::Value>,
-    /// Held for the supervisor's lifetime: one `sealnode run` per state dir.
+    /// Held for the supervisor's lifetime: one `sealnode run` per state dir and runtime dir.
     _lock: nix::fcntl::Flock<std::fs::File>,
+    _runtime_lock: nix::fcntl::Flock<std::fs::File>,
     born: Instant,
 }
 
@@ -211,7 +212,10 @@ impl Supervisor {
 
         // One cell per state dir: a second `run` would rebind the control socket, wipe the
         // first one's scratch and share its generations (found by review).
-        let lock = lock_state(&cfg, &inv)?;
+        let lock = lock_dir(&cfg, &inv, "cell.state_dir", &cfg.cell.state_dir, 0o750)?;
+        // The runtime dir too: a second run with another state dir would take over the
+        // control socket (found by review).
+        let runtime_lock = lock_dir(&cfg, &inv, "cell.runtime_dir", &cfg.cell.runtime_dir, 0o755)?;
         let mut cell = build_cell(&cfg, &inv)?;
         let mut upstreams: Vec<Upstream> = std::mem::take(&mut cell.listeners)
             .into_iter()
@@ -279,6 +283,7 @@ impl Supervisor {
             reloading: false,
             last_reload: None,
             _lock: lock,
+            _runtime_lock: runtime_lock,
             born: Instant::now(),
         })
     }
@@ -780,11 +785,14 @@ impl Supervisor {
             }
             Ok(new) => {
                 // Fail before anything stops: both roles' plans (pins included) and a preflight
-                // of the new policies in this cell, while the old roles keep running.
+                // of the new policies, while the old roles keep running. The preflight runs in
+                // a throwaway cell of its own: in this one the running engine listens, and an
+                // engine allowed to connect would reach it and look like an escape (found by
+                // review).
                 let dry = Role::ALL
                     .iter()
                     .try_for_each(|r| Plan::build(&new, *r, &self.inv, None, None).map(drop))
-                    .and_then(|()| crate::canary::battery(&new, &self.inv, &Role::ALL, Some(&self.cell)))
+                    .and_then(|()| crate::canary::battery(&new, &self.inv, &Role::ALL, None))
                     .and_then(|rep| {
                         let escaped: Vec<String> = rep
                             .roles
@@ -1016,13 +1024,18 @@ impl Supervisor {
     }
 }
 
-/// Take `<state_dir>/lock` (through the state dir's descriptor), exclusively, for as long as
-/// this supervisor lives; refuse if another one holds it.
-fn lock_state(cfg: &Config, inv: &Invoker) -> Result<nix::fcntl::Flock<std::fs::File>> {
+/// Take `<dir>/lock` (through the dir's descriptor), exclusively, for as long as this
+/// supervisor lives; refuse if another one holds it.
+fn lock_dir(
+    cfg: &Config,
+    inv: &Invoker,
+    field: &str,
+    path: &std::path::Path,
+    mode: u32,
+) -> Result<nix::fcntl::Flock<std::fs::File>> {
     use nix::fcntl::{openat, Flock, FlockArg, OFlag};
-    let dir = crate::trusted::own_dir(&cfg.cell.state_dir, inv.uid, 0o750)
-        .map_err(|e| Error::config(&cfg.file, "cell.state_dir", e))?;
-    let shown = cfg.cell.state_dir.join("lock");
+    let dir = crate::trusted::own_dir(path, inv.uid, mode).map_err(|e| Error::config(&cfg.file, field, e))?;
+    let shown = path.join("lock");
     let fd = openat(
         &dir,
         "lock",
@@ -1034,9 +1047,9 @@ fn lock_state(cfg: &Config, inv: &Invoker) -> Result<nix::fcntl::Flock<std::fs::
         Ok(l) => Ok(l),
         Err((_, Errno::EWOULDBLOCK)) => Err(Error::config(
             &cfg.file,
-            "cell.state_dir",
+            field,
             format!(
-                "another `sealnode run` holds {} (one cell per state dir: stop it, or give this config its own state_dir and runtime_dir)",
+                "another `sealnode run` holds {} (one cell per state and runtime dir: stop it, or give this config its own state_dir and runtime_dir)",
                 shown.display()
             ),
         )),
@@ -1049,7 +1062,7 @@ fn lock_state(cfg: &Config, inv: &Invoker) -> Result<nix::fcntl::Flock<std::fs::
 fn cell_changes(old: &Config, new: &Config) -> Vec<String> {
     let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
     let mut changed = Vec::new();
-    let fields: [(&str, String, String); 6] = [
+    let fields: [(&str, String, String); 7] = [
         ("cell.hostname", d(&old.cell.hostname), d(&new.cell.hostname)),
         ("cell.state_dir", d(&old.cell.state_dir), d(&new.cell.state_dir)),
         ("cell.runtime_dir", d(&old.cell.runtime_dir), d(&new.cell.runtime_dir)),
@@ -1060,6 +1073,8 @@ fn cell_changes(old: &Config, new: &Config) -> Vec<String> {
             d(&(new.cell.egress_max_connections, new.cell.egress_idle_timeout_s)),
         ),
         ("node.egress", d(&old.node.egress), d(&new.node.egress)),
+        // The node's listener for the engine is the cell's (found by review: a new port passed).
+        ("engine.port", d(&old.engine.port), d(&new.engine.port)),
     ];
     for (name, a, b) in fields {
         if a != b {

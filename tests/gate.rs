@@ -743,3 +743,71 @@ fn a_recycle_cut_short_by_sigterm_is_answered() {
         );
     }
 }
+
+/// Found by review: the reload's dry-run preflight ran in the live cell, where the running
+/// engine listens; an engine allowed to connect (the Ollama shape) reached it, so every
+/// reload was refused as an escape. And a new engine.port was accepted although the node's
+/// listener for the engine belongs to the cell.
+#[test]
+fn reloads_with_a_connecting_engine_and_a_new_engine_port() {
+    for mode in modes() {
+        let mut f = cell(mode, "reload-connect", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let sc = std::fs::read_to_string(f.p("policy/engine.json")).expect("policy");
+        let sc =
+            sc.replacen("\"filter\": [", "\"filter\": [\n   {\"syscall\": \"connect\", \"comment\": \"test\"},", 1);
+        std::fs::write(f.p("policy/engine-connect.json"), sc).expect("write");
+        let ll = std::fs::read_to_string(f.p("policy/engine.toml")).expect("rules");
+        std::fs::write(f.p("policy/engine-connect.toml"), ll.replace("connect = []", "connect_any = true"))
+            .expect("write");
+        f.engine_policy = "engine-connect".into();
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        // Unchanged config: reloads.
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        assert!(
+            wait_until(Duration::from_secs(60), || Running::text(&run.out).matches("node-up").count() == 2),
+            "{mode:?}: the reload did not restart the roles: {}",
+            run.stderr()
+        );
+        assert_eq!(ctl(&f, "status")["reload"]["ok"], true, "{mode:?}: {}", run.stderr());
+        // A new engine port: refused, the cell keeps running.
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        std::fs::write(&f.config, text.replace("port = 18080", "port = 18081")).expect("edit");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.err_line(60, |l| l.contains("reload refused") && l.contains("engine.port"));
+        assert_eq!(ctl(&f, "status")["roles"][1]["state"], "running", "{mode:?}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
+/// Found by review: a second run with its own state dir but the same runtime dir took over
+/// the first one's control socket.
+#[test]
+fn one_cell_per_runtime_dir() {
+    for mode in modes() {
+        let f = cell(mode, "two-runtime", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let other = f.p("state2");
+        std::fs::create_dir(&other).expect("state2");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+        if mode == Mode::Rootless {
+            std::os::unix::fs::chown(&other, Some(NOBODY), Some(NOBODY)).expect("chown");
+        }
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        let second = f.p("second.toml");
+        let state = format!("state_dir = \"{}\"", f.p("state").display());
+        std::fs::write(&second, text.replace(&state, &format!("state_dir = \"{}\"", other.display()))).expect("write");
+        let cfg = second.display().to_string();
+        let o = f.command(&["run", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
+        assert!(err.contains("cell.runtime_dir") && err.contains("another `sealnode run` holds"), "{mode:?}: {err}");
+        assert!(ctl(&f, "status")["cell_pid"].is_i64(), "{mode:?}: the first cell lost its control socket");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
