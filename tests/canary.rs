@@ -386,6 +386,13 @@ fn matrix_shows_two_independent_layers() {
                 && !stops_in("engine_fastopen_egress", "engine", "host"),
             "{mode:?}: {tfo}"
         );
+        // The engine's own network namespace holds no egress forwarder (#13): the namespaces
+        // layer stops it reaching one, as seccomp and Landlock do.
+        assert!(
+            ["seccomp", "landlock", "namespaces"].iter().all(|l| stops_in("engine_to_egress", "engine", l)),
+            "{mode:?}: {}",
+            row_of("engine_to_egress", "engine")
+        );
         assert!(
             stops("socket_mptcp", "seccomp") && stops("socket_mptcp", "namespaces"),
             "{mode:?}: {}",

@@ -404,11 +404,16 @@ fn classify(role: Role, raw: &BTreeMap<String, Outcome>) -> RoleReport {
 struct Targets {
     _tcp: std::net::TcpListener,
     _abs: std::os::unix::net::UnixListener,
+    /// Host listeners where the engine's egress attempt aims (each egress forwarder's address,
+    /// else 127.0.0.2:port): in the host's network namespace (the matrix's baseline) they
+    /// answer, so the layer that stops the engine reaching them is visible, the namespaces'
+    /// included. Best effort: a port taken or privileged is left out.
+    _egress: Vec<std::net::TcpListener>,
     port: u16,
     name: String,
 }
 
-fn targets() -> Result<Targets> {
+fn targets(cfg: &Config) -> Result<Targets> {
     use std::os::linux::net::SocketAddrExt;
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("canary: host listener", e))?;
     let port = tcp.local_addr().map_err(|e| Error::io("canary: host listener", e))?.port();
@@ -420,7 +425,13 @@ fn targets() -> Result<Targets> {
         .map_err(|e| Error::io("canary: abstract name", e))?;
     let abs =
         std::os::unix::net::UnixListener::bind_addr(&addr).map_err(|e| Error::io("canary: abstract socket", e))?;
-    Ok(Targets { _tcp: tcp, _abs: abs, port, name })
+    let mut aims: Vec<String> =
+        cfg.node.egress.iter().enumerate().map(|(i, e)| format!("{}:{}", Config::egress_addr(i), e.port)).collect();
+    if aims.is_empty() {
+        aims.push(format!("127.0.0.2:{port}"));
+    }
+    let egress = aims.iter().filter_map(|a| std::net::TcpListener::bind(a.as_str()).ok()).collect();
+    Ok(Targets { _tcp: tcp, _abs: abs, _egress: egress, port, name })
 }
 
 fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers) -> Ctx {
@@ -571,7 +582,7 @@ fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
 /// Run the battery in each role's exact sandbox, inside `cell` (which `run` already built)
 /// or a fresh cell like `run` would build.
 pub fn battery(cfg: &Config, inv: &Invoker, roles: &[Role], cell: Option<&Cell>) -> Result<Report> {
-    let t = targets()?;
+    let t = targets(cfg)?;
     let owned;
     let cell = match cell {
         Some(c) => c,
@@ -638,7 +649,7 @@ fn credits(spec: &Spec, o: &Outcome, base: &Outcome) -> bool {
 /// Re-run the battery with one layer at a time (standalone sandboxes) and record which
 /// attempts each layer stops on its own.
 pub fn matrix(cfg: &Config, inv: &Invoker, roles: &[Role]) -> Result<Matrix> {
-    let t = targets()?;
+    let t = targets(cfg)?;
     let mut rows = Vec::new();
     for role in roles {
         let base = run_battery(cfg, *role, inv, None, Layers::NONE, &t)?;
