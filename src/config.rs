@@ -824,39 +824,8 @@ impl Config {
     /// the launcher (or root) and writable by nobody else. Otherwise another local user could
     /// swap files (or a symlink for the control socket) under sealnode's feet.
     fn check_own_dir(&self, field: &str, dir: &Path, inv: &Invoker) -> Result<()> {
-        let md = match crate::sys::open_path_no_symlinks(dir) {
-            Ok(fd) => {
-                std::fs::File::from(fd).metadata().map_err(|e| self.err(field, format!("{}: {e}", dir.display())))?
-            }
-            Err(nix::errno::Errno::ENOENT) => return Ok(()), // created by sealnode with safe modes
-            Err(nix::errno::Errno::ELOOP) => {
-                return Err(
-                    self.err(field, format!("{} is reached through a symlink; name the real path", dir.display()))
-                )
-            }
-            Err(e) => return Err(self.err(field, format!("{}: {}", dir.display(), e.desc()))),
-        };
-        if !md.is_dir() {
-            return Err(self.err(field, format!("{} is not a directory", dir.display())));
-        }
-        if md.uid() != inv.uid && md.uid() != 0 {
-            return Err(self.err(
-                field,
-                format!(
-                    "{} is owned by uid {}; it must belong to sealnode's user (uid {}) or root",
-                    dir.display(),
-                    md.uid(),
-                    inv.uid
-                ),
-            ));
-        }
-        if md.mode() & 0o022 != 0 {
-            return Err(self.err(
-                field,
-                format!("{} is writable by group or others (mode {:o}); chmod go-w", dir.display(), md.mode() & 0o7777),
-            ));
-        }
-        Ok(())
+        // The same walk and checks `run` does when it opens the dir (trusted::own_dir).
+        crate::trusted::check_own_dir(dir, inv.uid).map_err(|e| self.err(field, e))
     }
 
     /// Stat a path, refusing symlinks in any component.

@@ -236,14 +236,18 @@ pub fn path(cfg: &Config) -> PathBuf {
     cfg.cell.state_dir.join(FILE)
 }
 
-/// Build and write the receipt for a start whose preflight produced `canary`. `programs`:
-/// role name -> sha256 of the sealed copy each pinned role will run (what was verified).
-pub fn write(cfg: &Config, inv: &Invoker, canary: &Report, programs: &BTreeMap<String, String>) -> Result<Receipt> {
+/// Build and write the receipt for a start whose preflight produced `canary`, through `dir`,
+/// the state dir's descriptor (opened and checked once, by the supervisor: trusted::own_dir).
+/// `programs`: role name -> sha256 of the sealed copy each pinned role will run (what was
+/// verified).
+pub fn write(
+    cfg: &Config,
+    inv: &Invoker,
+    dir: &std::os::fd::OwnedFd,
+    canary: &Report,
+    programs: &BTreeMap<String, String>,
+) -> Result<Receipt> {
     let state = &cfg.cell.state_dir;
-    // sealnode's own dir: created 0750 if missing, checked on its descriptor; the receipt and
-    // the counter are written through that descriptor only.
-    let dir =
-        crate::trusted::own_dir(state, inv.uid, 0o750).map_err(|e| Error::config(&cfg.file, "cell.state_dir", e))?;
     let (sealnode, config, mut roles) = current_digests(cfg)?;
     for (role, digest) in programs {
         if let Some(r) = roles.get_mut(role) {
@@ -253,7 +257,7 @@ pub fn write(cfg: &Config, inv: &Invoker, canary: &Report, programs: &BTreeMap<S
     let report = serde_json::to_vec(canary).map_err(|e| Error::io("canary report", std::io::Error::other(e)))?;
     let receipt = Receipt {
         schema: SCHEMA,
-        generation: next_generation(&dir, state)?,
+        generation: next_generation(dir, state)?,
         started_at: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -280,7 +284,7 @@ pub fn write(cfg: &Config, inv: &Invoker, canary: &Report, programs: &BTreeMap<S
     };
     let mut bytes = serde_json::to_vec_pretty(&receipt).map_err(|e| Error::io("receipt", std::io::Error::other(e)))?;
     bytes.push(b'\n');
-    write_atomic_at(&dir, FILE, &bytes, 0o640, &path(cfg))?;
+    write_atomic_at(dir, FILE, &bytes, 0o640, &path(cfg))?;
     Ok(receipt)
 }
 

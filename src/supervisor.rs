@@ -140,6 +140,8 @@ pub struct Supervisor {
     /// Held for the supervisor's lifetime: one `sealnode run` per state dir and runtime dir.
     _lock: nix::fcntl::Flock<std::fs::File>,
     _runtime_lock: nix::fcntl::Flock<std::fs::File>,
+    /// The state dir, opened and checked once: receipts and the counter are written through it.
+    state_dir: OwnedFd,
     born: Instant,
 }
 
@@ -212,10 +214,12 @@ impl Supervisor {
 
         // One cell per state dir: a second `run` would rebind the control socket, wipe the
         // first one's scratch and share its generations (found by review).
-        let lock = lock_dir(&cfg, &inv, "cell.state_dir", &cfg.cell.state_dir, 0o750)?;
+        // Both dirs are opened (and checked) once, here; the receipt, the counter and the
+        // control socket are made through these descriptors for the supervisor's lifetime.
+        let (state_dir, lock) = lock_dir(&cfg, &inv, "cell.state_dir", &cfg.cell.state_dir, 0o750)?;
         // The runtime dir too: a second run with another state dir would take over the
         // control socket (found by review).
-        let runtime_lock = lock_dir(&cfg, &inv, "cell.runtime_dir", &cfg.cell.runtime_dir, 0o755)?;
+        let (runtime_dir, runtime_lock) = lock_dir(&cfg, &inv, "cell.runtime_dir", &cfg.cell.runtime_dir, 0o755)?;
         let mut cell = build_cell(&cfg, &inv)?;
         let mut upstreams: Vec<Upstream> = std::mem::take(&mut cell.listeners)
             .into_iter()
@@ -246,7 +250,7 @@ impl Supervisor {
         let mut usec = 0;
         let watchdog =
             sd_notify::watchdog_enabled(false, &mut usec).then(|| (Duration::from_micros(usec / 2), Instant::now()));
-        let control = open_control(&cfg, &inv)?;
+        let control = open_control(&cfg, &runtime_dir)?;
         epoll
             .add(control.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_CONTROL))
             .map_err(|e| Error::errno("epoll_ctl (control)", e))?;
@@ -284,6 +288,7 @@ impl Supervisor {
             last_reload: None,
             _lock: lock,
             _runtime_lock: runtime_lock,
+            state_dir,
             born: Instant::now(),
         })
     }
@@ -431,7 +436,7 @@ impl Supervisor {
         let attempts: usize = fresh.roles.iter().map(|r| r.attempts.len()).sum();
         let programs =
             plans.iter().filter_map(|(r, p)| Some((r.name().to_string(), p.program_sha256.clone()?))).collect();
-        let written = crate::receipt::write(&self.cfg, &self.inv, &report, &programs);
+        let written = crate::receipt::write(&self.cfg, &self.inv, &self.state_dir, &report, &programs);
         self.report = Some(report);
         match written {
             Ok(r) => {
@@ -1024,15 +1029,16 @@ impl Supervisor {
     }
 }
 
-/// Take `<dir>/lock` (through the dir's descriptor), exclusively, for as long as this
-/// supervisor lives; refuse if another one holds it.
+/// Open sealnode's own dir `path` (trusted::own_dir) and take its `lock` exclusively, for as
+/// long as this supervisor lives; refuse if another one holds it. Returns the dir's descriptor
+/// and the lock.
 fn lock_dir(
     cfg: &Config,
     inv: &Invoker,
     field: &str,
     path: &std::path::Path,
     mode: u32,
-) -> Result<nix::fcntl::Flock<std::fs::File>> {
+) -> Result<(OwnedFd, nix::fcntl::Flock<std::fs::File>)> {
     use nix::fcntl::{openat, Flock, FlockArg, OFlag};
     let dir = crate::trusted::own_dir(path, inv.uid, mode).map_err(|e| Error::config(&cfg.file, field, e))?;
     let shown = path.join("lock");
@@ -1044,7 +1050,7 @@ fn lock_dir(
     )
     .map_err(|e| Error::errno(format!("open {}", shown.display()), e))?;
     match Flock::lock(std::fs::File::from(fd), FlockArg::LockExclusiveNonblock) {
-        Ok(l) => Ok(l),
+        Ok(l) => Ok((dir, l)),
         Err((_, Errno::EWOULDBLOCK)) => Err(Error::config(
             &cfg.file,
             field,
@@ -1088,11 +1094,9 @@ fn cell_changes(old: &Config, new: &Config) -> Vec<String> {
 /// sealnode's own runtime dir, through its descriptor: created 0755 if missing, checked with
 /// fstat, the old socket removed and the new one bound with no path lookup an other user
 /// could redirect.
-fn open_control(cfg: &Config, inv: &Invoker) -> Result<std::os::unix::net::UnixListener> {
-    let dir = crate::trusted::own_dir(&cfg.cell.runtime_dir, inv.uid, 0o755)
-        .map_err(|e| Error::config(&cfg.file, "cell.runtime_dir", e))?;
+fn open_control(cfg: &Config, dir: &OwnedFd) -> Result<std::os::unix::net::UnixListener> {
     let path = crate::control::socket_path(cfg);
-    match nix::unistd::unlinkat(&dir, crate::control::SOCKET, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+    match nix::unistd::unlinkat(dir, crate::control::SOCKET, nix::unistd::UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => {}
         Err(e) => return Err(Error::errno(format!("remove the old {}", path.display()), e)),
     }

@@ -65,20 +65,25 @@ pub fn read(path: &Path, launcher_uid: u32) -> std::result::Result<TrustedFile, 
     Ok(TrustedFile { sha256: hex::encode(sha2::Sha256::digest(&bytes)), bytes })
 }
 
-/// The checked walk: returns the file's descriptor once every component passed.
-pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, String> {
+/// The components of an absolute path with no `.` or `..` (a lexical check on such a path
+/// says what the walk will reach).
+fn components(path: &Path) -> std::result::Result<Vec<&std::ffi::OsStr>, String> {
     if !path.is_absolute() {
         return Err(format!("{} is not an absolute path", path.display()));
     }
-    let names: Vec<&std::ffi::OsStr> = path
-        .components()
+    path.components()
         .filter_map(|c| match c {
             Component::Normal(n) => Some(Ok(n)),
             Component::RootDir => None,
             _ => Some(Err(())),
         })
         .collect::<std::result::Result<_, ()>>()
-        .map_err(|()| format!("{}: '.' and '..' are not allowed in a trusted path", path.display()))?;
+        .map_err(|()| format!("{}: '.' and '..' are not allowed in a trusted path", path.display()))
+}
+
+/// The checked walk: returns the file's descriptor once every component passed.
+pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, String> {
+    let names = components(path)?;
     let Some((file, dirs)) = names.split_last() else {
         return Err(format!("{} names no file", path.display()));
     };
@@ -129,17 +134,19 @@ pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, Stri
 /// launcher or root and be writable by nobody else. Every file sealnode keeps in it is then
 /// created and replaced with `*at` calls on the returned descriptor.
 pub fn own_dir(path: &Path, launcher_uid: u32, mode: u32) -> std::result::Result<OwnedFd, String> {
-    if !path.is_absolute() {
-        return Err(format!("{} is not an absolute path", path.display()));
-    }
-    let mut names = Vec::new();
-    for c in path.components() {
-        match c {
-            Component::Normal(n) => names.push(n),
-            Component::RootDir => {}
-            _ => return Err(format!("{}: '.' and '..' are not allowed here", path.display())),
-        }
-    }
+    walk_own_dir(path, launcher_uid, Some(mode))?.ok_or_else(|| format!("{} could not be created", path.display()))
+}
+
+/// The same checks as [`own_dir`] without creating anything (the config's load-time check):
+/// a dir that does not exist yet passes, since sealnode creates it with a safe mode.
+pub fn check_own_dir(path: &Path, launcher_uid: u32) -> std::result::Result<(), String> {
+    walk_own_dir(path, launcher_uid, None).map(drop)
+}
+
+/// The walk behind [`own_dir`] and [`check_own_dir`]: with `create`, missing components are
+/// made (the last with that mode); without, a missing component ends the walk with `None`.
+fn walk_own_dir(path: &Path, launcher_uid: u32, create: Option<u32>) -> std::result::Result<Option<OwnedFd>, String> {
+    let names = components(path)?;
     let walk = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let mut here = std::path::PathBuf::from("/");
     let mut dir = nix::fcntl::open("/", walk, Mode::empty()).map_err(|e| format!("open /: {e}"))?;
@@ -147,16 +154,20 @@ pub fn own_dir(path: &Path, launcher_uid: u32, mode: u32) -> std::result::Result
     for (i, name) in names.iter().enumerate() {
         check_dir(&dir, &here, launcher_uid)?;
         here.push(name);
-        let want = if i == last { mode } else { 0o755 };
-        match nix::sys::stat::mkdirat(&dir, *name, Mode::from_bits_truncate(want)) {
-            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-            Err(e) => {
-                return Err(format!("create {}: {}", here.display(), std::io::Error::from_raw_os_error(e as i32)))
+        if let Some(mode) = create {
+            let want = if i == last { mode } else { 0o755 };
+            match nix::sys::stat::mkdirat(&dir, *name, Mode::from_bits_truncate(want)) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                Err(e) => {
+                    return Err(format!("create {}: {}", here.display(), std::io::Error::from_raw_os_error(e as i32)))
+                }
             }
         }
-        let flags =
-            if i == last { OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC } else { walk };
-        dir = openat(&dir, *name, flags, Mode::empty()).map_err(|e| component_error(&here, e))?;
+        dir = match openat(&dir, *name, walk, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) if create.is_none() => return Ok(None),
+            Err(e) => return Err(component_error(&here, e)),
+        };
     }
     let st = fstat(&dir).map_err(|e| format!("fstat {}: {e}", here.display()))?;
     if !trusted_owner(st.st_uid, launcher_uid) {
@@ -174,7 +185,13 @@ pub fn own_dir(path: &Path, launcher_uid: u32, mode: u32) -> std::result::Result
             here.display()
         ));
     }
-    Ok(dir)
+    match create {
+        // A descriptor the caller can fsync and create files through: the checked dir itself.
+        Some(_) => openat(&dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+            .map(Some)
+            .map_err(|e| format!("open {}: {}", here.display(), std::io::Error::from_raw_os_error(e as i32))),
+        None => Ok(Some(dir)),
+    }
 }
 
 fn check_dir(fd: &impl AsFd, here: &Path, launcher_uid: u32) -> std::result::Result<(), String> {

@@ -422,19 +422,16 @@ fn the_pin_runs_what_it_hashed() {
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     for mode in modes() {
         let mut f = cell(mode, "pin-race", HTTPD, "echo node-up; exec sleep 1000", "", "");
-        std::fs::create_dir(f.p("engine-bin")).expect("dir");
         let prog = f.p("engine-bin/busybox");
         let good = std::fs::read("/usr/bin/busybox").expect("busybox");
         // The "evil" program: /bin/echo, which prints its arguments instead of serving.
         let evil = std::fs::read("/bin/echo").expect("echo");
-        use sha2::Digest;
-        let pin = hex::encode(sha2::Sha256::digest(&good));
-        f.engine_cmd = "[\"/opt/engine/busybox\", \"sh\", \"-c\", \"echo ENGINE-GOOD; exec /opt/engine/busybox httpd -f -p 127.0.0.1:18080 -h /models\"]".into();
-        f.engine_extra = format!(
-            "ro_binds = [{{ src = \"{}\", dst = \"/opt/engine\" }}]\nsha256 = \"{pin}\"",
-            f.p("engine-bin").display()
+        pinned_engine_running(
+            &mut f,
+            &good,
+            &sha256_hex(&good),
+            "[\"/opt/engine/busybox\", \"sh\", \"-c\", \"echo ENGINE-GOOD; exec /opt/engine/busybox httpd -f -p 127.0.0.1:18080 -h /models\"]",
         );
-        f.write_config();
         let mut outcomes = std::collections::BTreeMap::new();
         for _ in 0..4 {
             std::fs::write(&prog, &good).expect("good");
@@ -490,19 +487,9 @@ fn a_pin_on_a_writable_file_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     for mode in modes() {
         let mut f = cell(mode, "pin-writable", HTTPD, "exec sleep 1000", "", "");
-        std::fs::create_dir(f.p("engine-bin")).expect("dir");
-        let prog = f.p("engine-bin/busybox");
-        std::fs::copy("/usr/bin/busybox", &prog).expect("copy");
-        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        use sha2::Digest;
-        let pin = hex::encode(sha2::Sha256::digest(std::fs::read(&prog).expect("read")));
-        f.engine_cmd =
-            "[\"/opt/engine/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
-        f.engine_extra = format!(
-            "ro_binds = [{{ src = \"{}\", dst = \"/opt/engine\" }}]\nsha256 = \"{pin}\"",
-            f.p("engine-bin").display()
-        );
-        f.write_config();
+        let good = std::fs::read("/usr/bin/busybox").expect("busybox");
+        pinned_engine(&mut f, &good, &sha256_hex(&good));
+        std::fs::set_permissions(f.p("engine-bin/busybox"), std::fs::Permissions::from_mode(0o777)).expect("chmod");
         let (code, err) = run_once(&f);
         assert_eq!(code, Some(125), "{mode:?}: {err}");
         assert!(
@@ -555,14 +542,24 @@ fn the_restart_limit_stops_the_cell_with_its_own_code() {
     }
 }
 
+/// The engine: `contents` as /opt/engine/busybox (a dir the test owns), pinned to `pin`.
 fn pinned_engine(f: &mut Fixture, contents: &[u8], pin: &str) {
+    pinned_engine_running(
+        f,
+        contents,
+        pin,
+        "[\"/opt/engine/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]",
+    );
+}
+
+/// The same, with the engine's command line `cmd` (a TOML array).
+fn pinned_engine_running(f: &mut Fixture, contents: &[u8], pin: &str, cmd: &str) {
     std::fs::create_dir_all(f.p("engine-bin")).expect("dir");
     let prog = f.p("engine-bin/busybox");
     std::fs::write(&prog, contents).expect("write");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    f.engine_cmd =
-        "[\"/opt/engine/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
+    f.engine_cmd = cmd.into();
     f.engine_extra = format!(
         "ro_binds = [{{ src = \"{}\", dst = \"/opt/engine\" }}]\nsha256 = \"{pin}\"",
         f.p("engine-bin").display()
@@ -752,15 +749,7 @@ fn a_recycle_cut_short_by_sigterm_is_answered() {
 fn reloads_with_a_connecting_engine_and_a_new_engine_port() {
     for mode in modes() {
         let mut f = cell(mode, "reload-connect", HTTPD, "echo node-up; exec sleep 1000", "", "");
-        let sc = std::fs::read_to_string(f.p("policy/engine.json")).expect("policy");
-        let sc =
-            sc.replacen("\"filter\": [", "\"filter\": [\n   {\"syscall\": \"connect\", \"comment\": \"test\"},", 1);
-        std::fs::write(f.p("policy/engine-connect.json"), sc).expect("write");
-        let ll = std::fs::read_to_string(f.p("policy/engine.toml")).expect("rules");
-        std::fs::write(f.p("policy/engine-connect.toml"), ll.replace("connect = []", "connect_any = true"))
-            .expect("write");
-        f.engine_policy = "engine-connect".into();
-        f.write_config();
+        f.use_engine_policy_allowing_connect();
         let run = start(&f, &[]);
         run.out_line(60, |l| l == "node-up");
         // Unchanged config: reloads.

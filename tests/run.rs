@@ -633,20 +633,7 @@ fn each_role_has_its_own_network() {
         );
         // A test engine policy that lets it connect anywhere and listen on any port: the
         // namespace is what stops it.
-        let sc = std::fs::read_to_string(f.p("policy/engine.json")).expect("policy");
-        let sc = sc.replacen(
-            "\"filter\": [",
-            "\"filter\": [\n   {\"syscall\": \"connect\", \"comment\": \"test: connect allowed\"},",
-            1,
-        );
-        std::fs::write(f.p("policy/engine-connect.json"), sc).expect("write");
-        let ll = std::fs::read_to_string(f.p("policy/engine.toml")).expect("rules");
-        // Ollama-like: it may also listen on any port (a runner's).
-        let ll =
-            ll.replace("connect = []", "connect_any = true").replace("bind = [\"@engine_port\"]", "bind_any = true");
-        std::fs::write(f.p("policy/engine-connect.toml"), ll).expect("write");
-        f.engine_policy = "engine-connect".into();
-        f.write_config();
+        f.use_engine_policy_allowing_connect();
         let run = start(&f, &[]);
         let e = report(&run.line(60, |l| l.contains("\"ENGINE_ONLY\"")));
         let n = report(&run.line(60, |l| l.contains("\"FRUTEBOX_ENGINE\"")));

@@ -562,3 +562,24 @@ pub fn descendants(root: i32) -> Vec<i32> {
         })
         .collect()
 }
+
+impl Fixture {
+    /// Run the engine under a test policy that lets it connect anywhere and listen on any port
+    /// (Ollama-like: the shipped engine policy plus `connect` in the filter, and `connect_any`
+    /// and `bind_any` in the Landlock rules): its own network namespace is then what confines it.
+    pub fn use_engine_policy_allowing_connect(&mut self) {
+        let sc = std::fs::read_to_string(self.p("policy/engine.json")).expect("policy");
+        let sc = sc.replacen(
+            "\"filter\": [",
+            "\"filter\": [\n   {\"syscall\": \"connect\", \"comment\": \"test: connect allowed\"},",
+            1,
+        );
+        write(&self.p("policy/engine-connect.json"), &sc, 0o644, None);
+        let ll = std::fs::read_to_string(self.p("policy/engine.toml")).expect("rules");
+        let ll =
+            ll.replace("connect = []", "connect_any = true").replace("bind = [\"@engine_port\"]", "bind_any = true");
+        write(&self.p("policy/engine-connect.toml"), &ll, 0o644, None);
+        self.engine_policy = "engine-connect".into();
+        self.write_config();
+    }
+}
