@@ -16,3 +16,4 @@ taskset -c "${SEALNODE_BENCH_CPU:-1}" ./engine-hop.sh | sed 's/^### node -> engi
 echo
 ./footprint.sh
 ./inference.sh
+./job.sh
