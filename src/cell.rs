@@ -5,12 +5,13 @@
 //! brings `lo` up there and binds, in it, one listener per egress upstream on a cell-local
 //! address and one on `127.0.0.1:<engine.port>` (binding port 443 is fine: it is privileged in
 //! the cell's user namespace). Then it creates the **engine's** network namespace (unshare) and
-//! brings its `lo` up. It hands the listeners and both namespaces to the supervisor over a
-//! socketpair (SCM_RIGHTS; a socket stays in the netns it was created in), confines itself, and
-//! then serves as a socket factory: each request byte gets back a fresh TCP socket created in
-//! the engine's namespace, which the supervisor uses to probe the engine's readiness and to
-//! forward the node's connections to the engine's port (that port only). This works rootless,
-//! where the supervisor itself cannot enter the cell. The supervisor keeps fds of all three
+//! brings its `lo` up. It confines itself, then hands the listeners and both namespaces to the
+//! supervisor over a socketpair (SCM_RIGHTS; a socket stays in the netns it was created in),
+//! so a start never proceeds with an unconfined cell init. Then it serves as a socket factory:
+//! each request byte gets back a fresh TCP socket created in the engine's namespace, which
+//! the supervisor uses to probe the engine's readiness and to forward the node's connections
+//! to the engine's port (that port only). This works rootless, where the supervisor itself
+//! cannot enter the cell. The supervisor keeps fds of all three
 //! namespaces, so they outlive any role restart.
 
 use std::io::{IoSlice, IoSliceMut};
@@ -28,23 +29,52 @@ use nix::sys::socket::{
 use nix::sys::wait::waitpid;
 use nix::unistd::{pipe2, Pid};
 
-use crate::config::Ids;
+use crate::config::{Config, Ids, Invoker, Role};
 use crate::error::{Error, Result};
-use crate::sandbox::caps;
-use crate::sandbox::stage::Record;
+use crate::sandbox::protocol::{must, Failure, Frame, Reap, Step as _};
+use crate::sandbox::{caps, idmap, namespaces};
 use crate::{policy, sys};
 
-/// Steps of the cell init, for its failure record.
-const STEPS: [&str; 8] = [
-    "die_with_parent",
-    "wait_for_id_maps",
-    "loopback_up",
-    "egress_listen",
-    "send_listeners",
-    "confine",
-    "engine_listen",
-    "engine_netns",
-];
+/// The cell init's setup steps, in order ([`cell_main`]); a failure names one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    DieWithParent,
+    CloseInheritedFds,
+    WaitForIdMaps,
+    LoopbackUp,
+    EgressListen,
+    EngineListen,
+    EngineNetns,
+    Confine,
+    SendListeners,
+}
+
+impl crate::sandbox::protocol::Step for Step {
+    const ALL: &'static [Step] = &[
+        Step::DieWithParent,
+        Step::CloseInheritedFds,
+        Step::WaitForIdMaps,
+        Step::LoopbackUp,
+        Step::EgressListen,
+        Step::EngineListen,
+        Step::EngineNetns,
+        Step::Confine,
+        Step::SendListeners,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            Step::DieWithParent => "die_with_parent",
+            Step::CloseInheritedFds => "close_inherited_fds",
+            Step::WaitForIdMaps => "wait_for_id_maps",
+            Step::LoopbackUp => "loopback_up",
+            Step::EgressListen => "egress_listen",
+            Step::EngineListen => "engine_listen",
+            Step::EngineNetns => "engine_netns",
+            Step::Confine => "confine",
+            Step::SendListeners => "send_listeners",
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct Cell {
@@ -72,18 +102,6 @@ pub enum Net {
     Node,
 }
 
-fn fail(ctl: RawFd, step: usize, item: usize, e: Errno) -> ! {
-    let rec = Record { stage: step as u32, item: item as u32, errno: e as i32 };
-    let mut msg = vec![1u8];
-    msg.extend_from_slice(&rec.encode());
-    let _ = sys::write_all(ctl, &msg);
-    sys::exit_now(125)
-}
-
-fn must<T>(ctl: RawFd, step: usize, item: usize, r: std::result::Result<T, Errno>) -> T {
-    r.unwrap_or_else(|e| fail(ctl, step, item, e))
-}
-
 fn listener(addr: Ipv4Addr, port: u16) -> std::result::Result<OwnedFd, Errno> {
     let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)?;
     setsockopt(&fd, sockopt::ReuseAddr, &true)?;
@@ -93,42 +111,63 @@ fn listener(addr: Ipv4Addr, port: u16) -> std::result::Result<OwnedFd, Errno> {
 }
 
 /// The cell init, in the new user namespace and the node's network namespace. Never returns.
+/// One step per line; a failure goes to the supervisor as a frame on `ctl`.
 fn cell_main(sync: RawFd, ctl: RawFd, egress: &[(Ipv4Addr, u16)], engine_port: Option<u16>, abi: u8) -> ! {
-    must(ctl, 0, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
-    let mut b = [0u8; 1];
-    if !matches!(sys::read_retry(sync, &mut b), Ok(1)) {
-        fail(ctl, 1, 0, Errno::EPIPE);
-    }
-    must(ctl, 2, 0, sys::loopback_up());
+    // First: if the supervisor dies from here on, so does the cell (and both namespaces).
+    must(ctl, Step::DieWithParent, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
+    // Nothing of the supervisor's but these two may live in the cell.
+    must(ctl, Step::CloseInheritedFds, 0, sys::close_all_except(&[sync, ctl]));
+    // Binding and unsharing need our ids mapped: the supervisor writes the maps, then one byte.
+    must(ctl, Step::WaitForIdMaps, 0, wait_byte(sync));
+    // The node's loopback, which its egress listeners and the engine-port listener live on.
+    must(ctl, Step::LoopbackUp, 0, sys::loopback_up());
+    // One listener per egress upstream, before anything could take its address.
     let mut fds: Vec<OwnedFd> =
-        egress.iter().enumerate().map(|(i, (a, p))| must(ctl, 3, i, listener(*a, *p))).collect();
+        egress.iter().enumerate().map(|(i, (a, p))| must(ctl, Step::EgressListen, i, listener(*a, *p))).collect();
+    // The node's way to the engine: its 127.0.0.1:<engine.port>, forwarded by the supervisor.
     if let Some(port) = engine_port {
-        fds.push(must(ctl, 6, 0, listener(Ipv4Addr::LOCALHOST, port)));
+        fds.push(must(ctl, Step::EngineListen, 0, listener(Ipv4Addr::LOCALHOST, port)));
     }
-    let ns = |step| {
-        must(
-            ctl,
-            step,
-            0,
-            nix::fcntl::open("/proc/self/ns/net", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()),
-        )
-    };
-    let node_ns = ns(7);
+    // Held before leaving it: the node's namespace, for the supervisor to clone the node into.
+    fds.push(must(ctl, Step::EngineNetns, 0, open_netns()));
     // The engine's namespace: from here on the init (and every socket it makes) is in it.
-    must(ctl, 7, 1, nix::sched::unshare(CloneFlags::CLONE_NEWNET));
-    must(ctl, 7, 2, sys::loopback_up());
-    let engine_ns = ns(7);
-    fds.push(node_ns);
-    fds.push(engine_ns);
+    must(ctl, Step::EngineNetns, 1, nix::sched::unshare(CloneFlags::CLONE_NEWNET));
+    must(ctl, Step::EngineNetns, 2, sys::loopback_up());
+    fds.push(must(ctl, Step::EngineNetns, 3, open_netns()));
+    // Confined before anything is handed out: nothing but socket creation is left to it.
+    must(ctl, Step::Confine, 0, caps::drop_all());
+    must(ctl, Step::Confine, 1, sys::prctl(libc::PR_SET_DUMPABLE, 0));
+    must(ctl, Step::Confine, 2, policy::landlock::deny_all(abi).map_err(|_| Errno::EPERM));
+    // Last: the listeners and both namespaces, with an Ok frame, as one message.
+    must(ctl, Step::SendListeners, 0, send_fds(ctl, Frame::Ok(fds.len() as u32), &fds));
+    drop(fds);
+    serve_sockets(ctl)
+}
+
+fn wait_byte(sync: RawFd) -> std::result::Result<(), Errno> {
+    let mut b = [0u8; 1];
+    match sys::read_retry(sync, &mut b)? {
+        1 => Ok(()),
+        _ => Err(Errno::EPIPE),
+    }
+}
+
+fn open_netns() -> std::result::Result<OwnedFd, Errno> {
+    nix::fcntl::open("/proc/self/ns/net", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+}
+
+fn send_fds(ctl: RawFd, frame: Frame, fds: &[OwnedFd]) -> std::result::Result<(), Errno> {
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let cmsg = [ControlMessage::ScmRights(&raw)];
-    let iov = [IoSlice::new(&[0u8])];
-    must(ctl, 4, 0, sendmsg::<()>(ctl, &iov, &cmsg, MsgFlags::empty(), None));
-    drop(fds);
-    // Nothing but socket creation from here: no capabilities, no files, not dumpable.
-    must(ctl, 5, 0, caps::drop_all());
-    must(ctl, 5, 1, sys::prctl(libc::PR_SET_DUMPABLE, 0));
-    must(ctl, 5, 2, policy::landlock::deny_all(abi).map_err(|_| Errno::EPERM));
+    let bytes = frame.encode();
+    let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+    sendmsg::<()>(ctl, &[IoSlice::new(&bytes)], cmsgs, MsgFlags::empty(), None).map(drop)
+}
+
+/// The cell init's life after setup: each request byte gets back a fresh TCP socket made in
+/// the engine's namespace (an `Ok` frame with the fd), or a failure frame. Exits when the
+/// supervisor's end closes.
+fn serve_sockets(ctl: RawFd) -> ! {
     loop {
         let mut req = [0u8; 1];
         match nix::sys::socket::recv(ctl, &mut req, MsgFlags::empty()) {
@@ -136,15 +175,12 @@ fn cell_main(sync: RawFd, ctl: RawFd, egress: &[(Ipv4Addr, u16)], engine_port: O
             Err(Errno::EINTR) => continue,
             _ => sys::exit_now(0),
         }
-        let sock =
-            socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None);
-        let sent = match &sock {
-            Ok(s) => {
-                let fds = [s.as_raw_fd()];
-                sendmsg::<()>(ctl, &[IoSlice::new(&[0u8])], &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None)
-            }
-            Err(_) => sendmsg::<()>(ctl, &[IoSlice::new(&[1u8])], &[], MsgFlags::empty(), None),
-        };
+        let sent =
+            match socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)
+            {
+                Ok(s) => send_fds(ctl, Frame::Ok(1), &[s]),
+                Err(e) => send_fds(ctl, Frame::Failed { step: 0, item: 0, errno: e as i32 }, &[]),
+            };
         if sent.is_err() {
             sys::exit_now(0);
         }
@@ -171,6 +207,17 @@ fn recv_with_fds(ctl: RawFd, max_fds: usize) -> std::result::Result<(Vec<u8>, Ve
 }
 
 impl Cell {
+    /// The cell `run` and the canary use for `cfg`: both roles' ids mapped, one listener per
+    /// node egress upstream, the engine-port listener when the engine has a port.
+    pub fn for_config(cfg: &Config, inv: &Invoker) -> Result<Cell> {
+        let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, inv)).collect::<Result<_>>()?;
+        let egress: Vec<(Ipv4Addr, u16)> =
+            cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
+        let (_, ll) = cfg.policy_files(Role::Node)?;
+        let abi = policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.node.landlock)?.min_abi;
+        Cell::create(&ids, inv.rootful(), &egress, cfg.engine.port.map(|p| p as u16), abi)
+    }
+
     /// Create the cell. `ids` are the host ids mapped 1:1 into its user namespace (both roles'
     /// when rootful, the invoking user's when rootless). `engine_port`: the port the node
     /// reaches the engine on (forwarded), if the engine has one.
@@ -186,80 +233,47 @@ impl Cell {
         let (sync_r, sync_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
         // SAFETY: the supervisor is single-threaded.
         let pid = unsafe { sys::clone_fork(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) }.map_err(|e| {
-            let (what, fix) = crate::doctor::explain_userns_failure(e);
+            let (what, fix) = namespaces::explain_userns_failure(e);
             Error::Unsupported { what, fix }
         })?;
         if pid == 0 {
             drop(sup);
             drop(sync_w);
-            let keep = [sync_r.as_raw_fd(), child.as_raw_fd()];
-            if let Err(e) = sys::close_all_except(&keep) {
-                fail(child.as_raw_fd(), 0, 1, e);
-            }
             cell_main(sync_r.as_raw_fd(), child.as_raw_fd(), egress, engine_port, landlock_abi);
         }
         drop(child);
         drop(sync_r);
         let pid = Pid::from_raw(pid);
-        let abort = |e: Error| {
-            let _ = kill(pid, Signal::SIGKILL);
-            let _ = waitpid(pid, None);
-            e
-        };
+        let reap = Reap(pid);
         // Hold the namespaces now: once the cell init confines itself (not dumpable) its
         // /proc/PID/ns entries are closed to a rootless supervisor.
-        let ns = |n: &str| {
-            nix::fcntl::open(
-                format!("/proc/{pid}/ns/{n}").as_str(),
-                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::empty(),
-            )
-            .map_err(|e| Error::errno(format!("open /proc/{pid}/ns/{n}"), e))
-        };
-        let userns = ns("user").map_err(abort)?;
-        let mut uids: Vec<u32> = ids.iter().map(|i| i.uid).collect();
-        let mut gids: Vec<u32> = ids.iter().map(|i| i.gid).collect();
-        uids.sort_unstable();
-        uids.dedup();
-        gids.sort_unstable();
-        gids.dedup();
-        let map = |v: &[u32]| v.iter().map(|i| format!("{i} {i} 1\n")).collect::<String>();
-        let dir = format!("/proc/{pid}");
-        let w = |name: &str, data: String| {
-            std::fs::write(format!("{dir}/{name}"), data.as_bytes())
-                .map_err(|e| Error::io(format!("write {dir}/{name}"), e))
-        };
-        if !rootful {
-            w("setgroups", "deny".into()).map_err(abort)?;
-        }
-        w("uid_map", map(&uids)).map_err(abort)?;
-        w("gid_map", map(&gids)).map_err(abort)?;
-        sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| abort(Error::errno("release cell init", e)))?;
+        let userns = nix::fcntl::open(
+            format!("/proc/{pid}/ns/user").as_str(),
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| reap.abort(Error::errno(format!("open /proc/{pid}/ns/user"), e)))?;
+        let uids: Vec<u32> = ids.iter().map(|i| i.uid).collect();
+        let gids: Vec<u32> = ids.iter().map(|i| i.gid).collect();
+        idmap::write(pid, &uids, &gids, rootful).map_err(|e| reap.abort(e))?;
+        sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| reap.abort(Error::errno("release cell init", e)))?;
         let wanted = egress.len() + usize::from(engine_port.is_some()) + 2;
-        let (payload, mut listeners) =
-            recv_with_fds(sup.as_raw_fd(), wanted).map_err(|e| abort(Error::errno("receive cell listeners", e)))?;
-        match payload.first() {
-            Some(0) if listeners.len() == wanted => {}
-            Some(1) if payload.len() > Record::SIZE => {
-                let mut b = [0u8; Record::SIZE];
-                b.copy_from_slice(&payload[1..=Record::SIZE]);
-                let rec = Record::decode(&b);
-                let step = STEPS.get(rec.stage as usize).copied().unwrap_or("unknown");
-                let detail = match (step, egress.get(rec.item as usize)) {
-                    ("egress_listen", Some((a, p))) => format!("cell: listen on {a}:{p}"),
-                    ("engine_listen", _) => {
-                        format!("cell: listen on 127.0.0.1:{} (the node's way to the engine)", engine_port.unwrap_or(0))
-                    }
-                    _ => "cell".to_string(),
-                };
+        let (payload, mut listeners) = recv_with_fds(sup.as_raw_fd(), wanted)
+            .map_err(|e| reap.abort(Error::errno("receive cell listeners", e)))?;
+        match Frame::decode(&payload) {
+            Some(Frame::Ok(n)) if n as usize == wanted && listeners.len() == wanted => {}
+            Some(f @ Frame::Failed { .. }) => {
                 let _ = waitpid(pid, None);
-                return Err(Error::Setup { step, detail, errno: Errno::from_raw(rec.errno) });
+                return Err(match f.failure::<Step>() {
+                    Some(Ok(failure)) => setup_error(failure, egress, engine_port),
+                    _ => Error::errno("the cell init's report", Errno::EPROTO),
+                });
             }
-            _ => return Err(abort(Error::errno("cell init sent no listeners", Errno::EPROTO))),
+            _ => return Err(reap.abort(Error::errno("cell init sent no listeners", Errno::EPROTO))),
         }
         // Sent in order: the egress listeners, the engine-port listener, the two namespaces.
-        let engine_netns = listeners.pop().ok_or_else(|| abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
-        let node_netns = listeners.pop().ok_or_else(|| abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
+        let engine_netns = listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
+        let node_netns = listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
         let engine_listener = if engine_port.is_some() { listeners.pop() } else { None };
         Ok(Cell { pid, userns, node_netns, engine_netns, ctl: sup, listeners, engine_listener, _alive: sync_w })
     }
@@ -299,10 +313,23 @@ impl EngineSockets {
 fn engine_socket(ctl: &OwnedFd) -> std::result::Result<OwnedFd, Errno> {
     nix::sys::socket::send(ctl.as_raw_fd(), &[1u8], MsgFlags::empty())?;
     let (payload, mut fds) = recv_with_fds(ctl.as_raw_fd(), 1)?;
-    match (payload.first(), fds.pop()) {
-        (Some(0), Some(fd)) => Ok(fd),
+    match (Frame::decode(&payload), fds.pop()) {
+        (Some(Frame::Ok(1)), Some(fd)) => Ok(fd),
+        (Some(Frame::Failed { errno, .. }), None) => Err(Errno::from_raw(errno)),
         _ => Err(Errno::EIO),
     }
+}
+
+/// What a failed cell step means, for the operator.
+fn setup_error(f: Failure<Step>, egress: &[(Ipv4Addr, u16)], engine_port: Option<u16>) -> Error {
+    let detail = match (f.step, egress.get(f.item)) {
+        (Step::EgressListen, Some((a, p))) => format!("cell: listen on {a}:{p}"),
+        (Step::EngineListen, _) => {
+            format!("cell: listen on 127.0.0.1:{} (the node's way to the engine)", engine_port.unwrap_or(0))
+        }
+        _ => "cell".to_string(),
+    };
+    Error::Setup { step: f.step.name(), detail, errno: f.errno }
 }
 
 impl Drop for Cell {

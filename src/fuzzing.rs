@@ -88,7 +88,7 @@ pub fn seccomp(data: &[u8]) {
         Err(_) => return,
     };
     let text = text.as_str();
-    let a = crate::policy::bpf::audit_arch(arch);
+    let a = crate::policy::arch::audit_arch(arch);
     let filter = crate::policy::bpf::parse(text, file, "engine", arch).expect("parsed once already");
     let named = filter.rules.keys().copied();
     // Every number a named call's neighbours, low numbers densely, and the X32 bit.

@@ -1,8 +1,13 @@
 //! sealnode: a hardened launcher that seals an LLM engine and the frutebox node.
 //!
-//! Layout: [`config`] (the operator's TOML), [`policy`] (seccomp and Landlock files),
-//! [`sandbox`] (one role's sandbox: plan, clone, the child's setup sequence), [`doctor`]
-//! (kernel facts), [`probe`] (facts from inside a sandbox), [`sys`] (raw syscalls).
+//! Modules, bottom up (each uses only those before it; docs/architecture.md "Module graph"
+//! lists every file and `tests/modules.rs` keeps that list true): [`error`], [`sys`] (raw
+//! syscalls), [`trusted`] (files sealnode trusts), [`config`] (the operator's TOML), [`policy`]
+//! (seccomp and Landlock files), [`sandbox`] (one role's sandbox: plan, protocol, clone, the
+//! child's setup sequence), [`cell`] (the roles' shared user namespace and their network
+//! namespaces), [`probe`] (facts from inside a sandbox), [`canary`] (the escape battery),
+//! [`receipt`], [`control`] (the control socket's protocol), [`egress`] (the forwarder),
+//! [`supervisor`] (`sealnode run`), [`doctor`] (kernel facts).
 
 pub mod canary;
 pub mod cell;

@@ -1,10 +1,13 @@
+//! The command line: clap's definition of every subcommand, and the dispatch to `cli/`.
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use sealnode::config::{Config, Invoker, Role, DEFAULT_CONFIG};
-use sealnode::sandbox::{self, Plan, Program, SETUP_FAILED};
+use sealnode::config::{Role, DEFAULT_CONFIG};
+
+mod cli;
 
 /// Hardened launcher for sealed LLM-inference nodes.
 #[derive(Parser, Debug)]
@@ -150,89 +153,6 @@ enum CtlCommand {
     Recycle,
 }
 
-fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALNODE_LOG").unwrap_or_else(|_| default.into());
-    use std::io::IsTerminal;
-    // journald (or any pipe) gets plain lines: one event per line, no colour codes.
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
-}
-
-fn exit(code: i32) -> ExitCode {
-    ExitCode::from(u8::try_from(code).unwrap_or(1))
-}
-
-/// One roff page for the top-level command and one per visible subcommand (`sealnode-run.1`, ...).
-fn write_man_pages(dir: &std::path::Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let top = <Cli as clap::CommandFactory>::command();
-    let mut pages = vec![top.clone()];
-    for sub in top.get_subcommands().filter(|c| !c.is_hide_set()) {
-        // Page `sealnode-canary(1)`, synopsis `sealnode canary ...`, as git names its pages.
-        let bin = format!("sealnode {}", sub.get_name());
-        pages.push(sub.clone().name(format!("sealnode-{}", sub.get_name())).bin_name(bin));
-    }
-    for page in pages {
-        let path = dir.join(format!("{}.1", page.get_name()));
-        let mut out = Vec::new();
-        let man = clap_mangen::Man::new(page).source(concat!("sealnode ", env!("CARGO_PKG_VERSION")));
-        man.render(&mut out).map_err(|e| format!("cannot render {}: {e}", path.display()))?;
-        sealnode::receipt::write_atomic(&path, &out, 0o644).map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// Write the canary battery's JUnit and TAP reports where asked (`-` is stdout).
-fn write_ci_reports(
-    r: &sealnode::canary::Report,
-    junit: Option<&std::path::Path>,
-    tap: Option<&std::path::Path>,
-) -> Result<(), String> {
-    use sealnode::canary::ci_report;
-    let mut outputs = Vec::new();
-    if let Some(p) = junit {
-        let xml = ci_report::junit(r).map_err(|e| format!("canary --junit: cannot render the report: {e}"))?;
-        outputs.push((p, xml));
-    }
-    if let Some(p) = tap {
-        outputs.push((p, ci_report::tap(r)));
-    }
-    for (path, text) in outputs {
-        if path == std::path::Path::new("-") {
-            print!("{text}");
-        } else {
-            // New file then rename: never follows a planted symlink, never leaves half a report.
-            sealnode::receipt::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| format!("canary: {e}"))?;
-        }
-    }
-    Ok(())
-}
-
-/// Build the plan and run it to completion; any failure before the workload runs is 125.
-fn run_sandboxed(config: &std::path::Path, role: Role, argv: Vec<String>, program: Option<Program>) -> ExitCode {
-    let inv = Invoker::current();
-    let result = Config::load(config, &inv)
-        .and_then(|cfg| Plan::build(&cfg, role, &inv, Some(argv), program))
-        .and_then(|plan| {
-            let sb = sandbox::spawn(&plan)?;
-            tracing::info!(role = %role, pid = sb.pid.as_raw(), "sandbox started");
-            let code = sandbox::run_to_exit(sb);
-            drop(plan);
-            Ok(code)
-        });
-    match result {
-        Ok(code) => exit(code),
-        Err(e) => {
-            eprintln!("sealnode: {e}");
-            exit(SETUP_FAILED)
-        }
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -240,212 +160,29 @@ fn main() -> ExitCode {
         | Command::CanaryInside { .. }
         | Command::Man { .. }
         | Command::Completions { .. } => {}
-        Command::Run { .. } => init_logging("info"),
-        _ => init_logging("warn"),
+        Command::Run { .. } => cli::init_logging("info"),
+        _ => cli::init_logging("warn"),
     }
-    match cli.command {
-        Command::Run { config } => {
-            // Signals wait (blocked) from the first instruction: the supervisor takes them from
-            // its signalfd, so one sent while the config loads or the cell is made is not lost
-            // and does not kill sealnode half-way (found by review).
-            let _ = nix::sys::signal::sigprocmask(
-                nix::sys::signal::SigmaskHow::SIG_BLOCK,
-                Some(&sandbox::spawn::launcher_sigset()),
-                None,
-            );
-            let inv = Invoker::current();
-            let sup = Config::load(&config, &inv).and_then(|cfg| sealnode::supervisor::Supervisor::new(cfg, inv));
-            match sup {
-                Ok(sup) => exit(sup.run()),
-                Err(e) => {
-                    eprintln!("sealnode: {e}");
-                    exit(SETUP_FAILED)
-                }
-            }
-        }
-        Command::Exec { config, role, command } => run_sandboxed(&config, role, command, None),
-        Command::Probe { config, role, args } => {
-            let fd = match sandbox::plan::sealed_self() {
-                Ok(fd) => fd,
-                Err(e) => {
-                    eprintln!("sealnode: {e}");
-                    return exit(SETUP_FAILED);
-                }
-            };
-            let mut argv = vec!["sealnode-probe".to_string(), "__probe-inside".to_string()];
-            argv.extend(args);
-            run_sandboxed(&config, role, argv, Some(Program::SealedSelf(fd)))
-        }
-        Command::ProbeInside { args } => exit(sealnode::probe::run_inside(&args)),
-        Command::Ctl { config, command } => {
-            let cfg = match Config::read_for_client(&config) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("sealnode: {e}");
-                    return exit(1);
-                }
-            };
-            let cmd = match command {
+    cli::exit(match cli.command {
+        Command::Run { config } => cli::run::run(&config),
+        Command::Exec { config, role, command } => cli::exec::exec(&config, role, command),
+        Command::Probe { config, role, args } => cli::exec::probe(&config, role, args),
+        Command::ProbeInside { args } => Ok(sealnode::probe::run_inside(&args)),
+        Command::CanaryInside { ctx, ids } => Ok(sealnode::canary::inside::main(&ctx, &ids)),
+        Command::Ctl { config, command } => cli::ctl::ctl(
+            &config,
+            match command {
                 CtlCommand::Status => "status",
                 CtlCommand::Recycle => "recycle",
-            };
-            match sealnode::control::client(&sealnode::control::socket_path(&cfg), cmd) {
-                Ok(v) => {
-                    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-                    exit(if v["ok"] == true { 0 } else { 1 })
-                }
-                Err(e) => {
-                    eprintln!("sealnode: {e}");
-                    exit(1)
-                }
-            }
-        }
-        Command::VerifyReceipt { file, config } => {
-            let inv = Invoker::current();
-            let result = Config::load(&config, &inv).and_then(|cfg| {
-                let path = file.unwrap_or_else(|| sealnode::receipt::path(&cfg));
-                let r = sealnode::receipt::load(&path)?;
-                Ok((path, r.generation, sealnode::receipt::verify(&r, &cfg)?))
-            });
-            match result {
-                Ok((path, generation, bad)) if bad.is_empty() => {
-                    println!(
-                        "{}: generation {generation} matches the current config, policies and binaries",
-                        path.display()
-                    );
-                    exit(0)
-                }
-                Ok((path, generation, bad)) => {
-                    println!("{}: generation {generation} does NOT match:", path.display());
-                    for b in bad {
-                        println!("  {b}");
-                    }
-                    exit(1)
-                }
-                Err(e) => {
-                    eprintln!("sealnode: {e}");
-                    exit(1)
-                }
-            }
-        }
-        Command::SeccompBpf { policy, role, seccompiler } => {
-            use std::io::Write;
-            let arch = sealnode::policy::seccomp::native_arch();
-            let prog = std::fs::read_to_string(&policy)
-                .map_err(|e| sealnode::Error::policy(&policy, format!("cannot read: {e}")))
-                .and_then(|t| {
-                    if seccompiler {
-                        sealnode::policy::seccomp::compile_with_seccompiler(&t, &policy, role.name(), arch)
-                    } else {
-                        sealnode::policy::seccomp::compile_text(&t, &policy, role.name(), arch)
-                    }
-                });
-            match prog {
-                Ok(p) => {
-                    let mut out = Vec::with_capacity(p.len() * 8);
-                    for i in &p {
-                        out.extend_from_slice(&i.code.to_ne_bytes());
-                        out.extend_from_slice(&[i.jt, i.jf]);
-                        out.extend_from_slice(&i.k.to_ne_bytes());
-                    }
-                    exit(if std::io::stdout().write_all(&out).is_ok() { 0 } else { 1 })
-                }
-                Err(e) => {
-                    eprintln!("sealnode: {e}");
-                    exit(1)
-                }
-            }
-        }
-        Command::CanaryInside { ctx, ids } => exit(sealnode::canary::inside::main(&ctx, &ids)),
+            },
+        ),
+        Command::VerifyReceipt { file, config } => cli::receipt::verify(file, &config),
+        Command::SeccompBpf { policy, role, seccompiler } => cli::seccomp_bpf::seccomp_bpf(&policy, role, seccompiler),
         Command::Canary { config, role, json, matrix, junit, tap } => {
-            let dash = |p: &Option<PathBuf>| p.as_deref() == Some(std::path::Path::new("-"));
-            if usize::from(json) + usize::from(dash(&junit)) + usize::from(dash(&tap)) > 1 {
-                eprintln!("sealnode: canary: only one of --json, --junit - and --tap - can use stdout");
-                return ExitCode::from(2);
-            }
-            let inv = Invoker::current();
-            let roles: Vec<Role> = role.map(|r| vec![r]).unwrap_or_else(|| Role::ALL.to_vec());
-            let cfg = match Config::load(&config, &inv) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("sealnode: {e}");
-                    return exit(SETUP_FAILED);
-                }
-            };
-            if matrix {
-                match sealnode::canary::matrix(&cfg, &inv, &roles) {
-                    Ok(m) => {
-                        if json {
-                            println!("{}", serde_json::to_string_pretty(&m).unwrap_or_default());
-                        } else {
-                            print!("{}", sealnode::canary::render_matrix(&m));
-                        }
-                        exit(if m.violations.is_empty() { 0 } else { 1 })
-                    }
-                    Err(e) => {
-                        eprintln!("sealnode: {e}");
-                        exit(SETUP_FAILED)
-                    }
-                }
-            } else {
-                match sealnode::canary::battery(&cfg, &inv, &roles, None) {
-                    Ok(r) => {
-                        if let Err(e) = write_ci_reports(&r, junit.as_deref(), tap.as_deref()) {
-                            eprintln!("sealnode: {e}");
-                            return exit(SETUP_FAILED);
-                        }
-                        if json {
-                            println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
-                        } else if ![&junit, &tap].iter().any(|p| p.as_deref() == Some(std::path::Path::new("-"))) {
-                            print!("{}", sealnode::canary::render(&r));
-                        }
-                        exit(if r.passed { 0 } else { 1 })
-                    }
-                    Err(e) => {
-                        eprintln!("sealnode: {e}");
-                        exit(SETUP_FAILED)
-                    }
-                }
-            }
+            cli::canary::canary(cli::canary::Args { config, role, json, matrix, junit, tap })
         }
-        Command::Man { dir } => match write_man_pages(&dir) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("sealnode: man: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "sealnode", &mut std::io::stdout());
-            ExitCode::SUCCESS
-        }
-        Command::Doctor { config, json } => {
-            let inv = Invoker::current();
-            let mut min_abi = 6;
-            if let Some(c) = config {
-                match Config::load(&c, &inv) {
-                    Ok(cfg) => {
-                        for r in Role::ALL {
-                            let rules = cfg.policy_files(r).and_then(|(_, ll)| {
-                                sealnode::policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.role(r).landlock)
-                            });
-                            match rules {
-                                Ok(rules) => min_abi = min_abi.max(rules.min_abi),
-                                Err(e) => {
-                                    eprintln!("sealnode: {e}");
-                                    return exit(1);
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        eprintln!("sealnode: {e}");
-                        return exit(1);
-                    }
-                }
-            }
-            exit(sealnode::doctor::report(&sealnode::doctor::checks(min_abi), json))
-        }
-    }
+        Command::Doctor { config, json } => cli::doctor::doctor(config, json),
+        Command::Man { dir } => cli::docs::man(<Cli as clap::CommandFactory>::command(), &dir),
+        Command::Completions { shell } => cli::docs::completions(<Cli as clap::CommandFactory>::command(), shell),
+    })
 }

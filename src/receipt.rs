@@ -136,7 +136,7 @@ pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<Str
             &sc.sha256,
             &r.seccomp,
             role.name(),
-            crate::policy::seccomp::native_arch(),
+            crate::policy::arch::native_arch(),
         )?;
         let program = r.command.first().cloned().unwrap_or_default();
         let host = crate::sandbox::plan::host_path(cfg, role, Path::new(&program));

@@ -187,16 +187,6 @@ pub fn wipe(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The cell `run` uses: both roles' ids mapped, one listener per node egress upstream.
-pub fn build_cell(cfg: &Config, inv: &Invoker) -> Result<Cell> {
-    let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, inv)).collect::<Result<_>>()?;
-    let egress: Vec<(Ipv4Addr, u16)> =
-        cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
-    let (_, ll) = cfg.policy_files(Role::Node)?;
-    let abi = crate::policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.node.landlock)?.min_abi;
-    Cell::create(&ids, inv.rootful(), &egress, cfg.engine.port.map(|p| p as u16), abi)
-}
-
 impl Supervisor {
     /// Create the cell and the event loop. Nothing runs yet.
     pub fn new(cfg: Config, inv: Invoker) -> Result<Supervisor> {
@@ -220,7 +210,7 @@ impl Supervisor {
         // The runtime dir too: a second run with another state dir would take over the
         // control socket (found by review).
         let (runtime_dir, runtime_lock) = lock_dir(&cfg, &inv, "cell.runtime_dir", &cfg.cell.runtime_dir, 0o755)?;
-        let mut cell = build_cell(&cfg, &inv)?;
+        let mut cell = Cell::for_config(&cfg, &inv)?;
         let mut upstreams: Vec<Upstream> = std::mem::take(&mut cell.listeners)
             .into_iter()
             .zip(&cfg.node.egress)

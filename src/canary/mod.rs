@@ -587,7 +587,7 @@ pub fn battery(cfg: &Config, inv: &Invoker, roles: &[Role], cell: Option<&Cell>)
     let cell = match cell {
         Some(c) => c,
         None => {
-            owned = crate::supervisor::build_cell(cfg, inv)?;
+            owned = crate::cell::Cell::for_config(cfg, inv)?;
             &owned
         }
     };

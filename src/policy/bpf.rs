@@ -21,11 +21,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::str::FromStr;
 
 use seccompiler::{sock_filter, BpfProgram, TargetArch};
 use serde_json::Value;
 
+use super::arch::{audit_arch, syscall_nr};
 use crate::error::{Error, Result};
 
 const BPF_LD_W_ABS: u16 = 0x20;
@@ -77,26 +77,6 @@ pub struct Filter {
     pub default: u32,
 }
 
-pub fn audit_arch(arch: TargetArch) -> u32 {
-    match arch {
-        TargetArch::x86_64 => 0xC000_003E,
-        TargetArch::aarch64 => 0xC000_00B7,
-        TargetArch::riscv64 => 0xC000_00F3,
-    }
-}
-
-/// Names the kernel's (and seccompiler's) tables use where the `syscalls` crate's differ.
-const ALIASES: &[(TargetArch, &str, &str)] = &[(TargetArch::aarch64, "newfstatat", "fstatat")];
-
-fn syscall_nr(arch: TargetArch, name: &str) -> Option<u32> {
-    let name = ALIASES.iter().find(|(a, from, _)| *a == arch && *from == name).map(|(_, _, to)| *to).unwrap_or(name);
-    match arch {
-        TargetArch::x86_64 => syscalls::x86_64::Sysno::from_str(name).ok().map(|s| s.id() as u32),
-        TargetArch::aarch64 => syscalls::aarch64::Sysno::from_str(name).ok().map(|s| s.id() as u32),
-        TargetArch::riscv64 => None,
-    }
-}
-
 fn action(v: &Value) -> Option<u32> {
     match v {
         Value::String(s) => match s.as_str() {
@@ -129,7 +109,7 @@ pub fn parse(text: &str, file: &Path, role: &str, arch: TargetArch) -> Result<Fi
     let mut rules: BTreeMap<u32, Vec<Vec<Cond>>> = BTreeMap::new();
     for (i, r) in f.get("filter").and_then(Value::as_array).into_iter().flatten().enumerate() {
         let name = r.get("syscall").and_then(Value::as_str).ok_or_else(|| err(format!("rule {i}: missing syscall")))?;
-        if !matches!(arch, TargetArch::x86_64) && super::seccomp::X86_64_ONLY.contains(&name) {
+        if !matches!(arch, TargetArch::x86_64) && super::arch::X86_64_ONLY.contains(&name) {
             continue;
         }
         let nr =

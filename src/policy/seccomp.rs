@@ -176,48 +176,6 @@ pub fn compile_loaded(bytes: &[u8], sha256: &str, file: &Path, role: &str, arch:
     Ok(prog)
 }
 
-/// Legacy syscalls that exist on x86_64 only (aarch64 and riscv64 have just the *at/modern
-/// forms). Rules naming them are dropped when compiling for those architectures; any other
-/// unknown name is still an error, so typos are caught.
-pub const X86_64_ONLY: &[&str] = &[
-    "open",
-    "stat",
-    "lstat",
-    "access",
-    "readlink",
-    "dup2",
-    "unlink",
-    "rename",
-    "mkdir",
-    "rmdir",
-    "pipe",
-    "getpgrp",
-    "alarm",
-    "time",
-    "poll",
-    "select",
-    "epoll_create",
-    "epoll_wait",
-    "eventfd",
-    "arch_prctl",
-    "vfork",
-    "fork",
-    "creat",
-    "link",
-    "symlink",
-    "chmod",
-    "chown",
-    "lchown",
-    "utime",
-    "utimes",
-    "getdents",
-    "inotify_init",
-    "signalfd",
-    "pause",
-    "futimesat",
-    "mknod",
-];
-
 fn for_arch(text: &str, file: &Path, arch: TargetArch) -> Result<String> {
     if matches!(arch, TargetArch::x86_64) {
         return Ok(text.to_string());
@@ -226,7 +184,9 @@ fn for_arch(text: &str, file: &Path, arch: TargetArch) -> Result<String> {
     if let Some(filters) = doc.as_object_mut() {
         for f in filters.values_mut() {
             if let Some(rules) = f.get_mut("filter").and_then(Value::as_array_mut) {
-                rules.retain(|r| !r.get("syscall").and_then(Value::as_str).is_some_and(|s| X86_64_ONLY.contains(&s)));
+                rules.retain(|r| {
+                    !r.get("syscall").and_then(Value::as_str).is_some_and(|s| super::arch::X86_64_ONLY.contains(&s))
+                });
             }
         }
     }
@@ -261,16 +221,6 @@ pub fn compile_with_seccompiler(text: &str, file: &Path, role: &str, arch: Targe
         ));
     }
     Ok(prog)
-}
-
-/// The architecture sealnode runs on.
-pub fn native_arch() -> TargetArch {
-    #[cfg(target_arch = "x86_64")]
-    return TargetArch::x86_64;
-    #[cfg(target_arch = "aarch64")]
-    return TargetArch::aarch64;
-    #[cfg(target_arch = "riscv64")]
-    return TargetArch::riscv64;
 }
 
 /// Install the filter on the calling thread (sets no_new_privs first).

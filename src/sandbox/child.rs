@@ -7,107 +7,98 @@ use nix::errno::Errno;
 use nix::unistd::{fork, sethostname, setsid, ForkResult};
 
 use super::plan::{ptr_array, Plan, NEWROOT};
-use super::stage::{Record, Stage, SETUP_FAILED};
+use super::protocol::{fail, must};
+use super::stage::{ChildFds, Stage};
 use super::{caps, init, mounts};
 use crate::policy::{landlock, seccomp};
 use crate::sys;
-
-/// The fds the child keeps from the parent.
-#[derive(Debug, Clone, Copy)]
-pub struct ChildFds {
-    /// Write end of the CLOEXEC error pipe: a [`Record`] on failure, EOF on exec.
-    pub err: RawFd,
-    /// Read end of the sync pipe: one byte when the id maps are written; the parent holds the
-    /// write end for as long as it lives, so EOF/POLLHUP here means the launcher is gone.
-    pub sync: RawFd,
-}
-
-/// Report a failed step to the parent and exit 125.
-pub fn fail(fds: ChildFds, stage: Stage, item: usize, errno: Errno) -> ! {
-    let rec = Record { stage: stage as u32, item: item as u32, errno: errno as i32 };
-    let _ = sys::write_all(fds.err, &rec.encode());
-    sys::exit_now(SETUP_FAILED)
-}
-
-fn must<T>(fds: ChildFds, stage: Stage, item: usize, r: Result<T, Errno>) -> T {
-    match r {
-        Ok(v) => v,
-        Err(e) => fail(fds, stage, item, e),
-    }
-}
 
 /// Runs in the clone()d child: pid 1 of the new pid namespace, inside new user, mount, net,
 /// ipc, uts and cgroup namespaces. Never returns: execs the workload or exits 125.
 pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Die with the launcher: first, so no later step can outlive a dead supervisor.
-    must(fds, Stage::DieWithParent, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
+    must(fds.err, Stage::DieWithParent, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
     // Keep only the setup pipes (and the program fd): sandbox init lives as long as the role and
     // must not hold the supervisor's sockets, listeners or another role's pipes.
-    must(fds, Stage::CloseInheritedFds, 0, sys::close_all_except(&[fds.err, fds.sync, plan.program_fd()]));
+    must(fds.err, Stage::CloseInheritedFds, 0, sys::close_all_except(&[fds.err, fds.sync, plan.program_fd()]));
     // New session, no controlling terminal: closes TIOCSTI/TIOCLINUX injection into the host tty.
-    must(fds, Stage::NewSession, 0, setsid().map(drop));
+    must(fds.err, Stage::NewSession, 0, setsid().map(drop));
     // Block until the parent wrote uid_map/gid_map; EOF means the launcher died meanwhile.
-    must(fds, Stage::WaitForIdMaps, 0, wait_for_maps(fds.sync));
+    must(fds.err, Stage::WaitForIdMaps, 0, wait_for_maps(fds.sync));
     // Rootful only: shed root's groups while setgroups is permitted, and create files as the
     // role (our kuid 0 is unmapped in the cell; creating files as it fails with EOVERFLOW).
     // That credential change clears PDEATHSIG: re-arm it and check the launcher still lives.
     if plan.rootful {
-        must(fds, Stage::RootfulFsIds, 0, caps::rootful_fs_ids(plan.ids).and_then(|()| sys::rearm_pdeathsig(fds.sync)));
+        must(
+            fds.err,
+            Stage::RootfulFsIds,
+            0,
+            caps::rootful_fs_ids(plan.ids).and_then(|()| sys::rearm_pdeathsig(fds.sync)),
+        );
     }
     // Before any mount: nothing we mount may propagate back to the host.
-    must(fds, Stage::PrivatePropagation, 0, mounts::make_private());
+    must(fds.err, Stage::PrivatePropagation, 0, mounts::make_private());
     // Open and re-verify every bind source before the new root's tmpfs can cover it.
-    let sources: Vec<_> =
-        plan.mounts.iter().enumerate().map(|(i, m)| must(fds, Stage::OpenSources, i, mounts::open_source(m))).collect();
+    let sources: Vec<_> = plan
+        .mounts
+        .iter()
+        .enumerate()
+        .map(|(i, m)| must(fds.err, Stage::OpenSources, i, mounts::open_source(m)))
+        .collect();
     // Private root: tmpfs, read-only system binds, role dirs, minimal /dev, /tmp, fresh masked /proc, /etc.
     for (i, (m, src)) in plan.mounts.iter().zip(&sources).enumerate() {
-        must(fds, Stage::BuildRoot, i, mounts::apply(m, src.as_ref()));
+        must(fds.err, Stage::BuildRoot, i, mounts::apply(m, src.as_ref()));
     }
     drop(sources);
     // Enter the new root and detach the host's; the root tmpfs itself becomes read-only.
-    must(fds, Stage::PivotRoot, 0, mounts::pivot(&std::ffi::CString::new(NEWROOT).unwrap_or_default(), &plan.workdir));
+    must(
+        fds.err,
+        Stage::PivotRoot,
+        0,
+        mounts::pivot(&std::ffi::CString::new(NEWROOT).unwrap_or_default(), &plan.workdir),
+    );
     // A new netns starts with lo down; bring it up while CAP_NET_ADMIN (cell userns) is held.
     if plan.layers.namespaces {
-        must(fds, Stage::LoopbackUp, 0, sys::loopback_up());
+        must(fds.err, Stage::LoopbackUp, 0, sys::loopback_up());
     }
     // The cell's own hostname (UTS namespace), while CAP_SYS_ADMIN is held.
-    must(fds, Stage::Hostname, 0, sethostname(plan.hostname.to_str().unwrap_or("sealnode")));
+    must(fds.err, Stage::Hostname, 0, sethostname(plan.hostname.to_str().unwrap_or("sealnode")));
     // Pid 1 stays behind as a minimal init (reaps, forwards signals); the workload is its child.
     let init_pid = nix::unistd::getpid();
-    let forked = must(fds, Stage::ForkWorkload, 0, fork_workload());
+    let forked = must(fds.err, Stage::ForkWorkload, 0, fork_workload());
     if let ForkResult::Parent { child } = forked {
         init::run(plan, child, fds);
     }
     // Inherited from the launcher (blocked signals, ignored SIGPIPE) and kept across exec: reset.
-    must(fds, Stage::ResetSignals, 0, sys::reset_signals());
+    must(fds.err, Stage::ResetSignals, 0, sys::reset_signals());
     // Limits before dropping privilege, so the role cannot raise them back.
     for (i, (res, val)) in plan.rlimits.iter().enumerate() {
-        must(fds, Stage::Rlimits, i, nix::sys::resource::setrlimit(*res, *val, *val));
+        must(fds.err, Stage::Rlimits, i, nix::sys::resource::setrlimit(*res, *val, *val));
     }
     // Become the role's gid then uid (rootful: its own host uid; rootless: the invoking uid).
-    must(fds, Stage::Credentials, 0, caps::set_ids(plan.ids));
+    must(fds.err, Stage::Credentials, 0, caps::set_ids(plan.ids));
     // The credential change cleared PDEATHSIG: re-arm it, then make sure init is still our parent.
-    must(fds, Stage::RearmParentDeath, 0, rearm_parent_death(init_pid));
+    must(fds.err, Stage::RearmParentDeath, 0, rearm_parent_death(init_pid));
     // All five capability sets emptied (bounding first), no_new_privs set, result verified.
     if plan.layers.credentials {
-        must(fds, Stage::DropCapabilities, 0, caps::drop_all());
+        must(fds.err, Stage::DropCapabilities, 0, caps::drop_all());
     } else {
         // Layer matrix only: keep every capability across exec.
-        must(fds, Stage::DropCapabilities, 1, caps::keep_all_across_exec());
+        must(fds.err, Stage::DropCapabilities, 1, caps::keep_all_across_exec());
     }
     // Nothing but stdio may cross into the workload (the error pipe closes at exec).
-    must(fds, Stage::CloseFds, 0, sys::cloexec_from(3));
+    must(fds.err, Stage::CloseFds, 0, sys::cloexec_from(3));
     // Landlock after pivot_root (rules name the sandbox's paths) and before seccomp (needs its syscalls).
     if plan.layers.landlock {
-        must(fds, Stage::Landlock, 0, landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));
+        must(fds.err, Stage::Landlock, 0, landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));
     }
     // Seccomp last: from here on only the role's allowlist, which must include execve.
     if plan.layers.seccomp {
-        must(fds, Stage::Seccomp, 0, seccomp::install(&plan.seccomp));
+        must(fds.err, Stage::Seccomp, 0, seccomp::install(&plan.seccomp));
     }
     // Exec with the explicit environment; EOF on the error pipe tells the parent it happened.
     let errno = exec(plan);
-    fail(fds, Stage::Exec, 0, errno)
+    fail(fds.err, Stage::Exec, 0, errno)
 }
 
 fn wait_for_maps(sync: RawFd) -> Result<(), Errno> {
@@ -134,7 +125,7 @@ fn rearm_parent_death(init: nix::unistd::Pid) -> Result<(), Errno> {
 
 fn landlock_errno(fds: ChildFds, e: landlock::ApplyError) -> Errno {
     match e {
-        landlock::ApplyError::Path(i, errno) => fail(fds, Stage::Landlock, i + 1, Errno::from_raw(errno)),
+        landlock::ApplyError::Path(i, errno) => fail(fds.err, Stage::Landlock, i + 1, Errno::from_raw(errno)),
         landlock::ApplyError::Ruleset(errno) | landlock::ApplyError::Restrict(errno) => Errno::from_raw(errno),
         landlock::ApplyError::NotEnforced => Errno::EOPNOTSUPP,
     }

@@ -8,15 +8,12 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::caps;
-use super::child::{fail, ChildFds};
 use super::plan::Plan;
+use super::protocol::{fail, FORWARDED};
+use super::stage::ChildFds;
 use super::stage::Stage;
 use crate::policy::landlock;
 use crate::sys;
-
-/// Signals the launcher may send that init passes on to the workload.
-const FORWARD: [Signal; 6] =
-    [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
 
 extern "C" fn noop(_: libc::c_int) {}
 
@@ -32,7 +29,7 @@ fn confine(plan: &Plan, fds: ChildFds) -> Result<(), Errno> {
     landlock::deny_all(plan.landlock.abi).map_err(|_| Errno::EPERM)?;
     // pid 1 ignores signals whose disposition is SIG_DFL: install handlers, then wait for them.
     let act = SigAction::new(SigHandler::Handler(noop), SaFlags::SA_RESTART, SigSet::empty());
-    for s in FORWARD.iter().chain([Signal::SIGCHLD].iter()) {
+    for s in FORWARDED.iter().chain([Signal::SIGCHLD].iter()) {
         // SAFETY: the handler does nothing; signals are consumed with sigwait below.
         unsafe { sigaction(*s, &act) }?;
     }
@@ -41,7 +38,7 @@ fn confine(plan: &Plan, fds: ChildFds) -> Result<(), Errno> {
 
 fn wait_set() -> SigSet {
     let mut set = SigSet::empty();
-    for s in FORWARD {
+    for s in FORWARDED {
         set.add(s);
     }
     set.add(Signal::SIGCHLD);
@@ -54,7 +51,7 @@ pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
         nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None).and_then(|_| confine(plan, fds))
     {
         let _ = kill(workload, Signal::SIGKILL);
-        fail(fds, Stage::ConfineInit, 0, e);
+        fail(fds.err, Stage::ConfineInit, 0, e);
     }
     // Our copy of the error pipe closes now; the workload's closes at exec -> parent sees EOF.
     let _ = nix::unistd::close(fds.err);

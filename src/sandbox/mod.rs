@@ -2,12 +2,16 @@
 
 pub mod caps;
 pub mod child;
+pub mod idmap;
 pub mod init;
 pub mod mounts;
+pub mod namespaces;
 pub mod plan;
+pub mod protocol;
 pub mod spawn;
 pub mod stage;
 
 pub use plan::{Layers, Plan, Program};
+pub use protocol::SETUP_FAILED;
 pub use spawn::{run_to_exit, spawn, spawn_in, Sandbox};
-pub use stage::{Stage, SETUP_FAILED};
+pub use stage::Stage;

@@ -279,7 +279,13 @@ impl Plan {
             });
         }
         let landlock = rules.resolve(cfg, role);
-        let seccomp = seccomp::compile_loaded(&sc.bytes, &sc.sha256, &r.seccomp, role.name(), seccomp::native_arch())?;
+        let seccomp = seccomp::compile_loaded(
+            &sc.bytes,
+            &sc.sha256,
+            &r.seccomp,
+            role.name(),
+            crate::policy::arch::native_arch(),
+        )?;
 
         let mut mounts = vec![Mount::Tmpfs {
             dst: cstr(NEWROOT)?,

@@ -9,28 +9,34 @@ use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{pipe2, Pid};
 
-use super::child::{child_main, ChildFds};
+use super::child::child_main;
+use super::namespaces::{MATRIX_NAMESPACES, NAMESPACES, ROLE_NAMESPACES};
 use super::plan::{Mount, Plan};
-use super::stage::{Record, Stage};
+use super::protocol::{self, Failure, Frame, Reap, Step, FORWARDED};
+use super::stage::{ChildFds, Stage};
+use super::{idmap, namespaces};
 use crate::cell::Cell;
 use crate::error::{Error, Result};
 use crate::sys;
 
-/// The namespaces every role gets of its own, inside or outside a cell.
-pub const ROLE_NAMESPACES: libc::c_int =
-    libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
+/// The steps of the short-lived intermediate that puts a role into a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Enter {
+    /// setns into the cell's user namespace and the role's network namespace.
+    JoinCell,
+    /// clone the role's init with CLONE_PARENT and the role's own namespaces.
+    CloneRole,
+}
 
-/// The canary matrix's "namespaces off" columns: still private user, mount, uts and ipc
-/// namespaces (so nothing the probe tries touches the host), but the host's pid and net.
-pub const MATRIX_NAMESPACES: libc::c_int =
-    libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
-
-/// All namespaces of a standalone sandbox (`exec`): the role's own plus user and net.
-pub const NAMESPACES: libc::c_int = ROLE_NAMESPACES | libc::CLONE_NEWUSER | libc::CLONE_NEWNET;
-
-/// Signals the launcher passes on to the sandbox's init.
-pub const FORWARDED: [Signal; 6] =
-    [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
+impl Step for Enter {
+    const ALL: &'static [Enter] = &[Enter::JoinCell, Enter::CloneRole];
+    fn name(self) -> &'static str {
+        match self {
+            Enter::JoinCell => "join_cell",
+            Enter::CloneRole => "clone_role",
+        }
+    }
+}
 
 /// A running sandbox whose workload has exec'd.
 #[derive(Debug)]
@@ -67,37 +73,37 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
     match unsafe { nix::unistd::fork() }.map_err(|e| Error::errno("fork", e))? {
         nix::unistd::ForkResult::Child => {
             drop(pid_r);
+            let w = pid_w.as_raw_fd();
             let net = match plan.role {
                 crate::config::Role::Engine => crate::cell::Net::Engine,
                 crate::config::Role::Node => crate::cell::Net::Node,
             };
+            protocol::must(w, Enter::JoinCell, 0, cell.join(net));
             // SAFETY: the intermediate is single-threaded (a fresh fork).
-            let r = cell.join(net).and_then(|()| unsafe { sys::clone_fork(libc::CLONE_PARENT | ROLE_NAMESPACES) });
-            match r {
-                Ok(0) => child_main(plan, fds),
-                Ok(pid) => {
-                    let _ = sys::write_all(pid_w.as_raw_fd(), &pid.to_ne_bytes());
+            match protocol::must(w, Enter::CloneRole, 0, unsafe {
+                sys::clone_fork(libc::CLONE_PARENT | ROLE_NAMESPACES)
+            }) {
+                0 => child_main(plan, fds),
+                pid => {
+                    let _ = protocol::send(w, Frame::Ok(pid as u32));
                     sys::exit_now(0)
-                }
-                Err(e) => {
-                    let _ = sys::write_all(pid_w.as_raw_fd(), &(-(e as i32)).to_ne_bytes());
-                    sys::exit_now(1)
                 }
             }
         }
         nix::unistd::ForkResult::Parent { child } => {
             drop(pid_w);
-            let mut b = [0u8; 4];
-            let n = sys::read_retry(pid_r.as_raw_fd(), &mut b).map_err(|e| Error::errno("read role pid", e))?;
+            let frame = protocol::read_frame(pid_r.as_raw_fd()).map_err(|e| Error::errno("read role pid", e));
             let _ = waitpid(child, None);
-            let v = i32::from_ne_bytes(b);
-            match (n, v) {
-                (4, v) if v > 0 => Ok(v),
-                (4, v) => {
-                    let (what, fix) = crate::doctor::explain_userns_failure(Errno::from_raw(-v));
-                    Err(Error::Unsupported { what: format!("entering the cell: {what}"), fix })
-                }
-                _ => Err(Error::errno("intermediate died before cloning the role", Errno::EPIPE)),
+            match frame? {
+                Some(Frame::Ok(pid)) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid as libc::pid_t),
+                Some(f) => match f.failure::<Enter>() {
+                    Some(Ok(Failure { step, errno, .. })) => {
+                        let (what, fix) = namespaces::explain_userns_failure(errno);
+                        Err(Error::Unsupported { what: format!("entering the cell ({}): {what}", step.name()), fix })
+                    }
+                    _ => Err(Error::errno("the intermediate's report", Errno::EPROTO)),
+                },
+                None => Err(Error::errno("intermediate died before cloning the role", Errno::EPIPE)),
             }
         }
     }
@@ -127,78 +133,49 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     drop(err_w);
     drop(sync_r);
     let pid = Pid::from_raw(pid);
-    let abort = |e: Error| {
-        let _ = kill(pid, Signal::SIGKILL);
-        let _ = waitpid(pid, None);
-        e
-    };
+    let reap = Reap(pid);
     if cell.is_none() {
-        write_id_maps(pid, plan).map_err(abort)?;
+        idmap::write(pid, &[plan.ids.uid], &[plan.ids.gid], plan.rootful).map_err(|e| reap.abort(e))?;
     }
-    sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| abort(Error::errno("release child", e)))?;
-    let mut buf = [0u8; Record::SIZE];
-    let mut got = 0;
-    while got < buf.len() {
-        match sys::read_retry(err_r.as_raw_fd(), &mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) => return Err(abort(Error::errno("read setup status", e))),
-        }
+    sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| reap.abort(Error::errno("release child", e)))?;
+    match protocol::read_frame(err_r.as_raw_fd()).map_err(|e| reap.abort(Error::errno("read setup status", e)))? {
+        None => Ok(Sandbox { pid, _alive: sync_w }),
+        Some(f) => match f.failure::<Stage>() {
+            Some(Ok(failure)) => {
+                let _ = waitpid(pid, None);
+                Err(setup_error(plan, failure))
+            }
+            _ => Err(reap.abort(Error::errno("the child's setup report", Errno::EPROTO))),
+        },
     }
-    match got {
-        0 => Ok(Sandbox { pid, _alive: sync_w }),
-        Record::SIZE => {
-            let _ = waitpid(pid, None);
-            Err(setup_error(plan, Record::decode(&buf)))
-        }
-        _ => Err(abort(Error::errno("short setup status record", Errno::EPROTO))),
-    }
-}
-
-fn write_id_maps(pid: Pid, plan: &Plan) -> Result<()> {
-    let dir = format!("/proc/{pid}");
-    let w = |name: &str, data: String| {
-        std::fs::write(format!("{dir}/{name}"), data.as_bytes())
-            .map_err(|e| Error::io(format!("write {dir}/{name} ({})", data.trim()), e))
-    };
-    if !plan.rootful {
-        // Unprivileged: setgroups must be denied before gid_map may be written.
-        w("setgroups", "deny".into())?;
-    }
-    // Each map written once, one line: the role's host ids map to themselves.
-    w("uid_map", format!("{0} {0} 1\n", plan.ids.uid))?;
-    w("gid_map", format!("{0} {0} 1\n", plan.ids.gid))?;
-    Ok(())
 }
 
 fn clone_error(e: Errno) -> Error {
-    let (what, fix) = crate::doctor::explain_userns_failure(e);
+    let (what, fix) = namespaces::explain_userns_failure(e);
     Error::Unsupported { what, fix }
 }
 
-fn setup_error(plan: &Plan, rec: Record) -> Error {
-    let stage = Stage::from_u32(rec.stage);
-    let item = rec.item as usize;
+fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
+    let stage = f.step;
+    let item = f.item;
     let detail = match stage {
-        Some(Stage::BuildRoot | Stage::OpenSources) => plan.mounts.get(item).map(Mount::describe).unwrap_or_default(),
-        Some(Stage::Landlock) if item > 0 => plan
+        Stage::BuildRoot | Stage::OpenSources => plan.mounts.get(item).map(Mount::describe).unwrap_or_default(),
+        Stage::Landlock if item > 0 => plan
             .landlock
             .fs
             .get(item - 1)
             .map(|(p, _, _)| format!("rule for {}", p.to_string_lossy()))
             .unwrap_or_default(),
-        Some(Stage::Rlimits) => ["RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK"]
+        Stage::Rlimits => ["RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK"]
             .get(item)
             .map(|s| s.to_string())
             .unwrap_or_default(),
-        Some(Stage::Exec) => plan.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default(),
-        Some(Stage::Credentials) => format!("uid {} gid {}", plan.ids.uid, plan.ids.gid),
+        Stage::Exec => plan.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default(),
+        Stage::Credentials => format!("uid {} gid {}", plan.ids.uid, plan.ids.gid),
         _ => String::new(),
     };
     let mut detail = detail;
-    if stage == Some(Stage::BuildRoot)
-        && matches!(plan.mounts.get(item), Some(Mount::Proc { .. }))
-        && rec.errno == libc::EPERM
+    if stage == Stage::BuildRoot && matches!(plan.mounts.get(item), Some(Mount::Proc { .. })) && f.errno == Errno::EPERM
     {
         detail.push_str(
             " (the kernel refuses a fresh /proc in a user namespace while the host's /proc has over-mounts: \
@@ -207,9 +184,9 @@ fn setup_error(plan: &Plan, rec: Record) -> Error {
         );
     }
     Error::Setup {
-        step: stage.map(Stage::name).unwrap_or("unknown"),
+        step: stage.name(),
         detail: if detail.is_empty() { format!("{} role", plan.role) } else { format!("{} role: {detail}", plan.role) },
-        errno: Errno::from_raw(rec.errno),
+        errno: f.errno,
     }
 }
 

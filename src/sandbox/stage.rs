@@ -1,4 +1,19 @@
-//! Setup steps and the fixed-size failure record the child sends over the CLOEXEC pipe.
+//! The role child's setup steps, and the fds it keeps from the parent. A failed step travels
+//! to the parent as a [`Frame`](super::protocol::Frame) naming one of these.
+
+use std::os::fd::RawFd;
+
+use super::protocol::Step;
+
+/// The fds the role child keeps from the parent.
+#[derive(Debug, Clone, Copy)]
+pub struct ChildFds {
+    /// Write end of the CLOEXEC error pipe: a failure frame, or EOF at exec.
+    pub err: RawFd,
+    /// Read end of the sync pipe: one byte when the id maps are written; the parent holds the
+    /// write end for as long as it lives, so EOF/POLLHUP here means the launcher is gone.
+    pub sync: RawFd,
+}
 
 /// Every step of the child's setup, in execution order. `docs/architecture.md` lists the same
 /// names in the same order (a test keeps them in sync).
@@ -56,6 +71,14 @@ impl Stage {
     ];
 
     pub fn name(self) -> &'static str {
+        <Self as Step>::name(self)
+    }
+}
+
+impl Step for Stage {
+    const ALL: &'static [Stage] = &Stage::ALL;
+
+    fn name(self) -> &'static str {
         match self {
             Stage::DieWithParent => "die_with_parent",
             Stage::CloseInheritedFds => "close_inherited_fds",
@@ -81,37 +104,4 @@ impl Stage {
             Stage::Exec => "exec",
         }
     }
-
-    pub fn from_u32(v: u32) -> Option<Stage> {
-        Stage::ALL.into_iter().find(|s| *s as u32 == v)
-    }
 }
-
-/// What the child writes on failure: 12 bytes, native endian. EOF instead means exec happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Record {
-    pub stage: u32,
-    /// Index of the failing item (mount step, rlimit, Landlock rule), 0 otherwise.
-    pub item: u32,
-    pub errno: i32,
-}
-
-impl Record {
-    pub const SIZE: usize = 12;
-
-    pub fn encode(&self) -> [u8; Self::SIZE] {
-        let mut b = [0u8; Self::SIZE];
-        b[0..4].copy_from_slice(&self.stage.to_ne_bytes());
-        b[4..8].copy_from_slice(&self.item.to_ne_bytes());
-        b[8..12].copy_from_slice(&self.errno.to_ne_bytes());
-        b
-    }
-
-    pub fn decode(b: &[u8; Self::SIZE]) -> Record {
-        let w = |i: usize| [b[i], b[i + 1], b[i + 2], b[i + 3]];
-        Record { stage: u32::from_ne_bytes(w(0)), item: u32::from_ne_bytes(w(4)), errno: i32::from_ne_bytes(w(8)) }
-    }
-}
-
-/// Exit status of a child whose setup failed (hakoniwa's convention; documented).
-pub const SETUP_FAILED: i32 = 125;

@@ -1,0 +1,30 @@
+//! `sealnode exec` (a command in one role's sandbox) and `sealnode probe` (sealnode's own
+//! probe there).
+
+use std::path::Path;
+
+use sealnode::config::{Config, Invoker, Role};
+use sealnode::sandbox::{self, Plan, Program};
+
+use super::{Failure, Outcome};
+
+pub fn exec(config: &Path, role: Role, command: Vec<String>) -> Outcome {
+    run_sandboxed(config, role, command, None)
+}
+
+pub fn probe(config: &Path, role: Role, args: Vec<String>) -> Outcome {
+    let fd = sandbox::plan::sealed_self().map_err(Failure::setup)?;
+    let mut argv = vec!["sealnode-probe".to_string(), "__probe-inside".to_string()];
+    argv.extend(args);
+    run_sandboxed(config, role, argv, Some(Program::SealedSelf(fd)))
+}
+
+/// Build the plan and run it to completion; any failure before the workload runs is 125.
+fn run_sandboxed(config: &Path, role: Role, argv: Vec<String>, program: Option<Program>) -> Outcome {
+    let inv = Invoker::current();
+    let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
+    let plan = Plan::build(&cfg, role, &inv, Some(argv), program).map_err(Failure::setup)?;
+    let sb = sandbox::spawn(&plan).map_err(Failure::setup)?;
+    tracing::info!(role = %role, pid = sb.pid.as_raw(), "sandbox started");
+    Ok(sandbox::run_to_exit(sb))
+}

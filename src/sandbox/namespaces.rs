@@ -1,0 +1,55 @@
+//! Which namespaces a sandbox gets, and why creating them failed when it does.
+
+use std::path::Path;
+
+use nix::errno::Errno;
+
+/// The namespaces every role gets of its own, inside or outside a cell.
+pub const ROLE_NAMESPACES: libc::c_int =
+    libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
+
+/// The canary matrix's "namespaces off" columns: still private user, mount, uts and ipc
+/// namespaces (so nothing the probe tries touches the host), but the host's pid and net.
+pub const MATRIX_NAMESPACES: libc::c_int =
+    libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
+
+/// All namespaces of a standalone sandbox (`exec`): the role's own plus user and net.
+pub const NAMESPACES: libc::c_int = ROLE_NAMESPACES | libc::CLONE_NEWUSER | libc::CLONE_NEWNET;
+
+fn sysctl(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+/// Why creating a user namespace failed, and what to change.
+pub fn explain_userns_failure(e: Errno) -> (String, String) {
+    let uid = nix::unistd::geteuid();
+    if sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") && !uid.is_root() {
+        return (
+            format!("cannot create a user namespace as uid {uid}: {e} — AppArmor restricts unprivileged user namespaces (Ubuntu 23.10+)"),
+            "run sealnode as root under its systemd unit, or install an AppArmor profile granting `userns,` to the sealnode binary (e.g. /etc/apparmor.d/sealnode: `profile sealnode /usr/bin/sealnode flags=(unconfined) { userns, }`), or set kernel.apparmor_restrict_unprivileged_userns=0".into(),
+        );
+    }
+    if sysctl("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") && !uid.is_root() {
+        return (
+            format!("cannot create a user namespace as uid {uid}: {e} — kernel.unprivileged_userns_clone is 0"),
+            "sysctl -w kernel.unprivileged_userns_clone=1, or run sealnode as root".into(),
+        );
+    }
+    if sysctl("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return (
+            format!("cannot create a user namespace: {e} — user.max_user_namespaces is 0"),
+            "sysctl -w user.max_user_namespaces=15000".into(),
+        );
+    }
+    if e == Errno::EPERM && Path::new("/.dockerenv").exists() {
+        return (
+            format!("cannot create namespaces: {e} — the container runtime's seccomp profile forbids it"),
+            "run sealnode on the host, or give its container a seccomp profile that allows clone with namespace flags"
+                .into(),
+        );
+    }
+    (
+        format!("cannot create the sandbox's namespaces (user, mount, pid, net, ipc, uts, cgroup): {e}"),
+        "check `sealnode doctor`; the kernel needs CONFIG_USER_NS, CONFIG_PID_NS, CONFIG_NET_NS, CONFIG_IPC_NS, CONFIG_UTS_NS, CONFIG_CGROUPS".into(),
+    )
+}

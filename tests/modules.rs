@@ -1,0 +1,437 @@
+//! The module graph: which file of `src/` uses which. Two promises are kept here:
+//! no import cycle between files (a cycle means neither side can be changed or tested alone),
+//! and docs/architecture.md's "Module graph" section is the graph the code has.
+//!
+//! The graph is read from the source text: every `crate::…` path (in `use` trees too) and every
+//! `super::…` path outside comments and `#[cfg(test)]` modules, resolved to the file that
+//! defines the item (through a `mod.rs`'s `pub use` re-exports). `sealnode::…` paths in the
+//! binary (`src/main.rs`, `src/cli/`) count the same way.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// `src/a/b.rs` -> `a::b`, `src/a/mod.rs` -> `a`, `src/main.rs` -> `main`.
+fn module_of(rel: &Path) -> String {
+    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let last = parts.pop().expect("file name");
+    let stem = last.trim_end_matches(".rs").to_string();
+    if stem != "mod" {
+        parts.push(stem);
+    }
+    parts.join("::")
+}
+
+/// The code of a file without comments, string literals and `#[cfg(test)]` items.
+fn code_of(text: &str) -> String {
+    let mut out = String::new();
+    let mut skip_depth: Option<i32> = None;
+    let mut depth = 0i32;
+    let mut pending_cfg_test = false;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        if trimmed.starts_with("#[cfg(test)]") {
+            pending_cfg_test = true;
+            continue;
+        }
+        // Strip string literals and trailing comments, roughly but enough for paths.
+        let mut code = String::new();
+        let mut in_str = false;
+        let mut prev = ' ';
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if in_str {
+                if c == '"' && prev != '\\' {
+                    in_str = false;
+                }
+                prev = if prev == '\\' && c == '\\' { ' ' } else { c };
+                continue;
+            }
+            if c == '"' {
+                in_str = true;
+                prev = ' ';
+                continue;
+            }
+            if c == '/' && chars.peek() == Some(&'/') {
+                break;
+            }
+            code.push(c);
+        }
+        if pending_cfg_test && skip_depth.is_none() {
+            pending_cfg_test = false;
+            // The item after `#[cfg(test)]`: one line (`mod tests;`, `use …;`) or a block.
+            if code.contains('{') {
+                skip_depth = Some(depth);
+            } else {
+                continue;
+            }
+        }
+        for c in code.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+        }
+        if let Some(d) = skip_depth {
+            if depth <= d {
+                skip_depth = None;
+            }
+            continue;
+        }
+        out.push_str(&code);
+        out.push('\n');
+    }
+    out
+}
+
+/// Every path that follows `prefix` in `code`, with `use` trees expanded:
+/// `crate::a::{b, c::{D, E}}` -> `a::b`, `a::c::D`, `a::c::E`.
+fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
+    fn ident(s: &[char], i: &mut usize) -> Option<String> {
+        let start = *i;
+        while *i < s.len() && (s[*i].is_alphanumeric() || s[*i] == '_') {
+            *i += 1;
+        }
+        (start < *i).then(|| s[start..*i].iter().collect())
+    }
+    fn skip_ws(s: &[char], i: &mut usize) {
+        while *i < s.len() && s[*i].is_whitespace() {
+            *i += 1;
+        }
+    }
+    fn tree(s: &[char], i: &mut usize, base: Vec<String>, out: &mut Vec<Vec<String>>) {
+        let mut path = base;
+        loop {
+            skip_ws(s, i);
+            if *i < s.len() && s[*i] == '{' {
+                *i += 1;
+                loop {
+                    skip_ws(s, i);
+                    if *i >= s.len() {
+                        return;
+                    }
+                    if s[*i] == '}' {
+                        *i += 1;
+                        return;
+                    }
+                    if s[*i] == ',' {
+                        *i += 1;
+                        continue;
+                    }
+                    let before = *i;
+                    tree(s, i, path.clone(), out);
+                    if *i == before {
+                        *i += 1;
+                    }
+                }
+            }
+            match ident(s, i) {
+                Some(id) => path.push(id),
+                None => break,
+            }
+            if s.get(*i) == Some(&':') && s.get(*i + 1) == Some(&':') {
+                *i += 2;
+                continue;
+            }
+            break;
+        }
+        if !path.is_empty() {
+            out.push(path);
+        }
+    }
+    let chars: Vec<char> = code.chars().collect();
+    let pat: Vec<char> = prefix.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i + pat.len() <= chars.len() {
+        let boundary = i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_' || chars[i - 1] == ':');
+        if boundary && chars[i..i + pat.len()] == pat[..] {
+            let mut j = i + pat.len();
+            tree(&chars, &mut j, Vec::new(), &mut out);
+            i = j.max(i + 1);
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+struct Crate {
+    /// Module path -> its code.
+    code: BTreeMap<String, String>,
+    /// For a module with children: item name -> the child module it re-exports it from.
+    reexports: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+fn load() -> Crate {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("read src") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                walk(&p, root, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p.strip_prefix(root).expect("rel").to_path_buf());
+            }
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &src, &mut files);
+    let mut code = BTreeMap::new();
+    let mut reexports: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for rel in files {
+        let module = module_of(&rel);
+        // lib.rs only declares the modules; a `tests.rs` file is a #[cfg(test)] module.
+        if module == "lib" || rel.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let text = code_of(&std::fs::read_to_string(src.join(&rel)).expect("read"));
+        for p in paths_after(&text, "pub use ") {
+            // `pub use child::{A, B}` in a module file.
+            if p.len() >= 2 && !matches!(p[0].as_str(), "crate" | "super" | "self" | "std" | "sealnode") {
+                let child = format!("{module}::{}", p[0]);
+                reexports.entry(module.clone()).or_default().insert(p[p.len() - 1].clone(), child);
+            }
+        }
+        code.insert(module, text);
+    }
+    Crate { code, reexports }
+}
+
+impl Crate {
+    /// The file (module) that defines what `path` (from the crate root) names.
+    fn resolve(&self, path: &[String]) -> Option<String> {
+        let mut best = None;
+        for n in (1..=path.len()).rev() {
+            let m = path[..n].join("::");
+            if self.code.contains_key(&m) {
+                best = Some((m, n));
+                break;
+            }
+        }
+        let (m, n) = best?;
+        // Through a re-export: `crate::sandbox::Plan` is defined in `sandbox::plan`.
+        if let (Some(item), Some(map)) = (path.get(n), self.reexports.get(&m)) {
+            if let Some(child) = map.get(item) {
+                return Some(child.clone());
+            }
+        }
+        Some(m)
+    }
+
+    fn graph(&self) -> Graph {
+        let mut g = Graph::new();
+        for (module, text) in &self.code {
+            let deps = g.entry(module.clone()).or_default();
+            let parent: Vec<String> = {
+                // `super` of `a::b` is `a`, whether `a::b` is `a/b.rs` or `a/b/mod.rs`.
+                let mut v: Vec<String> = module.split("::").map(String::from).collect();
+                v.pop();
+                v
+            };
+            // The binary (main.rs and cli/) reaches the library as `sealnode::`.
+            let binary = module == "main" || module.starts_with("cli::") || module == "cli";
+            let prefixes: &[&str] = if binary { &["sealnode::", "crate::"] } else { &["crate::"] };
+            let mut paths: Vec<Vec<String>> = prefixes
+                .iter()
+                .flat_map(|p| paths_after(text, p))
+                .map(|mut p| {
+                    if p.last().is_some_and(|x| x == "self") {
+                        p.pop();
+                    }
+                    p
+                })
+                .collect();
+            // `use crate::sandbox;` then `sandbox::spawn(…)`: follow the alias.
+            let aliases: Vec<Vec<String>> =
+                paths.iter().filter(|p| self.code.contains_key(&p.join("::"))).cloned().collect();
+            for a in aliases {
+                for tail in paths_after(text, &format!("{}::", a[a.len() - 1])) {
+                    let mut full = a.clone();
+                    full.extend(tail);
+                    paths.push(full);
+                }
+            }
+            // `mod x;` then `x::…`: a child module by its own name (main.rs's `cli`).
+            for line in text.lines() {
+                let Some(name) = line.trim().strip_prefix("mod ").and_then(|r| r.strip_suffix(';')) else { continue };
+                let base: Vec<String> =
+                    if module == "main" { Vec::new() } else { module.split("::").map(String::from).collect() };
+                for tail in paths_after(text, &format!("{name}::")) {
+                    let mut full = base.clone();
+                    full.push(name.to_string());
+                    full.extend(tail);
+                    paths.push(full);
+                }
+            }
+            for p in paths_after(text, "super::") {
+                let mut full = parent.clone();
+                full.extend(p);
+                paths.push(full);
+            }
+            let children: BTreeSet<&String> =
+                self.reexports.get(module).map(|m| m.values().collect()).unwrap_or_default();
+            // A module file that re-exports (`pub use child::X`) depends on that child.
+            for child in &children {
+                deps.insert((*child).clone());
+            }
+            for p in paths {
+                // `use crate::sandbox::{self, …}` names a directory of modules, not one file:
+                // what it is used for is followed through the alias above.
+                let named = p.join("::");
+                if self.code.keys().any(|k| k.starts_with(&format!("{named}::"))) {
+                    continue;
+                }
+                if let Some(target) = self.resolve(&p) {
+                    if &target != module {
+                        deps.insert(target);
+                    }
+                }
+            }
+        }
+        g
+    }
+}
+
+/// Strongly connected components with more than one file (Tarjan).
+fn cycles(g: &Graph) -> Vec<Vec<String>> {
+    struct T<'a> {
+        g: &'a Graph,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        next: usize,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+        t.index.insert(v, t.next);
+        t.low.insert(v, t.next);
+        t.next += 1;
+        t.stack.push(v);
+        t.on.insert(v);
+        for w in t.g.get(v).into_iter().flatten() {
+            let w = w.as_str();
+            if !t.index.contains_key(w) {
+                visit(t, w);
+                let lw = t.low[w];
+                let lv = t.low.get_mut(v).expect("low");
+                *lv = (*lv).min(lw);
+            } else if t.on.contains(w) {
+                let iw = t.index[w];
+                let lv = t.low.get_mut(v).expect("low");
+                *lv = (*lv).min(iw);
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut comp = Vec::new();
+            while let Some(w) = t.stack.pop() {
+                t.on.remove(w);
+                comp.push(w.to_string());
+                if w == v {
+                    break;
+                }
+            }
+            if comp.len() > 1 {
+                comp.sort();
+                t.out.push(comp);
+            }
+        }
+    }
+    let mut t = T {
+        g,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in g.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+#[test]
+fn no_import_cycle_between_files() {
+    let g = load().graph();
+    let c = cycles(&g);
+    assert!(
+        c.is_empty(),
+        "import cycles between files of src/ (each line: files that reach each other):\n{}",
+        c.iter().map(|x| x.join(" <-> ")).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// The section lists each module with what it uses, in an order where every module comes
+/// after everything it uses.
+#[test]
+fn architecture_doc_shows_the_module_graph() {
+    let g = load().graph();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("doc");
+    let section =
+        doc.split("## Module graph").nth(1).expect("a \"## Module graph\" section").split("\n## ").next().expect("end");
+    let mut documented = Graph::new();
+    let mut order = Vec::new();
+    for line in section.lines() {
+        let Some(rest) = line.strip_prefix("- `") else { continue };
+        let (name, tail) = rest.split_once('`').expect("module name in backticks");
+        // `- `module` → `a`, `b` — what it is for`
+        let tail = tail.split(" — ").next().unwrap_or_default();
+        let deps: BTreeSet<String> = tail
+            .split_once('→')
+            .map(|(_, d)| {
+                d.split(',').map(|x| x.trim().trim_matches('`').to_string()).filter(|x| !x.is_empty()).collect()
+            })
+            .unwrap_or_default();
+        order.push(name.to_string());
+        documented.insert(name.to_string(), deps);
+    }
+    let expected: String = g
+        .iter()
+        .map(|(m, d)| {
+            if d.is_empty() {
+                format!("- `{m}`\n")
+            } else {
+                format!("- `{m}` → {}\n", d.iter().map(|x| format!("`{x}`")).collect::<Vec<_>>().join(", "))
+            }
+        })
+        .collect();
+    assert_eq!(
+        documented, g,
+        "docs/architecture.md's module graph differs from the code's; the code's is:\n{expected}"
+    );
+    for (i, m) in order.iter().enumerate() {
+        for d in &g[m] {
+            let j = order.iter().position(|x| x == d).expect("listed");
+            assert!(j < i, "docs/architecture.md lists `{m}` before `{d}`, which it uses");
+        }
+    }
+}
+
+#[test]
+fn the_reader_finds_paths_in_use_trees_and_skips_comments_and_tests() {
+    let text = "use crate::a::{b, c::{D, E}};\n// crate::x\nfn f() { crate::g::h(); let s = \"crate::s\"; }\n#[cfg(test)]\nmod tests {\n    use crate::t;\n}\nuse super::p::Q;\n";
+    let code = code_of(text);
+    let got = paths_after(&code, "crate::");
+    let want: Vec<Vec<String>> = [vec!["a", "b"], vec!["a", "c", "D"], vec!["a", "c", "E"], vec!["g", "h"]]
+        .iter()
+        .map(|v| v.iter().map(|s| s.to_string()).collect())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(paths_after(&code, "super::"), vec![vec!["p".to_string(), "Q".to_string()]]);
+    let mut g = Graph::new();
+    g.entry("a".into()).or_default().insert("b".into());
+    g.entry("b".into()).or_default().insert("a".into());
+    g.entry("c".into()).or_default().insert("a".into());
+    assert_eq!(cycles(&g), vec![vec!["a".to_string(), "b".to_string()]]);
+}
