@@ -51,7 +51,7 @@ impl fmt::Display for Role {
 pub struct Config {
     /// Config format version; must equal [`SCHEMA_VERSION`].
     pub schema: u32,
-    pub cell: Cell,
+    pub cell: CellConfig,
     pub engine: RoleConfig,
     pub node: RoleConfig,
     /// The file this config was read from (not part of the TOML).
@@ -76,7 +76,7 @@ pub struct Loaded {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Cell {
+pub struct CellConfig {
     /// Hostname inside the cell (UTS namespace).
     #[serde(default = "default_hostname")]
     pub hostname: String,
@@ -483,6 +483,17 @@ impl Config {
     }
 
     fn check_role_pure(&self, role: Role) -> Result<()> {
+        self.check_role_program(role)?;
+        self.check_role_paths(role)?;
+        self.check_role_limits(role)?;
+        self.check_role_env(role)?;
+        self.check_role_egress(role)?;
+        self.check_role_ready(role)?;
+        Ok(())
+    }
+
+    /// A role's program: command, pin, port.
+    fn check_role_program(&self, role: Role) -> Result<()> {
         let r = self.role(role);
         let f = |k: &str| format!("{role}.{k}");
         match r.command.first() {
@@ -504,6 +515,13 @@ impl Config {
             (Role::Node, Some(_)) => return Err(self.err(f("port"), "only the engine listens; the node has no port")),
             _ => {}
         }
+        Ok(())
+    }
+
+    /// A role's paths: policies, scratch, models, credential, extra binds, devices.
+    fn check_role_paths(&self, role: Role) -> Result<()> {
+        let r = self.role(role);
+        let f = |k: &str| format!("{role}.{k}");
         self.abs(&f("seccomp"), &r.seccomp)?;
         self.abs(&f("landlock"), &r.landlock)?;
         self.abs(&f("scratch"), &r.scratch)?;
@@ -541,6 +559,13 @@ impl Config {
                 return Err(self.err(f(&format!("devices[{i}]")), "devices must live under /dev/"));
             }
         }
+        Ok(())
+    }
+
+    /// A role's sizes, restart limits.
+    fn check_role_limits(&self, role: Role) -> Result<()> {
+        let r = self.role(role);
+        let f = |k: &str| format!("{role}.{k}");
         if r.tmp_size_mb == 0 || r.tmp_size_mb > 65536 {
             return Err(self.err(f("tmp_size_mb"), "must be between 1 and 65536"));
         }
@@ -550,6 +575,13 @@ impl Config {
         if r.restart_limit.interval_s == 0 || r.restart_limit.interval_s > 86400 {
             return Err(self.err(f("restart_limit.interval_s"), "must be between 1 and 86400 (seconds)"));
         }
+        Ok(())
+    }
+
+    /// A role's environment: names only, never a proxy variable.
+    fn check_role_env(&self, role: Role) -> Result<()> {
+        let r = self.role(role);
+        let f = |k: &str| format!("{role}.{k}");
         for k in r.env.set.keys() {
             if !valid_env_name(k) {
                 return Err(self.err(f(&format!("env.set.{k}")), "not a valid variable name"));
@@ -572,6 +604,13 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// A role's egress upstreams.
+    fn check_role_egress(&self, role: Role) -> Result<()> {
+        let r = self.role(role);
+        let f = |k: &str| format!("{role}.{k}");
         if role == Role::Engine && !r.egress.is_empty() {
             return Err(self.err(f("egress"), "the engine has no egress at all (models are staged by the operator)"));
         }
@@ -606,6 +645,13 @@ impl Config {
         if r.egress.len() > 250 {
             return Err(self.err(f("egress"), "at most 250 upstreams"));
         }
+        Ok(())
+    }
+
+    /// A role's the engine's readiness check and the rlimits.
+    fn check_role_ready(&self, role: Role) -> Result<()> {
+        let r = self.role(role);
+        let f = |k: &str| format!("{role}.{k}");
         if role == Role::Engine {
             if r.ready.kind != "tcp" && r.ready.kind != "http" {
                 return Err(self.err(f("ready.kind"), format!("{:?}: expected \"tcp\" or \"http\"", r.ready.kind)));

@@ -116,6 +116,13 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
         value: if sec.is_ok() { "filter mode available".into() } else { "absent".into() },
         meaning: "each role gets a seccomp-BPF allowlist; without it sealnode refuses to start".into(),
     });
+    v.extend(host_hardening());
+    v
+}
+
+/// What the host adds or takes away: cgroups, io_uring, TIOCSTI.
+fn host_hardening() -> Vec<Check> {
+    let mut v = Vec::new();
     let cg2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
     let own = std::fs::read_to_string("/proc/self/cgroup")

@@ -6,7 +6,7 @@
 //! READY=1. Stop: node first, then engine, each SIGTERM then SIGKILL after the grace period;
 //! scratch is wiped; the model dir is never touched.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -26,11 +26,11 @@ use crate::error::{Error, Result};
 use crate::sandbox::{self, Plan};
 
 const TOKEN_SIGNAL: u64 = 1 << 56;
-const TOKEN_PROBE: u64 = 4 << 56;
+const TOKEN_READY: u64 = 4 << 56;
 const TOKEN_CONTROL: u64 = 5 << 56;
 const TOKEN_CLIENT: u64 = 6 << 56;
 /// Time between readiness attempts.
-const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+const READY_INTERVAL: Duration = Duration::from_millis(100);
 /// Restart backoff bounds; a role that ran this long resets its backoff.
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -84,15 +84,15 @@ struct Gate {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-enum ProbeStep {
+enum ReadyStep {
     Connecting,
     Reading,
 }
 
 #[derive(Debug)]
-struct Probe {
+struct ReadyCheck {
     fd: Option<OwnedFd>,
-    step: ProbeStep,
+    step: ReadyStep,
     buf: Vec<u8>,
     next_try: Instant,
     deadline: Instant,
@@ -114,7 +114,7 @@ pub struct Supervisor {
     sigfd: SignalFd,
     fwd: Forwarder,
     slots: [Slot; 2],
-    probe: Option<Probe>,
+    ready_check: Option<ReadyCheck>,
     stopping: Option<(i32, After)>,
     ready_sent: bool,
     watchdog: Option<(Duration, Instant)>,
@@ -261,7 +261,7 @@ impl Supervisor {
             sigfd,
             fwd,
             slots: [slot(Role::Engine), slot(Role::Node)],
-            probe: None,
+            ready_check: None,
             stopping: None,
             ready_sent: false,
             watchdog,
@@ -312,7 +312,7 @@ impl Supervisor {
                 let token = ev.data();
                 match token & TOKEN_KIND {
                     TOKEN_SIGNAL => self.on_signals(),
-                    TOKEN_PROBE => self.advance_probe(),
+                    TOKEN_READY => self.advance_ready_check(),
                     TOKEN_CONTROL => self.on_control(),
                     TOKEN_CLIENT => self.on_client(token & !TOKEN_KIND),
                     _ => self.fwd.handle(&self.epoll, token, ev.events()),
@@ -500,7 +500,7 @@ impl Supervisor {
                 crate::control::respond(&mut stream, &v);
             }
             Ok(crate::control::Request::Recycle) => {
-                if self.stopping.is_some() || self.pending.is_some() || self.probe.is_some() {
+                if self.stopping.is_some() || self.pending.is_some() || self.ready_check.is_some() {
                     crate::control::respond(
                         &mut stream,
                         &crate::control::error("busy: a start, stop or recycle is in progress; try again"),
@@ -574,7 +574,7 @@ impl Supervisor {
                 _ => {}
             }
         }
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.ready_check {
             d.push(p.deadline);
             if p.fd.is_none() {
                 d.push(p.next_try);
@@ -613,7 +613,7 @@ impl Supervisor {
                 s.started = Some(Instant::now());
                 notify(&[NotifyState::Status(&format!("{role} started"))]);
                 if role == Role::Engine {
-                    self.begin_probe();
+                    self.begin_ready_check();
                 }
                 Ok(())
             }
@@ -631,65 +631,65 @@ impl Supervisor {
         }
     }
 
-    fn begin_probe(&mut self) {
+    fn begin_ready_check(&mut self) {
         let timeout = Duration::from_secs(self.cfg.engine.ready.timeout_s);
-        self.probe = Some(Probe {
+        self.ready_check = Some(ReadyCheck {
             fd: None,
-            step: ProbeStep::Connecting,
+            step: ReadyStep::Connecting,
             buf: Vec::new(),
             next_try: Instant::now(),
             deadline: Instant::now() + timeout,
         });
     }
 
-    fn try_probe(&mut self) {
+    fn try_ready_check(&mut self) {
         let port = self.cfg.engine.port.unwrap_or(0) as u16;
-        let Some(p) = self.probe.as_mut() else { return };
-        p.next_try = Instant::now() + PROBE_INTERVAL;
+        let Some(p) = self.ready_check.as_mut() else { return };
+        p.next_try = Instant::now() + READY_INTERVAL;
         let Ok(fd) = self.cell.engine_socket() else { return };
         match connect(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))) {
             Ok(()) | Err(Errno::EINPROGRESS) => {}
             Err(_) => return,
         }
-        if self.epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLOUT, TOKEN_PROBE)).is_ok() {
-            p.step = ProbeStep::Connecting;
+        if self.epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLOUT, TOKEN_READY)).is_ok() {
+            p.step = ReadyStep::Connecting;
             p.buf.clear();
             p.fd = Some(fd);
         }
     }
 
-    fn probe_failed(&mut self) {
-        if let Some(p) = self.probe.as_mut() {
+    fn ready_check_failed(&mut self) {
+        if let Some(p) = self.ready_check.as_mut() {
             if let Some(fd) = p.fd.take() {
                 let _ = self.epoll.delete(fd.as_fd());
             }
         }
     }
 
-    fn advance_probe(&mut self) {
+    fn advance_ready_check(&mut self) {
         let http = self.cfg.engine.ready.kind == "http";
         let path = self.cfg.engine.ready.path.clone();
-        let Some(p) = self.probe.as_mut() else { return };
+        let Some(p) = self.ready_check.as_mut() else { return };
         let Some(fd) = p.fd.as_ref() else { return };
         match p.step {
-            ProbeStep::Connecting => {
+            ReadyStep::Connecting => {
                 if !matches!(getsockopt(fd, sockopt::SocketError), Ok(0)) {
-                    return self.probe_failed();
+                    return self.ready_check_failed();
                 }
                 if !http {
                     return self.engine_ready();
                 }
                 let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nUser-Agent: sealnode-readiness\r\n\r\n");
                 if nix::unistd::write(fd, req.as_bytes()).ok() != Some(req.len()) {
-                    return self.probe_failed();
+                    return self.ready_check_failed();
                 }
-                p.step = ProbeStep::Reading;
-                let _ = self.epoll.modify(fd.as_fd(), &mut EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_PROBE));
+                p.step = ReadyStep::Reading;
+                let _ = self.epoll.modify(fd.as_fd(), &mut EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_READY));
             }
-            ProbeStep::Reading => {
+            ReadyStep::Reading => {
                 let mut b = [0u8; 512];
                 match nix::unistd::read(fd, &mut b) {
-                    Ok(0) | Err(_) => return self.probe_failed(),
+                    Ok(0) | Err(_) => return self.ready_check_failed(),
                     Ok(n) => p.buf.extend_from_slice(&b[..n]),
                 }
                 if let Some(end) = p.buf.windows(2).position(|w| w == b"\r\n") {
@@ -698,18 +698,18 @@ impl Supervisor {
                         return self.engine_ready();
                     }
                     tracing::debug!(status = %line, "engine not ready yet");
-                    return self.probe_failed();
+                    return self.ready_check_failed();
                 }
                 if p.buf.len() > 4096 {
-                    self.probe_failed();
+                    self.ready_check_failed();
                 }
             }
         }
     }
 
     fn engine_ready(&mut self) {
-        self.probe_failed();
-        self.probe = None;
+        self.ready_check_failed();
+        self.ready_check = None;
         tracing::info!(role = "engine", "engine ready");
         if self.stopping.is_some() {
             return;
@@ -891,8 +891,8 @@ impl Supervisor {
             tracing::warn!(role = %role, pid = pid.as_raw(), code, restart_in_ms = delay.as_millis() as u64, restarts = s.restarts, "role exited; restarting");
             notify(&[NotifyState::Status(&format!("{role} exited with {code}; restarting"))]);
             if role == Role::Engine {
-                self.probe_failed();
-                self.probe = None;
+                self.ready_check_failed();
+                self.ready_check = None;
             }
         } else {
             s.state = State::Down;
@@ -925,8 +925,8 @@ impl Supervisor {
                 );
             }
         }
-        self.probe_failed();
-        self.probe = None;
+        self.ready_check_failed();
+        self.ready_check = None;
         for s in self.slots.iter_mut() {
             if let State::Waiting(_) = s.state {
                 s.state = State::Down;
@@ -971,8 +971,8 @@ impl Supervisor {
                     self.slots[i].state = State::Down;
                     // The node restarts only once the engine is ready again. Either passes the
                     // gate first: its preflight, a new receipt.
-                    let engine_ready =
-                        self.probe.is_none() && matches!(self.slots[Role::Engine as usize].state, State::Running(_));
+                    let engine_ready = self.ready_check.is_none()
+                        && matches!(self.slots[Role::Engine as usize].state, State::Running(_));
                     if role == Role::Engine || engine_ready {
                         match self.gate(&[role]) {
                             Ok(()) => {
@@ -981,13 +981,13 @@ impl Supervisor {
                             Err(code) => self.begin_stop(code, After::Exit),
                         }
                     } else {
-                        self.slots[i].state = State::Waiting(now + PROBE_INTERVAL);
+                        self.slots[i].state = State::Waiting(now + READY_INTERVAL);
                     }
                 }
                 _ => {}
             }
         }
-        if let Some(p) = &self.probe {
+        if let Some(p) = &self.ready_check {
             if p.deadline <= now {
                 let secs = self.cfg.engine.ready.timeout_s;
                 tracing::error!(timeout_s = secs, "engine not ready in time");
@@ -998,7 +998,7 @@ impl Supervisor {
                 );
                 self.begin_stop(exit::NOT_READY, After::Exit);
             } else if p.fd.is_none() && p.next_try <= now {
-                self.try_probe();
+                self.try_ready_check();
             }
         }
         if let Some((iv, last)) = self.watchdog {
@@ -1011,11 +1011,6 @@ impl Supervisor {
             self.next_sweep = self.fwd.sweep(&self.epoll);
         }
         self.fwd.expire_lookups(&self.epoll);
-    }
-
-    /// Per-upstream counters (for logs and, later, the control socket).
-    pub fn egress_stats(&self) -> Vec<crate::egress::Stats> {
-        self.fwd.stats()
     }
 }
 
@@ -1099,9 +1094,4 @@ fn open_control(cfg: &Config, dir: &OwnedFd) -> Result<std::os::unix::net::UnixL
     let l = bound.map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
     l.set_nonblocking(true).map_err(|e| Error::io("control socket", e))?;
     Ok(l)
-}
-
-/// The address a role's forwarder listens on, for docs and tests.
-pub fn egress_listen_addr(i: usize, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(Config::egress_addr(i), port))
 }

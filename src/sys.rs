@@ -1,5 +1,6 @@
 //! Raw system calls that nix does not wrap (or wraps in a way the child cannot use).
-//! Every `unsafe` block in sealnode lives here, each with its SAFETY argument.
+//! Most of sealnode's `unsafe` blocks live here; every one, here or elsewhere, carries its
+//! `// SAFETY:` argument.
 
 use std::ffi::CStr;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};

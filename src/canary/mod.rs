@@ -9,7 +9,6 @@ pub mod ci_report;
 pub mod inside;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::os::fd::OwnedFd;
 
 use serde::Serialize;
@@ -497,10 +496,11 @@ fn run_battery(
     // The attempts' stdin is a pty whose other end we hold: TIOCSTI has a real target.
     let pty = nix::pty::openpty(None, None).map_err(|e| Error::errno("openpty", e))?;
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
-    let saved = redirect_stdio(&pty.slave, &out_w)?;
+    let mut plan = plan;
+    plan.stdio = Some(crate::sandbox::plan::Stdio { stdin: pty.slave, stdout: out_w });
     let spawned = sandbox::spawn_in(&plan, cell);
-    restore_stdio(saved)?;
-    drop(out_w);
+    // Our copies of the role's stdio close now: EOF on the pipe is then the probe's exit.
+    plan.stdio = None;
     let sb = spawned?;
     // Bounded: `run` runs the battery inside its event loop, so an attempt that blocked
     // would stall the supervisor. A battery takes well under a second.
@@ -515,7 +515,7 @@ fn run_battery(
     // Never sigwait here: `run` runs the battery between its own signal handling, and a
     // SIGTERM taken (and forwarded) here would be lost to it.
     let code = sandbox::spawn::wait_exit(sb);
-    drop(pty);
+    drop(pty.master);
     if code != 0 {
         return Err(Error::errno(
             format!("canary probe in the {role} role exited with {code}"),
@@ -556,27 +556,6 @@ fn read_until_eof(fd: OwnedFd, limit: std::time::Duration) -> std::result::Resul
             Err(e) => return Err(e),
         }
     }
-}
-
-/// Point our stdin at the pty and stdout at the pipe while the sandbox is cloned (it inherits
-/// fds 0 and 1); return the originals.
-fn redirect_stdio(stdin: &OwnedFd, stdout: &OwnedFd) -> Result<(OwnedFd, OwnedFd)> {
-    let dup = |fd: i32| nix::unistd::dup(unsafe_borrow(fd)).map_err(|e| Error::errno("dup", e));
-    let saved = (dup(0)?, dup(1)?);
-    let _ = std::io::stdout().flush();
-    nix::unistd::dup2_stdin(stdin).map_err(|e| Error::errno("dup2", e))?;
-    nix::unistd::dup2_stdout(stdout).map_err(|e| Error::errno("dup2", e))?;
-    Ok(saved)
-}
-
-fn restore_stdio(saved: (OwnedFd, OwnedFd)) -> Result<()> {
-    nix::unistd::dup2_stdin(&saved.0).map_err(|e| Error::errno("dup2", e))?;
-    nix::unistd::dup2_stdout(&saved.1).map_err(|e| Error::errno("dup2", e))
-}
-
-fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
-    // SAFETY: fd is stdio or an fd this module owns for the duration of the call.
-    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
 
 /// Run the battery in each role's exact sandbox, inside `cell` (which `run` already built)

@@ -1,6 +1,6 @@
 //! Seccomp policy: seccompiler JSON files under `seccomp/`, one filter per role.
 //!
-//! Loading lints the JSON for the pitfalls real escapes used (see DESIGN.md §3) before
+//! Loading lints the JSON for the pitfalls real escapes used (each check in [`lint`]) before
 //! compiling it, so a weakened policy is refused rather than installed.
 
 use std::collections::BTreeMap;

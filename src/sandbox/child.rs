@@ -1,5 +1,6 @@
 //! The child's setup sequence: one function, top to bottom, one step per line, each with
-//! the reason it sits where it does. Order is correctness (DESIGN.md §2).
+//! the reason it sits where it does. Order is correctness
+//! (docs/architecture.md, "The child's setup sequence", says why each step sits where it does).
 
 use std::os::fd::RawFd;
 
@@ -18,6 +19,8 @@ use crate::sys;
 pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Die with the launcher: first, so no later step can outlive a dead supervisor.
     must(fds.err, Stage::DieWithParent, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
+    // The plan's own stdin/stdout onto fds 0 and 1, before the fds they come from are closed.
+    must(fds.err, Stage::Stdio, 0, plan.install_stdio());
     // Keep only the setup pipes (and the program fd): sandbox init lives as long as the role and
     // must not hold the supervisor's sockets, listeners or another role's pipes.
     must(fds.err, Stage::CloseInheritedFds, 0, sys::close_all_except(&[fds.err, fds.sync, plan.program_fd()]));

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use seccompiler::BpfProgram;
 
-use crate::config::{Config, Ids, Invoker, Role, INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
+use crate::config::{Config, Ids, Invoker, Role, RoleConfig, INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
 use crate::error::{Error, Result};
 use crate::policy::{landlock, seccomp};
 
@@ -98,7 +98,16 @@ pub enum Mount {
 
 impl Mount {
     pub fn describe(&self) -> String {
-        let s = |c: &CString| c.to_string_lossy().trim_start_matches(NEWROOT).to_string();
+        // The path as the role sees it: the new root's prefix removed once (a role's /tmp is
+        // NEWROOT + "/tmp", which must not lose both).
+        let s = |c: &CString| {
+            let p = c.to_string_lossy();
+            match p.strip_prefix(NEWROOT) {
+                Some("") => "/".to_string(),
+                Some(rest) if rest.starts_with('/') => rest.to_string(),
+                _ => p.into_owned(),
+            }
+        };
         match self {
             Mount::Tmpfs { dst, .. } => format!("tmpfs on {}", s(dst)),
             Mount::Bind { src, dst, .. } => format!("bind {} -> {}", src.to_string_lossy(), s(dst)),
@@ -169,9 +178,28 @@ pub struct Plan {
     pub program: Program,
     /// For a pinned program: the sha256 of the sealed copy that will run (the receipt's).
     pub program_sha256: Option<String>,
+    /// The role's stdin and stdout when they are not the launcher's own (the canary's pty and
+    /// report pipe); the child puts them on fds 0 and 1. stderr is always the launcher's.
+    pub stdio: Option<Stdio>,
+}
+
+/// A role's own stdin and stdout (see [`Plan::stdio`]).
+#[derive(Debug)]
+pub struct Stdio {
+    pub stdin: std::os::fd::OwnedFd,
+    pub stdout: std::os::fd::OwnedFd,
 }
 
 impl Plan {
+    /// Put the plan's stdio (if any) on fds 0 and 1 (in the child, before fds are closed).
+    pub fn install_stdio(&self) -> std::result::Result<(), nix::errno::Errno> {
+        if let Some(s) = &self.stdio {
+            nix::unistd::dup2_stdin(&s.stdin)?;
+            nix::unistd::dup2_stdout(&s.stdout)?;
+        }
+        Ok(())
+    }
+
     /// The fd the workload is executed from, if any (-1 otherwise).
     pub fn program_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
@@ -262,159 +290,271 @@ impl Plan {
     ) -> Result<Plan> {
         let r = cfg.role(role);
         let ids = cfg.role_ids(role, inv)?;
-        let kernel_abi = crate::sys::landlock_abi();
-        // The policies as Config::load read them (checked, once): never the files again.
-        let (sc, ll) = cfg.policy_files(role)?;
-        let rules = landlock::Rules::from_loaded(&ll.bytes, &r.landlock)?;
-        if kernel_abi < i32::from(rules.min_abi) {
-            return Err(Error::Unsupported {
-                what: format!(
-                    "{}: needs Landlock ABI {} but this kernel offers {} ({})",
-                    r.landlock.display(),
-                    rules.min_abi,
-                    kernel_abi,
-                    if kernel_abi == 0 { "Landlock disabled or absent" } else { "kernel too old" }
-                ),
-                fix: "boot a kernel >= 6.12 with CONFIG_SECURITY_LANDLOCK=y and \"landlock\" in the lsm= list (see `sealnode doctor`)".into(),
-            });
-        }
-        let landlock = rules.resolve(cfg, role);
-        let seccomp = seccomp::compile_loaded(
-            &sc.bytes,
-            &sc.sha256,
-            &r.seccomp,
-            role.name(),
-            crate::policy::arch::native_arch(),
-        )?;
-
-        let mut mounts = vec![Mount::Tmpfs {
-            dst: cstr(NEWROOT)?,
-            opts: cstr("size=1m,nr_inodes=4096,mode=0755")?,
-            attrs: NOSUID | NODEV,
-        }];
-        // System paths, read-only; symlinks recreated.
-        for p in SYSTEM_RO {
-            let path = Path::new(p);
-            let Ok(md) = std::fs::symlink_metadata(path) else {
-                continue;
-            };
-            if md.file_type().is_symlink() {
-                let target = std::fs::read_link(path).map_err(|e| Error::io(format!("readlink {p}"), e))?;
-                mounts.push(Mount::Symlink { target: cstr(&target)?, dst: under_root(path)? });
-            } else {
-                mounts.push(Mount::Bind {
-                    src: cstr(path)?,
-                    dst: under_root(path)?,
-                    dir: md.is_dir(),
-                    attrs: RDONLY | NOSUID | NODEV,
-                    check: None,
-                    nofollow: false,
-                });
-            }
-        }
-        // Role paths: opened without symlinks and checked (owner, mode) on that same fd, whose
-        // (dev, inode) the child verifies again right before mounting.
-        let role_bind = |field: String, src: &Path, inside: &Path, writable: bool, exec: bool| -> Result<Mount> {
-            let md = cfg.checked_role_path(role, &field, src, writable, inv)?;
-            let mut attrs = NOSUID | NODEV;
-            if !writable {
-                attrs |= RDONLY;
-            }
-            if writable || !exec {
-                attrs |= NOEXEC;
-            }
-            Ok(Mount::Bind {
-                src: cstr(src)?,
-                dst: under_root(inside)?,
-                dir: md.is_dir(),
-                attrs,
-                check: Some((md.dev(), md.ino())),
-                nofollow: true,
-            })
+        let (landlock, seccomp) = policies(cfg, role)?;
+        let (mounts, workdir) = if layers.namespaces {
+            (mount_table(cfg, role, inv, ids)?, cstr(INSIDE_SCRATCH)?)
+        } else {
+            (matrix_mounts(r)?, cstr("/")?)
         };
-        if let Some(m) = &r.models {
-            mounts.push(role_bind(format!("{role}.models"), m, Path::new(INSIDE_MODELS), r.models_writable, false)?);
-        }
-        mounts.push(role_bind(format!("{role}.scratch"), &r.scratch, Path::new(INSIDE_SCRATCH), true, false)?);
-        if let Some(c) = &r.credential {
-            mounts.push(role_bind(format!("{role}.credential"), c, Path::new(INSIDE_CREDENTIAL), false, false)?);
-        }
-        for (i, b) in r.ro_binds.iter().enumerate() {
-            mounts.push(role_bind(format!("{role}.ro_binds[{i}].src"), &b.src, b.inside(), false, b.exec)?);
-        }
-        // Minimal /dev: tmpfs without devices of its own; device nodes are bind mounts.
-        mounts.push(Mount::Tmpfs {
-            dst: under_root(Path::new("/dev"))?,
-            opts: cstr("size=64k,nr_inodes=64,mode=0755")?,
-            attrs: NOSUID | NODEV | NOEXEC,
+        let exec = Exec::resolve(cfg, role, inv, argv, program)?;
+        let l = &r.rlimits;
+        Ok(Plan {
+            layers,
+            role,
+            ids,
+            rootful: inv.rootful(),
+            hostname: cstr(&cfg.cell.hostname)?,
+            mounts,
+            workdir,
+            rlimits: vec![
+                (nix::sys::resource::Resource::RLIMIT_CORE, 0),
+                (nix::sys::resource::Resource::RLIMIT_NOFILE, l.nofile),
+                (nix::sys::resource::Resource::RLIMIT_NPROC, l.nproc),
+                (nix::sys::resource::Resource::RLIMIT_FSIZE, l.fsize_mb.saturating_mul(1 << 20)),
+                (nix::sys::resource::Resource::RLIMIT_MEMLOCK, l.memlock_kb.saturating_mul(1 << 10)),
+            ],
+            landlock,
+            seccomp,
+            exec_paths: exec.paths,
+            argv: exec.argv,
+            envp: exec.envp,
+            program: exec.program,
+            program_sha256: exec.sha256,
+            stdio: None,
+        })
+    }
+}
+
+/// The role's Landlock ruleset, resolved against its view, and its compiled seccomp filter,
+/// from the policies as `Config::load` read them (checked, once): never the files again.
+fn policies(cfg: &Config, role: Role) -> Result<(landlock::Resolved, BpfProgram)> {
+    let r = cfg.role(role);
+    let (sc, ll) = cfg.policy_files(role)?;
+    let rules = landlock::Rules::from_loaded(&ll.bytes, &r.landlock)?;
+    let kernel_abi = crate::sys::landlock_abi();
+    if kernel_abi < i32::from(rules.min_abi) {
+        return Err(Error::Unsupported {
+            what: format!(
+                "{}: needs Landlock ABI {} but this kernel offers {} ({})",
+                r.landlock.display(),
+                rules.min_abi,
+                kernel_abi,
+                if kernel_abi == 0 { "Landlock disabled or absent" } else { "kernel too old" }
+            ),
+            fix: "boot a kernel >= 6.12 with CONFIG_SECURITY_LANDLOCK=y and \"landlock\" in the lsm= list (see `sealnode doctor`)".into(),
         });
-        for d in BASE_DEVICES.iter().map(Path::new).chain(r.devices.iter().map(PathBuf::as_path)) {
+    }
+    let landlock = rules.resolve(cfg, role);
+    let seccomp =
+        seccomp::compile_loaded(&sc.bytes, &sc.sha256, &r.seccomp, role.name(), crate::policy::arch::native_arch())?;
+    Ok((landlock, seccomp))
+}
+
+/// The mount table of a role's private root, in the order the child applies it.
+fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<Mount>> {
+    let r = cfg.role(role);
+    let mut mounts = vec![Mount::Tmpfs {
+        dst: cstr(NEWROOT)?,
+        opts: cstr("size=1m,nr_inodes=4096,mode=0755")?,
+        attrs: NOSUID | NODEV,
+    }];
+    // System paths, read-only; symlinks recreated.
+    for p in SYSTEM_RO {
+        let path = Path::new(p);
+        let Ok(md) = std::fs::symlink_metadata(path) else {
+            continue;
+        };
+        if md.file_type().is_symlink() {
+            let target = std::fs::read_link(path).map_err(|e| Error::io(format!("readlink {p}"), e))?;
+            mounts.push(Mount::Symlink { target: cstr(&target)?, dst: under_root(path)? });
+        } else {
             mounts.push(Mount::Bind {
-                src: cstr(d)?,
-                dst: under_root(d)?,
-                dir: false,
-                attrs: NOSUID | NOEXEC,
+                src: cstr(path)?,
+                dst: under_root(path)?,
+                dir: md.is_dir(),
+                attrs: RDONLY | NOSUID | NODEV,
                 check: None,
-                nofollow: true,
+                nofollow: false,
             });
         }
-        for (name, target) in [
-            ("fd", "/proc/self/fd"),
-            ("stdin", "/proc/self/fd/0"),
-            ("stdout", "/proc/self/fd/1"),
-            ("stderr", "/proc/self/fd/2"),
-        ] {
-            mounts.push(Mount::Symlink { target: cstr(target)?, dst: under_root(&Path::new("/dev").join(name))? });
+    }
+    // Role paths: opened without symlinks and checked (owner, mode) on that same fd, whose
+    // (dev, inode) the child verifies again right before mounting.
+    let role_bind = |field: String, src: &Path, inside: &Path, writable: bool, exec: bool| -> Result<Mount> {
+        let md = cfg.checked_role_path(role, &field, src, writable, inv)?;
+        let mut attrs = NOSUID | NODEV;
+        if !writable {
+            attrs |= RDONLY;
         }
-        let tmp_opts = format!("size={}m,nr_inodes=65536,mode=1777", r.tmp_size_mb);
-        mounts.push(Mount::Tmpfs {
-            dst: under_root(Path::new("/dev/shm"))?,
-            opts: cstr(&tmp_opts)?,
-            attrs: NOSUID | NODEV | NOEXEC,
-        });
-        // /dev is populated: nothing more may be created in it.
-        mounts.push(Mount::Freeze { dst: under_root(Path::new("/dev"))? });
-        mounts.push(Mount::Tmpfs {
-            dst: under_root(Path::new("/tmp"))?,
-            opts: cstr(&tmp_opts)?,
-            attrs: NOSUID | NODEV | NOEXEC,
-        });
-        // Fresh /proc for the new pid namespace, with the kernel's sharp edges hidden.
-        mounts.push(Mount::Proc { dst: under_root(Path::new("/proc"))? });
-        for p in PROC_MASK_FILES {
-            mounts.push(Mount::MaskFile { dst: under_root(Path::new(p))? });
+        if writable || !exec {
+            attrs |= NOEXEC;
         }
-        for p in PROC_MASK_DIRS {
-            mounts.push(Mount::MaskDir { dst: under_root(Path::new(p))? });
-        }
-        // No nested user namespaces in this user namespace: a second layer behind seccomp
-        // (the limit is per user namespace; the role cannot raise it: /proc/sys is read-only).
-        mounts.push(Mount::Sysctl {
-            dst: under_root(Path::new("/proc/sys/user/max_user_namespaces"))?,
-            value: b"0\n",
-            optional: false,
-        });
-        // The role's network namespace (the cell's, inside a cell): TCP Fast Open off, since a
-        // sendto(MSG_FASTOPEN) connects without connect(2), the call Landlock's port rules check
-        // (seccomp refuses the flag too); MPTCP off, since Landlock's port rules cover plain TCP
-        // only (seccomp refuses the protocol too). Absent without CONFIG_MPTCP.
-        mounts.push(Mount::Sysctl {
-            dst: under_root(Path::new("/proc/sys/net/ipv4/tcp_fastopen"))?,
-            value: b"0\n",
-            optional: false,
-        });
-        mounts.push(Mount::Sysctl {
-            dst: under_root(Path::new("/proc/sys/net/mptcp/enabled"))?,
-            value: b"0\n",
-            optional: true,
-        });
-        for p in PROC_READONLY {
-            mounts.push(Mount::ReadOnly { dst: under_root(Path::new(p))? });
-        }
-        for (p, contents) in generated_etc(cfg, role, ids) {
-            mounts.push(Mount::File { dst: under_root(Path::new(p))?, contents: contents.into_bytes() });
-        }
+        Ok(Mount::Bind {
+            src: cstr(src)?,
+            dst: under_root(inside)?,
+            dir: md.is_dir(),
+            attrs,
+            check: Some((md.dev(), md.ino())),
+            nofollow: true,
+        })
+    };
+    if let Some(m) = &r.models {
+        mounts.push(role_bind(format!("{role}.models"), m, Path::new(INSIDE_MODELS), r.models_writable, false)?);
+    }
+    mounts.push(role_bind(format!("{role}.scratch"), &r.scratch, Path::new(INSIDE_SCRATCH), true, false)?);
+    if let Some(c) = &r.credential {
+        mounts.push(role_bind(format!("{role}.credential"), c, Path::new(INSIDE_CREDENTIAL), false, false)?);
+    }
+    for (i, b) in r.ro_binds.iter().enumerate() {
+        mounts.push(role_bind(format!("{role}.ro_binds[{i}].src"), &b.src, b.inside(), false, b.exec)?);
+    }
+    mounts.extend(dev_and_tmp(r)?);
+    mounts.extend(proc_mounts()?);
+    for (p, contents) in generated_etc(cfg, role, ids) {
+        mounts.push(Mount::File { dst: under_root(Path::new(p))?, contents: contents.into_bytes() });
+    }
+    Ok(mounts)
+}
 
+/// `/dev` (a tmpfs with bound device nodes, then frozen), `/dev/shm` and `/tmp`.
+fn dev_and_tmp(r: &RoleConfig) -> Result<Vec<Mount>> {
+    let mut mounts = Vec::new();
+    // Minimal /dev: tmpfs without devices of its own; device nodes are bind mounts.
+    mounts.push(Mount::Tmpfs {
+        dst: under_root(Path::new("/dev"))?,
+        opts: cstr("size=64k,nr_inodes=64,mode=0755")?,
+        attrs: NOSUID | NODEV | NOEXEC,
+    });
+    for d in BASE_DEVICES.iter().map(Path::new).chain(r.devices.iter().map(PathBuf::as_path)) {
+        mounts.push(Mount::Bind {
+            src: cstr(d)?,
+            dst: under_root(d)?,
+            dir: false,
+            attrs: NOSUID | NOEXEC,
+            check: None,
+            nofollow: true,
+        });
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        mounts.push(Mount::Symlink { target: cstr(target)?, dst: under_root(&Path::new("/dev").join(name))? });
+    }
+    let tmp_opts = format!("size={}m,nr_inodes=65536,mode=1777", r.tmp_size_mb);
+    mounts.push(Mount::Tmpfs {
+        dst: under_root(Path::new("/dev/shm"))?,
+        opts: cstr(&tmp_opts)?,
+        attrs: NOSUID | NODEV | NOEXEC,
+    });
+    // /dev is populated: nothing more may be created in it.
+    mounts.push(Mount::Freeze { dst: under_root(Path::new("/dev"))? });
+    mounts.push(Mount::Tmpfs {
+        dst: under_root(Path::new("/tmp"))?,
+        opts: cstr(&tmp_opts)?,
+        attrs: NOSUID | NODEV | NOEXEC,
+    });
+    Ok(mounts)
+}
+
+/// A fresh `/proc` with the kernel's sharp edges masked, and the sysctls the seal sets.
+fn proc_mounts() -> Result<Vec<Mount>> {
+    let mut mounts = Vec::new();
+    // Fresh /proc for the new pid namespace, with the kernel's sharp edges hidden.
+    mounts.push(Mount::Proc { dst: under_root(Path::new("/proc"))? });
+    for p in PROC_MASK_FILES {
+        mounts.push(Mount::MaskFile { dst: under_root(Path::new(p))? });
+    }
+    for p in PROC_MASK_DIRS {
+        mounts.push(Mount::MaskDir { dst: under_root(Path::new(p))? });
+    }
+    // No nested user namespaces in this user namespace: a second layer behind seccomp
+    // (the limit is per user namespace; the role cannot raise it: /proc/sys is read-only).
+    mounts.push(Mount::Sysctl {
+        dst: under_root(Path::new("/proc/sys/user/max_user_namespaces"))?,
+        value: b"0\n",
+        optional: false,
+    });
+    // The role's network namespace (the cell's, inside a cell): TCP Fast Open off, since a
+    // sendto(MSG_FASTOPEN) connects without connect(2), the call Landlock's port rules check
+    // (seccomp refuses the flag too); MPTCP off, since Landlock's port rules cover plain TCP
+    // only (seccomp refuses the protocol too). Absent without CONFIG_MPTCP.
+    mounts.push(Mount::Sysctl {
+        dst: under_root(Path::new("/proc/sys/net/ipv4/tcp_fastopen"))?,
+        value: b"0\n",
+        optional: false,
+    });
+    mounts.push(Mount::Sysctl {
+        dst: under_root(Path::new("/proc/sys/net/mptcp/enabled"))?,
+        value: b"0\n",
+        optional: true,
+    });
+    for p in PROC_READONLY {
+        mounts.push(Mount::ReadOnly { dst: under_root(Path::new(p))? });
+    }
+    Ok(mounts)
+}
+
+/// The canary matrix's "namespaces off" columns: the host's whole tree, read-only, as the
+/// root, so nothing the probe tries can change the host. The canary's write and exec targets
+/// get throwaway tmpfs mounts, so each remaining layer's own refusal stays observable: the
+/// scratch dir writable and executable, the other targets mode 0555.
+fn matrix_mounts(r: &RoleConfig) -> Result<Vec<Mount>> {
+    let mut host = vec![Mount::Bind {
+        src: cstr("/")?,
+        dst: cstr(NEWROOT)?,
+        dir: true,
+        attrs: RDONLY | NOSUID | NODEV,
+        check: None,
+        nofollow: false,
+    }];
+    let mut targets = vec![(r.scratch.clone(), "mode=1777")];
+    for t in MATRIX_WRITE_TARGETS.iter().map(PathBuf::from).chain(r.models.clone()) {
+        targets.push((t, "mode=0555"));
+    }
+    for (t, mode) in targets {
+        if t.is_dir() {
+            host.push(Mount::Tmpfs {
+                dst: under_root(&t)?,
+                opts: cstr(format!("size=16m,{mode}"))?,
+                attrs: NOSUID | NODEV,
+            });
+        }
+    }
+    Ok(host)
+}
+
+/// Where the child tries to exec `prog0`: itself when it names a path, else each absolute
+/// directory of the role's PATH (default `/usr/bin:/bin`) in order; relative entries are skipped.
+fn exec_candidates(prog0: &str, env: &[(String, String)]) -> Result<Vec<CString>> {
+    if prog0.contains('/') {
+        return Ok(vec![cstr(prog0)?]);
+    }
+    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or("/usr/bin:/bin");
+    path.split(':').filter(|d| d.starts_with('/')).map(|d| cstr(format!("{d}/{prog0}"))).collect()
+}
+
+/// What the child executes, and with what arguments and environment.
+struct Exec {
+    program: Program,
+    sha256: Option<String>,
+    /// Where the child tries to exec, in order (a PATH search, or the memfd).
+    paths: Vec<CString>,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+}
+
+impl Exec {
+    fn resolve(
+        cfg: &Config,
+        role: Role,
+        inv: &Invoker,
+        argv: Option<Vec<String>>,
+        program: Option<Program>,
+    ) -> Result<Exec> {
+        let r = cfg.role(role);
         // The role's own program with a pin: copied into a sealed memfd, the memfd hashed and
         // executed (before every start), so what runs is exactly what was hashed. `exec` runs
         // another command, so the pin does not apply there.
@@ -437,68 +577,14 @@ impl Plan {
                 use std::os::fd::AsRawFd;
                 vec![cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()))?]
             }
-            _ if prog0.contains('/') => vec![cstr(prog0)?],
-            _ => {
-                let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or("/usr/bin:/bin");
-                path.split(':')
-                    .filter(|d| d.starts_with('/'))
-                    .map(|d| cstr(format!("{d}/{prog0}")))
-                    .collect::<Result<_>>()?
-            }
+            _ => exec_candidates(prog0, &env)?,
         };
-        let l = &r.rlimits;
-        let (mounts, workdir) = if layers.namespaces {
-            (mounts, cstr(INSIDE_SCRATCH)?)
-        } else {
-            // Matrix only: the host's whole tree, read-only, as the root, so nothing the probe
-            // tries can change the host. The canary's write and exec targets get throwaway
-            // tmpfs mounts, so each remaining layer's own refusal stays observable: the
-            // scratch dir writable and executable, the other targets mode 0555.
-            let mut host = vec![Mount::Bind {
-                src: cstr("/")?,
-                dst: cstr(NEWROOT)?,
-                dir: true,
-                attrs: RDONLY | NOSUID | NODEV,
-                check: None,
-                nofollow: false,
-            }];
-            let mut targets = vec![(r.scratch.clone(), "mode=1777")];
-            for t in MATRIX_WRITE_TARGETS.iter().map(PathBuf::from).chain(r.models.clone()) {
-                targets.push((t, "mode=0555"));
-            }
-            for (t, mode) in targets {
-                if t.is_dir() {
-                    host.push(Mount::Tmpfs {
-                        dst: under_root(&t)?,
-                        opts: cstr(format!("size=16m,{mode}"))?,
-                        attrs: NOSUID | NODEV,
-                    });
-                }
-            }
-            (host, cstr("/")?)
-        };
-        Ok(Plan {
-            layers,
-            role,
-            ids,
-            rootful: inv.rootful(),
-            hostname: cstr(&cfg.cell.hostname)?,
-            mounts,
-            workdir,
-            rlimits: vec![
-                (nix::sys::resource::Resource::RLIMIT_CORE, 0),
-                (nix::sys::resource::Resource::RLIMIT_NOFILE, l.nofile),
-                (nix::sys::resource::Resource::RLIMIT_NPROC, l.nproc),
-                (nix::sys::resource::Resource::RLIMIT_FSIZE, l.fsize_mb.saturating_mul(1 << 20)),
-                (nix::sys::resource::Resource::RLIMIT_MEMLOCK, l.memlock_kb.saturating_mul(1 << 10)),
-            ],
-            landlock,
-            seccomp,
-            exec_paths,
+        Ok(Exec {
+            program: program.unwrap_or(Program::Path(cstr(prog0)?)),
+            sha256: program_sha256,
+            paths: exec_paths,
             argv: argv.iter().map(cstr).collect::<Result<_>>()?,
             envp: env.iter().map(|(k, v)| cstr(format!("{k}={v}"))).collect::<Result<_>>()?,
-            program: program.unwrap_or(Program::Path(cstr(prog0)?)),
-            program_sha256,
         })
     }
 }
@@ -620,4 +706,127 @@ pub fn sealed_self() -> Result<std::os::fd::OwnedFd> {
     let fd: std::os::fd::OwnedFd = dst.into();
     seal(&fd)?;
     Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn role(extra: &str) -> RoleConfig {
+        toml::from_str(&format!(
+            "command = [\"/usr/bin/true\"]\nseccomp = \"/p/s.json\"\nlandlock = \"/p/l.toml\"\nscratch = \"/srv/s\"\n{extra}"
+        ))
+        .expect("role config")
+    }
+
+    fn described(m: &[Mount]) -> Vec<String> {
+        m.iter().map(Mount::describe).collect()
+    }
+
+    #[test]
+    fn dev_holds_exactly_the_base_and_declared_devices_then_is_frozen_before_tmp() {
+        let m = dev_and_tmp(&role("devices = [\"/dev/nvidia0\"]\ntmp_size_mb = 32")).expect("dev");
+        let d = described(&m);
+        assert_eq!(d.first().map(String::as_str), Some("tmpfs on /dev"));
+        assert_eq!(
+            Mount::Tmpfs { dst: cstr(NEWROOT).expect("c"), opts: cstr("").expect("c"), attrs: 0 }.describe(),
+            "tmpfs on /"
+        );
+        let binds: Vec<&Mount> = m.iter().filter(|x| matches!(x, Mount::Bind { .. })).collect();
+        let want: Vec<String> =
+            BASE_DEVICES.iter().copied().chain(["/dev/nvidia0"]).map(|p| format!("bind {p} -> {p}")).collect();
+        assert_eq!(binds.iter().map(|b| b.describe()).collect::<Vec<_>>(), want);
+        for b in &binds {
+            let Mount::Bind { attrs, nofollow, check, .. } = b else { unreachable!() };
+            // Device nodes work (no NODEV) but nothing there is setuid or executable, and a
+            // device path is never followed through a symlink.
+            assert_eq!(*attrs, NOSUID | NOEXEC);
+            assert!(*nofollow);
+            assert!(check.is_none());
+        }
+        let freeze = d.iter().position(|x| x == "freeze /dev").expect("freeze");
+        let last_dev =
+            d.iter().rposition(|x| x.contains(" /dev/") || x.ends_with("-> /dev/nvidia0")).expect("dev entries");
+        assert!(freeze > last_dev, "/dev is frozen after everything in it: {d:?}");
+        assert_eq!(d.last().map(String::as_str), Some("tmpfs on /tmp"));
+        let mut sized = 0;
+        for m in &m {
+            if let Mount::Tmpfs { dst, opts, attrs } = m {
+                if dst.to_bytes().ends_with(b"/dev/shm") || dst.to_bytes() == b"/tmp/tmp" {
+                    assert_eq!(opts.to_str(), Ok("size=32m,nr_inodes=65536,mode=1777"));
+                    assert_eq!(*attrs, NOSUID | NODEV | NOEXEC);
+                    sized += 1;
+                }
+            }
+        }
+        assert_eq!(sized, 2, "/dev/shm and /tmp are sized by tmp_size_mb");
+    }
+
+    #[test]
+    fn proc_is_fresh_masked_read_only_and_sets_the_seal_sysctls() {
+        let m = proc_mounts().expect("proc");
+        let d = described(&m);
+        assert_eq!(d[0], "proc on /proc");
+        for p in PROC_MASK_FILES.iter().chain(PROC_MASK_DIRS) {
+            assert!(d.contains(&format!("mask {p}")), "{p} masked: {d:?}");
+        }
+        for p in PROC_READONLY {
+            let ro = d.iter().position(|x| *x == format!("read-only {p}")).expect("read-only");
+            // The sysctls are written before /proc/sys turns read-only.
+            if *p == "/proc/sys" {
+                assert!(d.iter().filter(|x| x.starts_with("sysctl ")).count() == 3);
+                assert!(d.iter().rposition(|x| x.starts_with("sysctl ")).expect("sysctl") < ro);
+            }
+        }
+        let sysctls: Vec<(String, &[u8], bool)> = m
+            .iter()
+            .filter_map(|x| match x {
+                Mount::Sysctl { value, optional, .. } => Some((x.describe(), *value, *optional)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            sysctls,
+            vec![
+                ("sysctl /proc/sys/user/max_user_namespaces".to_string(), &b"0\n"[..], false),
+                ("sysctl /proc/sys/net/ipv4/tcp_fastopen".to_string(), &b"0\n"[..], false),
+                ("sysctl /proc/sys/net/mptcp/enabled".to_string(), &b"0\n"[..], true),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_matrix_root_is_the_host_read_only_with_throwaway_targets() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let scratch = dir.path().join("scratch");
+        std::fs::create_dir(&scratch).expect("mkdir");
+        let r = role("").clone();
+        let r = RoleConfig { scratch: scratch.clone(), models: Some(dir.path().join("absent")), ..r };
+        let m = matrix_mounts(&r).expect("matrix");
+        let Mount::Bind { src, attrs, .. } = &m[0] else { panic!("first is the host root: {:?}", described(&m)) };
+        assert_eq!(src.to_str(), Ok("/"));
+        assert_eq!(*attrs, RDONLY | NOSUID | NODEV);
+        // The scratch dir exists: a writable tmpfs covers it; an absent model dir gets nothing.
+        let tmpfs: Vec<String> = m
+            .iter()
+            .filter_map(|x| match x {
+                Mount::Tmpfs { opts, .. } => Some(format!("{} {}", x.describe(), opts.to_string_lossy())),
+                _ => None,
+            })
+            .collect();
+        assert!(tmpfs.contains(&format!("tmpfs on {} size=16m,mode=1777", scratch.display())), "{tmpfs:?}");
+        assert!(!tmpfs.iter().any(|t| t.contains("absent")), "{tmpfs:?}");
+    }
+
+    #[test]
+    fn a_bare_name_is_searched_in_the_roles_path_only() {
+        let env = |p: &str| vec![("PATH".to_string(), p.to_string())];
+        let got = |prog: &str, e: &[(String, String)]| -> Vec<String> {
+            exec_candidates(prog, e).expect("paths").iter().map(|c| c.to_string_lossy().into_owned()).collect()
+        };
+        assert_eq!(got("/opt/x/server", &env("/usr/bin")), vec!["/opt/x/server"]);
+        assert_eq!(got("python3", &env("/venv/bin:relative:/usr/bin")), vec!["/venv/bin/python3", "/usr/bin/python3"]);
+        assert_eq!(got("true", &[]), vec!["/usr/bin/true", "/bin/true"]);
+        assert!(exec_candidates("a\0b", &[]).is_err());
+    }
 }

@@ -21,6 +21,7 @@ pub struct ChildFds {
 #[repr(u32)]
 pub enum Stage {
     DieWithParent = 1,
+    Stdio,
     CloseInheritedFds,
     NewSession,
     WaitForIdMaps,
@@ -45,8 +46,9 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 22] = [
+    pub const ALL: [Stage; 23] = [
         Stage::DieWithParent,
+        Stage::Stdio,
         Stage::CloseInheritedFds,
         Stage::NewSession,
         Stage::WaitForIdMaps,
@@ -81,6 +83,7 @@ impl Step for Stage {
     fn name(self) -> &'static str {
         match self {
             Stage::DieWithParent => "die_with_parent",
+            Stage::Stdio => "stdio",
             Stage::CloseInheritedFds => "close_inherited_fds",
             Stage::NewSession => "new_session",
             Stage::WaitForIdMaps => "wait_for_id_maps",
