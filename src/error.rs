@@ -20,6 +20,10 @@ pub enum Error {
     /// A step of the sandbox setup failed inside the child (reported over the error pipe).
     #[error("sandbox setup failed: {step}: {detail}: {errno} ({desc})", desc = errno.desc())]
     Setup { step: &'static str, detail: String, errno: Errno },
+    /// A stop (SIGTERM, SIGINT, SIGQUIT) was requested while sealnode waited for a step to
+    /// finish; the step was abandoned so the stop is handled at once.
+    #[error("{what}: abandoned, a stop was requested")]
+    Stopped { what: String },
     /// A host-side system call or file operation failed.
     #[error("{what}: {source}")]
     Io {

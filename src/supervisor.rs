@@ -394,8 +394,12 @@ impl Supervisor {
             }
         }
         let t = Instant::now();
-        let fresh = match crate::canary::battery(&self.cfg, &self.inv, roles, Some(&self.cell)) {
+        let fresh = match crate::canary::battery_until(&self.cfg, &self.inv, roles, Some(&self.cell), &stop_pending) {
             Ok(r) => r,
+            Err(Error::Stopped { what }) => {
+                tracing::info!(what, "preflight abandoned: a stop was requested");
+                return Err(exit::STOPPED);
+            }
             Err(e) => {
                 tracing::error!(error = %e, "preflight canary could not run");
                 eprintln!("sealnode: preflight could not run: {e}");
@@ -787,7 +791,7 @@ impl Supervisor {
                 let dry = Role::ALL
                     .iter()
                     .try_for_each(|r| Plan::build(&new, *r, &self.inv, None, None).map(drop))
-                    .and_then(|()| crate::canary::battery(&new, &self.inv, &Role::ALL, None))
+                    .and_then(|()| crate::canary::battery_until(&new, &self.inv, &Role::ALL, None, &stop_pending))
                     .and_then(|rep| {
                         let escaped: Vec<String> = rep
                             .roles
@@ -978,6 +982,8 @@ impl Supervisor {
                             Ok(()) => {
                                 let _ = self.start(role);
                             }
+                            // A stop signal is pending: the loop takes it next and stops.
+                            Err(exit::STOPPED) => {}
                             Err(code) => self.begin_stop(code, After::Exit),
                         }
                     } else {
@@ -1012,6 +1018,12 @@ impl Supervisor {
         }
         self.fwd.expire_lookups(&self.epoll);
     }
+}
+
+/// A stop signal waits on the signalfd (the battery gives up its preflight for it).
+fn stop_pending() -> bool {
+    use nix::sys::signal::Signal;
+    crate::sys::signal_pending(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT])
 }
 
 /// Open sealnode's own dir `path` (trusted::own_dir) and take its `lock` exclusively, for as

@@ -202,6 +202,19 @@ pub fn execve(path: &CStr, argv: &[*const libc::c_char], envp: &[*const libc::c_
     Errno::last()
 }
 
+/// Is any of `sigs` pending for this process or thread (blocked and not yet taken)? Looks
+/// without consuming: the supervisor's signalfd still reads it afterwards.
+pub fn signal_pending(sigs: &[nix::sys::signal::Signal]) -> bool {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigpending fills the whole sigset_t we own; it is read only after success.
+    if unsafe { libc::sigpending(set.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: initialised by the successful sigpending above.
+    let set = unsafe { nix::sys::signal::SigSet::from_sigset_t_unchecked(set.assume_init()) };
+    sigs.iter().any(|s| set.contains(*s))
+}
+
 /// Exit immediately without running destructors or atexit handlers (child after clone).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no Rust state.

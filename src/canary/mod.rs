@@ -480,6 +480,7 @@ fn run_battery(
     cell: Option<&Cell>,
     layers: Layers,
     t: &Targets,
+    stop: StopRequested,
 ) -> Result<BTreeMap<String, Outcome>> {
     let ctx = ctx_for(cfg, role, t, inv, layers);
     let ctx_json = serde_json::to_string(&ctx).map_err(|e| Error::io("canary context", std::io::Error::other(e)))?;
@@ -504,12 +505,17 @@ fn run_battery(
     let sb = spawned?;
     // Bounded: `run` runs the battery inside its event loop, so an attempt that blocked
     // would stall the supervisor. A battery takes well under a second.
-    let out = match read_until_eof(out_r, BATTERY_DEADLINE) {
+    let out = match read_until_eof(out_r, BATTERY_DEADLINE, stop) {
         Ok(out) => out,
         Err(e) => {
             let _ = nix::sys::signal::kill(sb.pid, nix::sys::signal::Signal::SIGKILL);
             let _ = sandbox::spawn::wait_exit(sb);
-            return Err(Error::errno(format!("canary probe in the {role} role"), e));
+            let what = format!("canary probe in the {role} role");
+            return Err(if e == nix::errno::Errno::ECANCELED {
+                Error::Stopped { what }
+            } else {
+                Error::errno(what, e)
+            });
         }
     };
     // Never sigwait here: `run` runs the battery between its own signal handling, and a
@@ -531,8 +537,20 @@ fn run_battery(
 /// How long one role's battery may take before it counts as hung.
 const BATTERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Read `fd` to its end, at most until `limit` has passed (ETIMEDOUT then).
-fn read_until_eof(fd: OwnedFd, limit: std::time::Duration) -> std::result::Result<Vec<u8>, nix::errno::Errno> {
+/// Asked at least every [`STOP_CHECK`] while a battery waits for its probe: true once the
+/// caller wants to stop (the supervisor: a stop signal pending on its signalfd).
+pub type StopRequested<'a> = &'a dyn Fn() -> bool;
+
+/// How often a waiting battery asks whether to stop.
+const STOP_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Read `fd` to its end, at most until `limit` has passed (ETIMEDOUT then), or until `stop`
+/// says so (ECANCELED).
+fn read_until_eof(
+    fd: OwnedFd,
+    limit: std::time::Duration,
+    stop: StopRequested,
+) -> std::result::Result<Vec<u8>, nix::errno::Errno> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let deadline = std::time::Instant::now() + limit;
     let mut out = Vec::new();
@@ -542,7 +560,11 @@ fn read_until_eof(fd: OwnedFd, limit: std::time::Duration) -> std::result::Resul
         if left.is_zero() {
             return Err(nix::errno::Errno::ETIMEDOUT);
         }
-        let ms = PollTimeout::try_from(left.as_millis().min(60_000) as u64 + 1).unwrap_or(PollTimeout::MAX);
+        if stop() {
+            return Err(nix::errno::Errno::ECANCELED);
+        }
+        let slice = left.min(STOP_CHECK);
+        let ms = PollTimeout::try_from(slice.as_millis() as u64 + 1).unwrap_or(PollTimeout::MAX);
         let mut fds = [PollFd::new(std::os::fd::AsFd::as_fd(&fd), PollFlags::POLLIN)];
         match poll(&mut fds, ms) {
             Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
@@ -561,6 +583,18 @@ fn read_until_eof(fd: OwnedFd, limit: std::time::Duration) -> std::result::Resul
 /// Run the battery in each role's exact sandbox, inside `cell` (which `run` already built)
 /// or a fresh cell like `run` would build.
 pub fn battery(cfg: &Config, inv: &Invoker, roles: &[Role], cell: Option<&Cell>) -> Result<Report> {
+    battery_until(cfg, inv, roles, cell, &|| false)
+}
+
+/// [`battery`], abandoned with [`Error::Stopped`] as soon as `stop` says so: the supervisor
+/// runs it inside its event loop and must not sit on a pending SIGTERM.
+pub fn battery_until(
+    cfg: &Config,
+    inv: &Invoker,
+    roles: &[Role],
+    cell: Option<&Cell>,
+    stop: StopRequested,
+) -> Result<Report> {
     let t = targets(cfg)?;
     let owned;
     let cell = match cell {
@@ -572,7 +606,7 @@ pub fn battery(cfg: &Config, inv: &Invoker, roles: &[Role], cell: Option<&Cell>)
     };
     let mut reports = Vec::new();
     for role in roles {
-        let raw = run_battery(cfg, *role, inv, Some(cell), Layers::ALL, &t)?;
+        let raw = run_battery(cfg, *role, inv, Some(cell), Layers::ALL, &t, stop)?;
         reports.push(classify(*role, &raw));
     }
     let passed = reports.iter().all(|r| r.succeeded == 0);
@@ -631,10 +665,10 @@ pub fn matrix(cfg: &Config, inv: &Invoker, roles: &[Role]) -> Result<Matrix> {
     let t = targets(cfg)?;
     let mut rows = Vec::new();
     for role in roles {
-        let base = run_battery(cfg, *role, inv, None, Layers::NONE, &t)?;
+        let base = run_battery(cfg, *role, inv, None, Layers::NONE, &t, &|| false)?;
         let mut cols: Vec<(Layer, BTreeMap<String, Outcome>)> = Vec::new();
         for l in MATRIX_LAYERS {
-            let raw = run_battery(cfg, *role, inv, None, only_layer(l), &t)?;
+            let raw = run_battery(cfg, *role, inv, None, only_layer(l), &t, &|| false)?;
             cols.push((l, raw));
         }
         for spec in SPECS.iter().filter(|s| s.applies(*role)) {
@@ -757,4 +791,52 @@ pub fn render_matrix(m: &Matrix) -> String {
         )
     });
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_waiting_battery_gives_up_for_a_stop_and_for_its_deadline() {
+        // A probe that never writes nor exits: the pipe's write end stays open.
+        let (r, _w) = nix::unistd::pipe().expect("pipe");
+        let t = Instant::now();
+        let asked = std::cell::Cell::new(0);
+        let stop = || {
+            asked.set(asked.get() + 1);
+            t.elapsed() > Duration::from_millis(120)
+        };
+        assert_eq!(super::read_until_eof(r, Duration::from_secs(30), &stop), Err(nix::errno::Errno::ECANCELED));
+        assert!(t.elapsed() < Duration::from_secs(2), "gave up after {:?}", t.elapsed());
+        assert!(asked.get() >= 2, "asked {} times", asked.get());
+        let (r, _w) = nix::unistd::pipe().expect("pipe");
+        let t = Instant::now();
+        assert_eq!(
+            super::read_until_eof(r, Duration::from_millis(150), &|| false),
+            Err(nix::errno::Errno::ETIMEDOUT)
+        );
+        assert!(t.elapsed() < Duration::from_secs(2));
+        let (r, w) = nix::unistd::pipe().expect("pipe");
+        crate::sys::write_all(std::os::fd::AsRawFd::as_raw_fd(&w), b"{}").expect("write");
+        drop(w);
+        assert_eq!(super::read_until_eof(r, Duration::from_secs(5), &|| false), Ok(b"{}".to_vec()));
+    }
+
+    #[test]
+    fn a_blocked_signal_is_seen_pending_without_being_taken() {
+        use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+        // This thread only: the test harness's other threads keep their masks.
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGUSR2);
+        set.thread_block().expect("block");
+        assert!(!crate::sys::signal_pending(&[Signal::SIGUSR2]));
+        nix::sys::signal::raise(Signal::SIGUSR2).expect("raise"); // to this thread
+        assert!(crate::sys::signal_pending(&[Signal::SIGUSR2]));
+        assert!(!crate::sys::signal_pending(&[Signal::SIGTERM]));
+        // Still there to be taken.
+        assert_eq!(set.wait(), Ok(Signal::SIGUSR2));
+        assert!(!crate::sys::signal_pending(&[Signal::SIGUSR2]));
+        let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
+    }
 }
