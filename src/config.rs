@@ -171,6 +171,27 @@ pub struct RoleConfig {
     pub restart_limit: RestartLimit,
 }
 
+/// What a role path on the host must be ([`Config::checked_role_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// A directory (scratch, the model dir).
+    Dir,
+    /// A directory or a file (an extra read-only bind).
+    Any,
+    /// A secret: a regular file readable by its owner only (the node's credential).
+    Secret,
+}
+
+/// One host path a role binds.
+#[derive(Debug, Clone)]
+pub struct RolePath<'a> {
+    /// The config field naming it (for errors), e.g. `node.ro_binds[1].src`.
+    pub field: String,
+    pub path: &'a Path,
+    pub writable: bool,
+    pub kind: PathKind,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RestartLimit {
@@ -672,18 +693,22 @@ impl Config {
         Ok(())
     }
 
-    /// Every host path a role binds, with whether it is writable and the field naming it.
-    pub fn host_paths(&self, role: Role) -> Vec<(String, &Path, bool)> {
+    /// Every host path a role binds, with the field naming it, whether it is writable and what
+    /// it must be.
+    pub fn host_paths(&self, role: Role) -> Vec<RolePath<'_>> {
+        fn p(field: String, path: &Path, writable: bool, kind: PathKind) -> RolePath<'_> {
+            RolePath { field, path, writable, kind }
+        }
         let r = self.role(role);
-        let mut v = vec![(format!("{role}.scratch"), r.scratch.as_path(), true)];
+        let mut v = vec![p(format!("{role}.scratch"), r.scratch.as_path(), true, PathKind::Dir)];
         if let Some(m) = &r.models {
-            v.push((format!("{role}.models"), m.as_path(), r.models_writable));
+            v.push(p(format!("{role}.models"), m.as_path(), r.models_writable, PathKind::Dir));
         }
         if let Some(c) = &r.credential {
-            v.push((format!("{role}.credential"), c.as_path(), false));
+            v.push(p(format!("{role}.credential"), c.as_path(), false, PathKind::Secret));
         }
         for (i, b) in r.ro_binds.iter().enumerate() {
-            v.push((format!("{role}.ro_binds[{i}].src"), b.src.as_path(), false));
+            v.push(p(format!("{role}.ro_binds[{i}].src"), b.src.as_path(), false, PathKind::Any));
         }
         v
     }
@@ -702,10 +727,10 @@ impl Config {
             trusted.push((format!("{role}.seccomp"), self.role(role).seccomp.as_path()));
             trusted.push((format!("{role}.landlock"), self.role(role).landlock.as_path()));
         }
-        let writable: Vec<(String, &Path, bool)> =
-            Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|(_, _, w)| *w).collect();
+        let writable: Vec<RolePath> =
+            Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.writable).collect();
         for (field, path) in &trusted {
-            for (wf, w, _) in &writable {
+            for RolePath { field: wf, path: w, .. } in &writable {
                 if contains(w, path) {
                     return Err(self.err(
                         field.clone(),
@@ -724,8 +749,8 @@ impl Config {
     /// A writable dir must not overlap any other bound path, in either role.
     fn check_overlaps(&self) -> Result<()> {
         let all: Vec<_> = Role::ALL.iter().flat_map(|r| self.host_paths(*r)).collect();
-        for (i, (fa, a, wa)) in all.iter().enumerate() {
-            for (fb, b, wb) in all.iter().skip(i + 1) {
+        for (i, RolePath { field: fa, path: a, writable: wa, .. }) in all.iter().enumerate() {
+            for RolePath { field: fb, path: b, writable: wb, .. } in all.iter().skip(i + 1) {
                 if (*wa || *wb) && (contains(a, b) || contains(b, a)) {
                     let (wf, wp, of, op) = if *wa { (fa, a, fb, b) } else { (fb, b, fa, a) };
                     return Err(self.err(
@@ -786,8 +811,8 @@ impl Config {
         }
         for role in Role::ALL {
             let r = self.role(role);
-            for (field, path, writable) in self.host_paths(role) {
-                self.checked_role_path(role, &field, path, writable, inv)?;
+            for p in self.host_paths(role) {
+                self.checked_role_path(role, &p, inv)?;
             }
             for (i, d) in r.devices.iter().enumerate() {
                 let md = std::fs::symlink_metadata(d)
@@ -806,23 +831,18 @@ impl Config {
     /// Open a role path without following symlinks and check it (type, mode, owner) on that
     /// very descriptor. Returns its metadata, so the caller records (dev, inode) of exactly
     /// what was checked: a path swapped later is caught in the child (ESTALE).
-    pub fn checked_role_path(
-        &self,
-        role: Role,
-        field: &str,
-        path: &Path,
-        writable: bool,
-        inv: &Invoker,
-    ) -> Result<std::fs::Metadata> {
+    pub fn checked_role_path(&self, role: Role, p: &RolePath, inv: &Invoker) -> Result<std::fs::Metadata> {
+        let (field, path, writable) = (p.field.as_str(), p.path, p.writable);
         let owner = self.role_ids(role, inv)?;
         let md = self.no_symlink_stat(field, path)?;
-        let is_dir = md.is_dir();
-        let want_dir = !field.ends_with(".credential");
-        if want_dir && !field.contains("ro_binds") && !is_dir {
-            return Err(self.err(field.to_string(), format!("{} is not a directory", path.display())));
-        }
-        if field.ends_with(".credential") && !md.is_file() {
-            return Err(self.err(field.to_string(), format!("{} is not a regular file", path.display())));
+        match p.kind {
+            PathKind::Dir if !md.is_dir() => {
+                return Err(self.err(field.to_string(), format!("{} is not a directory", path.display())))
+            }
+            PathKind::Secret if !md.is_file() => {
+                return Err(self.err(field.to_string(), format!("{} is not a regular file", path.display())))
+            }
+            _ => {}
         }
         let mode = md.mode() & 0o7777;
         if mode & 0o022 != 0 {
@@ -857,7 +877,7 @@ impl Config {
                 ),
             ));
         }
-        if field.ends_with(".credential") && mode & 0o077 != 0 {
+        if p.kind == PathKind::Secret && mode & 0o077 != 0 {
             return Err(self.err(
                 field.to_string(),
                 format!("{} is readable by group or others (mode {:o}); chmod 0400", path.display(), mode),

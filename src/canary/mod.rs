@@ -812,10 +812,7 @@ mod tests {
         assert!(asked.get() >= 2, "asked {} times", asked.get());
         let (r, _w) = nix::unistd::pipe().expect("pipe");
         let t = Instant::now();
-        assert_eq!(
-            super::read_until_eof(r, Duration::from_millis(150), &|| false),
-            Err(nix::errno::Errno::ETIMEDOUT)
-        );
+        assert_eq!(super::read_until_eof(r, Duration::from_millis(150), &|| false), Err(nix::errno::Errno::ETIMEDOUT));
         assert!(t.elapsed() < Duration::from_secs(2));
         let (r, w) = nix::unistd::pipe().expect("pipe");
         crate::sys::write_all(std::os::fd::AsRawFd::as_raw_fd(&w), b"{}").expect("write");

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use seccompiler::BpfProgram;
 
-use crate::config::{Config, Ids, Invoker, Role, RoleConfig, INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
+use crate::config::{
+    Config, Ids, Invoker, PathKind, Role, RoleConfig, RolePath, INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH,
+};
 use crate::error::{Error, Result};
 use crate::policy::{landlock, seccomp};
 
@@ -380,8 +382,8 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
     }
     // Role paths: opened without symlinks and checked (owner, mode) on that same fd, whose
     // (dev, inode) the child verifies again right before mounting.
-    let role_bind = |field: String, src: &Path, inside: &Path, writable: bool, exec: bool| -> Result<Mount> {
-        let md = cfg.checked_role_path(role, &field, src, writable, inv)?;
+    let role_bind = |field: String, src: &Path, inside: &Path, writable: bool, exec: bool, kind| -> Result<Mount> {
+        let md = cfg.checked_role_path(role, &RolePath { field, path: src, writable, kind }, inv)?;
         let mut attrs = NOSUID | NODEV;
         if !writable {
             attrs |= RDONLY;
@@ -399,14 +401,35 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
         })
     };
     if let Some(m) = &r.models {
-        mounts.push(role_bind(format!("{role}.models"), m, Path::new(INSIDE_MODELS), r.models_writable, false)?);
+        mounts.push(role_bind(
+            format!("{role}.models"),
+            m,
+            Path::new(INSIDE_MODELS),
+            r.models_writable,
+            false,
+            PathKind::Dir,
+        )?);
     }
-    mounts.push(role_bind(format!("{role}.scratch"), &r.scratch, Path::new(INSIDE_SCRATCH), true, false)?);
+    mounts.push(role_bind(
+        format!("{role}.scratch"),
+        &r.scratch,
+        Path::new(INSIDE_SCRATCH),
+        true,
+        false,
+        PathKind::Dir,
+    )?);
     if let Some(c) = &r.credential {
-        mounts.push(role_bind(format!("{role}.credential"), c, Path::new(INSIDE_CREDENTIAL), false, false)?);
+        mounts.push(role_bind(
+            format!("{role}.credential"),
+            c,
+            Path::new(INSIDE_CREDENTIAL),
+            false,
+            false,
+            PathKind::Secret,
+        )?);
     }
     for (i, b) in r.ro_binds.iter().enumerate() {
-        mounts.push(role_bind(format!("{role}.ro_binds[{i}].src"), &b.src, b.inside(), false, b.exec)?);
+        mounts.push(role_bind(format!("{role}.ro_binds[{i}].src"), &b.src, b.inside(), false, b.exec, PathKind::Any)?);
     }
     mounts.extend(dev_and_tmp(r)?);
     mounts.extend(proc_mounts()?);
