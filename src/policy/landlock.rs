@@ -401,4 +401,59 @@ mod tests {
             assert!(e.contains(why), "{text}: {e}");
         }
     }
+
+    #[test]
+    fn shipped_node_rules_resolve_to_exactly_the_roles_own_paths_and_ports() {
+        let cfg = Config::parse(
+            r#"
+schema = 1
+[cell]
+state_dir = "/var/lib/sealnode"
+runtime_dir = "/run/sealnode"
+[engine]
+command = ["/usr/bin/llama-server"]
+port = 8080
+seccomp = "/p/engine.json"
+landlock = "/p/engine.toml"
+models = "/srv/models"
+scratch = "/var/lib/sealnode/engine"
+[node]
+command = ["/opt/venv/bin/python"]
+seccomp = "/p/node.json"
+landlock = "/p/node.toml"
+scratch = "/var/lib/sealnode/node"
+credential = "/etc/sealnode/credential"
+ro_binds = [{ src = "/opt/venv" }, { src = "/opt/data", dst = "/data", exec = false }]
+egress = [{ host = "gw.example", port = 443 }, { host = "logs.example", port = 8443 }]
+"#,
+            Path::new("/etc/sealnode/t.toml"),
+        )
+        .expect("config");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("landlock-rules");
+        let node = Rules::load(&root.join("node.toml")).expect("node").resolve(&cfg, Role::Node);
+        // The node connects to the engine's port and its egress ports, binds nothing.
+        assert_eq!(node.connect, vec![8080, 443, 8443]);
+        assert!(node.bind.is_empty());
+        assert_eq!(node.handled_net, AccessNet::BindTcp | AccessNet::ConnectTcp);
+        let paths = |want: &str| -> Vec<String> {
+            node.fs
+                .iter()
+                .filter(|(p, _, _)| p.to_str() == Ok(want))
+                .map(|(_, a, o)| format!("{a:?} optional={o}"))
+                .collect()
+        };
+        // Tokens expand to the paths inside the sandbox; a bind gets execute rights unless it
+        // says exec = false.
+        assert_eq!(paths(INSIDE_CREDENTIAL).len(), 1);
+        assert_eq!(paths("/opt/venv").len(), 2, "read and exec: {:?}", paths("/opt/venv"));
+        assert_eq!(paths("/data").len(), 1, "read only: {:?}", paths("/data"));
+        assert!(paths(INSIDE_MODELS).is_empty(), "the node has no model dir");
+        assert!(node.fs.iter().all(|(p, _, _)| !p.to_bytes().starts_with(b"@")), "every token expanded");
+        // The engine's rules: its own port only to bind, nothing to connect to.
+        let engine = Rules::load(&root.join("engine.toml")).expect("engine").resolve(&cfg, Role::Engine);
+        assert_eq!(engine.bind, vec![8080]);
+        assert!(engine.connect.is_empty());
+        assert!(!engine.fs.iter().any(|(p, _, _)| p.to_str() == Ok(INSIDE_CREDENTIAL)));
+        assert!(engine.fs.iter().any(|(p, _, _)| p.to_str() == Ok(INSIDE_MODELS)));
+    }
 }
