@@ -144,10 +144,18 @@ impl Upstream {
 /// own addresses. Private ranges pass only where the upstream allows them.
 pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: bool) -> Option<&'static str> {
     use std::net::IpAddr;
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
-        v4 => v4,
-    };
+    if let IpAddr::V6(v6) = ip {
+        // An IPv6 address that carries an IPv4 one is judged as that IPv4 address too: a name
+        // must not reach 127.0.0.1 or 169.254.169.254 through a translator (found by review).
+        if let Some(v4) = embedded_ipv4(v6) {
+            if let Some(why) = denied(IpAddr::V4(v4), own, allow_private) {
+                return Some(why);
+            }
+            if v6.to_ipv4_mapped().is_some() {
+                return None;
+            }
+        }
+    }
     if own.contains(&ip) {
         return Some("one of this host's own addresses");
     }
@@ -187,6 +195,27 @@ pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: boo
     }
 }
 
+/// The IPv4 address inside an IPv6 one: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
+/// (`::a.b.c.d`, deprecated but still routed by some stacks), NAT64's well-known prefix
+/// (`64:ff9b::/96`, RFC 6052) and 6to4 (`2002:AABB:CCDD::/48`, RFC 3056).
+fn embedded_ipv4(a: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    let seg = a.segments();
+    let tail = |hi: u16, lo: u16| std::net::Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    if let Some(v4) = a.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    if seg[..6] == [0; 6] && !(seg[6] == 0 && seg[7] <= 1) {
+        return Some(tail(seg[6], seg[7]));
+    }
+    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return Some(tail(seg[6], seg[7]));
+    }
+    if seg[0] == 0x2002 {
+        return Some(tail(seg[1], seg[2]));
+    }
+    None
+}
+
 /// This host's own addresses, every interface.
 fn own_addresses() -> Vec<std::net::IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
@@ -214,10 +243,20 @@ struct Lookup {
 
 fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, OwnedFd), Errno> {
     let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+    let parent = nix::unistd::getpid();
     // SAFETY: the supervisor is single-threaded; the child only resolves, writes and exits.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
+            // Dies with the supervisor, and if it already died before PDEATHSIG was armed.
             let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            if nix::unistd::getppid() != parent {
+                crate::sys::exit_now(1);
+            }
+            // Holds nothing of the supervisor's while it waits on the resolver: not the
+            // listeners, the connections or the cell's socket factory (found by review).
+            if crate::sys::close_all_except(&[w.as_raw_fd()]).is_err() {
+                crate::sys::exit_now(1);
+            }
             let text: String = match (host, port).to_socket_addrs() {
                 Ok(addrs) => addrs.map(|a| format!("{}\n", a.ip())).collect(),
                 Err(e) => format!("error {e}\n"),
@@ -227,6 +266,10 @@ fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, OwnedFd), Er
         }
         nix::unistd::ForkResult::Parent { child } => Ok((child, r)),
     }
+}
+
+fn spare_fd() -> Option<OwnedFd> {
+    nix::fcntl::open("/dev/null", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()).ok()
 }
 
 /// One direction of a forwarded connection: socket -> pipe -> socket.
@@ -335,8 +378,27 @@ pub struct Forwarder {
     conns: HashMap<u64, Conn>,
     next_id: u64,
     max_per_upstream: usize,
+    /// All upstreams together (the node-to-engine hop included): what the supervisor's fd
+    /// limit allows, less a reserve for the control socket and the gate ([`fd_budget`]).
+    max_total: usize,
     idle_timeout: Duration,
     lookups: HashMap<u64, Lookup>,
+    /// An fd held in reserve: at EMFILE it is closed to accept (and drop) the waiting
+    /// connection, so a level-triggered listener never spins.
+    spare: Option<OwnedFd>,
+    /// Refusals not logged yet (one warning a second at most), and when the last one was.
+    quiet: (u64, Option<Instant>),
+}
+
+/// Fds one forwarded connection holds: the node's socket, the outer one, two pipes.
+pub const FDS_PER_CONNECTION: usize = 6;
+/// Fds kept free of forwarding: control clients, a preflight (memfds, pipes, a pty, the cell's
+/// sockets), a reload's throwaway cell, receipts, lookups.
+pub const FD_RESERVE: usize = 256;
+
+/// How many connections the fd limit `nofile` leaves room for, all upstreams together.
+pub fn fd_budget(nofile: u64) -> usize {
+    (usize::try_from(nofile).unwrap_or(usize::MAX).saturating_sub(FD_RESERVE) / FDS_PER_CONNECTION).max(1)
 }
 
 impl Forwarder {
@@ -349,13 +411,18 @@ impl Forwarder {
         for (i, u) in upstreams.iter().enumerate() {
             epoll.add(u.listener.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_LISTENER | i as u64))?;
         }
+        let nofile =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|l| l.0).unwrap_or(1024);
         Ok(Forwarder {
             upstreams,
             conns: HashMap::new(),
             next_id: 1,
             max_per_upstream,
+            max_total: fd_budget(nofile),
             idle_timeout,
             lookups: HashMap::new(),
+            spare: spare_fd(),
+            quiet: (0, None),
         })
     }
 
@@ -413,21 +480,58 @@ impl Forwarder {
         }
     }
 
+    /// Connections held now, all upstreams together (parked ones included).
+    fn held(&self) -> usize {
+        self.upstreams.iter().map(|u| u.stats.active + u.parked.len()).sum()
+    }
+
+    /// A refused connection: counted always, logged at most once a second (a node opening
+    /// connections in a loop must not flood the journal; found by review).
+    fn refuse(&mut self, i: usize, why: &'static str) {
+        let limit = if why == "fd budget" { self.max_total } else { self.max_per_upstream };
+        let u = &mut self.upstreams[i];
+        u.stats.refused_over_limit += 1;
+        let now = Instant::now();
+        if self.quiet.1.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            self.quiet.0 += 1;
+            return;
+        }
+        tracing::warn!(upstream = %u.stats.upstream, limit, why, suppressed = self.quiet.0, "egress connection refused: limit reached");
+        self.quiet = (0, Some(now));
+    }
+
     fn accept(&mut self, epoll: &Epoll, i: usize) {
         loop {
             let Some(u) = self.upstreams.get_mut(i) else { return };
             let inner = match accept4(u.listener.as_fd(), SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC) {
                 Ok(fd) => fd,
                 Err(Errno::EINTR) | Err(Errno::ECONNABORTED) => continue,
+                Err(Errno::EMFILE) | Err(Errno::ENFILE) => {
+                    // Out of fds: free the spare, take the waiting connection and drop it, so
+                    // the listener does not stay readable and spin the loop.
+                    if self.spare.take().is_none() {
+                        return;
+                    }
+                    if let Ok(fd) = accept4(self.upstreams[i].listener.as_fd(), SockFlag::SOCK_CLOEXEC) {
+                        drop(fd);
+                        self.refuse(i, "out of fds");
+                    }
+                    self.spare = spare_fd();
+                    continue;
+                }
                 Err(_) => return,
             };
             // Small request/response traffic (WebSocket frames) must not wait for Nagle.
             let _ = nix::sys::socket::setsockopt(&inner, sockopt::TcpNoDelay, &true);
             if u.stats.active + u.parked.len() >= self.max_per_upstream {
-                u.stats.refused_over_limit += 1;
-                tracing::warn!(upstream = %u.stats.upstream, limit = self.max_per_upstream, "egress connection refused: limit reached");
+                self.refuse(i, "per upstream");
                 continue;
             }
+            if self.held() >= self.max_total {
+                self.refuse(i, "fd budget");
+                continue;
+            }
+            let u = &mut self.upstreams[i];
             match u.known_address() {
                 Some(addr) => self.connect_out(epoll, i, inner, addr),
                 None => self.park(epoll, i, inner),
@@ -564,7 +668,11 @@ impl Forwarder {
                 return;
             }
         };
-        let (Ok(d0), Ok(d1)) = (Dir::new(), Dir::new()) else { return };
+        let (Ok(d0), Ok(d1)) = (Dir::new(), Dir::new()) else {
+            u.stats.connect_failed += 1;
+            tracing::warn!(upstream = %u.stats.upstream, "egress connection dropped: no pipe for it (out of fds)");
+            return;
+        };
         u.stats.accepted += 1;
         u.stats.active += 1;
         let id = self.next_id;
@@ -694,7 +802,7 @@ fn connect_nonblocking(fd: OwnedFd, addr: SocketAddr) -> Result<OwnedFd, Errno> 
 
 #[cfg(test)]
 mod tests {
-    use super::denied;
+    use super::{denied, fd_budget, FDS_PER_CONNECTION, FD_RESERVE};
     use std::net::IpAddr;
 
     fn ip(s: &str) -> IpAddr {
@@ -724,6 +832,16 @@ mod tests {
             ("fc00::1", "unique local"),
             ("::ffff:127.0.0.1", "loopback"),
             ("::ffff:169.254.169.254", "link-local"),
+            // IPv4 inside IPv6 (found by review): compatible, NAT64, 6to4.
+            ("::127.0.0.1", "loopback"),
+            ("::a9fe:a9fe", "link-local"),
+            ("64:ff9b::a9fe:a9fe", "link-local"),
+            ("64:ff9b::7f00:1", "loopback"),
+            ("2002:7f00:1::1", "loopback"),
+            ("2002:a9fe:a9fe::", "link-local"),
+            ("2002:a01:203::1", "private"),
+            ("::ffff:203.0.113.7", "own addresses"),
+            ("64:ff9b::cb00:7107", "own addresses"),
         ] {
             let r = denied(ip(a), &own, false);
             assert!(r.is_some_and(|r| r.contains(why)), "{a}: {r:?}");
@@ -737,5 +855,16 @@ mod tests {
         assert_eq!(denied(ip("198.51.100.10"), &own, false), None);
         assert_eq!(denied(ip("2001:db8::1"), &own, false), None);
         assert_eq!(denied(ip("100.128.0.1"), &own, false), None);
+        assert_eq!(denied(ip("64:ff9b::c633:640a"), &own, false), None, "NAT64 of a public address");
+        assert_eq!(denied(ip("2002:c633:640a::1"), &own, false), None, "6to4 of a public address");
+        assert_eq!(denied(ip("::ffff:198.51.100.10"), &own, false), None);
+    }
+
+    #[test]
+    fn the_fd_budget_keeps_a_reserve() {
+        assert_eq!(fd_budget(1024), (1024 - FD_RESERVE) / FDS_PER_CONNECTION);
+        assert_eq!(fd_budget(65536), (65536 - FD_RESERVE) / 6);
+        // Below the reserve: one connection, never zero (the node still gets its gateway).
+        assert_eq!(fd_budget(100), 1);
     }
 }

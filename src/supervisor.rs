@@ -190,6 +190,13 @@ pub fn wipe(dir: &std::path::Path) -> std::io::Result<()> {
 impl Supervisor {
     /// Create the cell and the event loop. Nothing runs yet.
     pub fn new(cfg: Config, inv: Invoker) -> Result<Supervisor> {
+        // The forwarder's connections are bounded by the fd limit (egress::fd_budget): take
+        // the whole hard limit, as a server does (the roles set their own).
+        if let Ok((soft, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+            if soft < hard {
+                let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+            }
+        }
         // Orphans of anything we start are reaped here.
         crate::sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1).map_err(|e| Error::errno("PR_SET_CHILD_SUBREAPER", e))?;
         let set = sandbox::spawn::launcher_sigset();

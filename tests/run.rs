@@ -79,13 +79,19 @@ fn start(f: &Fixture, envs: &[(&str, &str)]) -> Running {
 /// `watchdog_pid`: export WATCHDOG_PID as systemd does (the pid of sealnode itself): a shell
 /// exports its own pid and execs the launcher command, which keeps the pid.
 fn start_with(f: &Fixture, envs: &[(&str, &str)], watchdog_pid: bool) -> Running {
+    start_in_shell(f, envs, if watchdog_pid { "export WATCHDOG_PID=$$; " } else { "" })
+}
+
+/// `sealnode run` started through `/bin/sh -c '<prefix>exec …'` (a prefix may set limits or
+/// variables the process must have from its first instruction).
+fn start_in_shell(f: &Fixture, envs: &[(&str, &str)], prefix: &str) -> Running {
     let cfg = f.config.display().to_string();
     let mut cmd = f.command(&["run", "--config", &cfg]);
-    if watchdog_pid {
+    if !prefix.is_empty() {
         let prog = cmd.get_program().to_owned();
         let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
         let mut sh = std::process::Command::new("/bin/sh");
-        sh.arg("-c").arg("export WATCHDOG_PID=$$; exec \"$@\"").arg("sh").arg(prog).args(args).current_dir(&f.dir);
+        sh.arg("-c").arg(format!("{prefix}exec \"$@\"")).arg("sh").arg(prog).args(args).current_dir(&f.dir);
         cmd = sh;
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -496,6 +502,64 @@ fn egress_is_bounded_and_idle_connections_close() {
         let field =
             |k: &str| totals.split_whitespace().find_map(|w| w.strip_prefix(k)?.strip_prefix('=')).unwrap_or("missing");
         assert_eq!((field("accepted"), field("refused")), ("1", "1"), "{mode:?}: {totals}");
+    }
+}
+
+/// The node cannot take the supervisor's fds: all connections together stay within what the
+/// fd limit allows less a reserve, so a restart's preflight still runs while the node holds
+/// every connection it can, and a node opening connections in a loop does not flood the log
+/// (found by review: at 1024 fds the next engine restart stopped the cell with exit 6).
+#[test]
+fn the_fd_budget_bounds_forwarding_and_keeps_the_gate_working() {
+    for mode in modes() {
+        let up = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = up.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for c in up.incoming().flatten() {
+                held.push(c);
+            }
+        });
+        // 70 connections held open (6 fds each unbounded: more than 400), then a churn.
+        let node_sh = format!(
+            "for i in $(seq 70); do sleep 1000 | /usr/bin/busybox nc gw.test {port} >/dev/null 2>&1 & done; \
+             sleep 2; echo node-holding; \
+             for i in $(seq 200); do /usr/bin/busybox nc -w 1 gw.test {port} </dev/null >/dev/null 2>&1; done; exec sleep 1000"
+        );
+        let node_extra = format!(
+            "egress = [{{ host = \"gw.test\", port = {port}, connect = \"127.0.0.1:{port}\" }}]\nrlimits = {{ nofile = 256 }}"
+        );
+        let engine_extra = "restart = \"always\"\nrlimits = { nofile = 256 }";
+        let f = cell(mode, "fdbudget", HTTPD, &node_sh, &node_extra, engine_extra, "egress_max_connections = 1000");
+        // 400 fds, soft and hard: room for (400 - 256) / 6 = 24 connections.
+        let run = start_in_shell(&f, &[], "ulimit -n 400; ");
+        run.line(60, |l| l == "node-holding");
+        // Kill the engine: its restart passes the gate (a preflight needs fds) while the node
+        // holds all it may.
+        let engine = descendants(run.pid().as_raw())
+            .into_iter()
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(b"/usr/bin/busybox\0httpd"))
+            })
+            .unwrap_or_else(|| panic!("{mode:?}: no engine process"));
+        kill(nix::unistd::Pid::from_raw(engine), Signal::SIGKILL).expect("kill engine");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while run.stderr().matches("preflight passed").count() < 2 {
+            assert!(Instant::now() < deadline, "{mode:?}: no second preflight: {}", run.stderr());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(!err.contains("Too many open files"), "{mode:?}: {err}");
+        let totals = err.lines().find(|l| l.contains("egress totals")).unwrap_or_else(|| panic!("{mode:?}: {err}"));
+        let field = |k: &str| -> u64 {
+            totals.split_whitespace().find_map(|w| w.strip_prefix(k)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
+        };
+        assert!(field("refused") >= 46, "{mode:?}: 70 held against a budget of 24: {totals}");
+        // Refusals are counted one by one but logged at most once a second.
+        let warnings = err.matches("egress connection refused: limit reached").count();
+        assert!((1..=30).contains(&warnings), "{mode:?}: {warnings} refusal warnings: {err}");
     }
 }
 

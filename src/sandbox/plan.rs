@@ -60,8 +60,10 @@ pub const PROC_MASK_FILES: &[&str] = &[
     "/proc/kmsg",
     "/proc/config.gz",
     // The sandbox init is a fork of the launcher: its command line is sealnode's, config path
-    // included (its environ is closed anyway: not dumpable).
+    // included (its environ is closed anyway: not dumpable). The same text is its main
+    // thread's, under task/ (found by review); the init never starts another thread.
     "/proc/1/cmdline",
+    "/proc/1/task/1/cmdline",
 ];
 pub const PROC_MASK_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/asound", "/proc/firmware"];
 /// /proc subtrees kept visible but read-only.
