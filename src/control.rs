@@ -56,6 +56,8 @@ pub fn socket_path(cfg: &Config) -> PathBuf {
     cfg.cell.runtime_dir.join(SOCKET)
 }
 
+/// Control connections accepted per wake-up of the event loop (the rest wait in the backlog).
+pub const ACCEPTS_PER_WAKEUP: usize = 32;
 /// Most control connections served at once; more are answered "busy".
 pub const MAX_CLIENTS: usize = 16;
 

@@ -186,6 +186,16 @@ pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: boo
                 Some("multicast")
             } else if (seg[0] & 0xffc0) == 0xfe80 {
                 Some("link-local (fe80::/10)")
+            } else if (seg[0] & 0xffc0) == 0xfec0 {
+                Some("site-local (fec0::/10)")
+            } else if seg[0] == 0x2001 && seg[1] == 0 {
+                Some("Teredo (2001::/32): a tunnel that carries IPv4 addresses")
+            } else if seg[..3] == [0x64, 0xff9b, 1] {
+                Some("local-use NAT64 (64:ff9b:1::/48): a translator to IPv4")
+            } else if seg[..6] == [0, 0, 0, 0, 0xffff, 0] {
+                Some("IPv4-translated (::ffff:0:0:0/96)")
+            } else if seg[0] == 0x2001 && matches!(seg[1] & 0xfff0, 0x10 | 0x20) {
+                Some("ORCHID (2001:10::/28, 2001:20::/28): not routable")
             } else if !allow_private && (seg[0] & 0xfe00) == 0xfc00 {
                 Some("unique local (fc00::/7); set allow_private for this upstream")
             } else {
@@ -386,8 +396,8 @@ pub struct Forwarder {
     /// An fd held in reserve: at EMFILE it is closed to accept (and drop) the waiting
     /// connection, so a level-triggered listener never spins.
     spare: Option<OwnedFd>,
-    /// Refusals not logged yet (one warning a second at most), and when the last one was.
-    quiet: (u64, Option<Instant>),
+    /// One forwarder warning a second at most: a node can cause them at will.
+    quiet: crate::ratelimit::Quiet,
 }
 
 /// Fds one forwarded connection holds: the node's socket, the outer one, two pipes.
@@ -395,10 +405,14 @@ pub const FDS_PER_CONNECTION: usize = 6;
 /// Fds kept free of forwarding: control clients, a preflight (memfds, pipes, a pty, the cell's
 /// sockets), a reload's throwaway cell, receipts, lookups.
 pub const FD_RESERVE: usize = 256;
+/// And per route (each egress upstream, the engine hop): its listener, the preflight's host
+/// listener standing in for it, and a reload's throwaway cell's listener (found by review).
+pub const FD_RESERVE_PER_ROUTE: usize = 3;
 
-/// How many connections the fd limit `nofile` leaves room for, all upstreams together.
-pub fn fd_budget(nofile: u64) -> usize {
-    (usize::try_from(nofile).unwrap_or(usize::MAX).saturating_sub(FD_RESERVE) / FDS_PER_CONNECTION).max(1)
+/// How many connections the fd limit `nofile` leaves room for, all `routes` together.
+pub fn fd_budget(nofile: u64, routes: usize) -> usize {
+    let reserve = FD_RESERVE + FD_RESERVE_PER_ROUTE * routes;
+    (usize::try_from(nofile).unwrap_or(usize::MAX).saturating_sub(reserve) / FDS_PER_CONNECTION).max(1)
 }
 
 impl Forwarder {
@@ -413,16 +427,26 @@ impl Forwarder {
         }
         let nofile =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|l| l.0).unwrap_or(1024);
+        let max_total = fd_budget(nofile, upstreams.len());
+        tracing::info!(connections = max_total, fd_limit = nofile, "egress forwarding budget");
+        if max_total < 2 * upstreams.len() {
+            tracing::warn!(
+                connections = max_total,
+                fd_limit = nofile,
+                upstreams = upstreams.len(),
+                "the fd limit leaves room for very few forwarded connections; raise LimitNOFILE= (ulimit -n)"
+            );
+        }
         Ok(Forwarder {
             upstreams,
             conns: HashMap::new(),
             next_id: 1,
             max_per_upstream,
-            max_total: fd_budget(nofile),
+            max_total,
             idle_timeout,
             lookups: HashMap::new(),
             spare: spare_fd(),
-            quiet: (0, None),
+            quiet: crate::ratelimit::Quiet::default(),
         })
     }
 
@@ -491,13 +515,9 @@ impl Forwarder {
         let limit = if why == "fd budget" { self.max_total } else { self.max_per_upstream };
         let u = &mut self.upstreams[i];
         u.stats.refused_over_limit += 1;
-        let now = Instant::now();
-        if self.quiet.1.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
-            self.quiet.0 += 1;
-            return;
+        if let Some(suppressed) = self.quiet.allow(Instant::now()) {
+            tracing::warn!(upstream = %u.stats.upstream, limit, why, suppressed, "egress connection refused: limit reached");
         }
-        tracing::warn!(upstream = %u.stats.upstream, limit, why, suppressed = self.quiet.0, "egress connection refused: limit reached");
-        self.quiet = (0, Some(now));
     }
 
     fn accept(&mut self, epoll: &Epoll, i: usize) {
@@ -509,15 +529,22 @@ impl Forwarder {
                 Err(Errno::EMFILE) | Err(Errno::ENFILE) => {
                     // Out of fds: free the spare, take the waiting connection and drop it, so
                     // the listener does not stay readable and spin the loop.
+                    // accept4 says EMFILE whether or not a connection waits: with nothing
+                    // waiting (EAGAIN) this wake-up is done (found by review: it spun).
                     if self.spare.take().is_none() {
                         return;
                     }
-                    if let Ok(fd) = accept4(self.upstreams[i].listener.as_fd(), SockFlag::SOCK_CLOEXEC) {
-                        drop(fd);
-                        self.refuse(i, "out of fds");
-                    }
+                    let waiting = accept4(self.upstreams[i].listener.as_fd(), SockFlag::SOCK_CLOEXEC);
                     self.spare = spare_fd();
-                    continue;
+                    match waiting {
+                        Ok(fd) => {
+                            drop(fd);
+                            self.refuse(i, "out of fds");
+                            continue;
+                        }
+                        Err(Errno::EINTR) | Err(Errno::ECONNABORTED) => continue,
+                        Err(_) => return,
+                    }
                 }
                 Err(_) => return,
             };
@@ -553,14 +580,18 @@ impl Forwarder {
         if !u.looking_up {
             if in_flight >= MAX_LOOKUPS {
                 u.stats.connect_failed += 1;
-                tracing::warn!(upstream = %u.stats.upstream, limit = MAX_LOOKUPS, "egress connection refused: too many name lookups in flight");
+                if let Some(suppressed) = self.quiet.allow(Instant::now()) {
+                    tracing::warn!(upstream = %u.stats.upstream, limit = MAX_LOOKUPS, suppressed, "egress connection refused: too many name lookups in flight");
+                }
                 return;
             }
             let (pid, pipe) = match spawn_lookup(&u.host, u.port) {
                 Ok(l) => l,
                 Err(e) => {
                     u.stats.connect_failed += 1;
-                    tracing::warn!(upstream = %u.stats.upstream, error = %e, "egress name lookup could not start");
+                    if let Some(suppressed) = self.quiet.allow(Instant::now()) {
+                        tracing::warn!(upstream = %u.stats.upstream, error = %e, suppressed, "egress name lookup could not start");
+                    }
                     return;
                 }
             };
@@ -664,13 +695,17 @@ impl Forwarder {
             Ok(fd) => fd,
             Err((why, _)) => {
                 u.stats.connect_failed += 1;
-                tracing::warn!(upstream = %u.stats.upstream, error = %why, "egress connect failed");
+                if let Some(suppressed) = self.quiet.allow(Instant::now()) {
+                    tracing::warn!(upstream = %u.stats.upstream, error = %why, suppressed, "egress connect failed");
+                }
                 return;
             }
         };
         let (Ok(d0), Ok(d1)) = (Dir::new(), Dir::new()) else {
             u.stats.connect_failed += 1;
-            tracing::warn!(upstream = %u.stats.upstream, "egress connection dropped: no pipe for it (out of fds)");
+            if let Some(suppressed) = self.quiet.allow(Instant::now()) {
+                tracing::warn!(upstream = %u.stats.upstream, suppressed, "egress connection dropped: no pipe for it (out of fds)");
+            }
             return;
         };
         u.stats.accepted += 1;
@@ -705,7 +740,9 @@ impl Forwarder {
                 Ok(e) => {
                     let u = &mut self.upstreams[c.upstream].stats;
                     u.connect_failed += 1;
-                    tracing::warn!(upstream = %u.upstream, error = %Errno::from_raw(e), "egress connect failed");
+                    if let Some(suppressed) = self.quiet.allow(Instant::now()) {
+                        tracing::warn!(upstream = %u.upstream, error = %Errno::from_raw(e), suppressed, "egress connect failed");
+                    }
                     return self.close(epoll, id);
                 }
                 Err(_) => return self.close(epoll, id),
@@ -842,6 +879,15 @@ mod tests {
             ("2002:a01:203::1", "private"),
             ("::ffff:203.0.113.7", "own addresses"),
             ("64:ff9b::cb00:7107", "own addresses"),
+            // Transition and special-purpose prefixes (found by the second review).
+            ("2001:0:a9fe:a9fe::80ff:fffe", "Teredo"),
+            ("64:ff9b:1::7f00:1", "NAT64"),
+            ("64:ff9b:1:7f00:0:100::", "NAT64"),
+            ("::ffff:0:7f00:1", "IPv4-translated"),
+            ("::ffff:0:a9fe:a9fe", "IPv4-translated"),
+            ("fec0::1", "site-local"),
+            ("2001:20::1", "ORCHID"),
+            ("2001:10::1", "ORCHID"),
         ] {
             let r = denied(ip(a), &own, false);
             assert!(r.is_some_and(|r| r.contains(why)), "{a}: {r:?}");
@@ -862,9 +908,13 @@ mod tests {
 
     #[test]
     fn the_fd_budget_keeps_a_reserve() {
-        assert_eq!(fd_budget(1024), (1024 - FD_RESERVE) / FDS_PER_CONNECTION);
-        assert_eq!(fd_budget(65536), (65536 - FD_RESERVE) / 6);
+        assert_eq!(fd_budget(1024, 0), (1024 - FD_RESERVE) / FDS_PER_CONNECTION);
+        assert_eq!(fd_budget(65536, 2), (65536 - FD_RESERVE - 6) / 6);
+        // The reserve grows with the routes: 250 upstreams need 750 more fds kept free.
+        assert_eq!(fd_budget(1024, 251), (1024 - FD_RESERVE - 753) / 6);
+        assert_eq!(fd_budget(1000, 251), 1);
+        assert_eq!(fd_budget(20000, 251), (20000 - FD_RESERVE - 753) / 6);
         // Below the reserve: one connection, never zero (the node still gets its gateway).
-        assert_eq!(fd_budget(100), 1);
+        assert_eq!(fd_budget(100, 1), 1);
     }
 }

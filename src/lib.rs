@@ -6,8 +6,8 @@
 //! (seccomp and Landlock files), [`sandbox`] (one role's sandbox: plan, protocol, clone, the
 //! child's setup sequence), [`cell`] (the roles' shared user namespace and their network
 //! namespaces), [`probe`] (facts from inside a sandbox), [`canary`] (the escape battery),
-//! [`receipt`], [`control`] (the control socket's protocol), [`egress`] (the forwarder),
-//! [`supervisor`] (`sealnode run`), [`doctor`] (kernel facts).
+//! [`receipt`], [`control`] (the control socket's protocol), [`ratelimit`], [`egress`] (the
+//! forwarder), [`supervisor`] (`sealnode run`), [`doctor`] (kernel facts).
 
 pub mod canary;
 pub mod cell;
@@ -20,6 +20,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod policy;
 pub mod probe;
+pub mod ratelimit;
 pub mod receipt;
 pub mod sandbox;
 pub mod supervisor;

@@ -124,6 +124,8 @@ pub struct Supervisor {
     pending: Option<std::os::unix::net::UnixStream>,
     /// Control connections still sending their request: (stream, bytes so far, deadline).
     clients: std::collections::HashMap<u64, (std::os::unix::net::UnixStream, Vec<u8>, Instant)>,
+    /// Refused control clients are logged once a second at most (any local user can connect).
+    control_quiet: crate::ratelimit::Quiet,
     next_client: u64,
     receipt: Option<crate::receipt::Receipt>,
     /// The latest preflight result of each role, which the receipt summarises.
@@ -276,6 +278,7 @@ impl Supervisor {
             control,
             pending: None,
             clients: std::collections::HashMap::new(),
+            control_quiet: crate::ratelimit::Quiet::default(),
             next_client: 1,
             receipt: None,
             report: None,
@@ -463,7 +466,9 @@ impl Supervisor {
     /// Accept control connections: check the peer's uid at once, then read its request
     /// without blocking (bytes arrive through epoll; a deadline bounds the whole request).
     fn on_control(&mut self) {
-        loop {
+        // A bounded number per wake-up: a flood of local clients must not keep the loop from
+        // its signals and timers (the listener stays readable; found by review).
+        for _ in 0..crate::control::ACCEPTS_PER_WAKEUP {
             let mut stream = match self.control.accept() {
                 Ok((s, _)) => s,
                 Err(_) => return,
@@ -472,7 +477,13 @@ impl Supervisor {
             match crate::control::peer_uid(&stream) {
                 Some(uid) if allowed.contains(&uid) => {}
                 uid => {
-                    tracing::warn!(uid = uid.unwrap_or(u32::MAX), "control: refused a uid not on the allowlist");
+                    if let Some(suppressed) = self.control_quiet.allow(Instant::now()) {
+                        tracing::warn!(
+                            uid = uid.unwrap_or(u32::MAX),
+                            suppressed,
+                            "control: refused a uid not on the allowlist"
+                        );
+                    }
                     crate::control::respond(
                         &mut stream,
                         &crate::control::error(format!("uid {} is not allowed", uid.unwrap_or(u32::MAX))),

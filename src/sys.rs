@@ -10,14 +10,16 @@ use nix::errno::Errno;
 
 /// Open `path` as an O_PATH fd, failing with ELOOP if any component is a symlink.
 pub fn open_path_no_symlinks(path: &Path) -> Result<OwnedFd, Errno> {
-    use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-    let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    openat2(nix::fcntl::AT_FDCWD, path, how)
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
+    let fd = open_path_no_symlinks_c(&c)?;
+    // SAFETY: the fd was just opened for us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Same as [`open_path_no_symlinks`] but with a pre-built C string (no allocation: child-safe).
+/// `openat2(RESOLVE_NO_SYMLINKS)` where the kernel and the caller's seccomp filter allow it;
+/// systemd's `RestrictSUIDSGID=` answers openat2 with ENOSYS (it cannot inspect its mode), and
+/// then the same guarantee comes from a walk one component at a time ([`walk_no_symlinks`]).
 pub fn open_path_no_symlinks_c(path: &CStr) -> Result<RawFd, Errno> {
     #[repr(C)]
     struct OpenHow {
@@ -40,7 +42,52 @@ pub fn open_path_no_symlinks_c(path: &CStr) -> Result<RawFd, Errno> {
             std::mem::size_of::<OpenHow>(),
         )
     };
-    Errno::result(r).map(|fd| fd as RawFd)
+    match Errno::result(r) {
+        Ok(fd) => Ok(fd as RawFd),
+        Err(Errno::ENOSYS) => walk_no_symlinks(path),
+        Err(e) => Err(e),
+    }
+}
+
+/// Open `path` O_PATH one component at a time, each with O_NOFOLLOW and checked not to be a
+/// symlink (magic links included): what RESOLVE_NO_SYMLINKS does, without openat2. No
+/// allocation (the child calls it before exec).
+pub fn walk_no_symlinks(path: &CStr) -> Result<RawFd, Errno> {
+    let bytes = path.to_bytes();
+    let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let start: &CStr = if bytes.first() == Some(&b'/') { c"/" } else { c"." };
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    let mut dir = Errno::result(unsafe { libc::open(start.as_ptr(), flags | libc::O_DIRECTORY) })?;
+    let close = |fd: RawFd| {
+        // SAFETY: fd is one this function opened and owns.
+        unsafe { libc::close(fd) };
+    };
+    let mut name = [0u8; 256];
+    for comp in bytes.split(|b| *b == b'/').filter(|c| !c.is_empty() && *c != b".") {
+        if comp.len() >= name.len() {
+            close(dir);
+            return Err(Errno::ENAMETOOLONG);
+        }
+        name[..comp.len()].copy_from_slice(comp);
+        name[comp.len()] = 0;
+        // SAFETY: `name` holds a NUL-terminated component; dir is an fd we own.
+        let next = unsafe { libc::openat(dir, name.as_ptr().cast(), flags) };
+        close(dir);
+        let next = Errno::result(next)?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: fstat fills the stat buffer we own; read only after success.
+        if let Err(e) = Errno::result(unsafe { libc::fstat(next, st.as_mut_ptr()) }) {
+            close(next);
+            return Err(e);
+        }
+        // SAFETY: initialised by the successful fstat above.
+        if unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            close(next);
+            return Err(Errno::ELOOP);
+        }
+        dir = next;
+    }
+    Ok(dir)
 }
 
 /// Open `path` as an O_PATH fd, following symlinks (system paths).
@@ -431,4 +478,42 @@ pub fn random_u64() -> Result<u64, Errno> {
         return Err(Errno::EIO);
     }
     Ok(u64::from_ne_bytes(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+
+    fn ino(fd: std::os::fd::RawFd) -> (u64, u64) {
+        // SAFETY: the test owns fd.
+        let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let m = f.metadata().expect("fstat");
+        (m.dev(), m.ino())
+    }
+
+    /// The walk is what RESOLVE_NO_SYMLINKS is, for the paths sealnode opens: the same file,
+    /// and ELOOP for a symlink anywhere in the path, the last component included.
+    #[test]
+    fn the_walk_refuses_symlinks_like_openat2() {
+        let d = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(d.path().join("a")).expect("mkdir");
+        std::fs::write(d.path().join("a/f"), "x").expect("write");
+        std::os::unix::fs::symlink(d.path().join("a"), d.path().join("l")).expect("link");
+        std::os::unix::fs::symlink("f", d.path().join("a/lf")).expect("link");
+        let c = |p: &str| CString::new(format!("{}/{p}", d.path().display())).expect("c");
+        for p in ["a/f", "a", "./a//f", "a/./f"] {
+            let walked = super::walk_no_symlinks(&c(p)).expect(p);
+            let opened = super::open_path_no_symlinks_c(&c(p)).expect(p);
+            assert_eq!(ino(walked), ino(opened), "{p}");
+        }
+        for p in ["l/f", "l", "a/lf"] {
+            assert_eq!(super::walk_no_symlinks(&c(p)), Err(nix::errno::Errno::ELOOP), "{p}");
+            assert_eq!(super::open_path_no_symlinks_c(&c(p)), Err(nix::errno::Errno::ELOOP), "{p}");
+        }
+        assert_eq!(super::walk_no_symlinks(&c("a/none")), Err(nix::errno::Errno::ENOENT));
+        // A magic link (/proc/self/root) is a symlink too.
+        assert_eq!(super::walk_no_symlinks(c"/proc/self/root/etc"), Err(nix::errno::Errno::ELOOP));
+    }
 }

@@ -531,7 +531,8 @@ fn the_fd_budget_bounds_forwarding_and_keeps_the_gate_working() {
         );
         let engine_extra = "restart = \"always\"\nrlimits = { nofile = 256 }";
         let f = cell(mode, "fdbudget", HTTPD, &node_sh, &node_extra, engine_extra, "egress_max_connections = 1000");
-        // 400 fds, soft and hard: room for (400 - 256) / 6 = 24 connections.
+        // 400 fds, soft and hard, two routes (the egress and the engine hop): room for
+        // (400 - 256 - 2 * 3) / 6 = 23 connections.
         let run = start_in_shell(&f, &[], "ulimit -n 400; ");
         run.line(60, |l| l == "node-holding");
         // Kill the engine: its restart passes the gate (a preflight needs fds) while the node
@@ -549,14 +550,16 @@ fn the_fd_budget_bounds_forwarding_and_keeps_the_gate_working() {
             std::thread::sleep(Duration::from_millis(100));
         }
         std::thread::sleep(Duration::from_secs(2));
-        let (code, _, err) = run.stop();
+        let (code, secs, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(secs < 10.0, "{mode:?}: SIGTERM took {secs:.1}s");
         assert!(!err.contains("Too many open files"), "{mode:?}: {err}");
+        assert!(err.contains("egress forwarding budget connections="), "{mode:?}: the budget is logged: {err}");
         let totals = err.lines().find(|l| l.contains("egress totals")).unwrap_or_else(|| panic!("{mode:?}: {err}"));
         let field = |k: &str| -> u64 {
             totals.split_whitespace().find_map(|w| w.strip_prefix(k)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
         };
-        assert!(field("refused") >= 46, "{mode:?}: 70 held against a budget of 24: {totals}");
+        assert!(field("refused") >= 46, "{mode:?}: 70 held against a budget of 23: {totals}");
         // Refusals are counted one by one but logged at most once a second.
         let warnings = err.matches("egress connection refused: limit reached").count();
         assert!((1..=30).contains(&warnings), "{mode:?}: {warnings} refusal warnings: {err}");
