@@ -215,6 +215,9 @@ impl Cell {
             cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
         let (_, ll) = cfg.policy_files(Role::Node)?;
         let abi = policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.node.landlock)?.min_abi;
+        // The cell init confines itself with this ABI: a kernel without it is refused here,
+        // with the fix, not with the init's EPERM.
+        policy::landlock::require_kernel_abi(abi, &cfg.node.landlock)?;
         Cell::create(&ids, inv.rootful(), &egress, cfg.engine.port.map(|p| p as u16), abi)
     }
 

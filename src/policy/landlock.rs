@@ -279,6 +279,27 @@ impl Rules {
     }
 }
 
+/// Refuse, with the fix, when the running kernel's Landlock ABI is below `min_abi` (what the
+/// rules file `file` needs). Checked before anything is created: the cell init confines
+/// itself with the same ABI, and without this a 6.1 kernel got only "confine: cell: EPERM"
+/// (found in the test guest, tests/vm).
+pub fn require_kernel_abi(min_abi: u8, file: &Path) -> Result<()> {
+    let kernel_abi = crate::sys::landlock_abi();
+    if kernel_abi >= i32::from(min_abi) {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        what: format!(
+            "{}: needs Landlock ABI {} but this kernel offers {} ({})",
+            file.display(),
+            min_abi,
+            kernel_abi,
+            if kernel_abi == 0 { "Landlock disabled or absent" } else { "kernel too old" }
+        ),
+        fix: "boot a kernel >= 6.12 with CONFIG_SECURITY_LANDLOCK=y and \"landlock\" in the lsm= list (see `sealnode doctor`)".into(),
+    })
+}
+
 /// Where a Landlock application failed (for the child's error record).
 #[derive(Debug, Clone, Copy)]
 pub enum ApplyError {

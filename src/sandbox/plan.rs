@@ -335,19 +335,7 @@ fn policies(cfg: &Config, role: Role) -> Result<(landlock::Resolved, BpfProgram)
     let r = cfg.role(role);
     let (sc, ll) = cfg.policy_files(role)?;
     let rules = landlock::Rules::from_loaded(&ll.bytes, &r.landlock)?;
-    let kernel_abi = crate::sys::landlock_abi();
-    if kernel_abi < i32::from(rules.min_abi) {
-        return Err(Error::Unsupported {
-            what: format!(
-                "{}: needs Landlock ABI {} but this kernel offers {} ({})",
-                r.landlock.display(),
-                rules.min_abi,
-                kernel_abi,
-                if kernel_abi == 0 { "Landlock disabled or absent" } else { "kernel too old" }
-            ),
-            fix: "boot a kernel >= 6.12 with CONFIG_SECURITY_LANDLOCK=y and \"landlock\" in the lsm= list (see `sealnode doctor`)".into(),
-        });
-    }
+    landlock::require_kernel_abi(rules.min_abi, &r.landlock)?;
     let landlock = rules.resolve(cfg, role);
     let seccomp =
         seccomp::compile_loaded(&sc.bytes, &sc.sha256, &r.seccomp, role.name(), crate::policy::arch::native_arch())?;

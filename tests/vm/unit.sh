@@ -1,0 +1,158 @@
+#!/bin/sh
+# Runs INSIDE the test guest (scripts/vm run), as root, with systemd as PID 1 and cgroup v2:
+# installs the sealnode package and runs its unit for real: the demo's stand-in engine, the
+# real frutebox-node, a stand-in gateway inside the guest reached through declared egress.
+# One line per check, "ok: ..." or "FAIL: ..."; exits 1 if any check failed.
+#
+#   tests/vm/unit.sh REPO CACHE DEB
+set -u
+REPO=$1 CACHE=$2 DEB=$3
+failed=0
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; failed=1; }
+check() { what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+# A step the rest depends on: on failure, show why and stop here.
+must() {
+  what=$1; shift
+  if "$@"; then ok "$what"; return 0; fi
+  bad "$what"
+  echo "--- systemctl status sealnode"; systemctl status --no-pager -l sealnode.service 2>&1 | tail -20
+  echo "--- journal of sealnode"; journalctl -u sealnode --no-pager 2>&1 | tail -60
+  exit 1
+}
+# shellcheck disable=SC1091
+. "$CACHE/env"
+# The shared Python and venv live in the host's test cache under /var/tmp, which the unit's
+# PrivateTmp= hides: give them a place an operator's install would have.
+mkdir -p /opt/sealnode-test && mount --bind "$CACHE" /opt/sealnode-test
+SEALNODE_TEST_VENV=/opt/sealnode-test${SEALNODE_TEST_VENV#"$CACHE"}
+SEALNODE_TEST_PYTHON=/opt/sealnode-test${SEALNODE_TEST_PYTHON#"$CACHE"}
+# The venv names its interpreter at the prefix it was built at: make that path the shared copy.
+mkdir -p "$(dirname "$SEALNODE_TEST_PYTHON_PREFIX")"
+ln -sfn "$SEALNODE_TEST_PYTHON" "$SEALNODE_TEST_PYTHON_PREFIX"
+PY=$SEALNODE_TEST_VENV/bin/python
+echo "guest: $(uname -r), $(cat /proc/1/comm) as PID 1, $(stat -fc %T /sys/fs/cgroup)"
+
+must "dpkg -i the package" sh -c "dpkg -i '$DEB' >/dev/null"
+check "the unit is installed but not enabled" test "$(systemctl is-enabled sealnode.service)" = disabled
+
+# The operator's part: the engine (stand-in), the node (real frutebox-node), the gateway's egress.
+install -d -m 0755 /usr/local/share/sealnode-standin
+install -m 0644 "$REPO/examples/demo/standin-engine.py" "$REPO/examples/demo/standin-gateway.py" /usr/local/share/sealnode-standin/
+echo "the stand-in engine loads no weights" > /srv/sealnode/models/README
+install -o sealnode-node -g sealnode-node -m 0400 /dev/null /etc/sealnode/credential
+echo "guest-credential" > /etc/sealnode/credential
+GW=18765
+cat > /etc/sealnode/sealnode.toml <<TOML
+schema = 1
+[cell]
+hostname = "sealnode-vm"
+state_dir = "/var/lib/sealnode"
+runtime_dir = "/run/sealnode"
+rootful = { engine = "sealnode-engine", node = "sealnode-node" }
+stop_timeout_s = 5
+[engine]
+command = ["$PY", "-I", "-u", "/opt/standin/standin-engine.py", "--port", "11434"]
+port = 11434
+seccomp = "/usr/share/sealnode/seccomp/engine.json"
+landlock = "/usr/share/sealnode/landlock-rules/engine.toml"
+models = "/srv/sealnode/models"
+scratch = "/var/lib/sealnode/engine"
+ro_binds = [{ src = "$SEALNODE_TEST_PYTHON", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$SEALNODE_TEST_VENV" }, { src = "/usr/local/share/sealnode-standin", dst = "/opt/standin" }]
+ready = { kind = "http", path = "/", timeout_s = 120 }
+restart = "on-failure"
+[node]
+command = ["$PY", "-I", "-u", "-m", "frutebox.provider", "--id", "sealnode-vm", "--gateway-url", "ws://gateway.vm:$GW/provider/ws", "--models", "standin", "--compute-type", "cpu", "--memory-gb", "2", "--cpu-cores", "1", "--credential-file", "/run/sealnode/credential"]
+seccomp = "/usr/share/sealnode/seccomp/node.json"
+landlock = "/usr/share/sealnode/landlock-rules/node.toml"
+scratch = "/var/lib/sealnode/node"
+credential = "/etc/sealnode/credential"
+ro_binds = [{ src = "$SEALNODE_TEST_PYTHON", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$SEALNODE_TEST_VENV" }]
+egress = [{ host = "gateway.vm", port = $GW, connect = "127.0.0.1:$GW" }]
+env = { set = { FRUTEBOX_ENGINE = "ollama", OLLAMA_HOST = "http://127.0.0.1:11434", FRUTEBOX_OLLAMA_MODEL = "standin", FRUTEBOX_NODE_STATE_FILE = "/scratch/frutebox_node_state" } }
+restart = "on-failure"
+TOML
+chmod 0644 /etc/sealnode/sealnode.toml
+# Stop once the package and its config are in place (tests/vm/old-kernel.sh, or by hand).
+[ "${SEALNODE_VM_SETUP_ONLY:-}" = 1 ] && exit 0
+must "doctor --config accepts it" sh -c "/usr/bin/sealnode doctor --config /etc/sealnode/sealnode.toml >/dev/null"
+
+# The gateway stand-in, as a transient unit: it exits 0 once a job round trip completed.
+systemd-run --unit=sealnode-vm-gateway --service-type=exec -p StandardOutput=journal \
+  "$PY" -u /usr/local/share/sealnode-standin/standin-gateway.py --port $GW --model standin --timeout 600 >/dev/null 2>&1
+sleep 1
+
+t0=$(date +%s)
+must "systemctl start returns (after READY)" timeout 300 systemctl start sealnode.service
+t1=$(date +%s)
+echo "info: systemctl start took $((t1 - t0)) s"
+state=$(systemctl show -p ActiveState --value sealnode.service)
+check "active once start returned (got $state)" test "$state" = active
+status=$(systemctl show -p StatusText --value sealnode.service)
+echo "info: STATUS=$status"
+check "STATUS= text visible in systemctl show" test -n "$status"
+# READY=1 means the engine answered its readiness check and the node was started.
+check "the node runs when start returned" sh -c "ps -eo args | grep -q '[f]rutebox.provider'"
+# A job round trip through declared egress: the gateway stand-in exits 0 once both results came.
+for _ in $(seq 1 240); do
+  [ "$(systemctl show -p ActiveState --value sealnode-vm-gateway.service)" = active ] || break
+  sleep 1
+done
+gw=$(systemctl show -p Result --value sealnode-vm-gateway.service)
+check "a job round trip through the gateway stand-in (gateway result: $gw)" test "$gw" = success
+journalctl -u sealnode-vm-gateway --no-pager | grep "gateway:" | tail -5 | sed 's/^/info: /'
+check "ctl status answers" sh -c "/usr/bin/sealnode ctl status > /tmp/status.json"
+gen() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["generation"])' /var/lib/sealnode/receipt.json 2>/dev/null || echo 0; }
+g1=$(gen)
+check "the first start wrote receipt generation 1 (got $g1)" test "$g1" = 1
+
+# systemctl reload: a new generation through the gate, the unit active again.
+must "systemctl reload returns" timeout 300 systemctl reload sealnode.service
+for _ in $(seq 1 120); do [ "$(gen)" -gt "$g1" ] 2>/dev/null && break; sleep 1; done
+g2=$(gen)
+check "reload wrote a new receipt generation ($g1 -> $g2)" test "$g2" -gt "$g1"
+# RELOADING=1 holds the unit in "reloading" until READY=1: both roles run again.
+for _ in $(seq 1 120); do [ "$(systemctl show -p ActiveState --value sealnode.service)" = active ] && break; sleep 1; done
+check "active again after the reload (READY=1 once both roles run)" test "$(systemctl show -p ActiveState --value sealnode.service)" = active
+
+# The journal has sealnode's own lines.
+check "the journal has sealnode's lines" sh -c "journalctl -u sealnode --no-pager | grep -q 'preflight passed'"
+
+# Stop: within TimeoutStopSec, nothing left in the unit's cgroup, scratch wiped.
+cg=/sys/fs/cgroup/system.slice/sealnode.service
+touch /var/lib/sealnode/node/x 2>/dev/null || true
+t0=$(date +%s)
+check "systemctl stop returns" timeout 120 systemctl stop sealnode.service
+t1=$(date +%s)
+check "stopped within TimeoutStopSec (took $((t1 - t0)) s)" test $((t1 - t0)) -le 45
+result=$(systemctl show -p Result --value sealnode.service)
+check "a clean stop (Result=$result)" test "$result" = success
+check "no process left in the unit's cgroup" sh -c "[ ! -e $cg/cgroup.procs ] || [ ! -s $cg/cgroup.procs ]"
+check "no role process left anywhere" sh -c "! ps -eo args | grep -q '[f]rutebox.provider\|[s]tandin-engine'"
+check "scratch wiped" sh -c "[ -z \"\$(ls -A /var/lib/sealnode/node)\" ] && [ -z \"\$(ls -A /var/lib/sealnode/engine)\" ]"
+
+# The watchdog: a short WatchdogSec, the supervisor stopped with SIGSTOP: systemd restarts it.
+mkdir -p /etc/systemd/system/sealnode.service.d
+printf '[Service]\nWatchdogSec=5s\nRestartSec=1s\n' > /etc/systemd/system/sealnode.service.d/watchdog.conf
+systemctl daemon-reload
+must "start with a 5 s watchdog" timeout 300 systemctl start sealnode.service
+n0=$(systemctl show -p NRestarts --value sealnode.service)
+pid=$(systemctl show -p MainPID --value sealnode.service)
+kill -STOP "$pid"
+for _ in $(seq 1 120); do
+  n=$(systemctl show -p NRestarts --value sealnode.service)
+  [ "$n" -gt "$n0" ] && break
+  sleep 1
+done
+check "the watchdog restarted a stopped supervisor (restarts $n0 -> $n)" test "$n" -gt "$n0"
+for _ in $(seq 1 120); do [ "$(systemctl show -p ActiveState --value sealnode.service)" = active ] && break; sleep 1; done
+check "active again after the watchdog restart" test "$(systemctl show -p ActiveState --value sealnode.service)" = active
+journalctl -u sealnode --no-pager | grep -i "watchdog" | tail -2 | sed 's/^/info: /'
+timeout 120 systemctl stop sealnode.service
+rm -rf /etc/systemd/system/sealnode.service.d; systemctl daemon-reload
+
+# The exposure score, from the guest's own systemd.
+score=$(systemd-analyze security sealnode.service 2>/dev/null | sed -n 's/.*Overall exposure level for sealnode.service: \([0-9.]*\).*/\1/p')
+echo "info: systemd-analyze security sealnode.service: $score"
+check "an exposure score" test -n "$score"
+exit $failed
