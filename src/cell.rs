@@ -194,6 +194,8 @@ fn recv_with_fds(ctl: RawFd, max_fds: usize) -> std::result::Result<(Vec<u8>, Ve
     let mut iov = [IoSliceMut::new(&mut buf)];
     let msg = recvmsg::<()>(ctl, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
     let n = msg.bytes;
+    // Fds or payload cut off: never act on part of a message.
+    let truncated = msg.flags.intersects(MsgFlags::MSG_CTRUNC | MsgFlags::MSG_TRUNC);
     let mut fds = Vec::new();
     for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(raw) = c {
@@ -202,6 +204,9 @@ fn recv_with_fds(ctl: RawFd, max_fds: usize) -> std::result::Result<(Vec<u8>, Ve
                 fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
             }
         }
+    }
+    if truncated {
+        return Err(Errno::EMSGSIZE);
     }
     Ok((buf[..n].to_vec(), fds))
 }
@@ -316,9 +321,11 @@ impl EngineSockets {
 fn engine_socket(ctl: &OwnedFd) -> std::result::Result<OwnedFd, Errno> {
     nix::sys::socket::send(ctl.as_raw_fd(), &[1u8], MsgFlags::empty())?;
     let (payload, mut fds) = recv_with_fds(ctl.as_raw_fd(), 1)?;
-    match (Frame::decode(&payload), fds.pop()) {
-        (Some(Frame::Ok(1)), Some(fd)) => Ok(fd),
-        (Some(Frame::Failed { errno, .. }), None) => Err(Errno::from_raw(errno)),
+    // Exactly one fd with an Ok frame, or none with a failure: anything else is refused
+    // (found by review: extra fds were dropped silently).
+    match (Frame::decode(&payload), fds.len()) {
+        (Some(Frame::Ok(1)), 1) => fds.pop().ok_or(Errno::EIO),
+        (Some(Frame::Failed { errno, .. }), 0) => Err(Errno::from_raw(errno)),
         _ => Err(Errno::EIO),
     }
 }
@@ -339,5 +346,41 @@ impl Drop for Cell {
     fn drop(&mut self) {
         let _ = kill(self.pid, Signal::SIGKILL);
         let _ = waitpid(self.pid, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsRawFd, OwnedFd};
+
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+
+    use super::{engine_socket, send_fds, Frame};
+
+    fn null() -> OwnedFd {
+        std::fs::File::open("/dev/null").expect("open").into()
+    }
+
+    /// The socket factory's answer is exactly one fd with an Ok frame, or none with a failure.
+    #[test]
+    fn the_socket_factory_answer_is_held_to_exactly_one_fd() {
+        let answer = |frame: Frame, fds: Vec<OwnedFd>| {
+            let (ours, theirs) =
+                socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).expect("pair");
+            send_fds(theirs.as_raw_fd(), frame, &fds).expect("send");
+            engine_socket(&ours)
+        };
+        assert!(answer(Frame::Ok(1), vec![null()]).is_ok());
+        // Extra fds (found by review: the last one was taken, the rest dropped).
+        assert_eq!(answer(Frame::Ok(1), vec![null(), null()]).err(), Some(nix::errno::Errno::EIO));
+        assert_eq!(answer(Frame::Ok(1), vec![]).err(), Some(nix::errno::Errno::EIO));
+        assert_eq!(
+            answer(Frame::Failed { step: 0, item: 0, errno: libc::EMFILE }, vec![]).err(),
+            Some(nix::errno::Errno::EMFILE)
+        );
+        assert_eq!(
+            answer(Frame::Failed { step: 0, item: 0, errno: libc::EMFILE }, vec![null()]).err(),
+            Some(nix::errno::Errno::EIO)
+        );
     }
 }

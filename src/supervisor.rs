@@ -300,7 +300,7 @@ impl Supervisor {
     /// Run until stopped. Returns the exit code (0 after SIGTERM/SIGINT, 1 after a failure).
     pub fn run(mut self) -> i32 {
         if let Err(code) = self.provision().and_then(|()| self.start(Role::Engine)) {
-            return code;
+            return stopped_early(code);
         }
         let mut events = vec![EpollEvent::empty(); 64];
         loop {
@@ -367,7 +367,7 @@ impl Supervisor {
                                         &crate::control::error("recycle failed; sealnode stops"),
                                     );
                                 }
-                                return code;
+                                return stopped_early(code);
                             }
                         }
                     }
@@ -1036,6 +1036,14 @@ impl Supervisor {
         }
         self.fwd.expire_lookups(&self.epoll);
     }
+}
+
+/// The cell stops before (or while) both roles start: say so to the log and to systemd, as a
+/// stop from the loop does (found by review: an abandoned gate exited without either).
+fn stopped_early(code: i32) -> i32 {
+    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+    tracing::info!(code, "cell stopped");
+    code
 }
 
 /// A stop signal waits on the signalfd (the battery gives up its preflight for it).

@@ -54,6 +54,15 @@ pub fn open_path_no_symlinks_c(path: &CStr) -> Result<RawFd, Errno> {
 /// allocation (the child calls it before exec).
 pub fn walk_no_symlinks(path: &CStr) -> Result<RawFd, Errno> {
     let bytes = path.to_bytes();
+    // What the kernel's own lookup refuses, refused the same way (found by review).
+    if bytes.is_empty() {
+        return Err(Errno::ENOENT);
+    }
+    if bytes.len() >= libc::PATH_MAX as usize {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    // A trailing "/" or "/." means the last component must be a directory.
+    let must_be_dir = bytes.ends_with(b"/") || bytes.ends_with(b"/.");
     let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     let start: &CStr = if bytes.first() == Some(&b'/') { c"/" } else { c"." };
     // SAFETY: a valid NUL-terminated path; the result is checked.
@@ -81,9 +90,14 @@ pub fn walk_no_symlinks(path: &CStr) -> Result<RawFd, Errno> {
             return Err(e);
         }
         // SAFETY: initialised by the successful fstat above.
-        if unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFLNK {
+        let kind = unsafe { st.assume_init() }.st_mode & libc::S_IFMT;
+        if kind == libc::S_IFLNK {
             close(next);
             return Err(Errno::ELOOP);
+        }
+        if must_be_dir && kind != libc::S_IFDIR {
+            close(next);
+            return Err(Errno::ENOTDIR);
         }
         dir = next;
     }
@@ -508,6 +522,16 @@ mod tests {
             let opened = super::open_path_no_symlinks_c(&c(p)).expect(p);
             assert_eq!(ino(walked), ino(opened), "{p}");
         }
+        // The kernel's own rules (found by review): a trailing slash wants a directory, an
+        // empty path is nothing.
+        for p in ["a/f/", "a/f/."] {
+            assert_eq!(super::walk_no_symlinks(&c(p)), Err(nix::errno::Errno::ENOTDIR), "{p}");
+            assert_eq!(super::open_path_no_symlinks_c(&c(p)), Err(nix::errno::Errno::ENOTDIR), "{p}");
+        }
+        assert!(super::walk_no_symlinks(&c("a/")).is_ok());
+        assert_eq!(super::walk_no_symlinks(c""), Err(nix::errno::Errno::ENOENT));
+        let long = CString::new(format!("/{}", "x/".repeat(2100))).expect("c");
+        assert_eq!(super::walk_no_symlinks(&long), Err(nix::errno::Errno::ENAMETOOLONG));
         for p in ["l/f", "l", "a/lf"] {
             assert_eq!(super::walk_no_symlinks(&c(p)), Err(nix::errno::Errno::ELOOP), "{p}");
             assert_eq!(super::open_path_no_symlinks_c(&c(p)), Err(nix::errno::Errno::ELOOP), "{p}");

@@ -496,6 +496,11 @@ fn run_battery(
     )?;
     // The attempts' stdin is a pty whose other end we hold: TIOCSTI has a real target.
     let pty = nix::pty::openpty(None, None).map_err(|e| Error::errno("openpty", e))?;
+    // Close-on-exec like every other fd of the supervisor's (the child dup2s the slave).
+    for fd in [&pty.master, &pty.slave] {
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+            .map_err(|e| Error::errno("pty FD_CLOEXEC", e))?;
+    }
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
     let mut plan = plan;
     plan.stdio = Some(crate::sandbox::plan::Stdio { stdin: pty.slave, stdout: out_w });
