@@ -68,3 +68,42 @@ TOML
 }
 
 BWRAP="bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev"
+
+# The real engine benchmarks (inference.sh, job.sh): llama-server, SmolLM2 and the Python venv,
+# built or reused from their caches.
+llm_env() {
+  LLM=${SEALNODE_LLM_DIR:-/var/tmp/sealnode-llm}; PYD=${SEALNODE_TEST_CACHE:-/var/tmp/sealnode-test}
+  "$REPO/scripts/build-llama-server" "$LLM" >/dev/null; . "$LLM/env"
+  "$REPO/scripts/prepare-python" "$PYD" >/dev/null; . "$PYD/env"
+}
+
+# $1 = dir, $2 = the node's argv (JSON list), $3 = TOML appended to [node]: a rootful fixture
+# whose engine is llama-server -t 1 on 127.0.0.1:18080 serving SmolLM2, and whose node is a
+# program of the venv (the interpreter bound at the prefix the venv names).
+write_llama_fixture() {
+  local d=$1
+  write_fixture "$d" rootful
+  ln -f "$SEALNODE_TEST_MODEL" "$d/models/smollm2.gguf" 2>/dev/null || cp "$SEALNODE_TEST_MODEL" "$d/models/smollm2.gguf"
+  python3 - "$d/c.toml" "$(dirname "$SEALNODE_TEST_LLAMA_SERVER")" "$SEALNODE_TEST_PYTHON" "$SEALNODE_TEST_PYTHON_PREFIX" "$SEALNODE_TEST_VENV" "$2" "$3" <<'PY'
+import sys
+p, bindir, pycopy, prefix, venv, node, extra = sys.argv[1:]
+s = open(p).read()
+engine = '["/opt/llama/llama-server", "-m", "/models/smollm2.gguf", "--host", "127.0.0.1", "--port", "18080", "-t", "1", "-c", "2048"]'
+a, b = s.split('command = ["/usr/bin/true"]', 1)
+b = b.replace('command = ["/usr/bin/true"]', 'command = ' + node, 1)
+s = a + 'command = ' + engine + b
+s = s.replace('ro_binds = [{ src = "', f'ready = {{ kind = "http", path = "/health", timeout_s = 120 }}\nro_binds = [{{ src = "{bindir}", dst = "/opt/llama" }}, {{ src = "', 1)
+node_binds = f'ro_binds = [{{ src = "{pycopy}", dst = "{prefix}" }}, {{ src = "{venv}" }}, {{ src = "'
+i = s.index('[node]')
+s = s[:i] + s[i:].replace('ro_binds = [{ src = "', node_binds, 1)
+s += '\n' + extra + '\n'
+open(p, 'w').write(s)
+PY
+}
+
+# The bare engine: llama-server -t 1 on 127.0.0.1:18181, once it answers /health. Sets $bare_pid.
+start_bare_llama() {
+  "$SEALNODE_TEST_LLAMA_SERVER" -m "$SEALNODE_TEST_MODEL" --host 127.0.0.1 --port 18181 -t 1 -c 2048 >/dev/null 2>&1 &
+  bare_pid=$!
+  for _ in $(seq 1 300); do curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:18181/health 2>/dev/null | grep -q 200 && break; sleep 0.1; done
+}

@@ -7,32 +7,14 @@
 # Needs scripts/build-llama-server and scripts/prepare-python (their env files are sourced).
 . "$(dirname "$0")/common.sh"
 N=${N:-24}
-LLM=${SEALNODE_LLM_DIR:-/var/tmp/sealnode-llm}; PYD=${SEALNODE_TEST_CACHE:-/var/tmp/sealnode-test}
-"$REPO/scripts/build-llama-server" "$LLM" >/dev/null; . "$LLM/env"
-"$REPO/scripts/prepare-python" "$PYD" >/dev/null; . "$PYD/env"
+llm_env
 install -m 0644 "$REPO/bench/llama-client.py" "$BENCH/bin/"
 d=$BENCH/inference
-write_fixture "$d" rootful
-ln -f "$SEALNODE_TEST_MODEL" "$d/models/smollm2.gguf" 2>/dev/null || cp "$SEALNODE_TEST_MODEL" "$d/models/smollm2.gguf"
-python3 - "$d/c.toml" "$(dirname "$SEALNODE_TEST_LLAMA_SERVER")" "$SEALNODE_TEST_PYTHON" "$SEALNODE_TEST_PYTHON_PREFIX" "$SEALNODE_TEST_VENV" "$N" <<'PY'
-import sys
-p, bindir, pycopy, prefix, venv, n = sys.argv[1:]
-s = open(p).read()
-engine = '["/opt/llama/llama-server", "-m", "/models/smollm2.gguf", "--host", "127.0.0.1", "--port", "18080", "-t", "1", "-c", "2048"]'
-node = f'["{venv}/bin/python", "-I", "/opt/bench/llama-client.py", "{n}", "bare=http://bare.bench:18181", "sealed=http://127.0.0.1:18080"]'
-a, b = s.split('command = ["/usr/bin/true"]', 1)
-b = b.replace('command = ["/usr/bin/true"]', 'command = ' + node, 1)
-s = a + 'command = ' + engine + b
-s = s.replace('ro_binds = [{ src = "', f'ready = {{ kind = "http", path = "/health", timeout_s = 120 }}\nro_binds = [{{ src = "{bindir}", dst = "/opt/llama" }}, {{ src = "', 1)
-node_binds = f'ro_binds = [{{ src = "{pycopy}", dst = "{prefix}" }}, {{ src = "{venv}" }}, {{ src = "'
-i = s.index('[node]')
-s = s[:i] + s[i:].replace('ro_binds = [{ src = "', node_binds, 1)
-s += '\negress = [{ host = "bare.bench", port = 18181, connect = "127.0.0.1:18181" }]\n'
-open(p, 'w').write(s)
-PY
-"$SEALNODE_TEST_LLAMA_SERVER" -m "$SEALNODE_TEST_MODEL" --host 127.0.0.1 --port 18181 -t 1 -c 2048 >/dev/null 2>&1 & bare=$!
-trap 'kill $bare 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:18181/health 2>/dev/null | grep -q 200 && break; sleep 0.1; done
+write_llama_fixture "$d" \
+  "[\"$SEALNODE_TEST_VENV/bin/python\", \"-I\", \"/opt/bench/llama-client.py\", \"$N\", \"bare=http://bare.bench:18181\", \"sealed=http://127.0.0.1:18080\"]" \
+  'egress = [{ host = "bare.bench", port = 18181, connect = "127.0.0.1:18181" }]'
+start_bare_llama
+trap 'kill $bare_pid 2>/dev/null || true' EXIT
 out=$("$SN" run --config "$d/c.toml" 2>/dev/null | head -n $((2 * N)) || true)
 pkill -f "sealnode run --config $d/c.toml" 2>/dev/null || true
 echo "$out" | python3 -c '

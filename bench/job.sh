@@ -8,38 +8,21 @@
 # Needs scripts/build-llama-server and scripts/prepare-python (their env files are sourced).
 . "$(dirname "$0")/common.sh"
 ROUNDS=${ROUNDS:-12}; MAX_TOKENS=${MAX_TOKENS:-64}; GW=${GW_PORT:-18766}
-LLM=${SEALNODE_LLM_DIR:-/var/tmp/sealnode-llm}; PYD=${SEALNODE_TEST_CACHE:-/var/tmp/sealnode-test}
-"$REPO/scripts/build-llama-server" "$LLM" >/dev/null; . "$LLM/env"
-"$REPO/scripts/prepare-python" "$PYD" >/dev/null; . "$PYD/env"
+llm_env
 PY=$SEALNODE_TEST_VENV/bin/python
 d=$BENCH/job
-write_fixture "$d" rootful
-ln -f "$SEALNODE_TEST_MODEL" "$d/models/smollm2.gguf" 2>/dev/null || cp "$SEALNODE_TEST_MODEL" "$d/models/smollm2.gguf"
 # The node's environment, the same on both sides but for the engine's address.
 nodeenv() { echo "FRUTEBOX_ENGINE=llamacpp FRUTEBOX_LLAMACPP_HOST=http://127.0.0.1:$1 FRUTEBOX_LLAMACPP_MAX_TOKENS=$MAX_TOKENS FRUTEBOX_NODE_STATE_FILE=$2"; }
 nodeargs() { echo "-I -u -m frutebox.provider --id $1 --gateway-url ws://$2:$GW/provider/ws --models smollm2 --compute-type cpu --memory-gb 2 --cpu-cores 1"; }
-python3 - "$d/c.toml" "$(dirname "$SEALNODE_TEST_LLAMA_SERVER")" "$SEALNODE_TEST_PYTHON" "$SEALNODE_TEST_PYTHON_PREFIX" "$SEALNODE_TEST_VENV" "$GW" "$(nodeenv 18080 /scratch/state)" "$(nodeargs sealed gateway.bench)" <<'PY'
-import json, sys
-p, bindir, pycopy, prefix, venv, gw, env, args = sys.argv[1:]
-s = open(p).read()
-engine = '["/opt/llama/llama-server", "-m", "/models/smollm2.gguf", "--host", "127.0.0.1", "--port", "18080", "-t", "1", "-c", "2048"]'
-node = json.dumps([f"{venv}/bin/python"] + args.split())
-a, b = s.split('command = ["/usr/bin/true"]', 1)
-b = b.replace('command = ["/usr/bin/true"]', 'command = ' + node, 1)
-s = a + 'command = ' + engine + b
-s = s.replace('ro_binds = [{ src = "', f'ready = {{ kind = "http", path = "/health", timeout_s = 120 }}\nro_binds = [{{ src = "{bindir}", dst = "/opt/llama" }}, {{ src = "', 1)
-node_binds = f'ro_binds = [{{ src = "{pycopy}", dst = "{prefix}" }}, {{ src = "{venv}" }}, {{ src = "'
-i = s.index('[node]')
-s = s[:i] + s[i:].replace('ro_binds = [{ src = "', node_binds, 1)
-sets = ", ".join(f'{k} = "{v}"' for k, v in (kv.split("=", 1) for kv in env.split()))
-s += f'\negress = [{{ host = "gateway.bench", port = {gw}, connect = "127.0.0.1:{gw}" }}]\nenv = {{ set = {{ {sets} }} }}\n'
-open(p, 'w').write(s)
-PY
+sets=$(for kv in $(nodeenv 18080 /scratch/state); do printf '%s = "%s", ' "${kv%%=*}" "${kv#*=}"; done)
+write_llama_fixture "$d" \
+  "$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$PY" $(nodeargs sealed gateway.bench))" \
+  "egress = [{ host = \"gateway.bench\", port = $GW, connect = \"127.0.0.1:$GW\" }]
+env = { set = { ${sets%, } } }"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; pkill -f "sealnode run --config $d/c.toml" 2>/dev/null || true' EXIT
 "$PY" -u "$REPO/bench/job-gateway.py" --port "$GW" --rounds "$ROUNDS" > "$d/jobs.jsonl" & gw=$!
-"$SEALNODE_TEST_LLAMA_SERVER" -m "$SEALNODE_TEST_MODEL" --host 127.0.0.1 --port 18181 -t 1 -c 2048 >/dev/null 2>&1 & pids+=($!)
-for _ in $(seq 1 300); do curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:18181/health 2>/dev/null | grep -q 200 && break; sleep 0.1; done
+start_bare_llama; pids+=("$bare_pid")
 mkdir -p "$d/bare"
 # shellcheck disable=SC2046
 env -i HOME="$d/bare" PATH=/usr/bin:/bin $(nodeenv 18181 "$d/bare/state") "$PY" $(nodeargs bare 127.0.0.1) >/dev/null 2>&1 & pids+=($!)
