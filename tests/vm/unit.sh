@@ -43,35 +43,14 @@ echo "the stand-in engine loads no weights" > /srv/sealnode/models/README
 install -o sealnode-node -g sealnode-node -m 0400 /dev/null /etc/sealnode/credential
 echo "guest-credential" > /etc/sealnode/credential
 GW=18765
-cat > /etc/sealnode/sealnode.toml <<TOML
-schema = 1
-[cell]
-hostname = "sealnode-vm"
-state_dir = "/var/lib/sealnode"
-runtime_dir = "/run/sealnode"
-rootful = { engine = "sealnode-engine", node = "sealnode-node" }
-stop_timeout_s = 5
-[engine]
-command = ["$PY", "-I", "-u", "/opt/standin/standin-engine.py", "--port", "11434"]
-port = 11434
-seccomp = "/usr/share/sealnode/seccomp/engine.json"
-landlock = "/usr/share/sealnode/landlock-rules/engine.toml"
-models = "/srv/sealnode/models"
-scratch = "/var/lib/sealnode/engine"
-ro_binds = [{ src = "$SEALNODE_TEST_PYTHON", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$SEALNODE_TEST_VENV" }, { src = "/usr/local/share/sealnode-standin", dst = "/opt/standin" }]
-ready = { kind = "http", path = "/", timeout_s = 120 }
-restart = "on-failure"
-[node]
-command = ["$PY", "-I", "-u", "-m", "frutebox.provider", "--id", "sealnode-vm", "--gateway-url", "ws://gateway.vm:$GW/provider/ws", "--models", "standin", "--compute-type", "cpu", "--memory-gb", "2", "--cpu-cores", "1", "--credential-file", "/run/sealnode/credential"]
-seccomp = "/usr/share/sealnode/seccomp/node.json"
-landlock = "/usr/share/sealnode/landlock-rules/node.toml"
-scratch = "/var/lib/sealnode/node"
-credential = "/etc/sealnode/credential"
-ro_binds = [{ src = "$SEALNODE_TEST_PYTHON", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$SEALNODE_TEST_VENV" }]
-egress = [{ host = "gateway.vm", port = $GW, connect = "127.0.0.1:$GW" }]
-env = { set = { FRUTEBOX_ENGINE = "ollama", OLLAMA_HOST = "http://127.0.0.1:11434", FRUTEBOX_OLLAMA_MODEL = "standin", FRUTEBOX_NODE_STATE_FILE = "/scratch/frutebox_node_state" } }
-restart = "on-failure"
-TOML
+# The demo's config (examples/demo/sealnode.toml.in), with the package's paths for each dir.
+sed -e "s#@DEMO@/state#/var/lib/sealnode#" -e "s#@DEMO@/run#/run/sealnode#" \
+    -e "s#@DEMO@/models#/srv/sealnode/models#" -e "s#@DEMO@/engine#/var/lib/sealnode/engine#" \
+    -e "s#@DEMO@/node#/var/lib/sealnode/node#" -e "s#@DEMO@/credential#/etc/sealnode/credential#" \
+    -e "s#@DEMO@/standin#/usr/local/share/sealnode-standin#" -e "s#@POLICY@#/usr/share/sealnode#g" \
+    -e "s#@VENV@#$SEALNODE_TEST_VENV#g" -e "s#@PYCOPY@#$SEALNODE_TEST_PYTHON#g" \
+    -e "s#@PYPREFIX@#$SEALNODE_TEST_PYTHON_PREFIX#g" -e "s#@GWPORT@#$GW#g" \
+    "$REPO/examples/demo/sealnode.toml.in" > /etc/sealnode/sealnode.toml
 chmod 0644 /etc/sealnode/sealnode.toml
 # Stop once the package and its config are in place (tests/vm/old-kernel.sh, or by hand).
 [ "${SEALNODE_VM_SETUP_ONLY:-}" = 1 ] && exit 0
