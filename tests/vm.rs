@@ -49,7 +49,8 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
         let why = String::from_utf8_lossy(&build.stderr).into_owned();
         return unavailable("vm", &format!("the guest could not be built: {why}"));
     }
-    // Its own target dir: this test runs inside `cargo test`, which holds the usual one.
+    // Its own target dir: this test runs inside `cargo test`, which holds the usual one
+    // (scripts/test's package test then reuses this build).
     let deb = Command::new(repo().join("scripts/build-deb"))
         .env("CARGO_TARGET_DIR", repo().join("target/vm"))
         .output_within(LIMIT);
