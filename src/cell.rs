@@ -308,6 +308,49 @@ impl Cell {
     }
 }
 
+impl Cell {
+    /// Empty `dir` (not `dir` itself, never following symlinks) with the cell's own authority:
+    /// a short-lived child joins the cell's user namespace, where it holds every capability
+    /// over the ids mapped there (the roles' own), so the supervisor needs no host
+    /// CAP_DAC_OVERRIDE to remove what a role left in its 0700 scratch. Files whose owner or
+    /// group is not mapped into the cell are out of its reach (EPERM), as they should be.
+    pub fn wipe(&self, dir: &std::path::Path) -> std::result::Result<(), Errno> {
+        // SAFETY: the supervisor is single-threaded; the child only joins the namespace,
+        // removes files and exits.
+        match unsafe { nix::unistd::fork() }? {
+            nix::unistd::ForkResult::Child => {
+                let code = match nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER) {
+                    Ok(()) => match empty_dir(dir) {
+                        Ok(()) => 0,
+                        Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+                    },
+                    Err(e) => e as i32,
+                };
+                sys::exit_now(code)
+            }
+            nix::unistd::ForkResult::Parent { child } => match waitpid(child, None)? {
+                nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+                nix::sys::wait::WaitStatus::Exited(_, e) => Err(Errno::from_raw(e)),
+                _ => Err(Errno::EINTR),
+            },
+        }
+    }
+}
+
+/// Remove everything inside `dir`, never following symlinks (std's remove_dir_all opens each
+/// level with O_NOFOLLOW relative to its parent).
+fn empty_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// Makes TCP sockets in the engine's network namespace, through the cell init.
 #[derive(Debug)]
 pub struct EngineSockets(OwnedFd);

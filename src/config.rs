@@ -95,6 +95,9 @@ pub struct CellConfig {
     /// A forwarded connection idle this long (no byte either way) is closed, seconds.
     #[serde(default = "default_egress_idle")]
     pub egress_idle_timeout_s: u64,
+    /// An outbound egress connect with no answer this long is given up and logged, seconds.
+    #[serde(default = "default_egress_connect")]
+    pub egress_connect_timeout_s: u64,
     /// Uids allowed on the control socket (checked with SO_PEERCRED). Default: the uid
     /// sealnode runs as.
     pub control_uids: Option<Vec<u32>>,
@@ -108,6 +111,12 @@ fn default_egress_max() -> usize {
 }
 fn default_egress_idle() -> u64 {
     600
+}
+
+/// TCP's own SYN retries would take about two minutes; a dropped SYN (a firewall, a unit's
+/// IPAddressDeny=) is otherwise silent.
+fn default_egress_connect() -> u64 {
+    15
 }
 
 fn default_hostname() -> String {
@@ -478,6 +487,9 @@ impl Config {
         }
         if self.cell.egress_idle_timeout_s == 0 {
             return Err(self.err("cell.egress_idle_timeout_s", "must be at least 1"));
+        }
+        if self.cell.egress_connect_timeout_s == 0 {
+            return Err(self.err("cell.egress_connect_timeout_s", "must be at least 1"));
         }
         self.abs("cell.runtime_dir", &self.cell.runtime_dir)?;
         if let Some(u) = &self.cell.rootful {

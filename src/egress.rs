@@ -392,6 +392,10 @@ pub struct Forwarder {
     /// limit allows, less a reserve for the control socket and the gate ([`fd_budget`]).
     max_total: usize,
     idle_timeout: Duration,
+    /// An outbound connect with no answer this long is given up (`cell.egress_connect_timeout_s`).
+    connect_timeout: Duration,
+    /// When [`Forwarder::sweep`] has something to do next (a connect or an idle timeout).
+    next_sweep: Option<Instant>,
     lookups: HashMap<u64, Lookup>,
     /// An fd held in reserve: at EMFILE it is closed to accept (and drop) the waiting
     /// connection, so a level-triggered listener never spins.
@@ -420,6 +424,7 @@ impl Forwarder {
         upstreams: Vec<Upstream>,
         max_per_upstream: usize,
         idle_timeout: Duration,
+        connect_timeout: Duration,
         epoll: &Epoll,
     ) -> Result<Forwarder, Errno> {
         for (i, u) in upstreams.iter().enumerate() {
@@ -444,6 +449,8 @@ impl Forwarder {
             max_per_upstream,
             max_total,
             idle_timeout,
+            connect_timeout,
+            next_sweep: None,
             lookups: HashMap::new(),
             spare: spare_fd(),
             quiet: crate::ratelimit::Quiet::default(),
@@ -724,6 +731,8 @@ impl Forwarder {
         };
         let (fi, fo) = interest(&c);
         c.registered = (fi, fo);
+        let due = c.last_active + self.connect_timeout;
+        self.next_sweep = Some(self.next_sweep.map_or(due, |s| s.min(due)));
         let ok = epoll.add(c.inner.as_fd(), EpollEvent::new(fi, TOKEN_CONN | id << 1)).is_ok()
             && epoll.add(c.outer.as_fd(), EpollEvent::new(fo, TOKEN_CONN | id << 1 | 1)).is_ok();
         self.conns.insert(id, c);
@@ -789,19 +798,42 @@ impl Forwarder {
         }
     }
 
-    /// Close connections idle longer than the timeout; returns when to look again.
-    pub fn sweep(&mut self, epoll: &Epoll) -> Option<Instant> {
-        let idle: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.last_active.elapsed() >= self.idle_timeout)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in idle {
-            tracing::info!(upstream = %self.upstreams[self.conns[&id].upstream].stats.upstream, "egress connection closed: idle");
+    /// When [`Forwarder::sweep`] should run next (None: no connection to watch).
+    pub fn next_sweep(&self) -> Option<Instant> {
+        self.next_sweep
+    }
+
+    /// Close connections idle longer than the timeout, and outbound connects that got no
+    /// answer within the connect timeout, if one is due.
+    pub fn sweep(&mut self, epoll: &Epoll) {
+        let now = Instant::now();
+        if self.next_sweep.is_none_or(|s| s > now) {
+            return;
+        }
+        let (idle, connect) = (self.idle_timeout, self.connect_timeout);
+        let limit = move |c: &Conn| c.last_active + if c.connecting { connect } else { idle };
+        let due: Vec<(u64, bool)> =
+            self.conns.iter().filter(|(_, c)| limit(c) <= now).map(|(id, c)| (*id, c.connecting)).collect();
+        for (id, connecting) in due {
+            let u = &mut self.upstreams[self.conns[&id].upstream].stats;
+            if connecting {
+                // A dropped SYN fails silently (a firewall, or the unit's IPAddressDeny=: its
+                // filter drops packets, the connect never returns): say so and where to look.
+                u.connect_failed += 1;
+                if let Some(suppressed) = self.quiet.allow(now) {
+                    tracing::warn!(
+                        upstream = %u.upstream,
+                        timeout_s = connect.as_secs(),
+                        suppressed,
+                        "egress connect timed out: nothing answered; if the unit sets IPAddressDeny=, add the upstream's addresses to IPAddressAllow= (docs/operator-guide.md)"
+                    );
+                }
+            } else {
+                tracing::info!(upstream = %u.upstream, "egress connection closed: idle");
+            }
             self.close(epoll, id);
         }
-        self.conns.values().map(|c| c.last_active + self.idle_timeout).min()
+        self.next_sweep = self.conns.values().map(limit).min();
     }
 
     /// When the next name lookup times out.

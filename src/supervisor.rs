@@ -118,7 +118,6 @@ pub struct Supervisor {
     stopping: Option<(i32, After)>,
     ready_sent: bool,
     watchdog: Option<(Duration, Instant)>,
-    next_sweep: Option<Instant>,
     control: std::os::unix::net::UnixListener,
     /// The client waiting for a recycle to finish.
     pending: Option<std::os::unix::net::UnixStream>,
@@ -176,19 +175,6 @@ fn status_code(ws: WaitStatus) -> Option<i32> {
     }
 }
 
-/// Remove everything inside `dir` (not `dir` itself), never following symlinks.
-pub fn wipe(dir: &std::path::Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            std::fs::remove_dir_all(entry.path())?;
-        } else {
-            std::fs::remove_file(entry.path())?;
-        }
-    }
-    Ok(())
-}
-
 impl Supervisor {
     /// Create the cell and the event loop. Nothing runs yet.
     pub fn new(cfg: Config, inv: Invoker) -> Result<Supervisor> {
@@ -242,6 +228,7 @@ impl Supervisor {
             upstreams,
             cfg.cell.egress_max_connections,
             Duration::from_secs(cfg.cell.egress_idle_timeout_s),
+            Duration::from_secs(cfg.cell.egress_connect_timeout_s),
             &epoll,
         )
         .map_err(|e| Error::errno("epoll_ctl (egress)", e))?;
@@ -274,7 +261,6 @@ impl Supervisor {
             stopping: None,
             ready_sent: false,
             watchdog,
-            next_sweep: None,
             control,
             pending: None,
             clients: std::collections::HashMap::new(),
@@ -380,7 +366,19 @@ impl Supervisor {
     /// the gate for both.
     fn provision(&mut self) -> std::result::Result<(), i32> {
         for role in Role::ALL {
-            self.wipe_scratch(role);
+            // Fail closed: a role must never start on what an earlier run left behind.
+            if let Err(e) = self.cell.wipe(&self.cfg.role(role).scratch) {
+                let dir = self.cfg.role(role).scratch.display().to_string();
+                let hint = match e {
+                    Errno::EACCES | Errno::EPERM => {
+                        " (it holds files of a host user outside the cell, which no role can have left there: remove them by hand)"
+                    }
+                    _ => "",
+                };
+                tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
+                eprintln!("sealnode: cannot wipe {role}.scratch {dir}: {e}{hint}");
+                return Err(sandbox::SETUP_FAILED);
+            }
         }
         self.gate(&Role::ALL)
     }
@@ -605,9 +603,7 @@ impl Supervisor {
         if let Some((iv, last)) = self.watchdog {
             d.push(last + iv);
         }
-        if let Some(s) = self.next_sweep {
-            d.push(s);
-        }
+        d.extend(self.fwd.next_sweep());
         d.extend(self.clients.values().map(|(_, _, deadline)| *deadline));
         d.extend(self.fwd.next_lookup_deadline());
         d.into_iter().min()
@@ -615,7 +611,7 @@ impl Supervisor {
 
     fn wipe_scratch(&self, role: Role) {
         let dir = &self.cfg.role(role).scratch;
-        if let Err(e) = wipe(dir) {
+        if let Err(e) = self.cell.wipe(dir) {
             tracing::warn!(role = %role, dir = %dir.display(), error = %e, "could not wipe scratch");
         }
     }
@@ -1031,9 +1027,7 @@ impl Supervisor {
                 self.watchdog = Some((iv, now));
             }
         }
-        if self.next_sweep.is_none_or(|s| s <= now) {
-            self.next_sweep = self.fwd.sweep(&self.epoll);
-        }
+        self.fwd.sweep(&self.epoll);
         self.fwd.expire_lookups(&self.epoll);
     }
 }
@@ -1098,8 +1092,8 @@ fn cell_changes(old: &Config, new: &Config) -> Vec<String> {
         ("cell.rootful", d(&old.cell.rootful), d(&new.cell.rootful)),
         (
             "cell.egress_max_connections",
-            d(&(old.cell.egress_max_connections, old.cell.egress_idle_timeout_s)),
-            d(&(new.cell.egress_max_connections, new.cell.egress_idle_timeout_s)),
+            d(&(old.cell.egress_max_connections, old.cell.egress_idle_timeout_s, old.cell.egress_connect_timeout_s)),
+            d(&(new.cell.egress_max_connections, new.cell.egress_idle_timeout_s, new.cell.egress_connect_timeout_s)),
         ),
         ("node.egress", d(&old.node.egress), d(&new.node.egress)),
         // The node's listener for the engine is the cell's (found by review: a new port passed).

@@ -4,6 +4,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::process::{Child, Stdio};
@@ -502,6 +503,88 @@ fn egress_is_bounded_and_idle_connections_close() {
         let field =
             |k: &str| totals.split_whitespace().find_map(|w| w.strip_prefix(k)?.strip_prefix('=')).unwrap_or("missing");
         assert_eq!((field("accepted"), field("refused")), ("1", "1"), "{mode:?}: {totals}");
+    }
+}
+
+/// The scratch wipe runs with the cell's authority, not the host's: what a role left (nested,
+/// read-only dirs included) is gone before the next start, in both modes; a leftover of
+/// another host user (rootful) refuses the start, naming the dir, and nothing runs (the unit
+/// has no CAP_DAC_OVERRIDE; a failed wipe used to be only a warning).
+#[test]
+fn scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    for mode in modes() {
+        let f = cell(mode, "wipe", HTTPD, "exec sleep 1000", "", "", "");
+        let owner = match mode {
+            Mode::Rootful => NODE_IDS,
+            Mode::Rootless if is_root() => (NOBODY, NOBODY),
+            Mode::Rootless => (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()),
+        };
+        // What a role could have left: a nested tree with a read-only dir, all its own.
+        let scratch = f.p("node-scratch");
+        std::fs::create_dir_all(scratch.join("a/b")).expect("mkdir");
+        std::fs::write(scratch.join("a/b/state"), "old").expect("write");
+        for p in ["a", "a/b", "a/b/state"] {
+            chown(scratch.join(p), Some(owner.0), Some(owner.1)).expect("chown");
+        }
+        std::fs::set_permissions(scratch.join("a"), std::fs::Permissions::from_mode(0o500)).expect("chmod");
+        let run = start(&f, &[]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !run.stderr().contains("role started role=node") {
+            assert!(Instant::now() < deadline, "{mode:?}: the node did not start: {}", run.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left: Vec<_> = std::fs::read_dir(&scratch).expect("scratch").flatten().map(|e| e.file_name()).collect();
+        assert!(left.is_empty(), "{mode:?}: not wiped before the start: {left:?}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        if mode != Mode::Rootful {
+            continue;
+        }
+        // Another host user's dir, with a file in it: nobody in the cell may remove that file
+        // (root's own leftovers are removed: the wipe runs with sealnode's host uid).
+        std::fs::create_dir(scratch.join("foreign")).expect("mkdir");
+        std::fs::write(scratch.join("foreign/file"), "x").expect("write");
+        chown(scratch.join("foreign"), Some(12345), Some(12345)).expect("chown");
+        let o = f.command(&["run", "--config", &f.config.display().to_string()]).output_within(COMMAND_LIMIT);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
+        assert!(err.contains("cannot wipe node.scratch") && err.contains(&scratch.display().to_string()), "{err}");
+        assert!(!err.contains("role started"), "{mode:?}: a role started: {err}");
+        assert!(scratch.join("foreign/file").exists(), "{mode:?}");
+    }
+}
+
+/// An upstream that never answers (its SYNs dropped, as a firewall or the unit's
+/// IPAddressDeny= does) is given up after `cell.egress_connect_timeout_s` and logged with the
+/// fix: without it the node's connection hung silently (found in the test guest, tests/vm).
+#[test]
+fn a_silently_dropped_egress_connect_times_out_and_says_why() {
+    use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, SockaddrIn};
+    for mode in modes() {
+        // A listener that never accepts, its accept queue (backlog 0: one entry) filled by us:
+        // the kernel drops every further SYN.
+        let l = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).expect("socket");
+        bind(l.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).expect("bind");
+        listen(&l, Backlog::new(0).expect("backlog")).expect("listen");
+        let addr: SockaddrIn = nix::sys::socket::getsockname(l.as_raw_fd()).expect("name");
+        let port = addr.port();
+        let _queued = std::net::TcpStream::connect(("127.0.0.1", port)).expect("fill the queue");
+        let node_sh = format!("/usr/bin/busybox nc -w 20 gw.test {port} </dev/null >/dev/null 2>&1; exec sleep 1000");
+        let node_extra = format!("egress = [{{ host = \"gw.test\", port = {port}, connect = \"127.0.0.1:{port}\" }}]");
+        let f = cell(mode, "connecttimeout", HTTPD, &node_sh, &node_extra, "", "egress_connect_timeout_s = 2");
+        let run = start(&f, &[]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !run.stderr().contains("egress connect timed out") {
+            assert!(Instant::now() < deadline, "{mode:?}: the hung connect was not given up: {}", run.stderr());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(err.contains("IPAddressAllow="), "{mode:?}: the warning names the fix: {err}");
+        let totals = err.lines().find(|l| l.contains("egress totals")).unwrap_or_else(|| panic!("{mode:?}: {err}"));
+        assert!(totals.contains("failed=1"), "{mode:?}: counted as a failed connect: {totals}");
+        drop(l);
     }
 }
 
