@@ -92,7 +92,7 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
         meaning: if over.is_empty() {
             "each role can get its own fresh /proc".into()
         } else {
-            "the kernel refuses a fresh /proc in a user namespace while /proc has over-mounts; remove ProtectKernelTunables=, ProtectKernelLogs=, ProtectProc= from the unit (sealnode masks /proc inside each role itself)".into()
+            "the kernel refuses a fresh /proc in a user namespace while /proc has over-mounts; remove ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname= from the unit (sealnode masks /proc inside each role itself)".into()
         },
     });
     let abi = sys::landlock_abi();

@@ -69,18 +69,25 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
         "ok: scratch wiped",
         "ok: the watchdog restarted a stopped supervisor",
         "ok: the journal has sealnode's lines",
+        "ok: the unit's IPAddressDeny= drops the connect to a gateway it does not allow, and sealnode says so",
+        "ok: a job round trip once the drop-in allows the gateway",
+        "ok: rootless: a job round trip through the gateway stand-in",
+        "ok: rootless: both roles run as user sealnode",
+        "ok: rootless: scratch wiped",
     ] {
         assert!(text.contains(needed), "guest: missing {needed:?}:\n{text}");
     }
     assert!(ok && !text.contains("FAIL:"), "the unit in the guest:\n{text}");
-    // The exposure score the guest's own systemd gives the unit, held to a threshold
-    // (tests/systemd.rs holds the offline score on the host to the same).
-    let score: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("info: systemd-analyze security sealnode.service: "))
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no exposure score:\n{text}"));
-    assert!(score <= 4.0, "exposure {score} in the guest");
+    // The exposure scores the guest's own systemd gives the units, each held to what it is
+    // today (tests/systemd.rs holds the host's offline scores; docs/operator-guide.md).
+    for (unit, most) in [("sealnode.service", 3.3), ("sealnode-rootless.service", 2.5)] {
+        let score: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("info: systemd-analyze security {unit}: ")))
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no exposure score for {unit}:\n{text}"));
+        assert!(score <= most, "{unit}: exposure {score} in the guest, above {most}");
+    }
 
     let (ok, text) = run_vm("tests/vm/old-kernel.sh", "bookworm", &deb, &cache, &out.path().join("old"));
     assert!(text.contains("guest: 6.1."), "not the 6.1 kernel:\n{text}");

@@ -6,7 +6,7 @@ frutebox-node's WebSocket protocol (JSON frames: the node sends `register`; we a
 `result`s) to prove a job's round trip through sealnode's declared egress. Prints what it
 receives, exits 0 once both results arrived with content, non-zero on error or timeout.
 
-    python standin-gateway.py --port 18765 [--model standin] [--timeout 90] [--one-at-a-time]
+    python standin-gateway.py --port 18765 [--host 127.0.0.1] [--model standin] [--timeout 90] [--one-at-a-time]
 
 --one-at-a-time sends the streamed job only after the plain one's result, for engines that
 serve one request at a time (llama-cpp-python's server garbles concurrent requests).
@@ -19,7 +19,7 @@ import sys
 import websockets
 
 
-async def serve(port, model, timeout, one_at_a_time=False):
+async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1"):
     done = asyncio.get_running_loop().create_future()
 
     async def handler(ws):
@@ -70,8 +70,8 @@ async def serve(port, model, timeout, one_at_a_time=False):
                 done.set_result(f"node reported an error: {msg}")
                 return
 
-    async with websockets.serve(handler, "127.0.0.1", port):
-        print(f"gateway: listening on 127.0.0.1:{port}", flush=True)
+    async with websockets.serve(handler, host, port):
+        print(f"gateway: listening on {host}:{port}", flush=True)
         try:
             err = await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
@@ -89,8 +89,9 @@ def main():
     p.add_argument("--model", default="standin")
     p.add_argument("--timeout", type=float, default=90)
     p.add_argument("--one-at-a-time", action="store_true")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (tests: a non-loopback one)")
     a = p.parse_args()
-    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.one_at_a_time)))
+    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.one_at_a_time, a.host)))
 
 
 if __name__ == "__main__":

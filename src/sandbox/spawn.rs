@@ -179,7 +179,7 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
     {
         detail.push_str(
             " (the kernel refuses a fresh /proc in a user namespace while the host's /proc has over-mounts: \
-             systemd's ProtectKernelTunables=, ProtectKernelLogs=, ProtectProc= or a container runtime's masks; \
+             systemd's ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname= or a container runtime's masks; \
              `sealnode doctor` lists them)",
         );
     }

@@ -130,8 +130,70 @@ journalctl -u sealnode --no-pager | grep -i "watchdog" | tail -2 | sed 's/^/info
 timeout 120 systemctl stop sealnode.service
 rm -rf /etc/systemd/system/sealnode.service.d; systemctl daemon-reload
 
+# IPAddressDeny=any: the host side of egress reaches loopback only. A gateway elsewhere (here
+# on a dummy interface, still inside the guest) is unreachable until a drop-in allows it.
+gateway() {  # HOST: a fresh gateway stand-in, exits 0 after a job round trip
+  systemctl stop sealnode-vm-gateway 2>/dev/null; systemctl reset-failed sealnode-vm-gateway 2>/dev/null
+  systemd-run --unit=sealnode-vm-gateway --service-type=exec -p StandardOutput=journal \
+    "$PY" -u /usr/local/share/sealnode-standin/standin-gateway.py --host "$1" --port $GW --model standin --timeout 300 >/dev/null 2>&1
+  sleep 1
+}
+gateway_done() {  # wait up to $1 s for the gateway to finish; its Result is "success" only then
+  for _ in $(seq 1 "$1"); do
+    [ "$(systemctl show -p ActiveState --value sealnode-vm-gateway.service)" = active ] || break
+    sleep 1
+  done
+  [ "$(systemctl show -p ActiveState --value sealnode-vm-gateway.service)" != active ] &&
+    [ "$(systemctl show -p Result --value sealnode-vm-gateway.service)" = success ]
+}
+ip link add sealnode-gw type dummy && ip addr add 10.99.0.1/24 dev sealnode-gw && ip link set sealnode-gw up
+cp /etc/sealnode/sealnode.toml /etc/sealnode/sealnode.toml.loopback
+sed -i "s#connect = \"127.0.0.1:$GW\"#connect = \"10.99.0.1:$GW\"#" /etc/sealnode/sealnode.toml
+gateway 10.99.0.1
+since=$(date '+%Y-%m-%d %H:%M:%S')
+must "start with the gateway outside IPAddressAllow=" timeout 300 systemctl start sealnode.service
+for _ in $(seq 1 90); do
+  journalctl -u sealnode --since "$since" --no-pager | grep -q "egress connect timed out" && break
+  sleep 1
+done
+check "the unit's IPAddressDeny= drops the connect to a gateway it does not allow, and sealnode says so" \
+  sh -c "journalctl -u sealnode --since '$since' --no-pager | grep 'egress connect timed out' | grep -q IPAddressAllow="
+check "no job round trip while the gateway is not allowed" test "$(systemctl show -p ActiveState --value sealnode-vm-gateway.service)" = active
+mkdir -p /etc/systemd/system/sealnode.service.d
+printf '[Service]\nIPAddressAllow=10.99.0.1\n' > /etc/systemd/system/sealnode.service.d/gateway.conf
+systemctl daemon-reload
+must "restart with the gateway's address in IPAddressAllow=" timeout 300 systemctl restart sealnode.service
+check "a job round trip once the drop-in allows the gateway" gateway_done 240
+timeout 120 systemctl stop sealnode.service
+rm -rf /etc/systemd/system/sealnode.service.d; systemctl daemon-reload
+mv /etc/sealnode/sealnode.toml.loopback /etc/sealnode/sealnode.toml
+
 # The exposure score, from the guest's own systemd.
 score=$(systemd-analyze security sealnode.service 2>/dev/null | sed -n 's/.*Overall exposure level for sealnode.service: \([0-9.]*\).*/\1/p')
 echo "info: systemd-analyze security sealnode.service: $score"
 check "an exposure score" test -n "$score"
+
+# The rootless unit: sealnode itself as user sealnode, no capability; both roles as that user.
+sed -e '/^rootful = /d' -e 's#/var/lib/sealnode#/var/lib/sealnode-rootless#g' -e 's#/run/sealnode"#/run/sealnode-rootless"#' \
+    /etc/sealnode/sealnode.toml > /etc/sealnode/rootless.toml
+chmod 0644 /etc/sealnode/rootless.toml
+# The node role now runs as sealnode: so must its credential belong to it.
+chown sealnode:sealnode /etc/sealnode/credential
+gateway 127.0.0.1
+must "systemctl start sealnode-rootless returns (after READY)" timeout 300 systemctl start sealnode-rootless.service
+check "rootless: a job round trip through the gateway stand-in" gateway_done 240
+check "rootless: sealnode runs as user sealnode" \
+  test "$(ps -o user= -p "$(systemctl show -p MainPID --value sealnode-rootless.service)")" = sealnode
+check "rootless: both roles run as user sealnode" \
+  sh -c "[ \"\$(ps -eo user=,args= | grep '[f]rutebox.provider\|[s]tandin-engine' | awk '{print \$1}' | sort -u)\" = sealnode ]"
+check "rootless: ctl status answers sealnode's own user" \
+  sh -c "runuser -u sealnode -- /usr/bin/sealnode ctl --config /etc/sealnode/rootless.toml status >/dev/null"
+runuser -u sealnode -- touch /var/lib/sealnode-rootless/node/x 2>/dev/null || true
+check "rootless: systemctl stop returns" timeout 120 systemctl stop sealnode-rootless.service
+check "rootless: a clean stop (Result=$(systemctl show -p Result --value sealnode-rootless.service))" \
+  test "$(systemctl show -p Result --value sealnode-rootless.service)" = success
+check "rootless: scratch wiped" sh -c "[ -z \"\$(ls -A /var/lib/sealnode-rootless/node)\" ]"
+score=$(systemd-analyze security sealnode-rootless.service 2>/dev/null | sed -n 's/.*Overall exposure level for sealnode-rootless.service: \([0-9.]*\).*/\1/p')
+echo "info: systemd-analyze security sealnode-rootless.service: $score"
+check "an exposure score for the rootless unit" test -n "$score"
 exit $failed
