@@ -92,6 +92,9 @@ pub struct Cell {
     /// The node's way to the engine: 127.0.0.1:<engine.port> in the node's netns, forwarded
     /// by the supervisor to the same port in the engine's netns.
     pub engine_listener: Option<OwnedFd>,
+    /// The roles' cgroup leaves, when the cell has them (cgroup::Tree::setup): every role
+    /// and preflight sandbox of this cell is cloned into its role's leaf.
+    pub cgroups: Option<crate::cgroup::Tree>,
     _alive: OwnedFd,
 }
 
@@ -283,7 +286,17 @@ impl Cell {
         let engine_netns = listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
         let node_netns = listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
         let engine_listener = if engine_port.is_some() { listeners.pop() } else { None };
-        Ok(Cell { pid, userns, node_netns, engine_netns, ctl: sup, listeners, engine_listener, _alive: sync_w })
+        Ok(Cell {
+            pid,
+            userns,
+            node_netns,
+            engine_netns,
+            ctl: sup,
+            listeners,
+            engine_listener,
+            cgroups: None,
+            _alive: sync_w,
+        })
     }
 
     /// A fresh non-blocking TCP socket inside the engine's network namespace.

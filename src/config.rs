@@ -101,6 +101,95 @@ pub struct CellConfig {
     /// Uids allowed on the control socket (checked with SO_PEERCRED). Default: the uid
     /// sealnode runs as.
     pub control_uids: Option<Vec<u32>>,
+    /// Run by hand as root: the cgroup v2 directory (relative to /sys/fs/cgroup) sealnode
+    /// makes its own subtree in (`supervisor`, `engine`, `node` leaves). Under the unit
+    /// (Delegate=yes) sealnode uses its delegated cgroup and this must be unset.
+    pub cgroup: Option<PathBuf>,
+    /// Resource limits both roles get unless a role's own `limits` sets the field.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// Per-role cgroup v2 limits (docs/config.md, "Resource limits"). Every field is optional; a
+/// set field that the host cannot enforce refuses the start.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// memory.max, MiB: above it the kernel's OOM killer kills the role's whole cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_max_mb: Option<u64>,
+    /// memory.high, MiB: above it the role is throttled and reclaimed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_high_mb: Option<u64>,
+    /// memory.swap.max, MiB (where a memory controller is in use: 0 unless set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_swap_max_mb: Option<u64>,
+    /// pids.max: processes and threads of the role together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
+    /// cpu.max as a number of CPUs (1.5 = 150 ms of CPU time per 100 ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_max: Option<f64>,
+    /// cpu.weight, 1-10000 (100 is the kernel's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_weight: Option<u64>,
+    /// io.weight, 1-10000 (needs the io controller).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io_weight: Option<u64>,
+    /// io.max per block device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub io_max: Vec<IoMax>,
+}
+
+/// One io.max line: a block device and its bandwidth/IOPS caps.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IoMax {
+    /// The block device node, e.g. /dev/nvme0n1.
+    pub device: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rbps: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wbps: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub riops: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wiops: Option<u64>,
+}
+
+impl Limits {
+    /// This role's limits: each field its own, else the cell's.
+    pub fn over(&self, cell: &Limits) -> Limits {
+        Limits {
+            memory_max_mb: self.memory_max_mb.or(cell.memory_max_mb),
+            memory_high_mb: self.memory_high_mb.or(cell.memory_high_mb),
+            memory_swap_max_mb: self.memory_swap_max_mb.or(cell.memory_swap_max_mb),
+            pids_max: self.pids_max.or(cell.pids_max),
+            cpu_max: self.cpu_max.or(cell.cpu_max),
+            cpu_weight: self.cpu_weight.or(cell.cpu_weight),
+            io_weight: self.io_weight.or(cell.io_weight),
+            io_max: if self.io_max.is_empty() { cell.io_max.clone() } else { self.io_max.clone() },
+        }
+    }
+
+    /// The set fields, as (config field, cgroup v2 controller), in a fixed order.
+    pub fn set_fields(&self) -> Vec<(&'static str, &'static str)> {
+        let mut v = Vec::new();
+        let mut add = |set: bool, field, ctl| {
+            if set {
+                v.push((field, ctl));
+            }
+        };
+        add(self.memory_max_mb.is_some(), "memory_max_mb", "memory");
+        add(self.memory_high_mb.is_some(), "memory_high_mb", "memory");
+        add(self.memory_swap_max_mb.is_some(), "memory_swap_max_mb", "memory");
+        add(self.pids_max.is_some(), "pids_max", "pids");
+        add(self.cpu_max.is_some(), "cpu_max", "cpu");
+        add(self.cpu_weight.is_some(), "cpu_weight", "cpu");
+        add(self.io_weight.is_some(), "io_weight", "io");
+        add(!self.io_max.is_empty(), "io_max", "io");
+        v
+    }
 }
 
 fn default_stop_timeout() -> u64 {
@@ -172,6 +261,9 @@ pub struct RoleConfig {
     /// Engine only: how `run` decides the engine is ready before starting the node.
     #[serde(default)]
     pub ready: Ready,
+    /// cgroup v2 limits of this role (fields not set here come from `cell.limits`).
+    #[serde(default)]
+    pub limits: Limits,
     /// Restart the role when it exits: "no" (stop the cell, exit non-zero), "on-failure", "always".
     #[serde(default)]
     pub restart: Restart,
@@ -479,6 +571,17 @@ impl Config {
             return Err(self.err("cell.hostname", "must be 1-64 characters of [A-Za-z0-9.-]"));
         }
         self.abs("cell.state_dir", &self.cell.state_dir)?;
+        if let Some(c) = &self.cell.cgroup {
+            let ok = c.is_relative()
+                && c.components().all(|p| matches!(p, std::path::Component::Normal(_)))
+                && c.components().next().is_some();
+            if !ok {
+                return Err(self.err(
+                    "cell.cgroup",
+                    "must be a path relative to /sys/fs/cgroup without `..`, e.g. \"sealnode/node1\"",
+                ));
+            }
+        }
         if self.cell.stop_timeout_s == 0 || self.cell.stop_timeout_s > 3600 {
             return Err(self.err("cell.stop_timeout_s", "must be between 1 and 3600"));
         }
@@ -608,7 +711,69 @@ impl Config {
         if r.restart_limit.interval_s == 0 || r.restart_limit.interval_s > 86400 {
             return Err(self.err(f("restart_limit.interval_s"), "must be between 1 and 86400 (seconds)"));
         }
+        // Each field is reported where it is written: the role's own or the cell's default.
+        let l = self.limits(role);
+        let at = |k: &str| {
+            let own = match k {
+                "memory_max_mb" => r.limits.memory_max_mb.is_some(),
+                "memory_high_mb" => r.limits.memory_high_mb.is_some(),
+                "memory_swap_max_mb" => r.limits.memory_swap_max_mb.is_some(),
+                "pids_max" => r.limits.pids_max.is_some(),
+                "cpu_max" => r.limits.cpu_max.is_some(),
+                "cpu_weight" => r.limits.cpu_weight.is_some(),
+                "io_weight" => r.limits.io_weight.is_some(),
+                _ => !r.limits.io_max.is_empty(),
+            };
+            if own {
+                format!("{role}.limits.{k}")
+            } else {
+                format!("cell.limits.{k}")
+            }
+        };
+        if let Some(m) = l.memory_max_mb {
+            if !(16..=16 * 1024 * 1024).contains(&m) {
+                return Err(self.err(at("memory_max_mb"), "must be between 16 and 16777216 (MiB)"));
+            }
+        }
+        if let Some(h) = l.memory_high_mb {
+            if h < 16 || l.memory_max_mb.is_some_and(|m| h > m) {
+                return Err(self.err(at("memory_high_mb"), "must be at least 16 (MiB) and not above memory_max_mb"));
+            }
+        }
+        if l.memory_swap_max_mb.is_some_and(|s| s > 16 * 1024 * 1024) {
+            return Err(self.err(at("memory_swap_max_mb"), "must be at most 16777216 (MiB)"));
+        }
+        if let Some(p) = l.pids_max {
+            if !(8..=4_194_304).contains(&p) {
+                return Err(self.err(at("pids_max"), "must be between 8 and 4194304 (a role needs a few processes)"));
+            }
+        }
+        if let Some(c) = l.cpu_max {
+            if !(c.is_finite() && (0.01..=4096.0).contains(&c)) {
+                return Err(self.err(at("cpu_max"), "must be a number of CPUs between 0.01 and 4096"));
+            }
+        }
+        for (k, w) in [("cpu_weight", l.cpu_weight), ("io_weight", l.io_weight)] {
+            if w.is_some_and(|w| !(1..=10000).contains(&w)) {
+                return Err(self.err(at(k), "must be between 1 and 10000"));
+            }
+        }
+        for (i, io) in l.io_max.iter().enumerate() {
+            let k = format!("{}[{i}]", at("io_max"));
+            self.abs(&format!("{k}.device"), &io.device)?;
+            if [io.rbps, io.wbps, io.riops, io.wiops].iter().all(Option::is_none) {
+                return Err(self.err(k, "set at least one of rbps, wbps, riops, wiops"));
+            }
+            if [io.rbps, io.wbps, io.riops, io.wiops].contains(&Some(0)) {
+                return Err(self.err(k, "a cap of 0 would stop the role's I/O; leave the field out for no cap"));
+            }
+        }
         Ok(())
+    }
+
+    /// A role's limits in force: its own fields, else the cell's.
+    pub fn limits(&self, role: Role) -> Limits {
+        self.role(role).limits.over(&self.cell.limits)
     }
 
     /// A role's environment: names only, never a proxy variable.

@@ -125,22 +125,35 @@ fn host_hardening() -> Vec<Check> {
     let mut v = Vec::new();
     let cg2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string)))
-        .unwrap_or_default();
+    let own = crate::cgroup::own_cgroup().unwrap_or_default();
     let base = if cg2 { "/sys/fs/cgroup" } else { "/sys/fs/cgroup/unified" };
-    let delegated =
-        nix::unistd::access(format!("{base}{own}/cgroup.procs").as_str(), nix::unistd::AccessFlags::W_OK).is_ok();
+    let delegated = if cg2 { crate::cgroup::delegated() } else { None };
+    let offered = delegated
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p.join("cgroup.controllers")).ok())
+        .or_else(|| std::fs::read_to_string(Path::new(base).join("cgroup.controllers")).ok())
+        .unwrap_or_default();
+    let v1 = crate::cgroup::v1_controllers();
     v.push(Check {
         name: "cgroup v2",
         level: if cg2 { Level::Ok } else { Level::Warn },
         value: format!(
-            "{}; own cgroup {own}{}",
-            if cg2 { "unified" } else if hybrid { "hybrid (v1 controllers + v2 tree)" } else { "v1 only" },
-            if delegated { " (writable: delegated)" } else { "" }
+            "{}; own cgroup {own}{}; controllers {}",
+            if cg2 {
+                "unified".to_string()
+            } else if hybrid {
+                format!("hybrid ({} on v1)", v1.join(", "))
+            } else {
+                "v1 only".to_string()
+            },
+            if delegated.is_some() { " (delegated to sealnode's unit)" } else { "" },
+            if cg2 && !offered.trim().is_empty() { offered.trim().to_string() } else { "none usable".to_string() },
         ),
-        meaning: "memory and task limits for the whole cell come from the systemd unit (MemoryMax, TasksMax); per-role sub-cgroups need a delegated v2 subtree".into(),
+        meaning: if delegated.is_some() {
+            "per-role limits (engine.limits, node.limits, cell.limits) are enforced in this delegated cgroup: memory_* need memory, pids_max pids, cpu_* cpu, io_* io".into()
+        } else {
+            "per-role limits need a unified cgroup v2 hierarchy and a cgroup sealnode may manage: the unit (Delegate=yes) or, by hand as root, cell.cgroup; here a configured limit refuses the start".into()
+        },
     });
     if let Some(u) = sysctl("/proc/sys/kernel/io_uring_disabled") {
         v.push(Check {

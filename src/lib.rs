@@ -3,7 +3,7 @@
 //! Modules, bottom up (each uses only those before it; docs/architecture.md "Module graph"
 //! lists every file and `tests/modules.rs` keeps that list true): [`error`], [`sys`] (raw
 //! syscalls), [`trusted`] (files sealnode trusts), [`config`] (the operator's TOML), [`policy`]
-//! (seccomp and Landlock files), [`sandbox`] (one role's sandbox: plan, protocol, clone, the
+//! (seccomp and Landlock files), [`cgroup`] (the roles' cgroup v2 leaves and limits), [`sandbox`] (one role's sandbox: plan, protocol, clone, the
 //! child's setup sequence), [`cell`] (the roles' shared user namespace and their network
 //! namespaces), [`probe`] (facts from inside a sandbox), [`canary`] (the escape battery),
 //! [`receipt`], [`control`] (the control socket's protocol), [`ratelimit`], [`egress`] (the
@@ -11,6 +11,7 @@
 
 pub mod canary;
 pub mod cell;
+pub mod cgroup;
 pub mod config;
 pub mod control;
 pub mod doctor;

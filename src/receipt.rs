@@ -37,6 +37,17 @@ pub struct Receipt {
     pub roles: BTreeMap<String, RoleDigests>,
     pub kernel: Kernel,
     pub canary: CanarySummary,
+    /// Per role: its cgroup leaf and the limit files written there (none without a cgroup).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, Resources>,
+}
+
+/// A role's cgroup leaf and the limits in force there, as the files and values written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    pub cgroup: String,
+    pub files: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -246,6 +257,7 @@ pub fn write(
     dir: &std::os::fd::OwnedFd,
     canary: &Report,
     programs: &BTreeMap<String, String>,
+    resources: BTreeMap<String, Resources>,
 ) -> Result<Receipt> {
     let state = &cfg.cell.state_dir;
     let (sealnode, config, mut roles) = current_digests(cfg)?;
@@ -281,6 +293,7 @@ pub fn write(
                 .collect(),
             report_sha256: sha256_hex(&report),
         },
+        resources,
     };
     let mut bytes = serde_json::to_vec_pretty(&receipt).map_err(|e| Error::io("receipt", std::io::Error::other(e)))?;
     bytes.push(b'\n');
@@ -382,6 +395,7 @@ mod tests {
                 roles: [("engine".to_string(), [90, 90, 0])].into(),
                 report_sha256: "f".repeat(64),
             },
+            resources: BTreeMap::new(),
         }
     }
 

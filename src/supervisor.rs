@@ -73,6 +73,8 @@ struct Slot {
     recent: std::collections::VecDeque<Instant>,
     /// The gate this role's current (or next) start passed.
     gate: Option<Gate>,
+    /// OOM kills seen in the role's cgroup leaf so far (memory.events oom_kill).
+    oom_kills: u64,
 }
 
 /// One pass through the gate: the role's preflight and the receipt it produced.
@@ -205,7 +207,14 @@ impl Supervisor {
         // The runtime dir too: a second run with another state dir would take over the
         // control socket (found by review).
         let (runtime_dir, runtime_lock) = lock_dir(&cfg, &inv, "cell.runtime_dir", &cfg.cell.runtime_dir, 0o755)?;
+        // The roles' cgroup leaves and their limits, before anything is forked: a limit that
+        // cannot be enforced refuses the start here, with nothing running (cgroup.rs).
+        let cgroups = crate::cgroup::Tree::setup(&cfg)?;
+        if let Some(t) = &cgroups {
+            tracing::info!(cgroup = %t.root.display(), controllers = %t.controllers.join(","), "cgroup leaves ready");
+        }
         let mut cell = Cell::for_config(&cfg, &inv)?;
+        cell.cgroups = cgroups;
         let mut upstreams: Vec<Upstream> = std::mem::take(&mut cell.listeners)
             .into_iter()
             .zip(&cfg.node.egress)
@@ -248,6 +257,7 @@ impl Supervisor {
             backoff: BACKOFF_MIN,
             recent: std::collections::VecDeque::new(),
             gate: None,
+            oom_kills: 0,
         };
         Ok(Supervisor {
             cfg,
@@ -438,7 +448,14 @@ impl Supervisor {
         let attempts: usize = fresh.roles.iter().map(|r| r.attempts.len()).sum();
         let programs =
             plans.iter().filter_map(|(r, p)| Some((r.name().to_string(), p.program_sha256.clone()?))).collect();
-        let written = crate::receipt::write(&self.cfg, &self.inv, &self.state_dir, &report, &programs);
+        let resources = Role::ALL
+            .iter()
+            .filter_map(|r| {
+                let (cgroup, files) = self.cell.cgroups.as_ref()?.record(*r)?;
+                Some((r.name().to_string(), crate::receipt::Resources { cgroup, files }))
+            })
+            .collect();
+        let written = crate::receipt::write(&self.cfg, &self.inv, &self.state_dir, &report, &programs, resources);
         self.report = Some(report);
         match written {
             Ok(r) => {
@@ -565,6 +582,7 @@ impl Supervisor {
                     "restarts": s.restarts,
                     "generation": s.gate.map(|g| g.generation),
                     "preflight": s.gate.map(|g| serde_json::json!({ "passed": true, "ms": g.preflight_ms, "attempts": g.attempts })),
+                    "resources": self.cell.cgroups.as_ref().map(|t| t.usage(s.role)),
                 })
             })
             .collect();
@@ -877,6 +895,15 @@ impl Supervisor {
     }
 
     fn role_exited(&mut self, role: Role, pid: Pid, code: i32) {
+        // The kernel's OOM killer killed the role's whole leaf (memory.oom.group): say so, with
+        // the limit, before the restart policy applies as to any other exit.
+        let oom = self.cell.cgroups.as_ref().map(|t| (t.oom_kills(role), t.limits(role).and_then(|l| l.memory_max_mb)));
+        if let Some((kills, max)) = oom {
+            let seen = std::mem::replace(&mut self.slot(role).oom_kills, kills);
+            if kills > seen {
+                tracing::error!(role = %role, pid = pid.as_raw(), code, memory_max_mb = max, oom_kills = kills, "role OOM-killed: it reached its memory limit");
+            }
+        }
         let policy = self.cfg.role(role).restart;
         let restart =
             self.stopping.is_none() && (policy == Restart::Always || (policy == Restart::OnFailure && code != 0));
@@ -1085,7 +1112,7 @@ fn lock_dir(
 fn cell_changes(old: &Config, new: &Config) -> Vec<String> {
     let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
     let mut changed = Vec::new();
-    let fields: [(&str, String, String); 7] = [
+    let fields: [(&str, String, String); 11] = [
         ("cell.hostname", d(&old.cell.hostname), d(&new.cell.hostname)),
         ("cell.state_dir", d(&old.cell.state_dir), d(&new.cell.state_dir)),
         ("cell.runtime_dir", d(&old.cell.runtime_dir), d(&new.cell.runtime_dir)),
@@ -1098,6 +1125,11 @@ fn cell_changes(old: &Config, new: &Config) -> Vec<String> {
         ("node.egress", d(&old.node.egress), d(&new.node.egress)),
         // The node's listener for the engine is the cell's (found by review: a new port passed).
         ("engine.port", d(&old.engine.port), d(&new.engine.port)),
+        // The limits are written into the leaves when the cell is made.
+        ("cell.cgroup", d(&old.cell.cgroup), d(&new.cell.cgroup)),
+        ("cell.limits", d(&old.cell.limits), d(&new.cell.limits)),
+        ("engine.limits", d(&old.engine.limits), d(&new.engine.limits)),
+        ("node.limits", d(&old.node.limits), d(&new.node.limits)),
     ];
     for (name, a, b) in fields {
         if a != b {

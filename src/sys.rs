@@ -2,8 +2,9 @@
 //! Most of sealnode's `unsafe` blocks live here; every one, here or elsewhere, carries its
 //! `// SAFETY:` argument.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -109,6 +110,43 @@ pub fn open_path_c(path: &CStr) -> Result<RawFd, Errno> {
     // SAFETY: path is a valid NUL-terminated string.
     let r = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
     Errno::result(r)
+}
+
+/// The value of extended attribute `name` of `path` (following symlinks), if it has one.
+pub fn getxattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let p = CString::new(path.as_os_str().as_bytes()).ok()?;
+    let n = CString::new(name).ok()?;
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated; `buf` is writable for its length.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let len = usize::try_from(r).ok()?;
+    buf.truncate(len);
+    Some(buf)
+}
+
+/// clone3's CLONE_INTO_CGROUP (Linux 5.7): the child starts in the cgroup `cgroup` names.
+/// (libc's constant is a c_int that overflows, deprecated for that.)
+pub const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// fork-like clone3 with `flags`, started in the cgroup whose directory `cgroup` is: no
+/// instruction of the child runs outside it. With CLONE_PARENT the exit signal is the
+/// caller's own (the kernel refuses one given); otherwise SIGCHLD.
+///
+/// # Safety
+/// As [`clone_fork`]: the caller is single-threaded, and the child returns 0 into a copy of it.
+pub unsafe fn clone3_into_cgroup(flags: libc::c_int, cgroup: std::os::fd::BorrowedFd) -> Result<libc::pid_t, Errno> {
+    use std::os::fd::AsRawFd;
+    let parent = flags & libc::CLONE_PARENT != 0;
+    // SAFETY: clone_args is plain integers: all-zero is its "nothing set" value.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = flags as u32 as u64 | CLONE_INTO_CGROUP;
+    args.exit_signal = if parent { 0 } else { libc::SIGCHLD as u64 };
+    args.cgroup = cgroup.as_raw_fd() as u64;
+    // SAFETY: `args` is a valid clone_args of the size passed; no stack: fork semantics.
+    let r = unsafe {
+        libc::syscall(libc::SYS_clone3, &mut args as *mut libc::clone_args, std::mem::size_of::<libc::clone_args>())
+    };
+    Errno::result(r).map(|p| p as libc::pid_t)
 }
 
 /// clone(2) with fork semantics (no new stack) and the given namespace flags.

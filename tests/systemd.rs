@@ -36,7 +36,14 @@ fn units_verify_and_exposure_stays_under_the_threshold() {
     let Some(sa) = analyze() else {
         return unavailable("systemd", "systemd-analyze missing (apt-get install systemd)");
     };
+    // systemd < 257 cannot parse ProtectControlGroups=private and rates it as unset (0.2):
+    // the units are scored as systemd 257 does in the guest (tests/vm.rs) plus that.
+    let version = Command::new(sa).arg("--version").output_within(COMMAND_LIMIT);
+    let major: u32 =
+        String::from_utf8_lossy(&version.stdout).split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let old = if major < 257 { 0.2 } else { 0.0 };
     for (name, threshold) in UNITS {
+        let threshold = threshold + old;
         let dir = tempfile::tempdir().expect("tmp");
         let unit = unit_copy(dir.path(), name);
         let o = Command::new(sa).arg("verify").arg(&unit).output_within(COMMAND_LIMIT);

@@ -1,8 +1,9 @@
 //! The shipped unit under a real systemd: a Debian trixie guest (scripts/vm, tests/vm/README.md)
 //! with systemd as PID 1 and cgroup v2, booted with qemu and no network device. The package is
 //! built here, installed there, and the unit started, reloaded, watched and stopped for real
-//! (tests/vm/unit.sh); then the same root boots bookworm's kernel 6.1, where sealnode must
-//! refuse with the fix (tests/vm/old-kernel.sh).
+//! (tests/vm/unit.sh), per-role cgroup limits are enforced (tests/vm/limits.sh); then the same
+//! root boots bookworm's kernel 6.1, where sealnode must refuse with the fix
+//! (tests/vm/old-kernel.sh).
 
 mod common;
 
@@ -88,6 +89,19 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
             .unwrap_or_else(|| panic!("no exposure score for {unit}:\n{text}"));
         assert!(score <= most, "{unit}: exposure {score} in the guest, above {most}");
     }
+
+    // Per-role cgroup limits, enforced (the host tests only see them refused: tests/limits.rs).
+    let (ok, text) = run_vm("tests/vm/limits.sh", "trixie", &deb, &cache, &out.path().join("limits"));
+    for needed in [
+        "ok: the node's hog is logged as an OOM kill with its limit",
+        "ok: the node restarted and the engine answered it",
+        "ok: the fork bomb stops at pids_max",
+        "ok: the CPU hog is throttled to cpu_max",
+        "ok: by hand: node.limits.pids_max in force",
+    ] {
+        assert!(text.contains(needed), "guest: missing {needed:?}:\n{text}");
+    }
+    assert!(ok && !text.contains("FAIL:"), "limits in the guest:\n{text}");
 
     let (ok, text) = run_vm("tests/vm/old-kernel.sh", "bookworm", &deb, &cache, &out.path().join("old"));
     assert!(text.contains("guest: 6.1."), "not the 6.1 kernel:\n{text}");

@@ -18,6 +18,8 @@ pub fn doctor(config: Option<PathBuf>, json: bool) -> Outcome {
                 .map_err(Failure::general)?;
             min_abi = min_abi.max(rules.min_abi);
         }
+        // A configured limit this host cannot enforce: the same refusal `run` gives.
+        sealnode::cgroup::check(&cfg).map_err(Failure::general)?;
     }
     Ok(sealnode::doctor::report(&sealnode::doctor::checks(min_abi), json))
 }

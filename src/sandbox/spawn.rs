@@ -79,10 +79,17 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                 crate::config::Role::Node => crate::cell::Net::Node,
             };
             protocol::must(w, Enter::JoinCell, 0, cell.join(net));
+            let leaf = cell.cgroups.as_ref().and_then(|t| t.dir(plan.role));
             // SAFETY: the intermediate is single-threaded (a fresh fork).
-            match protocol::must(w, Enter::CloneRole, 0, unsafe {
-                sys::clone_fork(libc::CLONE_PARENT | ROLE_NAMESPACES)
-            }) {
+            let cloned = unsafe {
+                match leaf {
+                    // Straight into the role's leaf: its limits bind from the first instruction,
+                    // and its cgroup namespace is rooted there.
+                    Some(dir) => sys::clone3_into_cgroup(libc::CLONE_PARENT | ROLE_NAMESPACES, dir),
+                    None => sys::clone_fork(libc::CLONE_PARENT | ROLE_NAMESPACES),
+                }
+            };
+            match protocol::must(w, Enter::CloneRole, 0, cloned) {
                 0 => child_main(plan, fds),
                 pid => {
                     let _ = protocol::send(w, Frame::Ok(pid as u32));

@@ -1,0 +1,486 @@
+//! Each role its own cgroup v2 leaf: the cell's subtree (`supervisor`, `engine`, `node`), the
+//! limits written into a leaf before its role exists (roles are cloned straight into their
+//! leaf, CLONE_INTO_CGROUP, so no instruction of theirs runs outside it), and what each leaf
+//! reports (usage, events).
+//!
+//! Where the subtree lives: under the unit (`Delegate=yes`, found by systemd's `user.delegate`
+//! mark), the unit's cgroup; by hand, `cell.cgroup`. Either way sealnode moves itself into the
+//! subtree's `supervisor` leaf first (unless systemd started it there, `DelegateSubgroup=`) and
+//! makes the role leaves next to it. sealnode never writes the resource files of the cgroup it was
+//! given (the unit's MemoryMax= and the like stay systemd's), only the delegated
+//! `cgroup.subtree_control` (to enable controllers for its leaves) and its leaves' files.
+//! Without either, nothing changes unless a limit is configured: then the start is refused,
+//! naming the limit, why it cannot be enforced here and what to do (fail closed).
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use crate::config::{Config, Limits, Role};
+use crate::error::{Error, Result};
+
+/// Where the unified hierarchy is mounted.
+pub const MOUNT: &str = "/sys/fs/cgroup";
+/// The supervisor's own leaf (a unit's `DelegateSubgroup=` may start sealnode there).
+pub const SUPERVISOR_LEAF: &str = "supervisor";
+/// Controllers sealnode enables for its leaves when the host offers them (usage is visible
+/// in `ctl status` even without a limit).
+const CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "io"];
+
+/// The cell's cgroups: one leaf per role, limits written.
+#[derive(Debug)]
+pub struct Tree {
+    /// The cell's own cgroup, a path under [`MOUNT`].
+    pub root: PathBuf,
+    /// Controllers enabled for the leaves.
+    pub controllers: Vec<String>,
+    leaves: Vec<Leaf>,
+}
+
+#[derive(Debug)]
+struct Leaf {
+    role: Role,
+    path: PathBuf,
+    /// The leaf's directory: what CLONE_INTO_CGROUP takes.
+    dir: OwnedFd,
+    /// The files written and their values, in order (what the receipt records).
+    written: BTreeMap<String, String>,
+    limits: Limits,
+}
+
+/// Where the cell's cgroup is, or why there is none.
+enum Place {
+    /// The unit's delegated cgroup: sealnode already runs in its `supervisor` leaf.
+    Delegated(PathBuf),
+    /// `cell.cgroup`, by hand: sealnode makes it and moves itself into its `supervisor` leaf.
+    Configured(PathBuf),
+    /// No usable cgroup v2 subtree here: why, and what to do.
+    None { why: String, fix: String },
+}
+
+/// Why a limit cannot be enforced: names the config field, the reason and the fix.
+fn refuse(cfg: &Config, field: &str, why: &str, fix: &str) -> Error {
+    Error::config(&cfg.file, field, format!("cannot be enforced here: {why}; {fix}"))
+}
+
+/// The first configured limit that needs `controller` (or any controller, for None), with its
+/// config field as the operator wrote it (the role's own or `cell.limits`).
+fn first_limit(cfg: &Config, controller: Option<&str>) -> Option<String> {
+    for role in Role::ALL {
+        for (field, ctl) in cfg.limits(role).set_fields() {
+            if controller.is_none_or(|c| c == ctl) {
+                let own = cfg.role(role).limits.set_fields().iter().any(|(f, _)| *f == field);
+                return Some(if own { format!("{role}.limits.{field}") } else { format!("cell.limits.{field}") });
+            }
+        }
+    }
+    None
+}
+
+/// sealnode's own cgroup v2 path ("/system.slice/sealnode.service/supervisor").
+pub fn own_cgroup() -> Option<String> {
+    std::fs::read_to_string("/proc/self/cgroup").ok()?.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string))
+}
+
+/// Controllers bound to a cgroup v1 hierarchy on this host (a v1/v2 hybrid).
+pub fn v1_controllers() -> Vec<String> {
+    let Ok(s) = std::fs::read_to_string("/proc/self/cgroup") else { return Vec::new() };
+    s.lines()
+        .filter_map(|l| l.split(':').nth(1))
+        .flat_map(|c| c.split(','))
+        .filter(|c| CONTROLLERS.contains(c))
+        .map(str::to_string)
+        .collect()
+}
+
+fn unified() -> bool {
+    nix::sys::statfs::statfs(MOUNT).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+fn writable(p: &Path) -> bool {
+    nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok()
+}
+
+fn place(cfg: &Config) -> Place {
+    if !unified() {
+        let v1 = v1_controllers();
+        let why = if v1.is_empty() {
+            format!("{MOUNT} is not a unified cgroup v2 hierarchy")
+        } else {
+            format!("{MOUNT} is a v1/v2 hybrid: {} on cgroup v1, where sealnode cannot delegate them", v1.join(", "))
+        };
+        return Place::None {
+            why,
+            fix: "boot the host with cgroup v2 only (systemd.unified_cgroup_hierarchy=1; the default of Debian 11+, \
+                  Ubuntu 21.10+, RHEL 9), or remove the limit"
+                .into(),
+        };
+    }
+    if let Some(rel) = &cfg.cell.cgroup {
+        return Place::Configured(Path::new(MOUNT).join(rel));
+    }
+    let own = own_cgroup().unwrap_or_default();
+    match delegated() {
+        Some(root) => Place::Delegated(root),
+        None => Place::None {
+            why: format!("sealnode's cgroup {own} is not delegated to it"),
+            fix: "run it from sealnode.service (Delegate=yes), or, by hand as root, set cell.cgroup".into(),
+        },
+    }
+}
+
+/// The cgroup systemd delegated to sealnode's unit (`Delegate=yes` marks it with the
+/// `user.delegate` xattr): the one sealnode runs in, or its parent when sealnode already runs
+/// in a `supervisor` leaf of it (`DelegateSubgroup=supervisor`).
+pub fn delegated() -> Option<PathBuf> {
+    let own = own_cgroup()?;
+    let here = Path::new(MOUNT).join(own.trim_start_matches('/'));
+    let marked = |p: &Path| {
+        ["user.delegate", "trusted.delegate"].iter().any(|x| crate::sys::getxattr(p, x).is_some_and(|v| v == b"1"))
+            && writable(&p.join("cgroup.subtree_control"))
+            && writable(&p.join("cgroup.procs"))
+    };
+    if marked(&here) {
+        return Some(here);
+    }
+    let parent = here.parent()?;
+    (here.file_name().is_some_and(|n| n == SUPERVISOR_LEAF) && marked(parent)).then(|| parent.to_path_buf())
+}
+
+fn read(p: &Path) -> std::io::Result<String> {
+    std::fs::read_to_string(p).map(|s| s.trim().to_string())
+}
+
+fn write(p: &Path, v: &str) -> Result<()> {
+    std::fs::write(p, v).map_err(|e| Error::io(format!("write {} ({v})", p.display()), e))
+}
+
+/// Without side effects: whether the configured limits can be enforced here, and where.
+/// `Ok(None)`: no cgroup subtree and no limit configured (the cell runs as without cgroups).
+pub fn check(cfg: &Config) -> Result<Option<PathBuf>> {
+    match place(cfg) {
+        Place::None { why, fix } => match first_limit(cfg, None) {
+            Some(field) => Err(refuse(cfg, &field, &why, &fix)),
+            None if cfg.cell.cgroup.is_some() => Err(refuse(cfg, "cell.cgroup", &why, &fix)),
+            None => Ok(None),
+        },
+        Place::Delegated(root) | Place::Configured(root) => {
+            // By hand the cell's cgroup may not exist yet: its nearest existing ancestor says
+            // what the host offers.
+            let mut at = root.as_path();
+            while !at.join("cgroup.controllers").exists() {
+                at = at.parent().unwrap_or(Path::new(MOUNT));
+                if at == Path::new(MOUNT) {
+                    break;
+                }
+            }
+            let have = read(&at.join("cgroup.controllers")).unwrap_or_default();
+            for ctl in CONTROLLERS {
+                if !have.split_whitespace().any(|c| c == ctl) {
+                    if let Some(field) = first_limit(cfg, Some(ctl)) {
+                        return Err(refuse(
+                            cfg,
+                            &field,
+                            &format!(
+                                "the {ctl} controller is not available in {} (cgroup.controllers: {have})",
+                                at.display()
+                            ),
+                            "enable it in the parent's cgroup.subtree_control (systemd delegates memory, pids, cpu \
+                             and io to a unit with Delegate=yes)",
+                        ));
+                    }
+                }
+            }
+            Ok(Some(root))
+        }
+    }
+}
+
+impl Tree {
+    /// Make the cell's subtree and write every role's limits, or refuse (see the module doc).
+    /// Runs before the cell exists: nothing has started when it fails.
+    pub fn setup(cfg: &Config) -> Result<Option<Tree>> {
+        let Some(root) = check(cfg)? else { return Ok(None) };
+        if let Place::Configured(_) = place(cfg) {
+            make_path(&root)?;
+        }
+        let sup = root.join(SUPERVISOR_LEAF);
+        let own = Path::new(MOUNT).join(own_cgroup().unwrap_or_default().trim_start_matches('/'));
+        if own != sup {
+            mkdir(&sup)?;
+            // Into our own leaf first: a cgroup with controllers for its children holds no
+            // process itself, and the cell init and roles fork from here.
+            write(&sup.join("cgroup.procs"), &std::process::id().to_string())?;
+        }
+        let have =
+            read(&root.join("cgroup.controllers")).map_err(|e| Error::io(format!("read {}", root.display()), e))?;
+        let controllers: Vec<String> =
+            CONTROLLERS.iter().filter(|c| have.split_whitespace().any(|h| h == **c)).map(|c| c.to_string()).collect();
+        let enabled = read(&root.join("cgroup.subtree_control")).unwrap_or_default();
+        let missing: Vec<String> = controllers
+            .iter()
+            .filter(|c| !enabled.split_whitespace().any(|e| e == c.as_str()))
+            .map(|c| format!("+{c}"))
+            .collect();
+        if !missing.is_empty() {
+            write(&root.join("cgroup.subtree_control"), &missing.join(" "))?;
+        }
+        let mut leaves = Vec::new();
+        for role in Role::ALL {
+            let path = root.join(role.name());
+            mkdir(&path)?;
+            let procs = read(&path.join("cgroup.procs")).unwrap_or_default();
+            if !procs.is_empty() {
+                return Err(Error::io(
+                    format!(
+                        "{}: processes of an earlier run are still there ({})",
+                        path.display(),
+                        procs.replace('\n', " ")
+                    ),
+                    std::io::Error::from_raw_os_error(libc::EBUSY),
+                ));
+            }
+            let limits = cfg.limits(role);
+            let written = write_limits(cfg, role, &path, &limits, &controllers)?;
+            let dir = nix::fcntl::open(&path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+                .map_err(|e| Error::errno(format!("open {}", path.display()), e))?;
+            leaves.push(Leaf { role, path, dir, written, limits });
+        }
+        Ok(Some(Tree { root, controllers, leaves }))
+    }
+
+    fn leaf(&self, role: Role) -> Option<&Leaf> {
+        self.leaves.iter().find(|l| l.role == role)
+    }
+
+    /// The role's leaf, for CLONE_INTO_CGROUP.
+    pub fn dir(&self, role: Role) -> Option<BorrowedFd<'_>> {
+        self.leaf(role).map(|l| l.dir.as_fd())
+    }
+
+    /// The role's cgroup path and the limit files written there (the receipt's record).
+    pub fn record(&self, role: Role) -> Option<(String, BTreeMap<String, String>)> {
+        self.leaf(role).map(|l| (l.path.display().to_string(), l.written.clone()))
+    }
+
+    /// The role's configured limits in force.
+    pub fn limits(&self, role: Role) -> Option<&Limits> {
+        self.leaf(role).map(|l| &l.limits)
+    }
+
+    /// How often the kernel's OOM killer has killed in the role's leaf (memory.events).
+    pub fn oom_kills(&self, role: Role) -> u64 {
+        let Some(l) = self.leaf(role) else { return 0 };
+        keyed(&l.path.join("memory.events")).get("oom_kill").copied().unwrap_or(0)
+    }
+
+    /// Usage and events of the role's leaf, for `ctl status`.
+    pub fn usage(&self, role: Role) -> serde_json::Value {
+        let Some(l) = self.leaf(role) else { return serde_json::Value::Null };
+        let num = |f: &str| read(&l.path.join(f)).ok().and_then(|s| s.parse::<u64>().ok());
+        let cpu = keyed(&l.path.join("cpu.stat"));
+        serde_json::json!({
+            "cgroup": l.path.display().to_string(),
+            "limits": l.written,
+            "memory_current": num("memory.current"),
+            "memory_peak": num("memory.peak"),
+            "memory_events": keyed(&l.path.join("memory.events")),
+            "pids_current": num("pids.current"),
+            "pids_events": keyed(&l.path.join("pids.events")),
+            "cpu_usage_usec": cpu.get("usage_usec"),
+            "cpu_nr_throttled": cpu.get("nr_throttled"),
+            "cpu_throttled_usec": cpu.get("throttled_usec"),
+        })
+    }
+}
+
+impl Drop for Tree {
+    /// The role leaves go with the cell (empty by then: each role's pid namespace died with
+    /// its init). The supervisor's own leaf stays until sealnode exits (systemd removes the
+    /// unit's cgroup; by hand it is reused by the next run).
+    fn drop(&mut self) {
+        for l in &self.leaves {
+            let _ = std::fs::remove_dir(&l.path);
+        }
+    }
+}
+
+/// "key value" lines (memory.events, cpu.stat, pids.events).
+fn keyed(p: &Path) -> BTreeMap<String, u64> {
+    read(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn mkdir(p: &Path) -> Result<()> {
+    match std::fs::create_dir(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::io(format!("mkdir {}", p.display()), e)),
+    }
+}
+
+/// `cell.cgroup` and the dirs above it, each with the controllers enabled for the next.
+fn make_path(root: &Path) -> Result<()> {
+    let rel = root.strip_prefix(MOUNT).unwrap_or(root);
+    let mut at = PathBuf::from(MOUNT);
+    for c in rel.components() {
+        let have = read(&at.join("cgroup.controllers")).unwrap_or_default();
+        let enabled = read(&at.join("cgroup.subtree_control")).unwrap_or_default();
+        let missing: Vec<String> = CONTROLLERS
+            .iter()
+            .filter(|c| have.split_whitespace().any(|h| h == **c) && !enabled.split_whitespace().any(|e| e == **c))
+            .map(|c| format!("+{c}"))
+            .collect();
+        if !missing.is_empty() {
+            write(&at.join("cgroup.subtree_control"), &missing.join(" "))?;
+        }
+        at.push(c);
+        mkdir(&at)?;
+    }
+    Ok(())
+}
+
+/// Write a role's limits into its leaf; returns the files and values written. A file that
+/// cannot be written fails the start, naming the limit.
+fn write_limits(
+    cfg: &Config,
+    role: Role,
+    leaf: &Path,
+    l: &Limits,
+    controllers: &[String],
+) -> Result<BTreeMap<String, String>> {
+    let mut files: Vec<(&str, String, &str)> = Vec::new();
+    let mb = |m: u64| (m * 1024 * 1024).to_string();
+    let memory = controllers.iter().any(|c| c == "memory");
+    if memory {
+        // A blow-up in the role kills the whole role, never only some of its processes.
+        files.push(("memory.oom.group", "1".into(), "memory_max_mb"));
+        if let Some(m) = l.memory_high_mb {
+            files.push(("memory.high", mb(m), "memory_high_mb"));
+        }
+        if let Some(m) = l.memory_max_mb {
+            files.push(("memory.max", mb(m), "memory_max_mb"));
+        }
+        // No swap unless configured: a role at its limit is killed, not swapped to death.
+        if leaf.join("memory.swap.max").exists() || l.memory_swap_max_mb.is_some() {
+            files.push(("memory.swap.max", mb(l.memory_swap_max_mb.unwrap_or(0)), "memory_swap_max_mb"));
+        }
+    }
+    if let Some(p) = l.pids_max {
+        files.push(("pids.max", p.to_string(), "pids_max"));
+    }
+    if let Some(c) = l.cpu_max {
+        const PERIOD: u64 = 100_000;
+        files.push(("cpu.max", format!("{} {PERIOD}", ((c * PERIOD as f64).round() as u64).max(1000)), "cpu_max"));
+    }
+    if let Some(w) = l.cpu_weight {
+        files.push(("cpu.weight", w.to_string(), "cpu_weight"));
+    }
+    if let Some(w) = l.io_weight {
+        files.push(("io.weight", format!("default {w}"), "io_weight"));
+    }
+    for io in &l.io_max {
+        let st =
+            nix::sys::stat::stat(&io.device).map_err(|e| Error::errno(format!("stat {}", io.device.display()), e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFBLK {
+            return Err(Error::config(
+                &cfg.file,
+                format!("{role}.limits.io_max"),
+                format!("{} is not a block device", io.device.display()),
+            ));
+        }
+        let (maj, min) = (libc::major(st.st_rdev), libc::minor(st.st_rdev));
+        let mut v = format!("{maj}:{min}");
+        for (k, x) in [("rbps", io.rbps), ("wbps", io.wbps), ("riops", io.riops), ("wiops", io.wiops)] {
+            if let Some(x) = x {
+                v.push_str(&format!(" {k}={x}"));
+            }
+        }
+        files.push(("io.max", v, "io_max"));
+    }
+    let mut written = BTreeMap::new();
+    for (file, value, field) in files {
+        let p = leaf.join(file);
+        if let Err(e) = std::fs::write(&p, &value) {
+            return Err(Error::config(
+                &cfg.file,
+                format!("{role}.limits.{field}"),
+                format!("cannot be enforced here: writing {value:?} to {} failed: {e}", p.display()),
+            ));
+        }
+        // io.max takes one line per device: keep them all.
+        written.entry(file.to_string()).and_modify(|v: &mut String| v.push_str(&format!("; {value}"))).or_insert(value);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(engine_limits: &str, cell_limits: &str) -> Config {
+        let text = format!(
+            "schema = 1\n[cell]\nstate_dir = \"/s\"\nruntime_dir = \"/r\"\n{cell_limits}\n\
+             [engine]\ncommand = [\"/e\"]\nport = 1\nseccomp = \"/p\"\nlandlock = \"/l\"\nscratch = \"/x\"\n{engine_limits}\n\
+             [node]\ncommand = [\"/n\"]\nseccomp = \"/p\"\nlandlock = \"/l\"\nscratch = \"/y\"\n"
+        );
+        Config::parse(&text, Path::new("/t.toml")).expect("config")
+    }
+
+    /// What each field becomes in the leaf: bytes for MiB, quota/period for CPUs, the whole
+    /// leaf killed together, no swap unless asked; the cell's defaults fill what a role leaves out.
+    #[test]
+    fn limits_become_the_cgroup_files_in_force() {
+        let c = cfg(
+            "limits = { memory_max_mb = 512, cpu_max = 1.5, io_weight = 50 }",
+            "limits = { memory_max_mb = 64, memory_high_mb = 48, pids_max = 100, cpu_weight = 200 }",
+        );
+        let leaf = tempfile::tempdir().expect("tmp");
+        std::fs::write(leaf.path().join("memory.swap.max"), "max").expect("swap file");
+        let all = ["memory", "pids", "cpu", "io"].map(String::from);
+        let engine = write_limits(&c, Role::Engine, leaf.path(), &c.limits(Role::Engine), &all).expect("engine");
+        let want = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        assert_eq!(
+            engine,
+            want(&[
+                ("memory.oom.group", "1"),
+                ("memory.high", "50331648"),
+                ("memory.max", "536870912"),
+                ("memory.swap.max", "0"),
+                ("pids.max", "100"),
+                ("cpu.max", "150000 100000"),
+                ("cpu.weight", "200"),
+                ("io.weight", "default 50"),
+            ])
+        );
+        for (file, value) in &engine {
+            assert_eq!(&std::fs::read_to_string(leaf.path().join(file)).expect("read"), value, "{file}");
+        }
+        // Without the memory controller nothing memory-related is written (and no limit asks).
+        let node = tempfile::tempdir().expect("tmp");
+        let c = cfg("", "limits = { pids_max = 10 }");
+        let got = write_limits(&c, Role::Node, node.path(), &c.limits(Role::Node), &["pids".into()]).expect("node");
+        assert_eq!(got, want(&[("pids.max", "10")]));
+        assert_eq!(c.limits(Role::Node).set_fields(), [("pids_max", "pids")]);
+    }
+
+    #[test]
+    fn keyed_files_parse_and_skip_what_is_not_a_count() {
+        let d = tempfile::tempdir().expect("tmp");
+        let p = d.path().join("memory.events");
+        std::fs::write(&p, "low 0\nhigh 3\nmax 7\noom 1\noom_kill 1\nbogus\nweird x\n").expect("write");
+        let k = keyed(&p);
+        assert_eq!((k["high"], k["oom_kill"], k.len()), (3, 1, 5));
+    }
+}

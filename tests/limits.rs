@@ -1,0 +1,91 @@
+//! Per-role cgroup limits where they cannot be enforced: the development and CI machines have
+//! no cgroup sealnode may manage (a v1/v2 hybrid, or a unified hierarchy outside a unit with
+//! Delegate=yes). A configured limit must refuse the start there, naming the field, the reason
+//! and the fix, with nothing started; with no limit everything runs as before (the rest of the
+//! suite). The limits themselves are enforced and tested in the guest (tests/vm/limits.sh).
+
+mod common;
+
+use common::*;
+
+/// (where the limit is written, its config line) -> the field the refusal must name.
+const CASES: [(&str, &str, &str); 4] = [
+    ("engine", "limits = { memory_max_mb = 256 }", "engine.limits.memory_max_mb"),
+    ("node", "limits = { pids_max = 64 }", "node.limits.pids_max"),
+    ("cell", "limits = { cpu_max = 0.5 }", "cell.limits.cpu_max"),
+    ("cell", "cgroup = \"sealnode-test\"", "cell.cgroup"),
+];
+
+#[test]
+fn a_limit_the_host_cannot_enforce_refuses_the_start() {
+    let hybrid = !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    for mode in modes() {
+        for (at, line, field) in CASES {
+            // cell.cgroup as root on a unified host is usable: only the refusals are tested here.
+            if field == "cell.cgroup" && !hybrid {
+                continue;
+            }
+            let mut f = Fixture::new(mode, "limits");
+            f.engine_cmd = "[\"/usr/bin/busybox\", \"sleep\", \"1000\"]".into();
+            f.node_cmd = f.engine_cmd.clone();
+            match at {
+                "engine" => f.engine_extra = line.into(),
+                "node" => f.node_extra = line.into(),
+                _ => f.cell_extra = line.into(),
+            }
+            f.write_config();
+            let cfg = f.config.display().to_string();
+            let o = f.command(&["run", "--config", &cfg]).output_within(COMMAND_LIMIT);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(125), "{mode:?} {field}: {err}");
+            assert!(
+                err.contains(&cfg) && err.contains(field) && err.contains("cannot be enforced here"),
+                "{mode:?}: {err}"
+            );
+            if hybrid {
+                assert!(
+                    err.contains("v1/v2 hybrid") && err.contains("cgroup v2 only"),
+                    "{mode:?}: the reason and fix: {err}"
+                );
+            } else {
+                assert!(
+                    err.contains("not delegated") && err.contains("Delegate=yes"),
+                    "{mode:?}: the reason and fix: {err}"
+                );
+            }
+            // Refused before anything was made: no cell, no role, no receipt.
+            assert!(!err.contains("cell created") && !err.contains("role started"), "{mode:?}: {err}");
+            assert!(!f.p("state/receipt.json").exists(), "{mode:?}: a receipt was written");
+            // doctor --config gives the same refusal.
+            let o = f.command(&["doctor", "--config", &cfg]).output_within(COMMAND_LIMIT);
+            let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success() && out.contains(field), "{mode:?}: doctor: {out}");
+        }
+    }
+}
+
+#[test]
+fn bad_limits_are_config_errors_naming_the_field() {
+    for (at, line, field, why) in [
+        ("engine", "limits = { memory_max_mb = 4 }", "engine.limits.memory_max_mb", "between 16"),
+        ("node", "limits = { memory_max_mb = 64, memory_high_mb = 128 }", "node.limits.memory_high_mb", "not above"),
+        ("cell", "limits = { pids_max = 2 }", "cell.limits.pids_max", "between 8"),
+        ("engine", "limits = { cpu_max = 0 }", "engine.limits.cpu_max", "number of CPUs"),
+        ("node", "limits = { cpu_weight = 0 }", "node.limits.cpu_weight", "between 1 and 10000"),
+        ("engine", "limits = { io_max = [{ device = \"/dev/sda\" }] }", "engine.limits.io_max[0]", "at least one"),
+        ("engine", "limits = { memory_maxx_mb = 64 }", "memory_maxx_mb", "unknown field"),
+        ("cell", "cgroup = \"../escape\"", "cell.cgroup", "relative to /sys/fs/cgroup"),
+    ] {
+        let mut f = Fixture::new(Mode::Rootless, "badlimits");
+        match at {
+            "engine" => f.engine_extra = line.into(),
+            "node" => f.node_extra = line.into(),
+            _ => f.cell_extra = line.into(),
+        }
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        let o = f.command(&["doctor", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(field) && err.contains(why), "{line}: {err}");
+    }
+}

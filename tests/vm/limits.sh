@@ -1,0 +1,150 @@
+#!/bin/sh
+# Runs INSIDE the test guest (scripts/vm run), as root, systemd as PID 1, unified cgroup v2:
+# per-role cgroup limits under the shipped unit (Delegate=yes) and by hand (cell.cgroup). The
+# engine is the demo's stand-in; the node is tests/vm/limits-role.py, which blows up its own
+# leaf one way per run. One line per check, "ok: ..." or "FAIL: ..."; exits 1 if any failed.
+#
+#   tests/vm/limits.sh REPO CACHE DEB
+set -u
+REPO=$1 CACHE=$2 DEB=$3
+SEALNODE_VM_SETUP_ONLY=1 sh "$REPO/tests/vm/unit.sh" "$REPO" "$CACHE" "$DEB" >/dev/null || { echo "FAIL: setup"; exit 1; }
+failed=0
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; failed=1; }
+check() { what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+# shellcheck disable=SC1091
+. "$CACHE/env"
+VENV=/opt/sealnode-test${SEALNODE_TEST_VENV#"$CACHE"}
+PYCOPY=/opt/sealnode-test${SEALNODE_TEST_PYTHON#"$CACHE"}
+install -d -m 0755 /usr/local/share/sealnode-limits
+install -m 0644 "$REPO/tests/vm/limits-role.py" /usr/local/share/sealnode-limits/
+CG=/sys/fs/cgroup/system.slice/sealnode.service
+since() { journalctl -u sealnode --since "$T0" --no-pager; }
+# A config: the stand-in engine, the limits role in MODE, and the limits given (TOML lines).
+config() {  # MODE NODE_LIMITS [CELL_EXTRA]
+  cat > /etc/sealnode/sealnode.toml <<TOML
+schema = 1
+[cell]
+hostname = "sealnode-limits"
+state_dir = "/var/lib/sealnode"
+runtime_dir = "/run/sealnode"
+rootful = { engine = "sealnode-engine", node = "sealnode-node" }
+stop_timeout_s = 5
+${3:-}
+[engine]
+command = ["$VENV/bin/python", "-I", "-u", "/opt/standin/standin-engine.py", "--port", "11434"]
+port = 11434
+seccomp = "/usr/share/sealnode/seccomp/engine.json"
+landlock = "/usr/share/sealnode/landlock-rules/engine.toml"
+models = "/srv/sealnode/models"
+scratch = "/var/lib/sealnode/engine"
+ro_binds = [{ src = "$PYCOPY", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$VENV" }, { src = "/usr/local/share/sealnode-standin", dst = "/opt/standin" }]
+ready = { kind = "http", path = "/", timeout_s = 60 }
+limits = { memory_max_mb = 256, pids_max = 64 }
+[node]
+command = ["$VENV/bin/python", "-I", "-u", "/opt/limits/limits-role.py", "$1"]
+seccomp = "/usr/share/sealnode/seccomp/node.json"
+landlock = "/usr/share/sealnode/landlock-rules/node.toml"
+scratch = "/var/lib/sealnode/node"
+ro_binds = [{ src = "$PYCOPY", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$VENV" }, { src = "/usr/local/share/sealnode-limits", dst = "/opt/limits" }]
+restart = "on-failure"
+limits = { $2 }
+TOML
+}
+status() { /usr/bin/sealnode ctl status > /tmp/status.json && "$VENV/bin/python" -c "$1" /tmp/status.json; }
+start() { T0=$(date '+%Y-%m-%d %H:%M:%S'); timeout 300 systemctl start sealnode.service; }
+stop() { timeout 120 systemctl stop sealnode.service; systemctl reset-failed sealnode.service 2>/dev/null; }
+wait_log() {  # SECONDS PATTERN
+  for _ in $(seq 1 "$1"); do since | grep -q "$2" && return 0; sleep 1; done
+  return 1
+}
+echo "guest: $(uname -r), $(stat -fc %T /sys/fs/cgroup)"
+
+# 1. Memory: the node's hog is OOM-killed at memory_max_mb, the engine keeps answering, the
+#    node restarts per its policy; ctl status shows the kill.
+config oom "memory_max_mb = 96"
+if start; then ok "start with limits under the unit"; else bad "start with limits under the unit"; since | tail -20; exit 1; fi
+check "the leaves are the unit's: supervisor, engine, node" \
+  sh -c "[ -d $CG/supervisor ] && [ -d $CG/engine ] && [ -d $CG/node ] && grep -qx \"\$(systemctl show -p MainPID --value sealnode)\" $CG/supervisor/cgroup.procs"
+check "node.limits.memory_max_mb written (memory.max = 96 MiB), oom.group, no swap" \
+  sh -c "[ \$(cat $CG/node/memory.max) = $((96 * 1024 * 1024)) ] && [ \$(cat $CG/node/memory.oom.group) = 1 ] && [ \$(cat $CG/node/memory.swap.max) = 0 ]"
+check "engine's own limits in its leaf (256 MiB, 64 pids)" \
+  sh -c "[ \$(cat $CG/engine/memory.max) = $((256 * 1024 * 1024)) ] && [ \$(cat $CG/engine/pids.max) = 64 ]"
+rolepid() { /usr/bin/sealnode ctl status | "$VENV/bin/python" -c "import json,sys; print([r['pid'] for r in json.load(sys.stdin)['roles'] if r['role'] == sys.argv[1]][0])" "$1"; }
+epid=$(rolepid engine)
+check "the engine's sandbox ($epid) runs in the engine leaf" grep -qx "$epid" $CG/engine/cgroup.procs
+check "the node's hog is logged as an OOM kill with its limit" wait_log 120 "role OOM-killed.*memory_max_mb=96"
+check "the node restarted and the engine answered it" wait_log 120 "engine answered 200"
+check "ctl status: node oom_kill >= 1, one restart; the engine never restarted" status '
+import json, sys
+s = json.load(open(sys.argv[1]))
+r = {x["role"]: x for x in s["roles"]}
+n, e = r["node"], r["engine"]
+assert n["resources"]["memory_events"]["oom_kill"] >= 1, n
+assert n["restarts"] == 1 and e["restarts"] == 0, (n["restarts"], e["restarts"])
+assert n["resources"]["limits"]["memory.max"] == str(96 << 20), n
+assert e["resources"]["memory_current"] > 0 and e["resources"]["pids_current"] >= 1, e
+'
+check "the receipt records each role's limits" sh -c "grep -q '\"memory.max\": \"$((96 * 1024 * 1024))\"' /var/lib/sealnode/receipt.json"
+stop
+check "the role leaves are gone after the stop" sh -c "[ ! -e $CG/engine ] && [ ! -e $CG/node ]"
+
+# 2. A fork bomb (threads) in the node stops at pids_max; the engine and the supervisor go on.
+config forkbomb "pids_max = 32"
+start || bad "start (forkbomb)"
+check "the fork bomb stops at pids_max" wait_log 120 "pids refused after"
+npid=$(rolepid node) epid=$(rolepid engine)
+check "the node's sandbox ($npid) runs in the node leaf, no role in the supervisor leaf" \
+  sh -c "grep -qx '$npid' $CG/node/cgroup.procs && ! grep -qx '$npid' $CG/supervisor/cgroup.procs && ! grep -qx '$epid' $CG/supervisor/cgroup.procs"
+check "the engine still answers the node holding all its pids" wait_log 60 "engine answered 200"
+check "ctl status: the node's pids at the limit, pids.events max > 0" status '
+import json, sys
+s = json.load(open(sys.argv[1]))
+n = {x["role"]: x for x in s["roles"]}["node"]["resources"]
+assert n["pids_current"] >= 30 and n["pids_events"]["max"] > 0, n
+'
+stop
+
+# 3. A CPU hog (two busy processes) is throttled to cpu_max = 0.5: measured from cpu.stat
+#    over 8 s. At most 0.5 CPU plus 10% (one 100 ms period of slack at each end of the
+#    window); the lower end is not checked: under emulation the host may not give the guest
+#    its half CPU.
+config cpu "cpu_max = 0.5"
+start || bad "start (cpu)"
+sleep 3
+u0=$(awk '$1 == "usage_usec" {print $2}' $CG/node/cpu.stat); t0=$(date +%s%N)
+sleep 8
+u1=$(awk '$1 == "usage_usec" {print $2}' $CG/node/cpu.stat); t1=$(date +%s%N)
+share=$(awk -v du=$((u1 - u0)) -v dt=$(((t1 - t0) / 1000)) 'BEGIN { printf "%.3f", du / dt }')
+echo "info: the CPU hog used $share CPU (cpu_max 0.5)"
+check "the CPU hog is throttled to cpu_max (used $share CPU)" awk -v s="$share" 'BEGIN { exit !(s <= 0.55) }'
+check "cpu.stat counts throttled periods" sh -c "[ \$(awk '\$1 == \"nr_throttled\" {print \$2}' $CG/node/cpu.stat) -gt 0 ]"
+stop
+
+# 4. By hand as root: cell.cgroup names the cell's cgroup; sealnode moves itself into its
+#    supervisor leaf, makes the role leaves, and removes them when it stops.
+config forkbomb "pids_max = 40" 'cgroup = "sealnode-byhand"'
+H=/sys/fs/cgroup/sealnode-byhand
+/usr/bin/sealnode run --config /etc/sealnode/sealnode.toml > /tmp/byhand.log 2>&1 &
+pid=$!
+for _ in $(seq 1 120); do grep -q "pids refused after" /tmp/byhand.log && break; sleep 1; done
+check "by hand: sealnode in $H/supervisor" grep -qx "$pid" $H/supervisor/cgroup.procs
+check "by hand: node.limits.pids_max in force (pids.max 40, the bomb stopped)" \
+  sh -c "[ \$(cat $H/node/pids.max) = 40 ] && grep -q 'pids refused after' /tmp/byhand.log"
+kill -TERM "$pid"; wait "$pid"; code=$?
+check "by hand: a clean stop (exit $code)" test "$code" = 0
+check "by hand: the role leaves are removed" sh -c "[ ! -e $H/engine ] && [ ! -e $H/node ]"
+
+# 5. Rootless: the rootless unit's cgroup is delegated to user sealnode; the same leaves.
+config forkbomb "pids_max = 24"
+sed -e '/^rootful = /d' -e 's#/var/lib/sealnode#/var/lib/sealnode-rootless#g' -e 's#/run/sealnode"#/run/sealnode-rootless"#' \
+  /etc/sealnode/sealnode.toml > /etc/sealnode/rootless.toml
+RG=/sys/fs/cgroup/system.slice/sealnode-rootless.service
+T0=$(date '+%Y-%m-%d %H:%M:%S')
+if timeout 300 systemctl start sealnode-rootless.service; then ok "rootless: start with limits"; else bad "rootless: start with limits"; journalctl -u sealnode-rootless --no-pager | tail -15; fi
+for _ in $(seq 1 120); do journalctl -u sealnode-rootless --since "$T0" --no-pager | grep -q "pids refused after" && break; sleep 1; done
+check "rootless: the node's leaf has pids.max 24 and the bomb stopped there" \
+  sh -c "[ \$(cat $RG/node/pids.max) = 24 ] && journalctl -u sealnode-rootless --since '$T0' --no-pager | grep -q 'pids refused after'"
+check "rootless: the leaves belong to sealnode" test "$(stat -c %U $RG/node/cgroup.procs)" = sealnode
+timeout 120 systemctl stop sealnode-rootless.service
+exit $failed
