@@ -41,6 +41,7 @@ enum Step {
     DieWithParent,
     CloseInheritedFds,
     WaitForIdMaps,
+    ScratchTmpfs,
     LoopbackUp,
     EgressListen,
     EngineListen,
@@ -54,6 +55,7 @@ impl crate::sandbox::protocol::Step for Step {
         Step::DieWithParent,
         Step::CloseInheritedFds,
         Step::WaitForIdMaps,
+        Step::ScratchTmpfs,
         Step::LoopbackUp,
         Step::EgressListen,
         Step::EngineListen,
@@ -66,6 +68,7 @@ impl crate::sandbox::protocol::Step for Step {
             Step::DieWithParent => "die_with_parent",
             Step::CloseInheritedFds => "close_inherited_fds",
             Step::WaitForIdMaps => "wait_for_id_maps",
+            Step::ScratchTmpfs => "scratch_tmpfs",
             Step::LoopbackUp => "loopback_up",
             Step::EgressListen => "egress_listen",
             Step::EngineListen => "engine_listen",
@@ -85,6 +88,11 @@ pub struct Cell {
     node_netns: OwnedFd,
     /// The engine's network namespace: its own loopback and nothing else.
     engine_netns: OwnedFd,
+    /// The cell's mount namespace, when a role's scratch is capped: there, a tmpfs of the
+    /// cap's size covers that scratch dir, for the cell's lifetime. Roles are cloned from it.
+    mntns: Option<OwnedFd>,
+    /// Role ids are separate host users (the wipe clears supplementary groups then).
+    rootful: bool,
     /// Supervisor's end of the SOCK_SEQPACKET pair to the cell init.
     ctl: OwnedFd,
     /// One listener per egress upstream, inside the node's netns, non-blocking.
@@ -96,6 +104,15 @@ pub struct Cell {
     /// and preflight sandbox of this cell is cloned into its role's leaf.
     pub cgroups: Option<crate::cgroup::Tree>,
     _alive: OwnedFd,
+}
+
+/// A capped scratch: the tmpfs the cell init mounts over `path` in the cell's mount namespace.
+#[derive(Debug, Clone)]
+pub struct Scratch {
+    pub path: std::ffi::CString,
+    pub mb: u64,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Whose network namespace a process joins.
@@ -115,13 +132,23 @@ fn listener(addr: Ipv4Addr, port: u16) -> std::result::Result<OwnedFd, Errno> {
 
 /// The cell init, in the new user namespace and the node's network namespace. Never returns.
 /// One step per line; a failure goes to the supervisor as a frame on `ctl`.
-fn cell_main(sync: RawFd, ctl: RawFd, egress: &[(Ipv4Addr, u16)], engine_port: Option<u16>, abi: u8) -> ! {
+fn cell_main(
+    sync: RawFd,
+    ctl: RawFd,
+    egress: &[(Ipv4Addr, u16)],
+    engine_port: Option<u16>,
+    scratch: &[Scratch],
+    abi: u8,
+) -> ! {
     // First: if the supervisor dies from here on, so does the cell (and both namespaces).
     must(ctl, Step::DieWithParent, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
     // Nothing of the supervisor's but these two may live in the cell.
     must(ctl, Step::CloseInheritedFds, 0, sys::close_all_except(&[sync, ctl]));
     // Binding and unsharing need our ids mapped: the supervisor writes the maps, then one byte.
     must(ctl, Step::WaitForIdMaps, 0, wait_byte(sync));
+    // Capped scratch: the cell's own mount namespace, a tmpfs of the cap's size over each
+    // capped scratch dir (owned by the role's ids, which the maps made valid here).
+    let mntns = (!scratch.is_empty()).then(|| must(ctl, Step::ScratchTmpfs, 0, scratch_mounts(scratch)));
     // The node's loopback, which its egress listeners and the engine-port listener live on.
     must(ctl, Step::LoopbackUp, 0, sys::loopback_up());
     // One listener per egress upstream, before anything could take its address.
@@ -137,6 +164,7 @@ fn cell_main(sync: RawFd, ctl: RawFd, egress: &[(Ipv4Addr, u16)], engine_port: O
     must(ctl, Step::EngineNetns, 1, nix::sched::unshare(CloneFlags::CLONE_NEWNET));
     must(ctl, Step::EngineNetns, 2, sys::loopback_up());
     fds.push(must(ctl, Step::EngineNetns, 3, open_netns()));
+    fds.extend(mntns);
     // Confined before anything is handed out: nothing but socket creation is left to it.
     must(ctl, Step::Confine, 0, caps::drop_all());
     must(ctl, Step::Confine, 1, sys::prctl(libc::PR_SET_DUMPABLE, 0));
@@ -145,6 +173,24 @@ fn cell_main(sync: RawFd, ctl: RawFd, egress: &[(Ipv4Addr, u16)], engine_port: O
     must(ctl, Step::SendListeners, 0, send_fds(ctl, Frame::Ok(fds.len() as u32), &fds));
     drop(fds);
     serve_sockets(ctl)
+}
+
+/// A new mount namespace (nothing propagates back to the host), a tmpfs over each capped
+/// scratch dir; returns the namespace.
+fn scratch_mounts(scratch: &[Scratch]) -> std::result::Result<OwnedFd, Errno> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS)?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+    for s in scratch {
+        // The dir reached without following symlinks, mounted on through its fd.
+        // SAFETY: walk_no_symlinks returns an fd we own.
+        let dir = unsafe { OwnedFd::from_raw_fd(sys::walk_no_symlinks(&s.path)?) };
+        let at = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let opts = format!("size={}m,nr_inodes=1048576,mode=0700,uid={},gid={}", s.mb, s.uid, s.gid);
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        mount(Some("tmpfs"), at.as_str(), Some("tmpfs"), flags, Some(opts.as_str()))?;
+    }
+    nix::fcntl::open("/proc/self/ns/mnt", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
 }
 
 fn wait_byte(sync: RawFd) -> std::result::Result<(), Errno> {
@@ -226,7 +272,15 @@ impl Cell {
         // The cell init confines itself with this ABI: a kernel without it is refused here,
         // with the fix, not with the init's EPERM.
         policy::landlock::require_kernel_abi(abi, &cfg.node.landlock)?;
-        Cell::create(&ids, inv.rootful(), &egress, cfg.engine.port.map(|p| p as u16), abi)
+        let mut scratch = Vec::new();
+        for (role, id) in Role::ALL.iter().zip(&ids) {
+            if let Some(mb) = cfg.role(*role).scratch_max_mb {
+                let path = std::ffi::CString::new(cfg.role(*role).scratch.as_os_str().as_encoded_bytes())
+                    .map_err(|_| Error::config(&cfg.file, format!("{role}.scratch"), "contains a NUL byte"))?;
+                scratch.push(Scratch { path, mb, uid: id.uid, gid: id.gid });
+            }
+        }
+        Cell::create(&ids, inv.rootful(), &egress, cfg.engine.port.map(|p| p as u16), &scratch, abi)
     }
 
     /// Create the cell. `ids` are the host ids mapped 1:1 into its user namespace (both roles'
@@ -237,6 +291,7 @@ impl Cell {
         rootful: bool,
         egress: &[(Ipv4Addr, u16)],
         engine_port: Option<u16>,
+        scratch: &[Scratch],
         landlock_abi: u8,
     ) -> Result<Cell> {
         let (sup, child) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
@@ -250,7 +305,7 @@ impl Cell {
         if pid == 0 {
             drop(sup);
             drop(sync_w);
-            cell_main(sync_r.as_raw_fd(), child.as_raw_fd(), egress, engine_port, landlock_abi);
+            cell_main(sync_r.as_raw_fd(), child.as_raw_fd(), egress, engine_port, scratch, landlock_abi);
         }
         drop(child);
         drop(sync_r);
@@ -268,7 +323,7 @@ impl Cell {
         let gids: Vec<u32> = ids.iter().map(|i| i.gid).collect();
         idmap::write(pid, &uids, &gids, rootful).map_err(|e| reap.abort(e))?;
         sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| reap.abort(Error::errno("release cell init", e)))?;
-        let wanted = egress.len() + usize::from(engine_port.is_some()) + 2;
+        let wanted = egress.len() + usize::from(engine_port.is_some()) + 2 + usize::from(!scratch.is_empty());
         let (payload, mut listeners) = recv_with_fds(sup.as_raw_fd(), wanted)
             .map_err(|e| reap.abort(Error::errno("receive cell listeners", e)))?;
         match Frame::decode(&payload) {
@@ -282,7 +337,13 @@ impl Cell {
             }
             _ => return Err(reap.abort(Error::errno("cell init sent no listeners", Errno::EPROTO))),
         }
-        // Sent in order: the egress listeners, the engine-port listener, the two namespaces.
+        // Sent in order: the egress listeners, the engine-port listener, the two network
+        // namespaces, the mount namespace (capped scratch only).
+        let mntns = if scratch.is_empty() {
+            None
+        } else {
+            Some(listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?)
+        };
         let engine_netns = listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
         let node_netns = listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
         let engine_listener = if engine_port.is_some() { listeners.pop() } else { None };
@@ -291,6 +352,8 @@ impl Cell {
             userns,
             node_netns,
             engine_netns,
+            mntns,
+            rootful,
             ctl: sup,
             listeners,
             engine_listener,
@@ -313,6 +376,10 @@ impl Cell {
     /// intermediate process).
     pub fn join(&self, net: Net) -> std::result::Result<(), Errno> {
         nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
+        // The cell's mount namespace (capped scratch): the role's own is copied from it.
+        if let Some(m) = &self.mntns {
+            nix::sched::setns(m.as_fd(), CloneFlags::CLONE_NEWNS)?;
+        }
         let ns = match net {
             Net::Engine => &self.engine_netns,
             Net::Node => &self.node_netns,
@@ -321,47 +388,90 @@ impl Cell {
     }
 }
 
+/// What a wipe empties: an uncapped scratch dir (its descriptor, opened once when the cell was
+/// made), or a capped one (the cell's tmpfs at this path in the cell's mount namespace).
+#[derive(Debug, Clone, Copy)]
+pub enum WipeTarget<'a> {
+    Dir(std::os::fd::BorrowedFd<'a>),
+    Tmpfs(&'a std::ffi::CStr),
+}
+
 impl Cell {
-    /// Empty `dir` (not `dir` itself, never following symlinks) with the cell's own authority:
-    /// a short-lived child joins the cell's user namespace, where it holds every capability
-    /// over the ids mapped there (the roles' own), so the supervisor needs no host
-    /// CAP_DAC_OVERRIDE to remove what a role left in its 0700 scratch. Files whose owner or
-    /// group is not mapped into the cell are out of its reach (EPERM), as they should be.
-    pub fn wipe(&self, dir: &std::path::Path) -> std::result::Result<(), Errno> {
-        // SAFETY: the supervisor is single-threaded; the child only joins the namespace,
-        // removes files and exits.
+    /// Empty a role's scratch (crate::wipe) in a short-lived child that joins the cell's user
+    /// namespace (and its mount namespace for a capped scratch) and becomes the role's own
+    /// ids there: it can remove whatever the role could have left, and nothing else (a file
+    /// of another host user, a mount point: EACCES, EBUSY). The supervisor needs no host
+    /// CAP_DAC_OVERRIDE. `tick` runs about once a second while a long wipe runs (the
+    /// watchdog).
+    pub fn wipe(&self, target: WipeTarget, ids: Ids, tick: &mut dyn FnMut()) -> std::result::Result<(), Errno> {
+        // SAFETY: the supervisor is single-threaded; the child only joins namespaces, drops to
+        // the role's ids, removes files and exits.
         match unsafe { nix::unistd::fork() }? {
             nix::unistd::ForkResult::Child => {
-                let code = match nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER) {
-                    Ok(()) => match empty_dir(dir) {
-                        Ok(()) => 0,
-                        Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
-                    },
+                let code = match self.wipe_child(target, ids) {
+                    Ok(()) => 0,
                     Err(e) => e as i32,
                 };
                 sys::exit_now(code)
             }
-            nix::unistd::ForkResult::Parent { child } => match waitpid(child, None)? {
-                nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
-                nix::sys::wait::WaitStatus::Exited(_, e) => Err(Errno::from_raw(e)),
-                _ => Err(Errno::EINTR),
-            },
+            nix::unistd::ForkResult::Parent { child } => {
+                let mut last = std::time::Instant::now();
+                loop {
+                    match waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+                        Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(Errno::EINTR) => {}
+                        Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => return Ok(()),
+                        Ok(nix::sys::wait::WaitStatus::Exited(_, e)) => return Err(Errno::from_raw(e)),
+                        // Killed (out of memory, a signal): say so, not EINTR.
+                        Ok(_) => return Err(Errno::ECHILD),
+                        Err(e) => return Err(e),
+                    }
+                    if last.elapsed() >= std::time::Duration::from_secs(1) {
+                        tick();
+                        last = std::time::Instant::now();
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
         }
+    }
+
+    fn wipe_child(&self, target: WipeTarget, ids: Ids) -> std::result::Result<(), Errno> {
+        // A wipe never outlives the supervisor (a new one would race it).
+        sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+        nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
+        if let (WipeTarget::Tmpfs(_), Some(m)) = (target, &self.mntns) {
+            nix::sched::setns(m.as_fd(), CloneFlags::CLONE_NEWNS)?;
+        }
+        // The role's own ids in the cell before anything is opened: no supplementary group,
+        // no capability left, only what the role itself may touch (its own scratch dir).
+        if nix::unistd::setgroups(&[]).is_err() && self.rootful {
+            return Err(Errno::EPERM);
+        }
+        let (u, g) = (nix::unistd::Uid::from_raw(ids.uid), nix::unistd::Gid::from_raw(ids.gid));
+        nix::unistd::setresgid(g, g, g)?;
+        nix::unistd::setresuid(u, u, u)?;
+        let root = match target {
+            WipeTarget::Dir(fd) => open_dir_at(fd)?,
+            WipeTarget::Tmpfs(path) => {
+                if self.mntns.is_none() {
+                    return Err(Errno::ENOENT);
+                }
+                // SAFETY: walk_no_symlinks returns an fd we own.
+                let at = unsafe { OwnedFd::from_raw_fd(sys::walk_no_symlinks(path)?) };
+                let root = open_dir_at(at.as_fd())?;
+                if nix::sys::statfs::fstatfs(&root)?.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+                    return Err(Errno::ESTALE);
+                }
+                root
+            }
+        };
+        crate::wipe::empty(root)
     }
 }
 
-/// Remove everything inside `dir`, never following symlinks (std's remove_dir_all opens each
-/// level with O_NOFOLLOW relative to its parent).
-fn empty_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            std::fs::remove_dir_all(entry.path())?;
-        } else {
-            std::fs::remove_file(entry.path())?;
-        }
-    }
-    Ok(())
+/// A readable descriptor of the directory `fd` refers to (O_PATH or not).
+fn open_dir_at(fd: std::os::fd::BorrowedFd) -> std::result::Result<OwnedFd, Errno> {
+    nix::fcntl::openat(fd, c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
 }
 
 /// Makes TCP sockets in the engine's network namespace, through the cell init.

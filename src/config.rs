@@ -240,6 +240,9 @@ pub struct RoleConfig {
     pub models_writable: bool,
     /// The role's own writable directory, mounted at /scratch (noexec); HOME and cwd.
     pub scratch: PathBuf,
+    /// Cap scratch at this many MiB: a tmpfs of that size held by the cell over `scratch`
+    /// (it survives a restart of the role, not of the cell), charged to the role's memory.
+    pub scratch_max_mb: Option<u64>,
     /// Node only: credential file, mounted read-only at /run/sealnode/credential.
     pub credential: Option<PathBuf>,
     /// Extra read-only binds (e.g. a Python install or venv).
@@ -588,11 +591,11 @@ impl Config {
         if self.cell.egress_max_connections == 0 || self.cell.egress_max_connections > 65536 {
             return Err(self.err("cell.egress_max_connections", "must be between 1 and 65536"));
         }
-        if self.cell.egress_idle_timeout_s == 0 {
-            return Err(self.err("cell.egress_idle_timeout_s", "must be at least 1"));
+        if self.cell.egress_idle_timeout_s == 0 || self.cell.egress_idle_timeout_s > 7 * 86400 {
+            return Err(self.err("cell.egress_idle_timeout_s", "must be between 1 and 604800 (seconds)"));
         }
-        if self.cell.egress_connect_timeout_s == 0 {
-            return Err(self.err("cell.egress_connect_timeout_s", "must be at least 1"));
+        if self.cell.egress_connect_timeout_s == 0 || self.cell.egress_connect_timeout_s > 3600 {
+            return Err(self.err("cell.egress_connect_timeout_s", "must be between 1 and 3600 (seconds)"));
         }
         self.abs("cell.runtime_dir", &self.cell.runtime_dir)?;
         if let Some(u) = &self.cell.rootful {
@@ -704,6 +707,9 @@ impl Config {
         let f = |k: &str| format!("{role}.{k}");
         if r.tmp_size_mb == 0 || r.tmp_size_mb > 65536 {
             return Err(self.err(f("tmp_size_mb"), "must be between 1 and 65536"));
+        }
+        if r.scratch_max_mb.is_some_and(|m| m == 0 || m > 1024 * 1024) {
+            return Err(self.err(f("scratch_max_mb"), "must be between 1 and 1048576 (MiB)"));
         }
         if r.restart_limit.burst == 0 || r.restart_limit.burst > 1000 {
             return Err(self.err(f("restart_limit.burst"), "must be between 1 and 1000"));

@@ -345,6 +345,8 @@ impl Dir {
 
 #[derive(Debug)]
 struct Conn {
+    /// Where the outer socket connects (the upstream's address).
+    to: SocketAddr,
     upstream: usize,
     /// The node's side, inside the cell.
     inner: OwnedFd,
@@ -721,6 +723,7 @@ impl Forwarder {
         self.next_id += 1;
         let mut c = Conn {
             upstream: i,
+            to: addr,
             inner,
             outer,
             connecting: true,
@@ -815,18 +818,26 @@ impl Forwarder {
         let due: Vec<(u64, bool)> =
             self.conns.iter().filter(|(_, c)| limit(c) <= now).map(|(id, c)| (*id, c.connecting)).collect();
         for (id, connecting) in due {
-            let u = &mut self.upstreams[self.conns[&id].upstream].stats;
+            let tried = self.conns[&id].to;
+            let up = &mut self.upstreams[self.conns[&id].upstream];
+            let engine = up.is_engine();
+            let u = &mut up.stats;
             if connecting {
-                // A dropped SYN fails silently (a firewall, or the unit's IPAddressDeny=: its
-                // filter drops packets, the connect never returns): say so and where to look.
                 u.connect_failed += 1;
                 if let Some(suppressed) = self.quiet.allow(now) {
-                    tracing::warn!(
-                        upstream = %u.upstream,
-                        timeout_s = connect.as_secs(),
-                        suppressed,
-                        "egress connect timed out: nothing answered; if the unit sets IPAddressDeny=, add the upstream's addresses to IPAddressAllow= (docs/operator-guide.md)"
-                    );
+                    if engine {
+                        tracing::warn!(upstream = %u.upstream, timeout_s = connect.as_secs(), suppressed, "the engine accepted no connection in time: it is stalled or its listen backlog is full");
+                    } else {
+                        // A dropped SYN fails silently (a firewall, or the unit's IPAddressDeny=:
+                        // its filter drops packets, the connect never returns): say where to look.
+                        tracing::warn!(
+                            upstream = %u.upstream,
+                            address = %tried,
+                            timeout_s = connect.as_secs(),
+                            suppressed,
+                            "egress connect timed out: nothing answered; if the unit sets IPAddressDeny=, add this address to IPAddressAllow= (docs/operator-guide.md)"
+                        );
+                    }
                 }
             } else {
                 tracing::info!(upstream = %u.upstream, "egress connection closed: idle");

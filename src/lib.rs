@@ -27,5 +27,6 @@ pub mod sandbox;
 pub mod supervisor;
 pub mod sys;
 pub mod trusted;
+pub mod wipe;
 
 pub use error::{Error, Result};

@@ -75,6 +75,9 @@ struct Slot {
     gate: Option<Gate>,
     /// OOM kills seen in the role's cgroup leaf so far (memory.events oom_kill).
     oom_kills: u64,
+    /// The role's scratch dir, opened once (no symlinks, owner checked): every wipe works on
+    /// this descriptor, never on the path again (found by review: a swapped path was wiped).
+    scratch: std::os::fd::OwnedFd,
 }
 
 /// One pass through the gate: the role's preflight and the receipt it produced.
@@ -249,7 +252,12 @@ impl Supervisor {
         epoll
             .add(control.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_CONTROL))
             .map_err(|e| Error::errno("epoll_ctl (control)", e))?;
-        let slot = |role| Slot {
+        let mut scratch = Vec::new();
+        for role in Role::ALL {
+            scratch.push(open_scratch(&cfg, &inv, role)?);
+        }
+        let mut scratch = scratch.into_iter();
+        let mut slot = |role| Slot {
             role,
             state: State::Down,
             started: None,
@@ -258,6 +266,7 @@ impl Supervisor {
             recent: std::collections::VecDeque::new(),
             gate: None,
             oom_kills: 0,
+            scratch: scratch.next().expect("one scratch per role"),
         };
         Ok(Supervisor {
             cfg,
@@ -377,12 +386,13 @@ impl Supervisor {
     fn provision(&mut self) -> std::result::Result<(), i32> {
         for role in Role::ALL {
             // Fail closed: a role must never start on what an earlier run left behind.
-            if let Err(e) = self.cell.wipe(&self.cfg.role(role).scratch) {
+            if let Err(e) = self.wipe(role) {
                 let dir = self.cfg.role(role).scratch.display().to_string();
                 let hint = match e {
                     Errno::EACCES | Errno::EPERM => {
-                        " (it holds files of a host user outside the cell, which no role can have left there: remove them by hand)"
+                        " (it holds files the role cannot have left there: another host user's; remove them by hand)"
                     }
+                    Errno::EBUSY => " (a mount point inside it: unmount it)",
                     _ => "",
                 };
                 tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
@@ -629,8 +639,29 @@ impl Supervisor {
 
     fn wipe_scratch(&self, role: Role) {
         let dir = &self.cfg.role(role).scratch;
-        if let Err(e) = self.cell.wipe(dir) {
+        if let Err(e) = self.wipe(role) {
             tracing::warn!(role = %role, dir = %dir.display(), error = %e, "could not wipe scratch");
+        }
+    }
+
+    /// Empty `role`'s scratch as the role itself, inside the cell (cell::Cell::wipe).
+    fn wipe(&self, role: Role) -> std::result::Result<(), Errno> {
+        let ids = self.cfg.role_ids(role, &self.inv).map_err(|_| Errno::EINVAL)?;
+        let target = match self.cfg.role(role).scratch_max_mb {
+            Some(_) => {
+                let path = std::ffi::CString::new(self.cfg.role(role).scratch.as_os_str().as_encoded_bytes())
+                    .map_err(|_| Errno::EINVAL)?;
+                return self.cell.wipe(crate::cell::WipeTarget::Tmpfs(&path), ids, &mut || self.tick());
+            }
+            None => crate::cell::WipeTarget::Dir(self.slots[role as usize].scratch.as_fd()),
+        };
+        self.cell.wipe(target, ids, &mut || self.tick())
+    }
+
+    /// A long wipe keeps systemd's watchdog fed.
+    fn tick(&self) {
+        if self.watchdog.is_some() {
+            notify(&[NotifyState::Watchdog]);
         }
     }
 
@@ -1105,6 +1136,37 @@ fn lock_dir(
         )),
         Err((_, e)) => Err(Error::errno(format!("lock {}", shown.display()), e)),
     }
+}
+
+/// A role's scratch dir, reached without following symlinks (an O_PATH descriptor) and
+/// checked to be a directory owned by the role's user (rootless: the launcher) that no one
+/// else may write.
+fn open_scratch(cfg: &Config, inv: &Invoker, role: Role) -> Result<std::os::fd::OwnedFd> {
+    let dir = &cfg.role(role).scratch;
+    let field = format!("{role}.scratch");
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::config(&cfg.file, &field, "contains a NUL byte"))?;
+    let raw = crate::sys::walk_no_symlinks(&path).map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
+    // SAFETY: walk_no_symlinks returned an fd we now own.
+    // O_PATH: no read permission needed here (the unit has no CAP_DAC_OVERRIDE and the dir is
+    // the role's, mode 0700); the wipe opens it for reading as the role itself.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| Error::errno(format!("stat {}", dir.display()), e))?;
+    let ids = cfg.role_ids(role, inv)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != ids.uid || st.st_mode & 0o022 != 0 {
+        return Err(Error::config(
+            &cfg.file,
+            field,
+            format!(
+                "{} must belong to uid {} and not be writable by group or others (it is uid {}, mode {:o})",
+                dir.display(),
+                ids.uid,
+                st.st_uid,
+                st.st_mode & 0o7777
+            ),
+        ));
+    }
+    Ok(fd)
 }
 
 /// What changed between `old` and `new` that only a new cell can apply (its netns and egress

@@ -75,6 +75,7 @@ fn bad_limits_are_config_errors_naming_the_field() {
         ("engine", "limits = { io_max = [{ device = \"/dev/sda\" }] }", "engine.limits.io_max[0]", "at least one"),
         ("engine", "limits = { memory_maxx_mb = 64 }", "memory_maxx_mb", "unknown field"),
         ("cell", "cgroup = \"../escape\"", "cell.cgroup", "relative to /sys/fs/cgroup"),
+        ("node", "scratch_max_mb = 0", "node.scratch_max_mb", "between 1 and 1048576"),
     ] {
         let mut f = Fixture::new(Mode::Rootless, "badlimits");
         match at {

@@ -555,6 +555,161 @@ fn scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start() {
     }
 }
 
+/// Rootful sealnode with only the unit's capabilities (CAP_SETUID, CAP_SETGID: no
+/// CAP_DAC_OVERRIDE, no CAP_KILL) starts over role leftovers in a 0700 scratch dir, signals
+/// the roles and wipes their scratch (found in the guest: a plain root test passed while the
+/// unit could not open the role's dir).
+#[test]
+fn rootful_with_only_the_units_capabilities_wipes_and_stops_the_roles() {
+    if !modes().contains(&Mode::Rootful) {
+        return;
+    }
+    use std::os::unix::fs::chown;
+    let f = cell(Mode::Rootful, "unitcaps", HTTPD, "trap '' TERM; exec sleep 1000", "", "", "");
+    let scratch = f.p("node-scratch");
+    std::fs::create_dir_all(scratch.join("a/b")).expect("mkdir");
+    std::fs::write(scratch.join("a/b/state"), "old").expect("write");
+    for p in ["a", "a/b", "a/b/state"] {
+        chown(scratch.join(p), Some(NODE_IDS.0), Some(NODE_IDS.1)).expect("chown");
+    }
+    std::fs::write(scratch.join("root-file"), "x").expect("write");
+    let run = start_in_shell(
+        &f,
+        &[],
+        "set -- /usr/bin/setpriv --bounding-set -all,+setuid,+setgid --inh-caps -all -- \"$@\"; ",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !run.stderr().contains("role started role=node") {
+        assert!(Instant::now() < deadline, "the unit's capabilities did not start the cell: {}", run.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0, "not wiped: {}", run.stderr());
+    std::fs::write(scratch.join("root-file"), "x").expect("write");
+    // The node ignores SIGTERM: the SIGKILL after the grace period needs no CAP_KILL either.
+    let (code, secs, err) = run.stop();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(secs < 10.0, "stop took {secs:.1}s: {err}");
+    assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0, "not wiped at stop: {err}");
+}
+
+/// The wipe, attacked (found by review): a scratch dir swapped for a symlink while the cell
+/// runs (the pinned dir is wiped, the symlink's target untouched); a tree deeper than the fd
+/// limit (wiped, the start goes on); a scratch dir whose group is root (starts); a mount
+/// point inside scratch (refused, naming it, the mount's contents untouched).
+#[test]
+fn the_wipe_holds_against_swaps_deep_trees_odd_groups_and_mounts() {
+    use std::os::unix::fs::chown;
+    for mode in modes() {
+        let lim = "rlimits = { nofile = 256 }";
+        let f = cell(mode, "wipeattack", HTTPD, "exec sleep 1000", lim, lim, "");
+        let scratch = f.p("node-scratch");
+        let owner = match mode {
+            Mode::Rootful => NODE_IDS,
+            Mode::Rootless if is_root() => (NOBODY, NOBODY),
+            Mode::Rootless => (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()),
+        };
+        // 1000 levels, under a fd limit of 300: a recursive wipe ran out of fds.
+        let mut p = scratch.clone();
+        for _ in 0..1000 {
+            p.push("d");
+        }
+        std::fs::create_dir_all(&p).expect("deep");
+        let mut q = scratch.join("d");
+        while q != p {
+            chown(&q, Some(owner.0), Some(owner.1)).expect("chown");
+            q.push("d");
+        }
+        chown(&p, Some(owner.0), Some(owner.1)).expect("chown");
+        let run = start_in_shell(&f, &[], "ulimit -n 300; ");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !run.stderr().contains("role started role=node") {
+            assert!(Instant::now() < deadline, "{mode:?}: the deep tree stopped the start: {}", run.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0, "{mode:?}: not wiped");
+        // Swap the dir for a symlink to a victim while the cell runs, then stop (a wipe).
+        let victim = f.p("victim");
+        std::fs::create_dir(&victim).expect("victim");
+        std::fs::write(victim.join("precious"), "keep").expect("write");
+        std::fs::rename(&scratch, f.p("old-scratch")).expect("rename");
+        std::os::unix::fs::symlink(&victim, &scratch).expect("symlink");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(std::fs::read_to_string(victim.join("precious")).expect("victim"), "keep", "{mode:?}: {err}");
+        std::fs::remove_file(&scratch).expect("unlink");
+        std::fs::rename(f.p("old-scratch"), &scratch).expect("rename back");
+        if mode != Mode::Rootful {
+            continue;
+        }
+        // Group root on the scratch dir (mode 0700): the role's uid owns it, that is enough.
+        chown(&scratch, Some(NODE_IDS.0), Some(0)).expect("chgrp");
+        std::fs::write(scratch.join("left"), "x").expect("write");
+        chown(scratch.join("left"), Some(NODE_IDS.0), Some(0)).expect("chown");
+        let run = start(&f, &[]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !run.stderr().contains("role started role=node") {
+            assert!(Instant::now() < deadline, "{mode:?}: group root refused the start: {}", run.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = run.stop();
+        chown(&scratch, Some(NODE_IDS.0), Some(NODE_IDS.1)).expect("chgrp back");
+        // A bind mount inside scratch: refused, its contents untouched.
+        let src = f.p("mounted");
+        std::fs::create_dir(&src).expect("src");
+        std::fs::write(src.join("data"), "keep").expect("write");
+        std::fs::create_dir(scratch.join("cache")).expect("mountpoint");
+        chown(scratch.join("cache"), Some(NODE_IDS.0), Some(NODE_IDS.1)).expect("chown");
+        nix::mount::mount(Some(&src), &scratch.join("cache"), None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
+            .expect("bind");
+        let o = f.command(&["run", "--config", &f.config.display().to_string()]).output_within(COMMAND_LIMIT);
+        let _ = nix::mount::umount2(&scratch.join("cache"), nix::mount::MntFlags::MNT_DETACH);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{err}");
+        assert!(err.contains("cannot wipe node.scratch") && err.contains("mount point"), "{err}");
+        assert_eq!(std::fs::read_to_string(src.join("data")).expect("data"), "keep");
+    }
+}
+
+/// scratch_max_mb: the role's scratch is a tmpfs of that size held by the cell. Filling it
+/// gives the role ENOSPC at the cap and writes nothing to the host's dir; a state file
+/// survives a restart of the role (the cell keeps the tmpfs), and the cell's stop wipes it.
+#[test]
+fn a_capped_scratch_stops_at_the_cap_and_survives_a_role_restart() {
+    for mode in modes() {
+        let node_sh = "if [ -f /scratch/state ]; then echo \"state survived: $(cat /scratch/state)\"; exec sleep 1000; fi; \
+             echo kept > /scratch/state; \
+             /usr/bin/busybox dd if=/dev/zero of=/scratch/fill bs=1M count=16 2>&1 | /usr/bin/busybox grep -o 'No space left on device' | /usr/bin/busybox head -1; \
+             echo \"filled $(/usr/bin/busybox du -k /scratch/fill | /usr/bin/busybox cut -f1) KiB\"; exit 1";
+        let f = cell(mode, "scratchcap", HTTPD, node_sh, "scratch_max_mb = 4\nrestart = \"on-failure\"", "", "");
+        let run = start(&f, &[]);
+        let full = run.line(30, |l| l.contains("No space left on device") || l.starts_with("filled"));
+        assert!(full.contains("No space left on device"), "{mode:?}: no ENOSPC: {full}");
+        let filled = run.line(30, |l| l.starts_with("filled"));
+        let kib: u64 = filled.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
+        assert!((3000..=4096).contains(&kib), "{mode:?}: filled {kib} KiB of a 4 MiB cap");
+        // The host's dir under the tmpfs got nothing.
+        let host: Vec<_> =
+            std::fs::read_dir(f.p("node-scratch")).expect("scratch").flatten().map(|e| e.file_name()).collect();
+        assert!(host.is_empty(), "{mode:?}: the host dir got {host:?}");
+        // The node exited 1 and was restarted: its state file is still there.
+        let kept = run.line(60, |l| l.starts_with("state survived"));
+        assert_eq!(kept, "state survived: kept", "{mode:?}");
+        // A recycle wipes it (inside the cell's mount namespace): the node starts afresh.
+        let cfg = f.config.display().to_string();
+        let o = f.command(&["ctl", "--config", &cfg, "recycle"]).output_within(COMMAND_LIMIT);
+        assert!(o.status.success(), "{mode:?}: recycle: {}", String::from_utf8_lossy(&o.stderr));
+        let after = run.line(60, |l| l.contains("No space left on device") || l.starts_with("state survived"));
+        assert!(after.contains("No space left on device"), "{mode:?}: the recycle did not wipe scratch: {after}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        // A new cell starts from an empty scratch.
+        let run = start(&f, &[]);
+        let again = run.line(30, |l| l.contains("No space left on device") || l.starts_with("state survived"));
+        assert!(again.contains("No space left on device"), "{mode:?}: a new cell saw old scratch: {again}");
+        let _ = run.stop();
+    }
+}
+
 /// An upstream that never answers (its SYNs dropped, as a firewall or the unit's
 /// IPAddressDeny= does) is given up after `cell.egress_connect_timeout_s` and logged with the
 /// fix: without it the node's connection hung silently (found in the test guest, tests/vm).

@@ -98,6 +98,9 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
         "ok: the fork bomb stops at pids_max",
         "ok: the CPU hog is throttled to cpu_max",
         "ok: by hand: node.limits.pids_max in force",
+        "ok: filling scratch stops at scratch_max_mb with ENOSPC",
+        "ok: the host's scratch dir got nothing",
+        "ok: rootless: the node's leaf has pids.max 24 and the bomb stopped there",
     ] {
         assert!(text.contains(needed), "guest: missing {needed:?}:\n{text}");
     }

@@ -23,7 +23,9 @@ pub fn probe(config: &Path, role: Role, args: Vec<String>) -> Outcome {
 fn run_sandboxed(config: &Path, role: Role, argv: Vec<String>, program: Option<Program>) -> Outcome {
     let inv = Invoker::current();
     let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
-    let plan = Plan::build(&cfg, role, &inv, Some(argv), program).map_err(Failure::setup)?;
+    let mut plan = Plan::build(&cfg, role, &inv, Some(argv), program).map_err(Failure::setup)?;
+    // No cell holds a capped scratch here: the sandbox gets a fresh one of the cap's size.
+    plan.fresh_capped_scratch().map_err(Failure::setup)?;
     let sb = sandbox::spawn(&plan).map_err(Failure::setup)?;
     tracing::info!(role = %role, pid = sb.pid.as_raw(), "sandbox started");
     Ok(sandbox::run_to_exit(sb))

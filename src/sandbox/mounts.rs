@@ -10,7 +10,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{fstat, lstat, Mode};
 use nix::unistd::{chdir, mkdir};
 
-use super::plan::Mount;
+use super::plan::{Check, Mount};
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
 type R = Result<(), Errno>;
@@ -88,11 +88,22 @@ pub fn open_source(m: &Mount) -> Result<Option<OwnedFd>, Errno> {
     };
     let raw = if *nofollow { sys::open_path_no_symlinks_c(src)? } else { sys::open_path_c(src)? };
     let fd = owned(raw);
-    if let Some((dev, ino)) = check {
-        let st = fstat(&fd)?;
-        if st.st_dev != *dev || st.st_ino != *ino {
-            // Swapped between the parent's validation and now: refuse.
-            return Err(Errno::ESTALE);
+    match *check {
+        Check::None => {}
+        Check::Identity(dev, ino) => {
+            let st = fstat(&fd)?;
+            if st.st_dev != dev || st.st_ino != ino {
+                // Swapped between the parent's validation and now: refuse.
+                return Err(Errno::ESTALE);
+            }
+        }
+        Check::Tmpfs(bytes) => {
+            // The cell's capped scratch, not the host dir under it (nor anything else).
+            let fs = nix::sys::statfs::fstatfs(&fd)?;
+            let size = fs.blocks() * fs.block_size() as u64;
+            if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC || size != bytes {
+                return Err(Errno::ESTALE);
+            }
         }
     }
     Ok(Some(fd))

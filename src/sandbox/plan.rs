@@ -78,9 +78,9 @@ use crate::sys::{
 pub enum Mount {
     /// tmpfs at `dst` (absolute, under NEWROOT).
     Tmpfs { dst: CString, opts: CString, attrs: u64 },
-    /// Bind host `src` on `dst`; `check` = (dev, ino) the parent validated; `nofollow` refuses
-    /// symlinks in any component (role paths).
-    Bind { src: CString, dst: CString, dir: bool, attrs: u64, check: Option<(u64, u64)>, nofollow: bool },
+    /// Bind host `src` on `dst`; `check`: what the child must find there ([`Check`]);
+    /// `nofollow` refuses symlinks in any component (role paths).
+    Bind { src: CString, dst: CString, dir: bool, attrs: u64, check: Check, nofollow: bool },
     /// Symlink `dst` -> `target`.
     Symlink { target: CString, dst: CString },
     /// Regular file with generated contents.
@@ -98,6 +98,18 @@ pub enum Mount {
     /// Write a value to a (namespaced) sysctl file under the new /proc before it is frozen
     /// (`optional`: skipped when the kernel lacks it).
     Sysctl { dst: CString, value: &'static [u8], optional: bool },
+}
+
+/// What the child checks a bind's source is, once it has opened it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Nothing (system paths).
+    None,
+    /// The (dev, ino) the parent validated: a path swapped since is refused (ESTALE).
+    Identity(u64, u64),
+    /// A capped scratch: the root of a tmpfs of exactly this many bytes (the cell's, mounted
+    /// over the scratch dir in the cell's mount namespace; `exec`'s own).
+    Tmpfs(u64),
 }
 
 impl Mount {
@@ -283,6 +295,18 @@ impl Plan {
         Plan::build_layers(cfg, role, inv, argv, program, Layers::ALL)
     }
 
+    /// Outside a cell (`exec`, `probe`): a capped scratch becomes a fresh tmpfs of the cap's
+    /// size, the role's own (nothing persists; in a cell, the cell holds it).
+    pub fn fresh_capped_scratch(&mut self) -> Result<()> {
+        for m in &mut self.mounts {
+            if let Mount::Bind { dst, check: Check::Tmpfs(bytes), attrs, .. } = m {
+                let opts = format!("size={}m,mode=0700,uid={},gid={}", *bytes >> 20, self.ids.uid, self.ids.gid);
+                *m = Mount::Tmpfs { dst: dst.clone(), opts: cstr(&opts)?, attrs: *attrs };
+            }
+        }
+        Ok(())
+    }
+
     /// [`Plan::build`] with some layers off (the canary's layer matrix only).
     pub fn build_layers(
         cfg: &Config,
@@ -365,7 +389,7 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
                 dst: under_root(path)?,
                 dir: md.is_dir(),
                 attrs: RDONLY | NOSUID | NODEV,
-                check: None,
+                check: Check::None,
                 nofollow: false,
             });
         }
@@ -386,7 +410,7 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
             dst: under_root(inside)?,
             dir: md.is_dir(),
             attrs,
-            check: Some((md.dev(), md.ino())),
+            check: Check::Identity(md.dev(), md.ino()),
             nofollow: true,
         })
     };
@@ -400,14 +424,13 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
             PathKind::Dir,
         )?);
     }
-    mounts.push(role_bind(
-        format!("{role}.scratch"),
-        &r.scratch,
-        Path::new(INSIDE_SCRATCH),
-        true,
-        false,
-        PathKind::Dir,
-    )?);
+    let mut scratch =
+        role_bind(format!("{role}.scratch"), &r.scratch, Path::new(INSIDE_SCRATCH), true, false, PathKind::Dir)?;
+    if let (Some(mb), Mount::Bind { check, .. }) = (r.scratch_max_mb, &mut scratch) {
+        // Capped: what the child must find at the scratch path is the cell's tmpfs.
+        *check = Check::Tmpfs(mb << 20);
+    }
+    mounts.push(scratch);
     if let Some(c) = &r.credential {
         mounts.push(role_bind(
             format!("{role}.credential"),
@@ -444,7 +467,7 @@ fn dev_and_tmp(r: &RoleConfig) -> Result<Vec<Mount>> {
             dst: under_root(d)?,
             dir: false,
             attrs: NOSUID | NOEXEC,
-            check: None,
+            check: Check::None,
             nofollow: true,
         });
     }
@@ -520,7 +543,7 @@ fn matrix_mounts(r: &RoleConfig) -> Result<Vec<Mount>> {
         dst: cstr(NEWROOT)?,
         dir: true,
         attrs: RDONLY | NOSUID | NODEV,
-        check: None,
+        check: Check::None,
         nofollow: false,
     }];
     let mut targets = vec![(r.scratch.clone(), "mode=1777")];
@@ -755,7 +778,7 @@ mod tests {
             // device path is never followed through a symlink.
             assert_eq!(*attrs, NOSUID | NOEXEC);
             assert!(*nofollow);
-            assert!(check.is_none());
+            assert_eq!(*check, Check::None);
         }
         let freeze = d.iter().position(|x| x == "freeze /dev").expect("freeze");
         let last_dev =

@@ -21,7 +21,7 @@ install -m 0644 "$REPO/tests/vm/limits-role.py" /usr/local/share/sealnode-limits
 CG=/sys/fs/cgroup/system.slice/sealnode.service
 since() { journalctl -u sealnode --since "$T0" --no-pager; }
 # A config: the stand-in engine, the limits role in MODE, and the limits given (TOML lines).
-config() {  # MODE NODE_LIMITS [CELL_EXTRA]
+config() {  # MODE NODE_LIMITS [CELL_EXTRA] [NODE_EXTRA]
   cat > /etc/sealnode/sealnode.toml <<TOML
 schema = 1
 [cell]
@@ -49,6 +49,7 @@ scratch = "/var/lib/sealnode/node"
 ro_binds = [{ src = "$PYCOPY", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$VENV" }, { src = "/usr/local/share/sealnode-limits", dst = "/opt/limits" }]
 restart = "on-failure"
 limits = { $2 }
+${4:-}
 TOML
 }
 status() { /usr/bin/sealnode ctl status > /tmp/status.json && "$VENV/bin/python" -c "$1" /tmp/status.json; }
@@ -119,6 +120,20 @@ share=$(awk -v du=$((u1 - u0)) -v dt=$(((t1 - t0) / 1000)) 'BEGIN { printf "%.3f
 echo "info: the CPU hog used $share CPU (cpu_max 0.5)"
 check "the CPU hog is throttled to cpu_max (used $share CPU)" awk -v s="$share" 'BEGIN { exit !(s <= 0.55) }'
 check "cpu.stat counts throttled periods" sh -c "[ \$(awk '\$1 == \"nr_throttled\" {print \$2}' $CG/node/cpu.stat) -gt 0 ]"
+stop
+
+# 3b. A capped scratch: the node fills it and gets ENOSPC at scratch_max_mb; the host's disk
+#     is untouched (the tmpfs is the cell's, in memory, charged to the node's leaf).
+config fill "memory_max_mb = 96" "" "scratch_max_mb = 8"
+free0=$(df --output=avail -k /var/lib/sealnode | tail -1)
+start || bad "start (fill)"
+check "filling scratch stops at scratch_max_mb with ENOSPC" wait_log 120 "scratch full after [0-8] MiB.*No space left"
+free1=$(df --output=avail -k /var/lib/sealnode | tail -1)
+check "the host filesystem's free space is unchanged (before $free0 KiB, after $free1 KiB)" \
+  test $((free0 - free1)) -lt 1024
+check "the host's scratch dir got nothing" sh -c "[ -z \"\$(ls -A /var/lib/sealnode/node)\" ]"
+shmem=$(awk '$1 == "shmem" {print $2}' $CG/node/memory.stat)
+check "the tmpfs is charged to the node's leaf (memory.stat shmem $shmem >= 7 MiB)" test "$shmem" -ge $((7 * 1024 * 1024))
 stop
 
 # 4. By hand as root: cell.cgroup names the cell's cgroup; sealnode moves itself into its
