@@ -138,8 +138,15 @@ fn place(cfg: &Config) -> Place {
 pub fn delegated() -> Option<PathBuf> {
     let own = own_cgroup()?;
     let here = Path::new(MOUNT).join(own.trim_start_matches('/'));
+    // Delegated to *us*: systemd chowns a unit's delegated cgroup to its User= (root's stays
+    // root's); a mark another user set on a cgroup of their own is not (found by review).
+    let euid = nix::unistd::geteuid().as_raw();
+    let ours = |p: &Path| nix::sys::stat::stat(p).is_ok_and(|st| st.st_uid == euid);
     let marked = |p: &Path| {
-        ["user.delegate", "trusted.delegate"].iter().any(|x| crate::sys::getxattr(p, x).is_some_and(|v| v == b"1"))
+        ours(p)
+            && ["user.delegate", "trusted.delegate"]
+                .iter()
+                .any(|x| crate::sys::getxattr(p, x).is_some_and(|v| v == b"1"))
             && writable(&p.join("cgroup.subtree_control"))
             && writable(&p.join("cgroup.procs"))
     };
@@ -167,36 +174,90 @@ pub fn check(cfg: &Config) -> Result<Option<PathBuf>> {
             None if cfg.cell.cgroup.is_some() => Err(refuse(cfg, "cell.cgroup", &why, &fix)),
             None => Ok(None),
         },
-        Place::Delegated(root) | Place::Configured(root) => {
-            // By hand the cell's cgroup may not exist yet: its nearest existing ancestor says
-            // what the host offers.
-            let mut at = root.as_path();
-            while !at.join("cgroup.controllers").exists() {
-                at = at.parent().unwrap_or(Path::new(MOUNT));
-                if at == Path::new(MOUNT) {
-                    break;
-                }
+        Place::Configured(root) => {
+            configured_ok(cfg, &root)?;
+            controllers_ok(cfg, root)
+        }
+        Place::Delegated(root) => controllers_ok(cfg, root),
+    }
+}
+
+/// `cell.cgroup` must be the cell's own: not while the unit delegates one, not a systemd
+/// unit's or slice's cgroup, not in use, and every existing dir on the way sealnode's own (or
+/// root's) and writable by no one else: cgroup v2 lets whoever may write a common ancestor's
+/// cgroup.procs move the roles out of their leaves (found by review).
+fn configured_ok(cfg: &Config, root: &Path) -> Result<()> {
+    let bad = |why: String, fix: &str| Err(Error::config(&cfg.file, "cell.cgroup", format!("{why}; {fix}")));
+    if delegated().is_some() {
+        return bad(
+            "sealnode runs in a cgroup its unit delegated to it".into(),
+            "remove cell.cgroup (it is for runs by hand; under the unit the unit's cgroup is used)",
+        );
+    }
+    if root.extension().is_some_and(|e| e == "slice" || e == "service" || e == "scope") {
+        return bad(
+            format!("{} is a systemd unit's cgroup", root.display()),
+            "name a cgroup of sealnode's own, e.g. \"sealnode/node1\"",
+        );
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    let mut at = PathBuf::from(MOUNT);
+    let rel = root.strip_prefix(MOUNT).unwrap_or(root).to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match nix::sys::stat::stat(&at) {
+            Ok(st) if (st.st_uid != euid && st.st_uid != 0) || st.st_mode & 0o022 != 0 => {
+                return bad(
+                    format!(
+                        "{} belongs to uid {} (mode {:o}): another user could move the roles out of their limits",
+                        at.display(),
+                        st.st_uid,
+                        st.st_mode & 0o7777
+                    ),
+                    "use a cgroup path that only root or sealnode's user owns",
+                );
             }
-            let have = read(&at.join("cgroup.controllers")).unwrap_or_default();
-            for ctl in CONTROLLERS {
-                if !have.split_whitespace().any(|c| c == ctl) {
-                    if let Some(field) = first_limit(cfg, Some(ctl)) {
-                        return Err(refuse(
-                            cfg,
-                            &field,
-                            &format!(
-                                "the {ctl} controller is not available in {} (cgroup.controllers: {have})",
-                                at.display()
-                            ),
-                            "enable it in the parent's cgroup.subtree_control (systemd delegates memory, pids, cpu \
-                             and io to a unit with Delegate=yes)",
-                        ));
-                    }
-                }
-            }
-            Ok(Some(root))
+            Ok(_) => {}
+            Err(_) => break,
         }
     }
+    let procs = read(&root.join("cgroup.procs")).unwrap_or_default();
+    let me = std::process::id().to_string();
+    if procs.lines().any(|p| p != me) {
+        return bad(
+            format!("{} already holds processes", root.display()),
+            "name a cgroup of sealnode's own, e.g. \"sealnode/node1\"",
+        );
+    }
+    Ok(())
+}
+
+/// The controllers the configured limits need are offered where the cell's cgroup is.
+fn controllers_ok(cfg: &Config, root: PathBuf) -> Result<Option<PathBuf>> {
+    // By hand the cell's cgroup may not exist yet: its nearest existing ancestor says
+    // what the host offers.
+    let mut at = root.as_path();
+    while !at.join("cgroup.controllers").exists() {
+        at = at.parent().unwrap_or(Path::new(MOUNT));
+        if at == Path::new(MOUNT) {
+            break;
+        }
+    }
+    let have = read(&at.join("cgroup.controllers")).unwrap_or_default();
+    for ctl in CONTROLLERS {
+        if !have.split_whitespace().any(|c| c == ctl) {
+            if let Some(field) = first_limit(cfg, Some(ctl)) {
+                return Err(refuse(
+                    cfg,
+                    &field,
+                    &format!("the {ctl} controller is not available in {} (cgroup.controllers: {have})", at.display()),
+                    "enable it in the parent's cgroup.subtree_control (systemd delegates memory, pids, cpu \
+                             and io to a unit with Delegate=yes)",
+                ));
+            }
+        }
+    }
+    Ok(Some(root))
 }
 
 impl Tree {
@@ -205,7 +266,17 @@ impl Tree {
     pub fn setup(cfg: &Config) -> Result<Option<Tree>> {
         let Some(root) = check(cfg)? else { return Ok(None) };
         if let Place::Configured(_) = place(cfg) {
-            make_path(&root)?;
+            make_path(&root).map_err(|e| {
+                Error::config(
+                    &cfg.file,
+                    "cell.cgroup",
+                    format!(
+                        "cannot make {}: {e}; name a cgroup sealnode's user may manage (as root e.g. \"sealnode/node1\"; \
+                         rootless, one under your own delegated user@UID.service)",
+                        root.display()
+                    ),
+                )
+            })?;
         }
         let sup = root.join(SUPERVISOR_LEAF);
         let own = Path::new(MOUNT).join(own_cgroup().unwrap_or_default().trim_start_matches('/'));
@@ -231,18 +302,7 @@ impl Tree {
         let mut leaves = Vec::new();
         for role in Role::ALL {
             let path = root.join(role.name());
-            mkdir(&path)?;
-            let procs = read(&path.join("cgroup.procs")).unwrap_or_default();
-            if !procs.is_empty() {
-                return Err(Error::io(
-                    format!(
-                        "{}: processes of an earlier run are still there ({})",
-                        path.display(),
-                        procs.replace('\n', " ")
-                    ),
-                    std::io::Error::from_raw_os_error(libc::EBUSY),
-                ));
-            }
+            fresh_leaf(&path)?;
             let limits = cfg.limits(role);
             let written = write_limits(cfg, role, &path, &limits, &controllers)?;
             let dir = nix::fcntl::open(&path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
@@ -318,6 +378,28 @@ fn keyed(p: &Path) -> BTreeMap<String, u64> {
             Some((w.next()?.to_string(), w.next()?.parse().ok()?))
         })
         .collect()
+}
+
+/// A new, empty leaf: one left by an earlier run (a kill -9) is removed first, so no limit or
+/// counter of it survives (found by review: its memory.max stayed, its OOM kills were
+/// reported as this run's). A leaf still in use (a process in it or below it, a child
+/// cgroup: another run, or someone's) refuses the start.
+fn fresh_leaf(p: &Path) -> Result<()> {
+    match std::fs::remove_dir(p) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(Error::io(
+                format!(
+                    "{} is in use (processes or child cgroups in it: another sealnode run, or not sealnode's); \
+                     stop that or remove it",
+                    p.display()
+                ),
+                e,
+            ))
+        }
+    }
+    std::fs::create_dir(p).map_err(|e| Error::io(format!("mkdir {}", p.display()), e))
 }
 
 fn mkdir(p: &Path) -> Result<()> {

@@ -101,6 +101,9 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
         "ok: filling scratch stops at scratch_max_mb with ENOSPC",
         "ok: the host's scratch dir got nothing",
         "ok: rootless: the node's leaf has pids.max 24 and the bomb stopped there",
+        "ok: by hand after a kill -9: the old leaf's memory.max is gone, no false OOM report",
+        "ok: by hand: a leaf still in use refuses the next run, naming it",
+        "ok: by hand: cell.cgroup under another user's cgroup is refused",
     ] {
         assert!(text.contains(needed), "guest: missing {needed:?}:\n{text}");
     }

@@ -24,6 +24,14 @@ fn run_sandboxed(config: &Path, role: Role, argv: Vec<String>, program: Option<P
     let inv = Invoker::current();
     let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
     let mut plan = Plan::build(&cfg, role, &inv, Some(argv), program).map_err(Failure::setup)?;
+    let limited: Vec<String> = sealnode::config::Role::ALL
+        .iter()
+        .filter(|r| **r == role && !cfg.limits(**r).set_fields().is_empty())
+        .map(|r| format!("{r}.limits"))
+        .collect();
+    if !limited.is_empty() {
+        eprintln!("sealnode: note: {} not applied: exec and probe run outside the cell's cgroups", limited.join(", "));
+    }
     // No cell holds a capped scratch here: the sandbox gets a fresh one of the cap's size.
     plan.fresh_capped_scratch().map_err(Failure::setup)?;
     let sb = sandbox::spawn(&plan).map_err(Failure::setup)?;

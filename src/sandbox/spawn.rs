@@ -104,6 +104,19 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
             match frame? {
                 Some(Frame::Ok(pid)) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid as libc::pid_t),
                 Some(f) => match f.failure::<Enter>() {
+                    // Into the role's cgroup leaf: name it, not the namespaces (found by review).
+                    Some(Ok(Failure { step: Enter::CloneRole, errno, .. }))
+                        if cell.cgroups.as_ref().is_some_and(|t| t.dir(plan.role).is_some()) =>
+                    {
+                        Err(Error::Setup {
+                            step: Enter::CloneRole.name(),
+                            detail: format!(
+                                "{} role: clone3 into its cgroup leaf (removed, or not writable?)",
+                                plan.role
+                            ),
+                            errno,
+                        })
+                    }
                     Some(Ok(Failure { step, errno, .. })) => {
                         let (what, fix) = namespaces::explain_userns_failure(errno);
                         Err(Error::Unsupported { what: format!("entering the cell ({}): {what}", step.name()), fix })
