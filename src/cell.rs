@@ -93,6 +93,8 @@ pub struct Cell {
     mntns: Option<OwnedFd>,
     /// Role ids are separate host users (the wipe clears supplementary groups then).
     rootful: bool,
+    /// The capped scratch dirs, each a tmpfs in `mntns`.
+    scratch: Vec<Scratch>,
     /// Supervisor's end of the SOCK_SEQPACKET pair to the cell init.
     ctl: OwnedFd,
     /// One listener per egress upstream, inside the node's netns, non-blocking.
@@ -109,6 +111,7 @@ pub struct Cell {
 /// A capped scratch: the tmpfs the cell init mounts over `path` in the cell's mount namespace.
 #[derive(Debug, Clone)]
 pub struct Scratch {
+    pub role: Role,
     pub path: std::ffi::CString,
     pub mb: u64,
     pub uid: u32,
@@ -277,7 +280,7 @@ impl Cell {
             if let Some(mb) = cfg.role(*role).scratch_max_mb {
                 let path = std::ffi::CString::new(cfg.role(*role).scratch.as_os_str().as_encoded_bytes())
                     .map_err(|_| Error::config(&cfg.file, format!("{role}.scratch"), "contains a NUL byte"))?;
-                scratch.push(Scratch { path, mb, uid: id.uid, gid: id.gid });
+                scratch.push(Scratch { role: *role, path, mb, uid: id.uid, gid: id.gid });
             }
         }
         Cell::create(&ids, inv.rootful(), &egress, cfg.engine.port.map(|p| p as u16), &scratch, abi)
@@ -354,6 +357,7 @@ impl Cell {
             engine_netns,
             mntns,
             rootful,
+            scratch: scratch.to_vec(),
             ctl: sup,
             listeners,
             engine_listener,
@@ -397,6 +401,11 @@ pub enum WipeTarget<'a> {
 }
 
 impl Cell {
+    /// The cell's tmpfs over `role`'s scratch dir, when that scratch is capped.
+    pub fn capped_scratch(&self, role: Role) -> Option<&std::ffi::CStr> {
+        self.scratch.iter().find(|s| s.role == role).map(|s| s.path.as_c_str())
+    }
+
     /// Empty a role's scratch (crate::wipe) in a short-lived child that joins the cell's user
     /// namespace (and its mount namespace for a capped scratch) and becomes the role's own
     /// ids there: it can remove whatever the role could have left, and nothing else (a file

@@ -69,15 +69,11 @@ fn refuse(cfg: &Config, field: &str, why: &str, fix: &str) -> Error {
 /// The first configured limit that needs `controller` (or any controller, for None), with its
 /// config field as the operator wrote it (the role's own or `cell.limits`).
 fn first_limit(cfg: &Config, controller: Option<&str>) -> Option<String> {
-    for role in Role::ALL {
-        for (field, ctl) in cfg.limits(role).set_fields() {
-            if controller.is_none_or(|c| c == ctl) {
-                let own = cfg.role(role).limits.set_fields().iter().any(|(f, _)| *f == field);
-                return Some(if own { format!("{role}.limits.{field}") } else { format!("cell.limits.{field}") });
-            }
-        }
-    }
-    None
+    Role::ALL.iter().find_map(|role| {
+        let (field, _) =
+            cfg.limits(*role).set_fields().into_iter().find(|(_, c)| controller.is_none_or(|w| w == *c))?;
+        Some(cfg.limit_field(*role, field))
+    })
 }
 
 /// sealnode's own cgroup v2 path ("/system.slice/sealnode.service/supervisor").
@@ -286,19 +282,7 @@ impl Tree {
             // process itself, and the cell init and roles fork from here.
             write(&sup.join("cgroup.procs"), &std::process::id().to_string())?;
         }
-        let have =
-            read(&root.join("cgroup.controllers")).map_err(|e| Error::io(format!("read {}", root.display()), e))?;
-        let controllers: Vec<String> =
-            CONTROLLERS.iter().filter(|c| have.split_whitespace().any(|h| h == **c)).map(|c| c.to_string()).collect();
-        let enabled = read(&root.join("cgroup.subtree_control")).unwrap_or_default();
-        let missing: Vec<String> = controllers
-            .iter()
-            .filter(|c| !enabled.split_whitespace().any(|e| e == c.as_str()))
-            .map(|c| format!("+{c}"))
-            .collect();
-        if !missing.is_empty() {
-            write(&root.join("cgroup.subtree_control"), &missing.join(" "))?;
-        }
+        let controllers = enable(&root)?;
         let mut leaves = Vec::new();
         for role in Role::ALL {
             let path = root.join(role.name());
@@ -410,21 +394,30 @@ fn mkdir(p: &Path) -> Result<()> {
     }
 }
 
+/// Enable, for `at`'s children, each of sealnode's controllers `at` offers (writing only the
+/// missing ones); returns the controllers the children get.
+fn enable(at: &Path) -> Result<Vec<String>> {
+    let have = read(&at.join("cgroup.controllers")).map_err(|e| Error::io(format!("read {}", at.display()), e))?;
+    let enabled = read(&at.join("cgroup.subtree_control")).unwrap_or_default();
+    let offered: Vec<String> =
+        CONTROLLERS.iter().filter(|c| have.split_whitespace().any(|h| h == **c)).map(|c| c.to_string()).collect();
+    let missing: Vec<String> = offered
+        .iter()
+        .filter(|c| !enabled.split_whitespace().any(|e| e == c.as_str()))
+        .map(|c| format!("+{c}"))
+        .collect();
+    if !missing.is_empty() {
+        write(&at.join("cgroup.subtree_control"), &missing.join(" "))?;
+    }
+    Ok(offered)
+}
+
 /// `cell.cgroup` and the dirs above it, each with the controllers enabled for the next.
 fn make_path(root: &Path) -> Result<()> {
     let rel = root.strip_prefix(MOUNT).unwrap_or(root);
     let mut at = PathBuf::from(MOUNT);
     for c in rel.components() {
-        let have = read(&at.join("cgroup.controllers")).unwrap_or_default();
-        let enabled = read(&at.join("cgroup.subtree_control")).unwrap_or_default();
-        let missing: Vec<String> = CONTROLLERS
-            .iter()
-            .filter(|c| have.split_whitespace().any(|h| h == **c) && !enabled.split_whitespace().any(|e| e == **c))
-            .map(|c| format!("+{c}"))
-            .collect();
-        if !missing.is_empty() {
-            write(&at.join("cgroup.subtree_control"), &missing.join(" "))?;
-        }
+        enable(&at)?;
         at.push(c);
         mkdir(&at)?;
     }
@@ -476,7 +469,7 @@ fn write_limits(
         if st.st_mode & libc::S_IFMT != libc::S_IFBLK {
             return Err(Error::config(
                 &cfg.file,
-                format!("{role}.limits.io_max"),
+                cfg.limit_field(role, "io_max"),
                 format!("{} is not a block device", io.device.display()),
             ));
         }
@@ -495,7 +488,7 @@ fn write_limits(
         if let Err(e) = std::fs::write(&p, &value) {
             return Err(Error::config(
                 &cfg.file,
-                format!("{role}.limits.{field}"),
+                cfg.limit_field(role, field),
                 format!("cannot be enforced here: writing {value:?} to {} failed: {e}", p.display()),
             ));
         }

@@ -719,23 +719,7 @@ impl Config {
         }
         // Each field is reported where it is written: the role's own or the cell's default.
         let l = self.limits(role);
-        let at = |k: &str| {
-            let own = match k {
-                "memory_max_mb" => r.limits.memory_max_mb.is_some(),
-                "memory_high_mb" => r.limits.memory_high_mb.is_some(),
-                "memory_swap_max_mb" => r.limits.memory_swap_max_mb.is_some(),
-                "pids_max" => r.limits.pids_max.is_some(),
-                "cpu_max" => r.limits.cpu_max.is_some(),
-                "cpu_weight" => r.limits.cpu_weight.is_some(),
-                "io_weight" => r.limits.io_weight.is_some(),
-                _ => !r.limits.io_max.is_empty(),
-            };
-            if own {
-                format!("{role}.limits.{k}")
-            } else {
-                format!("cell.limits.{k}")
-            }
-        };
+        let at = |k: &str| self.limit_field(role, k);
         if let Some(m) = l.memory_max_mb {
             if !(16..=16 * 1024 * 1024).contains(&m) {
                 return Err(self.err(at("memory_max_mb"), "must be between 16 and 16777216 (MiB)"));
@@ -775,6 +759,15 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Where limit `field` of `role` is written: the role's own `limits`, else `cell.limits`.
+    pub fn limit_field(&self, role: Role, field: &str) -> String {
+        if self.role(role).limits.set_fields().iter().any(|(f, _)| *f == field) {
+            format!("{role}.limits.{field}")
+        } else {
+            format!("cell.limits.{field}")
+        }
     }
 
     /// A role's limits in force: its own fields, else the cell's.

@@ -647,12 +647,8 @@ impl Supervisor {
     /// Empty `role`'s scratch as the role itself, inside the cell (cell::Cell::wipe).
     fn wipe(&self, role: Role) -> std::result::Result<(), Errno> {
         let ids = self.cfg.role_ids(role, &self.inv).map_err(|_| Errno::EINVAL)?;
-        let target = match self.cfg.role(role).scratch_max_mb {
-            Some(_) => {
-                let path = std::ffi::CString::new(self.cfg.role(role).scratch.as_os_str().as_encoded_bytes())
-                    .map_err(|_| Errno::EINVAL)?;
-                return self.cell.wipe(crate::cell::WipeTarget::Tmpfs(&path), ids, &mut || self.tick());
-            }
+        let target = match self.cell.capped_scratch(role) {
+            Some(path) => crate::cell::WipeTarget::Tmpfs(path),
             None => crate::cell::WipeTarget::Dir(self.slots[role as usize].scratch.as_fd()),
         };
         self.cell.wipe(target, ids, &mut || self.tick())
@@ -1144,13 +1140,9 @@ fn lock_dir(
 fn open_scratch(cfg: &Config, inv: &Invoker, role: Role) -> Result<std::os::fd::OwnedFd> {
     let dir = &cfg.role(role).scratch;
     let field = format!("{role}.scratch");
-    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::config(&cfg.file, &field, "contains a NUL byte"))?;
-    let raw = crate::sys::walk_no_symlinks(&path).map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
-    // SAFETY: walk_no_symlinks returned an fd we now own.
     // O_PATH: no read permission needed here (the unit has no CAP_DAC_OVERRIDE and the dir is
     // the role's, mode 0700); the wipe opens it for reading as the role itself.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let fd = crate::sys::open_path_no_symlinks(dir).map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
     let st = nix::sys::stat::fstat(&fd).map_err(|e| Error::errno(format!("stat {}", dir.display()), e))?;
     let ids = cfg.role_ids(role, inv)?;
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != ids.uid || st.st_mode & 0o022 != 0 {

@@ -16,6 +16,20 @@ const CASES: [(&str, &str, &str); 4] = [
     ("cell", "cgroup = \"sealnode-test\"", "cell.cgroup"),
 ];
 
+/// A fixture (roles that sleep) with `line` added to the `[engine]`, `[node]` or `[cell]` table.
+fn with_line(mode: Mode, name: &str, at: &str, line: &str) -> Fixture {
+    let mut f = Fixture::new(mode, name);
+    f.engine_cmd = "[\"/usr/bin/busybox\", \"sleep\", \"1000\"]".into();
+    f.node_cmd = f.engine_cmd.clone();
+    match at {
+        "engine" => f.engine_extra = line.into(),
+        "node" => f.node_extra = line.into(),
+        _ => f.cell_extra = line.into(),
+    }
+    f.write_config();
+    f
+}
+
 #[test]
 fn a_limit_the_host_cannot_enforce_refuses_the_start() {
     let hybrid = !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
@@ -25,15 +39,7 @@ fn a_limit_the_host_cannot_enforce_refuses_the_start() {
             if field == "cell.cgroup" && !hybrid {
                 continue;
             }
-            let mut f = Fixture::new(mode, "limits");
-            f.engine_cmd = "[\"/usr/bin/busybox\", \"sleep\", \"1000\"]".into();
-            f.node_cmd = f.engine_cmd.clone();
-            match at {
-                "engine" => f.engine_extra = line.into(),
-                "node" => f.node_extra = line.into(),
-                _ => f.cell_extra = line.into(),
-            }
-            f.write_config();
+            let f = with_line(mode, "limits", at, line);
             let cfg = f.config.display().to_string();
             let o = f.command(&["run", "--config", &cfg]).output_within(COMMAND_LIMIT);
             let err = String::from_utf8_lossy(&o.stderr);
@@ -77,13 +83,7 @@ fn bad_limits_are_config_errors_naming_the_field() {
         ("cell", "cgroup = \"../escape\"", "cell.cgroup", "relative to /sys/fs/cgroup"),
         ("node", "scratch_max_mb = 0", "node.scratch_max_mb", "between 1 and 1048576"),
     ] {
-        let mut f = Fixture::new(Mode::Rootless, "badlimits");
-        match at {
-            "engine" => f.engine_extra = line.into(),
-            "node" => f.node_extra = line.into(),
-            _ => f.cell_extra = line.into(),
-        }
-        f.write_config();
+        let f = with_line(Mode::Rootless, "badlimits", at, line);
         let cfg = f.config.display().to_string();
         let o = f.command(&["doctor", "--config", &cfg]).output_within(COMMAND_LIMIT);
         let err = String::from_utf8_lossy(&o.stderr);

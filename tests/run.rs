@@ -136,6 +136,14 @@ impl Running {
             }
         }
     }
+    /// Wait up to `secs` for `needle` in sealnode's stderr; fail with `what` and the log.
+    fn wait_stderr(&self, secs: u64, needle: &str, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !self.stderr().contains(needle) {
+            assert!(Instant::now() < deadline, "{what}: {}", self.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     fn stderr(&self) -> String {
         self.stderr.lock().expect("lock").0.clone()
     }
@@ -491,11 +499,7 @@ fn egress_is_bounded_and_idle_connections_close() {
         let n = report(&run.line(30, |l| l.contains("\"FRUTEBOX_ENGINE\"")));
         refused(&n, &format!("fetch:gw.test:{port}"), &[]);
         // The held connection goes idle and is closed after 5 s.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !run.stderr().contains("egress connection closed: idle") {
-            assert!(Instant::now() < deadline, "{mode:?}: idle connection not closed: {}", run.stderr());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        run.wait_stderr(30, "egress connection closed: idle", &format!("{mode:?}: idle connection not closed"));
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert!(err.contains("egress connection refused: limit reached"), "{mode:?}: {err}");
@@ -529,11 +533,7 @@ fn scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start() {
         }
         std::fs::set_permissions(scratch.join("a"), std::fs::Permissions::from_mode(0o500)).expect("chmod");
         let run = start(&f, &[]);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !run.stderr().contains("role started role=node") {
-            assert!(Instant::now() < deadline, "{mode:?}: the node did not start: {}", run.stderr());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        run.wait_stderr(30, "role started role=node", &format!("{mode:?}: the node did not start"));
         let left: Vec<_> = std::fs::read_dir(&scratch).expect("scratch").flatten().map(|e| e.file_name()).collect();
         assert!(left.is_empty(), "{mode:?}: not wiped before the start: {left:?}");
         let (code, _, err) = run.stop();
@@ -578,11 +578,7 @@ fn rootful_with_only_the_units_capabilities_wipes_and_stops_the_roles() {
         &[],
         "set -- /usr/bin/setpriv --bounding-set -all,+setuid,+setgid --inh-caps -all -- \"$@\"; ",
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !run.stderr().contains("role started role=node") {
-        assert!(Instant::now() < deadline, "the unit's capabilities did not start the cell: {}", run.stderr());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    run.wait_stderr(30, "role started role=node", "the unit's capabilities did not start the cell");
     assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0, "not wiped: {}", run.stderr());
     std::fs::write(scratch.join("root-file"), "x").expect("write");
     // The node ignores SIGTERM: the SIGKILL after the grace period needs no CAP_KILL either.
@@ -621,11 +617,7 @@ fn the_wipe_holds_against_swaps_deep_trees_odd_groups_and_mounts() {
         }
         chown(&p, Some(owner.0), Some(owner.1)).expect("chown");
         let run = start_in_shell(&f, &[], "ulimit -n 300; ");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !run.stderr().contains("role started role=node") {
-            assert!(Instant::now() < deadline, "{mode:?}: the deep tree stopped the start: {}", run.stderr());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        run.wait_stderr(60, "role started role=node", &format!("{mode:?}: the deep tree stopped the start"));
         assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0, "{mode:?}: not wiped");
         // Swap the dir for a symlink to a victim while the cell runs, then stop (a wipe).
         let victim = f.p("victim");
@@ -646,11 +638,7 @@ fn the_wipe_holds_against_swaps_deep_trees_odd_groups_and_mounts() {
         std::fs::write(scratch.join("left"), "x").expect("write");
         chown(scratch.join("left"), Some(NODE_IDS.0), Some(0)).expect("chown");
         let run = start(&f, &[]);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !run.stderr().contains("role started role=node") {
-            assert!(Instant::now() < deadline, "{mode:?}: group root refused the start: {}", run.stderr());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        run.wait_stderr(30, "role started role=node", &format!("{mode:?}: group root refused the start"));
         let _ = run.stop();
         chown(&scratch, Some(NODE_IDS.0), Some(NODE_IDS.1)).expect("chgrp back");
         // A bind mount inside scratch: refused, its contents untouched.
@@ -729,11 +717,7 @@ fn a_silently_dropped_egress_connect_times_out_and_says_why() {
         let node_extra = format!("egress = [{{ host = \"gw.test\", port = {port}, connect = \"127.0.0.1:{port}\" }}]");
         let f = cell(mode, "connecttimeout", HTTPD, &node_sh, &node_extra, "", "egress_connect_timeout_s = 2");
         let run = start(&f, &[]);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !run.stderr().contains("egress connect timed out") {
-            assert!(Instant::now() < deadline, "{mode:?}: the hung connect was not given up: {}", run.stderr());
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        run.wait_stderr(30, "egress connect timed out", &format!("{mode:?}: the hung connect was not given up"));
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert!(err.contains("IPAddressAllow="), "{mode:?}: the warning names the fix: {err}");

@@ -36,6 +36,14 @@ fn run_vm(script: &str, kernel: &str, deb: &Path, cache: &Path, out: &Path) -> (
     (o.status.success(), text)
 }
 
+/// A guest script passed: it exited 0, printed no FAIL line and every `needed` check line.
+fn passed(ok: bool, text: &str, needed: &[&str], what: &str) {
+    for n in needed {
+        assert!(text.contains(n), "{what} in the guest: missing {n:?}:\n{text}");
+    }
+    assert!(ok && !text.contains("FAIL:"), "{what} in the guest:\n{text}");
+}
+
 #[test]
 fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
     if !is_root() {
@@ -60,7 +68,7 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
     let out = tempfile::tempdir().expect("tmp");
 
     let (ok, text) = run_vm("tests/vm/unit.sh", "trixie", &deb, &cache, &out.path().join("unit"));
-    for needed in [
+    let needed = [
         "ok: systemctl start returns (after READY)",
         "ok: STATUS= text visible in systemctl show",
         "ok: a job round trip through the gateway stand-in",
@@ -75,10 +83,8 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
         "ok: rootless: a job round trip through the gateway stand-in",
         "ok: rootless: both roles run as user sealnode",
         "ok: rootless: scratch wiped",
-    ] {
-        assert!(text.contains(needed), "guest: missing {needed:?}:\n{text}");
-    }
-    assert!(ok && !text.contains("FAIL:"), "the unit in the guest:\n{text}");
+    ];
+    passed(ok, &text, &needed, "the unit");
     // The exposure scores the guest's own systemd gives the units, each held to what it is
     // today (tests/systemd.rs holds the host's offline scores; docs/operator-guide.md).
     for (unit, most) in [("sealnode.service", 3.3), ("sealnode-rootless.service", 2.5)] {
@@ -92,7 +98,7 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
 
     // Per-role cgroup limits, enforced (the host tests only see them refused: tests/limits.rs).
     let (ok, text) = run_vm("tests/vm/limits.sh", "trixie", &deb, &cache, &out.path().join("limits"));
-    for needed in [
+    let needed = [
         "ok: the node's hog is logged as an OOM kill with its limit",
         "ok: the node restarted and the engine answered it",
         "ok: the fork bomb stops at pids_max",
@@ -104,10 +110,8 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
         "ok: by hand after a kill -9: the old leaf's memory.max is gone, no false OOM report",
         "ok: by hand: a leaf still in use refuses the next run, naming it",
         "ok: by hand: cell.cgroup under another user's cgroup is refused",
-    ] {
-        assert!(text.contains(needed), "guest: missing {needed:?}:\n{text}");
-    }
-    assert!(ok && !text.contains("FAIL:"), "limits in the guest:\n{text}");
+    ];
+    passed(ok, &text, &needed, "limits");
 
     let (ok, text) = run_vm("tests/vm/old-kernel.sh", "bookworm", &deb, &cache, &out.path().join("old"));
     assert!(text.contains("guest: 6.1."), "not the 6.1 kernel:\n{text}");
