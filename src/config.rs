@@ -261,9 +261,10 @@ pub struct RoleConfig {
     /// Node only: upstreams reachable through the launcher (e.g. the gateway).
     #[serde(default)]
     pub egress: Vec<Egress>,
-    /// Engine only: how `run` decides the engine is ready before starting the node.
-    #[serde(default)]
-    pub ready: Ready,
+    /// Engine only: how `run` decides the engine is ready before starting the node
+    /// (unset: the default TCP check; [`RoleConfig::ready`]).
+    #[serde(default, rename = "ready")]
+    pub ready_set: Option<Ready>,
     /// cgroup v2 limits of this role (fields not set here come from `cell.limits`).
     #[serde(default)]
     pub limits: Limits,
@@ -273,6 +274,13 @@ pub struct RoleConfig {
     /// At most `burst` restarts within `interval_s`; one more stops the cell (exit 5).
     #[serde(default)]
     pub restart_limit: RestartLimit,
+}
+
+impl RoleConfig {
+    /// The engine's readiness check: as set, else the default (a TCP connect).
+    pub fn ready(&self) -> Ready {
+        self.ready_set.clone().unwrap_or_default()
+    }
 }
 
 /// What a role path on the host must be ([`Config::checked_role_path`]).
@@ -490,8 +498,7 @@ impl Config {
     /// Parse and check everything that needs no filesystem access.
     pub fn parse(text: &str, file: &Path) -> Result<Config> {
         // Check the schema first so a newer file gets the clearest message.
-        let probe: toml::Table = toml::from_str(text)
-            .map_err(|e| Error::config(file, toml_field(&e, text), e.message().trim().to_string()))?;
+        let probe: toml::Table = toml::from_str(text).map_err(|e| toml_error(file, text, e, None))?;
         match probe.get("schema") {
             None => return Err(Error::config(file, "schema", "missing; this build reads schema = 1")),
             Some(toml::Value::Integer(v)) if *v == i64::from(SCHEMA_VERSION) => {}
@@ -504,8 +511,11 @@ impl Config {
             }
             Some(v) => return Err(Error::config(file, "schema", format!("unsupported schema {v}; expected 1"))),
         }
-        let mut cfg: Config = toml::from_str(text)
-            .map_err(|e| Error::config(file, toml_field(&e, text), e.message().trim().to_string()))?;
+        let de = toml::Deserializer::parse(text).map_err(|e| toml_error(file, text, e, None))?;
+        let mut cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            toml_error(file, text, e.into_inner(), Some(path))
+        })?;
         cfg.file = file.to_path_buf();
         cfg.check_pure()?;
         Ok(cfg)
@@ -849,14 +859,20 @@ impl Config {
     fn check_role_ready(&self, role: Role) -> Result<()> {
         let r = self.role(role);
         let f = |k: &str| format!("{role}.{k}");
+        if role == Role::Node && r.ready_set.is_some() {
+            return Err(
+                self.err(f("ready"), "only the engine has a readiness check; the node starts once the engine is ready")
+            );
+        }
         if role == Role::Engine {
-            if r.ready.kind != "tcp" && r.ready.kind != "http" {
-                return Err(self.err(f("ready.kind"), format!("{:?}: expected \"tcp\" or \"http\"", r.ready.kind)));
+            let ready = r.ready();
+            if ready.kind != "tcp" && ready.kind != "http" {
+                return Err(self.err(f("ready.kind"), format!("{:?}: expected \"tcp\" or \"http\"", ready.kind)));
             }
-            if !r.ready.path.starts_with('/') || r.ready.path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            if !ready.path.starts_with('/') || ready.path.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 return Err(self.err(f("ready.path"), "must be an absolute URL path without spaces"));
             }
-            if r.ready.timeout_s == 0 || r.ready.timeout_s > 3600 {
+            if ready.timeout_s == 0 || ready.timeout_s > 3600 {
                 return Err(self.err(f("ready.timeout_s"), "must be between 1 and 3600"));
             }
         }
@@ -1108,41 +1124,43 @@ fn parse_user_spec(s: &str) -> std::result::Result<UserSpec, String> {
     Ok(UserSpec::Name(s.to_string()))
 }
 
-/// The field a toml error is about, with its line: "engine.colour (line 12)".
-fn toml_field(e: &toml::de::Error, text: &str) -> String {
+/// A TOML error as a config error: the field's path from the deserializer (`engine.port`,
+/// `engine.rlimits.nofile`, `node.egress[0].port`), the line the error points at, and the
+/// reason. Unknown and missing fields are named with their own path ("`.` is the top level").
+fn toml_error(file: &Path, text: &str, e: toml::de::Error, path: Option<String>) -> Error {
+    let msg = e.message().trim().to_string();
     let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-    // Walk back from the error to the nearest [table] header to name the section.
-    let section = e.span().and_then(|s| {
-        text[..s.start.min(text.len())]
-            .lines()
-            .rev()
-            .find_map(|l| l.trim().strip_prefix('[').and_then(|l| l.split(']').next()).map(str::to_string))
-    });
-    let key = e.span().map(|s| {
-        text[s.start.min(text.len())..s.end.min(text.len())]
-            .split(['=', '\n'])
-            .next()
-            .unwrap_or("")
-            .trim()
-            .trim_matches('"')
-            .to_string()
-    });
-    let mut name = match (section, key) {
-        (Some(sec), Some(k))
-            if !k.is_empty()
-                && !k.starts_with('[')
-                && k.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) =>
-        {
-            format!("{sec}.{k}")
+    // serde_path_to_error names the table an unknown or missing field is in; the field itself
+    // is in the message ("unknown field `engnie`, expected one of ...").
+    let named = |prefix: &str| msg.strip_prefix(prefix).and_then(|rest| rest.split('`').next()).map(str::to_string);
+    let table = path.filter(|p| p != ".");
+    // The path of an unknown field already ends in it; a missing field's ends at its table.
+    let join = |k: &str| match &table {
+        Some(t) if t == k || t.ends_with(&format!(".{k}")) => t.clone(),
+        Some(t) => format!("{t}.{k}"),
+        None => k.to_string(),
+    };
+    let (mut field, reason) = if let Some(k) = named("unknown field `") {
+        let expected = msg
+            .split_once(", expected ")
+            .map(|(_, x)| x.trim_start_matches("one of ").replace('`', ""))
+            .unwrap_or_default();
+        let hint = if expected.is_empty() { String::new() } else { format!(" (expected {expected})") };
+        (join(&k), format!("unknown field{hint}; check the spelling and the table it is in (docs/config.md)"))
+    } else if let Some(k) = named("missing field `") {
+        (join(&k), "missing; this field is required (docs/config.md)".to_string())
+    } else {
+        match &table {
+            Some(t) => (t.clone(), msg),
+            None if e.span().is_some() => ("(syntax)".to_string(), msg),
+            None => ("(file)".to_string(), msg),
         }
-        (Some(sec), _) => sec,
-        (None, Some(k)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) => k,
-        _ => "(syntax)".to_string(),
     };
     if let Some(l) = line {
-        name.push_str(&format!(" (line {l})"));
+        let at = if reason.starts_with("missing") { "in the table at line" } else { "line" };
+        field.push_str(&format!(" ({at} {l})"));
     }
-    name
+    Error::config(file, field, reason)
 }
 
 #[cfg(test)]

@@ -90,7 +90,16 @@ pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
 
 /// `sealnode ctl`: send one request, return the response.
 pub fn client(path: &Path, cmd: &str) -> Result<Value> {
-    let mut s = UnixStream::connect(path).map_err(|e| Error::io(format!("connect {}", path.display()), e))?;
+    let mut s = UnixStream::connect(path).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                " (is `sealnode run` running with this config? `systemctl status sealnode` says)"
+            }
+            std::io::ErrorKind::PermissionDenied => " (only root and cell.control_uids may use it)",
+            _ => "",
+        };
+        Error::io(format!("connect {}{hint}", path.display()), e)
+    })?;
     // A refused peer is answered at once, without its request being read: the write may then
     // fail (EPIPE) while the answer is already waiting to be read.
     let sent = s.write_all(format!("{}\n", json!({ "cmd": cmd })).as_bytes());

@@ -101,6 +101,9 @@ struct ReadyCheck {
     buf: Vec<u8>,
     next_try: Instant,
     deadline: Instant,
+    /// What the last try saw ("connection refused", "HTTP/1.1 503 Service Unavailable"), for
+    /// the timeout's message.
+    last: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -695,13 +698,14 @@ impl Supervisor {
     }
 
     fn begin_ready_check(&mut self) {
-        let timeout = Duration::from_secs(self.cfg.engine.ready.timeout_s);
+        let timeout = Duration::from_secs(self.cfg.engine.ready().timeout_s);
         self.ready_check = Some(ReadyCheck {
             fd: None,
             step: ReadyStep::Connecting,
             buf: Vec::new(),
             next_try: Instant::now(),
             deadline: Instant::now() + timeout,
+            last: "no answer yet".to_string(),
         });
     }
 
@@ -712,7 +716,10 @@ impl Supervisor {
         let Ok(fd) = self.cell.engine_socket() else { return };
         match connect(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))) {
             Ok(()) | Err(Errno::EINPROGRESS) => {}
-            Err(_) => return,
+            Err(e) => {
+                p.last = format!("connect: {}", e.desc());
+                return;
+            }
         }
         if self.epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLOUT, TOKEN_READY)).is_ok() {
             p.step = ReadyStep::Connecting;
@@ -730,14 +737,22 @@ impl Supervisor {
     }
 
     fn advance_ready_check(&mut self) {
-        let http = self.cfg.engine.ready.kind == "http";
-        let path = self.cfg.engine.ready.path.clone();
+        let http = self.cfg.engine.ready().kind == "http";
+        let path = self.cfg.engine.ready().path.clone();
         let Some(p) = self.ready_check.as_mut() else { return };
         let Some(fd) = p.fd.as_ref() else { return };
         match p.step {
             ReadyStep::Connecting => {
-                if !matches!(getsockopt(fd, sockopt::SocketError), Ok(0)) {
-                    return self.ready_check_failed();
+                match getsockopt(fd, sockopt::SocketError) {
+                    Ok(0) => {}
+                    Ok(e) => {
+                        p.last = format!("connect: {}", Errno::from_raw(e).desc());
+                        return self.ready_check_failed();
+                    }
+                    Err(e) => {
+                        p.last = format!("connect: {}", e.desc());
+                        return self.ready_check_failed();
+                    }
                 }
                 if !http {
                     return self.engine_ready();
@@ -752,7 +767,10 @@ impl Supervisor {
             ReadyStep::Reading => {
                 let mut b = [0u8; 512];
                 match nix::unistd::read(fd, &mut b) {
-                    Ok(0) | Err(_) => return self.ready_check_failed(),
+                    Ok(0) | Err(_) => {
+                        p.last = "the connection closed before an HTTP status line".to_string();
+                        return self.ready_check_failed();
+                    }
                     Ok(n) => p.buf.extend_from_slice(&b[..n]),
                 }
                 if let Some(end) = p.buf.windows(2).position(|w| w == b"\r\n") {
@@ -761,9 +779,11 @@ impl Supervisor {
                         return self.engine_ready();
                     }
                     tracing::debug!(status = %line, "engine not ready yet");
+                    p.last = format!("answered {:?}", line.chars().take(120).collect::<String>());
                     return self.ready_check_failed();
                 }
                 if p.buf.len() > 4096 {
+                    p.last = "answered 4 KiB without an HTTP status line".to_string();
                     self.ready_check_failed();
                 }
             }
@@ -1063,12 +1083,21 @@ impl Supervisor {
         }
         if let Some(p) = &self.ready_check {
             if p.deadline <= now {
-                let secs = self.cfg.engine.ready.timeout_s;
-                tracing::error!(timeout_s = secs, "engine not ready in time");
+                let ready = self.cfg.engine.ready();
+                let what = match ready.kind.as_str() {
+                    "http" => format!(
+                        "GET http://127.0.0.1:{}{} answering 200",
+                        self.cfg.engine.port.unwrap_or(0),
+                        ready.path
+                    ),
+                    _ => format!("a TCP connect to 127.0.0.1:{}", self.cfg.engine.port.unwrap_or(0)),
+                };
+                tracing::error!(timeout_s = ready.timeout_s, last = %p.last, "engine not ready in time");
                 eprintln!(
-                    "sealnode: the engine did not become ready within {secs} s ({} check on 127.0.0.1:{})",
-                    self.cfg.engine.ready.kind,
-                    self.cfg.engine.port.unwrap_or(0)
+                    "sealnode: the engine did not become ready within {} s ({what}); last try: {}\n  \
+                     next: check the engine's own output above (a model still loading needs a larger \
+                     engine.ready.timeout_s; a wrong engine.port or --port never answers)",
+                    ready.timeout_s, p.last
                 );
                 self.begin_stop(exit::NOT_READY, After::Exit);
             } else if p.fd.is_none() && p.next_try <= now {

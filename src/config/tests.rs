@@ -373,3 +373,82 @@ fn host_own_dirs_must_not_be_writable_by_others() {
     assert_eq!(field, "cell.state_dir");
     assert!(reason.contains("symlink"), "{reason}");
 }
+
+/// The whole message an operator reads, for each type error the issue "Operators' daily life"
+/// quoted with a guessed field: now the deserializer's own path, with the line.
+#[test]
+fn type_errors_name_the_field_path() {
+    let msg = |text: &str| parse(text).map(|_| ()).expect_err("must be refused").to_string();
+    let f = "/etc/sealnode/test.toml";
+    // GOOD's lines: 2 schema, 3 [cell], 6 [engine], 7 command, 8 port, 13 [node], 19 ro_binds.
+    assert_eq!(
+        msg(&with("port = 8080", "port = \"8080\"")),
+        format!("{f}: engine.port (line 8): invalid type: string \"8080\", expected u32")
+    );
+    assert_eq!(
+        msg(&with("[cell]\n", "[cell]\nstop_timeout_s = \"10\"\n")),
+        format!("{f}: cell.stop_timeout_s (line 4): invalid type: string \"10\", expected u64")
+    );
+    assert_eq!(
+        msg(&with("port = 8080", "port = 8080\nmodels_writable = \"yes\"")),
+        format!("{f}: engine.models_writable (line 9): invalid type: string \"yes\", expected a boolean")
+    );
+    assert_eq!(
+        msg(&with("port = 8080", "port = 8080\nrestart = \"sometimes\"")),
+        format!(
+            "{f}: engine.restart (line 9): unknown variant `sometimes`, expected one of `no`, `on-failure`, `always`"
+        )
+    );
+    assert_eq!(
+        msg(&with("scratch = \"/var/lib/sealnode/engine\"\n", "")),
+        format!("{f}: engine.scratch (in the table at line 6): missing; this field is required (docs/config.md)")
+    );
+    assert_eq!(
+        msg(&with("[node]", "[engine.rlimits]\nnofile = \"many\"\n[node]")),
+        format!("{f}: engine.rlimits.nofile (line 14): invalid type: string \"many\", expected u64")
+    );
+    assert_eq!(
+        msg(&with("[node]", "[engine.rlimits]\nnofiles = 10\n[node]")),
+        format!(
+            "{f}: engine.rlimits.nofiles (line 14): unknown field (expected nofile, nproc, fsize_mb, memlock_kb); \
+             check the spelling and the table it is in (docs/config.md)"
+        )
+    );
+    let top = msg(&format!("{GOOD}\n[engnie]\nport = 1\n"));
+    assert!(
+        top.starts_with(&format!("{f}: engnie (line 21): unknown field (expected schema, cell, engine, node)")),
+        "{top}"
+    );
+    assert_eq!(
+        msg(&with("ro_binds = [{ src = \"/opt/venv\" }]", "ro_binds = [{ src = \"/opt/venv\", exec = 1 }]")),
+        format!("{f}: node.ro_binds[0].exec (line 19): invalid type: integer `1`, expected a boolean")
+    );
+    assert_eq!(msg("schema = 1\n[cell\n"), format!("{f}: (syntax) (line 2): unclosed table, expected `]`"));
+}
+
+/// A field only one role has, set in the other role, is refused (never silently ignored).
+#[test]
+fn role_only_fields_in_the_wrong_role_are_refused() {
+    let node = |line: &str| {
+        bad(&with("scratch = \"/var/lib/sealnode/node\"", &format!("scratch = \"/var/lib/sealnode/node\"\n{line}")))
+    };
+    let engine = |line: &str| bad(&with("port = 8080", &format!("port = 8080\n{line}")));
+    for (line, field, why) in [
+        ("port = 1", "node.port", "only the engine listens"),
+        ("models = \"/srv/models\"", "node.models", "only the engine sees models"),
+        ("models_writable = true", "node.models_writable", "only the engine has a model dir"),
+        ("ready = { kind = \"http\" }", "node.ready", "only the engine has a readiness check"),
+    ] {
+        let (f, r) = node(line);
+        assert_eq!(f, field, "{line}");
+        assert!(r.contains(why), "{line}: {r}");
+    }
+    for (line, field, why) in [
+        ("credential = \"/etc/sealnode/credential\"", "engine.credential", "never sees the node's credential"),
+        ("egress = [{ host = \"gw.example\", port = 443 }]", "engine.egress", ""),
+    ] {
+        let (f, r) = engine(line);
+        assert_eq!(f, field, "{line}");
+        assert!(r.contains(why), "{line}: {r}");
+    }
+}
