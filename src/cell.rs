@@ -267,14 +267,9 @@ impl Cell {
     /// The cell `run` and the canary use for `cfg`: both roles' ids mapped, one listener per
     /// node egress upstream, the engine-port listener when the engine has a port.
     pub fn for_config(cfg: &Config, inv: &Invoker) -> Result<Cell> {
-        let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, inv)).collect::<Result<_>>()?;
+        let (ids, abi) = Cell::ids_and_abi(cfg, inv)?;
         let egress: Vec<(Ipv4Addr, u16)> =
             cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
-        let (_, ll) = cfg.policy_files(Role::Node)?;
-        let abi = policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.node.landlock)?.min_abi;
-        // The cell init confines itself with this ABI: a kernel without it is refused here,
-        // with the fix, not with the init's EPERM.
-        policy::landlock::require_kernel_abi(abi, &cfg.node.landlock)?;
         let mut scratch = Vec::new();
         for (role, id) in Role::ALL.iter().zip(&ids) {
             if let Some(mb) = cfg.role(*role).scratch_max_mb {
@@ -284,6 +279,23 @@ impl Cell {
             }
         }
         Cell::create(&ids, inv.rootful(), &egress, cfg.engine.port.map(|p| p as u16), &scratch, abi)
+    }
+
+    /// The host ids the cell maps (each role's) and the Landlock ABI its init confines itself
+    /// with, which this kernel must have: refused here with the fix, not with the init's EPERM.
+    fn ids_and_abi(cfg: &Config, inv: &Invoker) -> Result<(Vec<Ids>, u8)> {
+        let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, inv)).collect::<Result<_>>()?;
+        let (_, ll) = cfg.policy_files(Role::Node)?;
+        let abi = policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.node.landlock)?.min_abi;
+        policy::landlock::require_kernel_abi(abi, &cfg.node.landlock)?;
+        Ok((ids, abi))
+    }
+
+    /// For `sealnode check`: what [`Cell::for_config`] needs before it creates anything.
+    pub fn requirements(cfg: &Config, inv: &Invoker) -> Result<String> {
+        let (ids, abi) = Cell::ids_and_abi(cfg, inv)?;
+        let ids: Vec<_> = ids.iter().map(|i| format!("{}:{}", i.uid, i.gid)).collect();
+        Ok(format!("maps {}; Landlock ABI {abi}", ids.join(" and ")))
     }
 
     /// Create the cell. `ids` are the host ids mapped 1:1 into its user namespace (both roles'

@@ -182,19 +182,24 @@ fn host_hardening() -> Vec<Check> {
     v
 }
 
+/// The checks as a table, one entry per check: level, name, value, then what it means.
+pub fn print(checks: &[Check]) {
+    for c in checks {
+        let tag = match c.level {
+            Level::Ok => "ok  ",
+            Level::Warn => "warn",
+            Level::Fail => "FAIL",
+        };
+        println!("[{tag}] {:<28} {}\n       {}", c.name, c.value, c.meaning);
+    }
+}
+
 /// Print the report; return the process exit code (1 if something required is missing).
 pub fn report(checks: &[Check], json: bool) -> i32 {
     if json {
         println!("{}", serde_json::to_string_pretty(checks).unwrap_or_default());
     } else {
-        for c in checks {
-            let tag = match c.level {
-                Level::Ok => "ok  ",
-                Level::Warn => "warn",
-                Level::Fail => "FAIL",
-            };
-            println!("[{tag}] {:<28} {}\n       {}", c.name, c.value, c.meaning);
-        }
+        print(checks);
     }
     if checks.iter().any(|c| c.level == Level::Fail) {
         if !json {

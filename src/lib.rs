@@ -12,11 +12,13 @@
 pub mod canary;
 pub mod cell;
 pub mod cgroup;
+pub mod check;
 pub mod config;
 pub mod control;
 pub mod doctor;
 pub mod egress;
 pub mod error;
+pub mod exit;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod policy;

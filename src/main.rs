@@ -34,6 +34,22 @@ enum Command {
         #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
+    /// Check everything `run` checks before it starts anything, and start nothing (a dry run,
+    /// like `nginx -t`): the config, the ownership of every file and dir it names, the
+    /// policies, each role's sandbox plan (binds, program, sha256 pin, user), the dirs, the
+    /// cgroup limits and the kernel features.
+    ///
+    /// Once the config loads (its own checks stop at the first problem), every check runs, so
+    /// one pass lists every problem. Exit status 0 when `run` would start, 125 when it would
+    /// refuse.
+    Check {
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Machine-readable output: {"config", "ok", "checks": [{name, level, value, meaning}]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a command inside one role's complete sandbox instead of the role's own program.
     ///
     /// stdin/stdout/stderr pass through; the exit code passes through (128+N for signal N);
@@ -165,6 +181,7 @@ fn main() -> ExitCode {
     }
     cli::exit(match cli.command {
         Command::Run { config } => cli::run::run(&config),
+        Command::Check { config, json } => cli::check::check(&config, json),
         Command::Exec { config, role, command } => cli::exec::exec(&config, role, command),
         Command::Probe { config, role, args } => cli::exec::probe(&config, role, args),
         Command::ProbeInside { args } => Ok(sealnode::probe::run_inside(&args)),

@@ -8,6 +8,7 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -36,22 +37,8 @@ const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 const STABLE_AFTER: Duration = Duration::from_secs(60);
 
-/// Exit codes of `sealnode run` (docs/operator-guide.md, "Exit status"). A config or policy
-/// error, or a setup step that failed before anything ran, is 125 ([`sandbox::SETUP_FAILED`]).
-pub mod exit {
-    /// Stopped by SIGTERM, SIGINT or SIGQUIT.
-    pub const STOPPED: i32 = 0;
-    /// A role exited and its `restart` policy does not restart it, or another runtime failure.
-    pub const FAILED: i32 = 1;
-    /// A preflight found an escape or could not run: the sandbox does not hold.
-    pub const PREFLIGHT_FAILED: i32 = 3;
-    /// The engine did not become ready within `engine.ready.timeout_s`.
-    pub const NOT_READY: i32 = 4;
-    /// A role exited more often than its `restart_limit` allows.
-    pub const RESTART_LIMIT: i32 = 5;
-    /// The preflight could not run at all (a host-side failure, not an escape): restartable.
-    pub const PREFLIGHT_ERROR: i32 = 6;
-}
+// Exit codes of `sealnode run`: crate::exit (one table for every command).
+use crate::exit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -429,7 +416,7 @@ impl Supervisor {
             Ok(r) => r,
             Err(Error::Stopped { what }) => {
                 tracing::info!(what, "preflight abandoned: a stop was requested");
-                return Err(exit::STOPPED);
+                return Err(exit::OK);
             }
             Err(e) => {
                 tracing::error!(error = %e, "preflight canary could not run");
@@ -909,7 +896,7 @@ impl Supervisor {
                     Some(serde_json::json!({ "ok": true, "at": at, "config_sha256": new.loaded.config.sha256 }));
                 self.next_cfg = Some(new);
                 self.reloading = true;
-                self.begin_stop(exit::STOPPED, After::Restart);
+                self.begin_stop(exit::OK, After::Restart);
             }
         }
     }
@@ -1071,7 +1058,7 @@ impl Supervisor {
                                 let _ = self.start(role);
                             }
                             // A stop signal is pending: the loop takes it next and stops.
-                            Err(exit::STOPPED) => {}
+                            Err(exit::OK) => {}
                             Err(code) => self.begin_stop(code, After::Exit),
                         }
                     } else {
@@ -1163,10 +1150,30 @@ fn lock_dir(
     }
 }
 
+/// For `sealnode check`: the state and runtime dirs pass the checks `run` makes (nothing is
+/// created), and whether a running `sealnode run` holds either (`Some(which)`).
+pub fn lock_status(cfg: &Config, inv: &Invoker) -> Result<Option<String>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let mut held = Vec::new();
+    for (field, dir) in [("cell.state_dir", &cfg.cell.state_dir), ("cell.runtime_dir", &cfg.cell.runtime_dir)] {
+        crate::trusted::check_own_dir(dir, inv.uid).map_err(|e| Error::config(&cfg.file, field, e))?;
+        let lock = dir.join("lock");
+        // Open without following a symlink, never create: a missing lock is an unused dir.
+        let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&lock)
+        else {
+            continue;
+        };
+        if let Err((_, Errno::EWOULDBLOCK)) = Flock::lock(f, FlockArg::LockSharedNonblock) {
+            held.push(format!("{} is held by a running sealnode", lock.display()));
+        }
+    }
+    Ok((!held.is_empty()).then(|| held.join("; ")))
+}
+
 /// A role's scratch dir, reached without following symlinks (an O_PATH descriptor) and
 /// checked to be a directory owned by the role's user (rootless: the launcher) that no one
 /// else may write.
-fn open_scratch(cfg: &Config, inv: &Invoker, role: Role) -> Result<std::os::fd::OwnedFd> {
+pub fn open_scratch(cfg: &Config, inv: &Invoker, role: Role) -> Result<std::os::fd::OwnedFd> {
     let dir = &cfg.role(role).scratch;
     let field = format!("{role}.scratch");
     // O_PATH: no read permission needed here (the unit has no CAP_DAC_OVERRIDE and the dir is

@@ -77,6 +77,7 @@ fn man_pages_cover_every_subcommand_and_option() {
     assert!(subs.len() >= 9, "{subs:?}");
     let mut expected: Vec<String> = subs.iter().map(|s| format!("sealnode-{s}.1")).collect();
     expected.push("sealnode.1".into());
+    expected.push("sealnode.toml.5".into());
     expected.sort();
     let mut got: Vec<String> = std::fs::read_dir(&dir)
         .expect("man dir")
@@ -85,6 +86,42 @@ fn man_pages_cover_every_subcommand_and_option() {
     got.sort();
     assert_eq!(got, expected, "one page per subcommand, nothing else");
     let groff = which("/usr/bin/groff");
+    let renders = |file: &str| {
+        if let Some(g) = &groff {
+            let r = std::process::Command::new(g)
+                .args(["-k", "-man", "-Tutf8", "-ww", "-z"])
+                .arg(dir.join(file))
+                .output_within(COMMAND_LIMIT);
+            assert!(r.status.success() && r.stderr.is_empty(), "{file}: {}", String::from_utf8_lossy(&r.stderr));
+        }
+    };
+    for page in std::iter::once("sealnode".to_string()).chain(subs.iter().map(|s| format!("sealnode-{s}"))) {
+        let text = std::fs::read_to_string(dir.join(format!("{page}.1"))).expect("page");
+        for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "EXIT STATUS", "ENVIRONMENT", "FILES", "SEE ALSO"] {
+            assert!(
+                text.contains(&format!(".SH \"{section}\"")) || text.contains(&format!(".SH {section}\n")),
+                "{page}.1 lacks {section}"
+            );
+        }
+        assert!(text.contains("SEALNODE_LOG") && text.contains("sealnode.toml"), "{page}.1");
+        // EXIT STATUS is the table's rows for this command: 0, 2 and 125 everywhere.
+        let sub = page.strip_prefix("sealnode-").unwrap_or("sealnode");
+        for row in sealnode::exit::rows_for(sub) {
+            assert!(text.contains(&format!("\\fB{}\\fR", row.code)), "{page}.1 lacks exit status {}", row.code);
+        }
+        renders(&format!("{page}.1"));
+    }
+    // sealnode.toml(5) is docs/config.md: every heading of it is a section of the page.
+    let page = std::fs::read_to_string(dir.join("sealnode.toml.5")).expect("sealnode.toml.5");
+    let reference = std::fs::read_to_string(repo().join("docs/config.md")).expect("config.md");
+    for h in reference.lines().filter_map(|l| l.strip_prefix("## ").or_else(|| l.strip_prefix("### "))) {
+        let h = h.replace('`', "").replace('-', "\\-");
+        assert!(page.to_uppercase().contains(&h.to_uppercase()), "sealnode.toml.5 lacks the section {h:?}");
+    }
+    for key in ["state_dir", "egress_connect_timeout_s", "memory_max_mb", "scratch_max_mb", "restart_limit"] {
+        assert!(page.contains(&format!("\\fB{}\\fR", key)), "sealnode.toml.5 lacks {key}");
+    }
+    renders("sealnode.toml.5");
     for s in &subs {
         let page = std::fs::read_to_string(dir.join(format!("sealnode-{s}.1"))).expect("page");
         // Every long option the subcommand's --help shows is documented on its page.
@@ -93,14 +130,6 @@ fn man_pages_cover_every_subcommand_and_option() {
             let opt = opt.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
             let roff = opt.replace('-', "\\-");
             assert!(page.contains(&roff) || page.contains(opt), "sealnode-{s}.1 lacks {opt}");
-        }
-        // And it renders without a groff warning.
-        if let Some(g) = &groff {
-            let r = std::process::Command::new(g)
-                .args(["-man", "-Tutf8", "-ww", "-z"])
-                .arg(dir.join(format!("sealnode-{s}.1")))
-                .output_within(COMMAND_LIMIT);
-            assert!(r.status.success() && r.stderr.is_empty(), "{s}: {}", String::from_utf8_lossy(&r.stderr));
         }
     }
     if groff.is_none() {

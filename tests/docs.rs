@@ -150,3 +150,13 @@ fn ci_examples_use_real_options() {
     }
     assert!(checked >= 8, "only {checked} options checked: the extractor no longer finds the examples");
 }
+
+/// README's exit-status table is `sealnode::exit::TABLE`, as the man pages render it.
+#[test]
+fn readme_exit_codes_are_the_table() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let start = "<!-- exit-codes: generated from src/exit.rs; tests/docs.rs keeps it equal -->\n";
+    let body = readme.split_once(start).and_then(|(_, rest)| rest.split_once("<!-- /exit-codes -->")).map(|(b, _)| b);
+    let want = sealnode::exit::markdown();
+    assert_eq!(body, Some(want.as_str()), "README.md's exit table differs from src/exit.rs; it should read:\n{want}");
+}

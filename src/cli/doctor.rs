@@ -11,15 +11,15 @@ pub fn doctor(config: Option<PathBuf>, json: bool) -> Outcome {
     // Without a config: the Landlock ABI the shipped policies need.
     let mut min_abi = 6;
     if let Some(c) = config {
-        let cfg = Config::load(&c, &inv).map_err(Failure::general)?;
+        let cfg = Config::load(&c, &inv).map_err(Failure::setup)?;
         for r in Role::ALL {
-            let (_, ll) = cfg.policy_files(r).map_err(Failure::general)?;
+            let (_, ll) = cfg.policy_files(r).map_err(Failure::setup)?;
             let rules = sealnode::policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.role(r).landlock)
-                .map_err(Failure::general)?;
+                .map_err(Failure::setup)?;
             min_abi = min_abi.max(rules.min_abi);
         }
         // A configured limit this host cannot enforce: the same refusal `run` gives.
-        sealnode::cgroup::check(&cfg).map_err(Failure::general)?;
+        sealnode::cgroup::check(&cfg).map_err(Failure::setup)?;
     }
     Ok(sealnode::doctor::report(&sealnode::doctor::checks(min_abi), json))
 }

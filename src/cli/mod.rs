@@ -2,6 +2,7 @@
 //! what went wrong and the status it means; `main` prints a failure once, the same way for all.
 
 pub mod canary;
+pub mod check;
 pub mod ctl;
 pub mod docs;
 pub mod doctor;

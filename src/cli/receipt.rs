@@ -9,7 +9,7 @@ use super::{Failure, Outcome};
 
 pub fn verify(file: Option<PathBuf>, config: &Path) -> Outcome {
     let inv = Invoker::current();
-    let cfg = Config::load(config, &inv).map_err(Failure::general)?;
+    let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
     let path = file.unwrap_or_else(|| receipt::path(&cfg));
     let r = receipt::load(&path).map_err(Failure::general)?;
     let bad = receipt::verify(&r, &cfg).map_err(Failure::general)?;

@@ -1,0 +1,149 @@
+//! `sealnode check`: everything `run` checks before it starts anything, without starting
+//! anything (like `nginx -t`): the config and its ownership, the policies, each role's plan
+//! (paths, program, pin), the users, the dirs, the kernel, the limits. Once the config loads
+//! (its own checks stop at the first problem), every check runs, so one pass lists every
+//! problem. Nothing is created, locked or started; only doctor's throwaway namespace probe
+//! forks.
+
+use std::path::Path;
+
+use crate::config::{Config, Invoker, Role};
+use crate::doctor::{Check, Level};
+
+/// The checks for `file`, in the order `run` meets them.
+pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
+    let mut v = Vec::new();
+    let add = |v: &mut Vec<Check>, name: &'static str, r: Result<String, String>, meaning: &str| {
+        v.push(match r {
+            Ok(value) => Check { name, level: Level::Ok, value, meaning: meaning.into() },
+            Err(value) => Check { name, level: Level::Fail, value, meaning: meaning.into() },
+        })
+    };
+    // The config, its ownership, the role paths and the policies' bytes (Config::load).
+    let cfg = match Config::load(file, inv) {
+        Ok(c) => c,
+        Err(e) => {
+            add(&mut v, "config", Err(e.to_string()), "nothing else can be checked until the config loads");
+            return v;
+        }
+    };
+    add(
+        &mut v,
+        "config",
+        Ok(format!("{} (schema 1)", cfg.file.display())),
+        "parsed; owned by root or sealnode's user and writable by no one else, as are the policies it names",
+    );
+    for role in Role::ALL {
+        let name = match role {
+            Role::Engine => "engine sandbox",
+            Role::Node => "node sandbox",
+        };
+        // The plan `run` builds at every start: seccomp compiled, Landlock rules resolved, every
+        // bind checked, the program found (and a sha256 pin verified).
+        let plan = crate::sandbox::plan::Plan::build(&cfg, role, inv, None, None)
+            .map_err(|e| e.to_string())
+            .and_then(|p| program_visible(&cfg, role).map(|()| p))
+            .map(|p| {
+                let program = p.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
+                let pin = if p.program_sha256.is_some() { ", sha256 pin verified" } else { "" };
+                format!(
+                    "{program} as uid {}, {} mounts, {} seccomp instructions{pin}",
+                    p.ids.uid,
+                    p.mounts.len(),
+                    p.seccomp.len()
+                )
+            });
+        add(&mut v, name, plan, "the sandbox `run` builds: policies, binds, program, user");
+        add(
+            &mut v,
+            match role {
+                Role::Engine => "engine scratch",
+                Role::Node => "node scratch",
+            },
+            crate::supervisor::open_scratch(&cfg, inv, role)
+                .map(|_| cfg.role(role).scratch.display().to_string())
+                .map_err(|e| e.to_string()),
+            "the role's own dir: its owner, no one else may write it (wiped before every start)",
+        );
+    }
+    add(
+        &mut v,
+        "cell",
+        crate::cell::Cell::requirements(&cfg, inv).map_err(|e| e.to_string()),
+        "the cell's user namespace maps the roles' ids; its init confines itself with Landlock",
+    );
+    add(
+        &mut v,
+        "cgroup limits",
+        crate::cgroup::check(&cfg)
+            .map(|at| match at {
+                Some(p) => format!("enforced under {}", p.display()),
+                None => "none set".to_string(),
+            })
+            .map_err(|e| e.to_string()),
+        "each limit set is one this host can enforce",
+    );
+    v.push(match crate::supervisor::lock_status(&cfg, inv) {
+        Ok(None) => Check {
+            name: "state and runtime dirs",
+            level: Level::Ok,
+            value: format!("{}, {}", cfg.cell.state_dir.display(), cfg.cell.runtime_dir.display()),
+            meaning: "trusted owners, writable by no one else, not in use by another `sealnode run`".into(),
+        },
+        Ok(Some(held)) => Check {
+            name: "state and runtime dirs",
+            level: Level::Warn,
+            value: held,
+            meaning: "a `sealnode run` with these dirs is running: a second one would refuse to start \
+                      (a reload, `systemctl reload`, is fine)"
+                .into(),
+        },
+        Err(e) => Check {
+            name: "state and runtime dirs",
+            level: Level::Fail,
+            value: e.to_string(),
+            meaning: "sealnode keeps its lock, receipts and control socket there".into(),
+        },
+    });
+    // The kernel: what doctor would fail on (its warnings are doctor's to show).
+    let min_abi = Role::ALL
+        .iter()
+        .filter_map(|r| {
+            let (_, ll) = cfg.policy_files(*r).ok()?;
+            crate::policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.role(*r).landlock).ok()
+        })
+        .map(|r| r.min_abi)
+        .max()
+        .unwrap_or(6);
+    let kernel = crate::doctor::checks(min_abi);
+    let failed: Vec<_> = kernel.iter().filter(|c| c.level == Level::Fail).collect();
+    add(
+        &mut v,
+        "kernel",
+        if failed.is_empty() {
+            Ok(format!("{} checks pass (Landlock ABI {min_abi} needed)", kernel.len()))
+        } else {
+            Err(failed.iter().map(|c| format!("{}: {}", c.name, c.value)).collect::<Vec<_>>().join("; "))
+        },
+        "what `sealnode doctor` requires; run it for the details and fixes",
+    );
+    v
+}
+
+/// The role's program is a file with an execute bit where the sandbox will look for it (a
+/// system path, or an extra bind's source): else `run` would fail at the role's execve.
+fn program_visible(cfg: &Config, role: Role) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let inside = Path::new(&cfg.role(role).command[0]);
+    let host = crate::sandbox::plan::host_path(cfg, role, inside);
+    let shown = if host == inside {
+        inside.display().to_string()
+    } else {
+        format!("{} (host {})", inside.display(), host.display())
+    };
+    match std::fs::metadata(&host) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
+        Ok(_) => Err(format!("{}: {role}.command[0] {shown} is not an executable file", cfg.file.display())),
+        Err(e) => Err(format!("{}: {role}.command[0] {shown}: {e}", cfg.file.display())),
+    }
+}

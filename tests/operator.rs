@@ -1,0 +1,159 @@
+//! An operator's daily tools: `sealnode check`, one set of exit codes, messages that say the
+//! next step. Real configs, real files, as root and as an unprivileged user.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+
+fn run_out(f: &Fixture, args: &[&str]) -> (i32, String, String) {
+    let o = f.command(args).output_within(COMMAND_LIMIT);
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn sh_fixture(mode: Mode, name: &str, engine_extra: &str) -> Fixture {
+    let mut f = Fixture::new(mode, name);
+    f.engine_cmd = r#"["/usr/bin/busybox", "sh", "-c", "sleep 600"]"#.into();
+    f.node_cmd = r#"["/usr/bin/busybox", "sh", "-c", "sleep 600"]"#.into();
+    f.engine_extra = engine_extra.into();
+    f.cell_extra = "stop_timeout_s = 1".into();
+    f.write_config();
+    f
+}
+
+#[test]
+fn check_passes_a_good_config_and_starts_nothing() {
+    for mode in modes() {
+        let f = sh_fixture(mode, "check-good", "");
+        let cfg = f.config.display().to_string();
+        let (code, out, err) = run_out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 0, "{mode:?}: check failed:\n{out}\n{err}");
+        for name in [
+            "config",
+            "engine sandbox",
+            "node sandbox",
+            "engine scratch",
+            "node scratch",
+            "cell",
+            "cgroup limits",
+            "state and runtime dirs",
+            "kernel",
+        ] {
+            assert!(
+                out.lines().any(|l| l.starts_with("[ok  ] ") && l[7..].starts_with(name)),
+                "{mode:?}: no ok {name}:\n{out}"
+            );
+        }
+        assert!(out.contains("`sealnode run` would start"), "{out}");
+        // Nothing created: no lock, no receipt, no control socket in the (fresh) dirs.
+        for p in ["state/lock", "run/lock", "run/control.sock", "state/receipt.json"] {
+            assert!(!f.p(p).exists(), "{mode:?}: check created {p}");
+        }
+        let (code, out, _) = run_out(&f, &["check", "--config", &cfg, "--json"]);
+        assert_eq!(code, 0);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("check --json is JSON");
+        assert_eq!(v["ok"], true);
+        assert!(v["checks"].as_array().expect("checks").iter().all(|c| c["level"] == "ok"), "{v}");
+    }
+}
+
+#[test]
+fn check_lists_every_problem_and_exits_125() {
+    for mode in modes() {
+        let f = sh_fixture(mode, "check-bad", "");
+        let cfg = f.config.display().to_string();
+        // Two problems at once, past the config's own checks: a missing engine program and a
+        // limit with no cgroup to enforce it in (not under the unit, no cell.cgroup).
+        let text = std::fs::read_to_string(&f.config)
+            .expect("read")
+            .replacen("/usr/bin/busybox", "/usr/bin/no-such-engine", 1)
+            .replacen("port = 18080", "port = 18080\nlimits = { pids_max = 64 }", 1);
+        std::fs::write(&f.config, text).expect("write");
+        let (code, out, err) = run_out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 125, "{mode:?}:\n{out}\n{err}");
+        let fail =
+            |name: &str| out.lines().find(|l| l.starts_with("[FAIL] ") && l[7..].starts_with(name)).map(str::to_string);
+        let limits = fail("cgroup limits").unwrap_or_else(|| panic!("{mode:?}: cgroup limits not failed:\n{out}"));
+        assert!(limits.contains("engine.limits"), "{limits}");
+        let engine = fail("engine sandbox").unwrap_or_else(|| panic!("{mode:?}: engine sandbox not failed:\n{out}"));
+        assert!(engine.contains("no-such-engine"), "{engine}");
+        assert!(out.lines().any(|l| l.starts_with("[ok  ] node sandbox")), "{out}");
+        assert!(out.contains("would refuse to start"), "{out}");
+        // A problem the config's own checks find is named alone (nothing else can be checked).
+        std::fs::set_permissions(f.p("node-scratch"), std::fs::Permissions::from_mode(0o770)).expect("chmod");
+        let (code, out, _) = run_out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 125);
+        assert!(
+            out.starts_with("[FAIL] config ")
+                && out.contains("node.scratch")
+                && out.contains("writable by group or others"),
+            "{out}"
+        );
+        std::fs::set_permissions(f.p("node-scratch"), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        // A type error: the one message, verbatim, and nothing else could be checked.
+        let text = std::fs::read_to_string(&f.config).expect("read").replacen("port = 18080", "port = \"18080\"", 1);
+        std::fs::write(&f.config, &text).expect("write");
+        let line = text.lines().position(|l| l.starts_with("port = ")).expect("port line") + 1;
+        let (code, out, _) = run_out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 125);
+        let want = format!("[FAIL] config                       {cfg}: engine.port (line {line}): invalid type: string \"18080\", expected u32");
+        assert_eq!(out.lines().next(), Some(want.as_str()), "{out}");
+    }
+}
+
+/// A config error is 125 for every command that reads a config (README's table).
+#[test]
+fn a_config_error_is_125_for_every_command() {
+    for mode in modes() {
+        let f = sh_fixture(mode, "exit125", "");
+        let cfg = f.config.display().to_string();
+        let text =
+            std::fs::read_to_string(&f.config).expect("read").replacen("port = 18080", "port = 18080\ncolour = 1", 1);
+        std::fs::write(&f.config, text).expect("write");
+        for args in [
+            vec!["run", "--config", &cfg],
+            vec!["check", "--config", &cfg],
+            vec!["canary", "--config", &cfg],
+            vec!["doctor", "--config", &cfg],
+            vec!["verify-receipt", "--config", &cfg],
+            vec!["ctl", "--config", &cfg, "status"],
+            vec!["exec", "--config", &cfg, "--role", "engine", "--", "/usr/bin/true"],
+        ] {
+            let (code, out, err) = run_out(&f, &args);
+            assert_eq!(code, 125, "{mode:?} {args:?}:\n{out}\n{err}");
+            assert!(err.contains("engine.colour") || out.contains("engine.colour"), "{args:?}: {err}");
+        }
+    }
+}
+
+/// `ctl` with no `sealnode run` says what to look at; exit 1.
+#[test]
+fn ctl_without_a_running_cell_says_so() {
+    for mode in modes() {
+        let f = sh_fixture(mode, "ctl-down", "");
+        let cfg = f.config.display().to_string();
+        let (code, _, err) = run_out(&f, &["ctl", "--config", &cfg, "status"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("control.sock") && err.contains("is `sealnode run` running with this config?"), "{err}");
+    }
+}
+
+/// A readiness timeout names what was tried and what the last try saw.
+#[test]
+fn a_readiness_timeout_says_what_it_tried_and_saw() {
+    for mode in modes() {
+        let f = sh_fixture(mode, "not-ready", "ready = { kind = \"http\", path = \"/health\", timeout_s = 2 }");
+        let cfg = f.config.display().to_string();
+        let (code, _, err) = run_out(&f, &["run", "--config", &cfg]);
+        assert_eq!(code, 4, "{mode:?}: {err}");
+        assert!(
+            err.contains("the engine did not become ready within 2 s (GET http://127.0.0.1:18080/health answering 200); last try: connect: Connection refused"),
+            "{mode:?}: {err}"
+        );
+    }
+}
