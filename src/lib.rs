@@ -21,6 +21,8 @@ pub mod error;
 pub mod exit;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod log;
+pub mod output;
 pub mod policy;
 pub mod probe;
 pub mod ratelimit;

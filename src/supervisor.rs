@@ -30,6 +30,8 @@ const TOKEN_SIGNAL: u64 = 1 << 56;
 const TOKEN_READY: u64 = 4 << 56;
 const TOKEN_CONTROL: u64 = 5 << 56;
 const TOKEN_CLIENT: u64 = 6 << 56;
+/// A role's stdout or stderr pipe (output.rs).
+const TOKEN_OUTPUT: u64 = 8 << 56;
 /// Time between readiness attempts.
 const READY_INTERVAL: Duration = Duration::from_millis(100);
 /// Restart backoff bounds; a role that ran this long resets its backoff.
@@ -139,6 +141,11 @@ pub struct Supervisor {
     /// The state dir, opened and checked once: receipts and the counter are written through it.
     state_dir: OwnedFd,
     born: Instant,
+    /// The roles' stdout and stderr pipes still open (a restarted role's old ones drain to EOF).
+    outputs: std::collections::HashMap<u64, crate::output::Capture>,
+    next_output: u64,
+    /// Each role's output rate limit, shared by its stdout and stderr.
+    buckets: [crate::output::Bucket; 2],
 }
 
 /// Tell the service manager (if any), never blocking the event loop: sd_notify's send
@@ -285,6 +292,9 @@ impl Supervisor {
             _runtime_lock: runtime_lock,
             state_dir,
             born: Instant::now(),
+            outputs: std::collections::HashMap::new(),
+            next_output: 1,
+            buckets: [crate::output::Bucket::new(Instant::now()), crate::output::Bucket::new(Instant::now())],
         })
     }
 
@@ -320,10 +330,12 @@ impl Supervisor {
                     TOKEN_READY => self.advance_ready_check(),
                     TOKEN_CONTROL => self.on_control(),
                     TOKEN_CLIENT => self.on_client(token & !TOKEN_KIND),
+                    TOKEN_OUTPUT => self.on_output(token & !TOKEN_KIND),
                     _ => self.fwd.handle(&self.epoll, token, ev.events()),
                 }
             }
             self.on_timers();
+            self.report_dropped_output();
             if let Some((code, after)) = self.stopping {
                 if self.slots.iter().all(|s| s.state == State::Down) {
                     for role in Role::ALL {
@@ -386,7 +398,7 @@ impl Supervisor {
                     _ => "",
                 };
                 tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
-                eprintln!("sealnode: cannot wipe {role}.scratch {dir}: {e}{hint}");
+                crate::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
                 return Err(sandbox::SETUP_FAILED);
             }
         }
@@ -406,7 +418,7 @@ impl Supervisor {
                 Ok(p) => plans.push((*role, p)),
                 Err(e) => {
                     tracing::error!(role = %role, error = %e, "cannot prepare the role");
-                    eprintln!("sealnode: {e}");
+                    crate::log::say(&format!("{e}"));
                     return Err(sandbox::SETUP_FAILED);
                 }
             }
@@ -420,7 +432,7 @@ impl Supervisor {
             }
             Err(e) => {
                 tracing::error!(error = %e, "preflight canary could not run");
-                eprintln!("sealnode: preflight could not run: {e}");
+                crate::log::say(&format!("preflight could not run: {e}"));
                 return Err(exit::PREFLIGHT_ERROR);
             }
         };
@@ -429,10 +441,10 @@ impl Supervisor {
             for r in &fresh.roles {
                 for a in r.attempts.iter().filter(|a| a.refused_by.is_none()) {
                     tracing::error!(role = %r.role, attempt = a.id, what = a.description, "preflight: escape attempt SUCCEEDED");
-                    eprintln!("sealnode: preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description);
+                    crate::log::say(&format!("preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description));
                 }
             }
-            eprintln!("sealnode: refusing to start: the sandbox does not hold (see above)");
+            crate::log::say("refusing to start: the sandbox does not hold (see above)");
             return Err(exit::PREFLIGHT_FAILED);
         }
         // Each role's latest result: the fresh ones replace theirs, the others stay.
@@ -472,7 +484,7 @@ impl Supervisor {
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the receipt");
-                eprintln!("sealnode: {e}");
+                crate::log::say(&format!("{e}"));
                 Err(exit::FAILED)
             }
         }
@@ -654,13 +666,27 @@ impl Supervisor {
     /// Start a role. Errors stop the cell (returned as the exit code when nothing runs yet).
     fn start(&mut self, role: Role) -> std::result::Result<(), i32> {
         // Only what a gate prepared starts: fail closed if there is none.
+        let mut pipes = None;
         let started = match self.prepared[role as usize].take() {
-            Some(plan) => sandbox::spawn_in(&plan, Some(&self.cell)),
+            Some(mut plan) => match output_pipes() {
+                Ok((stdio, out, err)) => {
+                    plan.stdio = Some(stdio);
+                    pipes = Some((out, err));
+                    // The plan (and with it the pipes' write ends) is dropped once spawned.
+                    sandbox::spawn_in(&plan, Some(&self.cell))
+                }
+                Err(e) => Err(e),
+            },
             None => Err(Error::errno(format!("{role}: no start passed the gate (internal error)"), Errno::EPERM)),
         };
         match started {
             Ok(sb) => {
-                tracing::info!(role = %role, pid = sb.pid.as_raw(), "role started");
+                let generation = self.receipt.as_ref().map_or(0, |r| r.generation);
+                tracing::info!(role = %role, pid = sb.pid.as_raw(), generation, "role started");
+                if let Some((out, err)) = pipes {
+                    self.capture(role, sb.pid.as_raw(), generation, false, out);
+                    self.capture(role, sb.pid.as_raw(), generation, true, err);
+                }
                 let s = self.slot(role);
                 s.state = State::Running(sb.pid);
                 s.started = Some(Instant::now());
@@ -672,7 +698,7 @@ impl Supervisor {
             }
             Err(e) => {
                 tracing::error!(role = %role, error = %e, "role failed to start");
-                eprintln!("sealnode: {e}");
+                crate::log::say(&format!("{e}"));
                 let nothing_running = self.slots.iter().all(|s| matches!(s.state, State::Down | State::Waiting(_)));
                 self.begin_stop(exit::FAILED, After::Exit);
                 if nothing_running {
@@ -680,6 +706,45 @@ impl Supervisor {
                 } else {
                     Ok(())
                 }
+            }
+        }
+    }
+
+    /// Watch one of a role's output pipes.
+    fn capture(&mut self, role: Role, pid: i32, generation: u64, err: bool, fd: OwnedFd) {
+        let id = self.next_output;
+        self.next_output += 1;
+        if let Err(e) = self.epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_OUTPUT | id)) {
+            // The role keeps running; its output is lost (the pipe closes and it gets EPIPE).
+            tracing::warn!(role = %role, pid, error = %e, "cannot watch the role's output; it is dropped");
+            return;
+        }
+        self.outputs.insert(id, crate::output::Capture::new(role, pid, generation, err, fd));
+    }
+
+    /// A role's pipe is readable: re-emit its lines (bounded per wake-up), forget it at EOF.
+    fn on_output(&mut self, id: u64) {
+        let Some(c) = self.outputs.get_mut(&id) else { return };
+        let bucket = &mut self.buckets[c.role as usize];
+        let done = c.read(bucket, &mut |c, line| {
+            crate::log::role_line(c.role, c.pid, c.generation, c.err, &crate::log::clean(line))
+        });
+        if done == crate::output::Read::Eof {
+            if let Some(c) = self.outputs.remove(&id) {
+                let _ = self.epoll.delete(c.fd.as_fd());
+                if c.cut > 0 {
+                    tracing::warn!(role = %c.role, pid = c.pid, lines = c.cut, max_bytes = crate::output::MAX_LINE, "role output: lines longer than the limit were cut");
+                }
+            }
+        }
+    }
+
+    /// Lines a role wrote above its rate, said once a second at most.
+    fn report_dropped_output(&mut self) {
+        let now = Instant::now();
+        for role in Role::ALL {
+            if let Some(n) = self.buckets[role as usize].report(now) {
+                tracing::warn!(role = %role, dropped = n, lines_per_s = crate::output::RATE, "role output over its rate limit: lines dropped");
             }
         }
     }
@@ -844,7 +909,7 @@ impl Supervisor {
         match loaded {
             Err(e) => {
                 tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
-                eprintln!("sealnode: reload refused: {e}");
+                crate::log::say(&format!("reload refused: {e}"));
                 notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
                 self.last_reload = Some(serde_json::json!({ "ok": false, "at": at, "error": e.to_string() }));
             }
@@ -881,7 +946,7 @@ impl Supervisor {
                     });
                 if let Err(e) = dry {
                     tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
-                    eprintln!("sealnode: reload refused: {e}");
+                    crate::log::say(&format!("reload refused: {e}"));
                     notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
                     self.last_reload = Some(serde_json::json!({ "ok": false, "at": at, "error": e.to_string() }));
                     return;
@@ -954,10 +1019,10 @@ impl Supervisor {
         if restart && s.recent.len() >= limit.burst as usize {
             s.state = State::Down;
             tracing::error!(role = %role, pid = pid.as_raw(), code, burst = limit.burst, interval_s = limit.interval_s, "role exited; restart limit reached, stopping the cell");
-            eprintln!(
-                "sealnode: {role} exited with status {code}; it was restarted {} times within {} s already (restart_limit.burst); stopping the cell",
+            crate::log::say(&format!(
+                "{role} exited with status {code}; it was restarted {} times within {} s already (restart_limit.burst); stopping the cell",
                 limit.burst, limit.interval_s
-            );
+            ));
             self.begin_stop(exit::RESTART_LIMIT, After::Exit);
             return;
         }
@@ -977,7 +1042,7 @@ impl Supervisor {
             s.state = State::Down;
             if self.stopping.is_none() {
                 tracing::error!(role = %role, pid = pid.as_raw(), code, "role exited; stopping the cell (restart = \"{}\")", match policy { Restart::No => "no", Restart::OnFailure => "on-failure", Restart::Always => "always" });
-                eprintln!("sealnode: {role} exited with status {code}; stopping the cell");
+                crate::log::say(&format!("{role} exited with status {code}; stopping the cell"));
                 self.begin_stop(exit::FAILED, After::Exit);
             }
         }
@@ -1080,12 +1145,12 @@ impl Supervisor {
                     _ => format!("a TCP connect to 127.0.0.1:{}", self.cfg.engine.port.unwrap_or(0)),
                 };
                 tracing::error!(timeout_s = ready.timeout_s, last = %p.last, "engine not ready in time");
-                eprintln!(
-                    "sealnode: the engine did not become ready within {} s ({what}); last try: {}\n  \
+                crate::log::say(&format!(
+                    "the engine did not become ready within {} s ({what}); last try: {}\n  \
                      next: check the engine's own output above (a model still loading needs a larger \
                      engine.ready.timeout_s; a wrong engine.port or --port never answers)",
                     ready.timeout_s, p.last
-                );
+                ));
                 self.begin_stop(exit::NOT_READY, After::Exit);
             } else if p.fd.is_none() && p.next_try <= now {
                 self.try_ready_check();
@@ -1148,6 +1213,22 @@ fn lock_dir(
         )),
         Err((_, e)) => Err(Error::errno(format!("lock {}", shown.display()), e)),
     }
+}
+
+/// A role's stdio for `run`: stdin /dev/null, stdout and stderr each a pipe whose read end
+/// (non-blocking) the supervisor keeps: (the role's stdio, stdout's read end, stderr's).
+fn output_pipes() -> Result<(sandbox::plan::Stdio, OwnedFd, OwnedFd)> {
+    use nix::fcntl::OFlag;
+    let pipe = || {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2 (role output)", e))?;
+        nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+            .map_err(|e| Error::errno("fcntl (role output)", e))?;
+        Ok::<_, Error>((r, w))
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?;
+    Ok((sandbox::plan::Stdio { stdin: null.into(), stdout: out_w, stderr: Some(err_w) }, out_r, err_r))
 }
 
 /// For `sealnode check`: the state and runtime dirs pass the checks `run` makes (nothing is

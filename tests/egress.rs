@@ -44,7 +44,7 @@ fn read_into(pipe: impl std::io::Read + Send + 'static, into: Arc<Mutex<String>>
     std::thread::spawn(move || {
         for l in BufReader::new(pipe).lines().map_while(Result::ok) {
             let mut s = into.lock().expect("lock");
-            s.push_str(&l);
+            s.push_str(&untag(&l));
             s.push('\n');
         }
     });

@@ -64,7 +64,7 @@ fn collect(pipe: impl std::io::Read + Send + 'static) -> (Lines, std::thread::Jo
     let l2 = lines.clone();
     let t = std::thread::spawn(move || {
         for l in BufReader::new(pipe).lines().map_while(Result::ok) {
-            l2.lock().expect("lock").push((Instant::now(), l));
+            l2.lock().expect("lock").push((Instant::now(), untag(&l)));
         }
     });
     (lines, t)

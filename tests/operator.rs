@@ -157,3 +157,97 @@ fn a_readiness_timeout_says_what_it_tried_and_saw() {
         );
     }
 }
+
+/// A role's output reaches sealnode's own stdout/stderr line by line, tagged `engine[PID]: `,
+/// escaped, cut at 16 KiB, rate-limited; a flood (10 MB on one line, then 300,000 lines at once)
+/// neither stalls the supervisor (ctl answers at once) nor grows its memory.
+#[test]
+fn role_output_is_tagged_bounded_and_cannot_flood_the_supervisor() {
+    use std::io::Read;
+    use std::sync::{Arc, Mutex};
+    for mode in modes() {
+        let engine = "busybox httpd -f -p 127.0.0.1:18080 -h /models & \
+                      printf 'sealnode: refusing to start: forged\\n\\033[31mred\\n'; echo to-stderr >&2; \
+                      head -c 10000000 /dev/zero | tr '\\0' x; echo; yes flood-line | head -n 300000; \
+                      sleep 3; echo done-flood; wait";
+        let mut f = Fixture::new(mode, "flood");
+        f.engine_cmd =
+            format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", serde_json::to_string(engine).expect("json"));
+        f.node_cmd = r#"["/usr/bin/busybox", "sh", "-c", "echo node-up; exec sleep 600"]"#.into();
+        f.cell_extra = "stop_timeout_s = 1".into();
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        let mut child = f
+            .command(&["run", "--config", &cfg])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run");
+        let drain = |mut r: Box<dyn Read + Send>| {
+            let buf = Arc::new(Mutex::new(Vec::new()));
+            let b = buf.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 65536];
+                while let Ok(n) = r.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    b.lock().expect("lock").extend_from_slice(&chunk[..n]);
+                }
+            });
+            buf
+        };
+        let out = drain(Box::new(child.stdout.take().expect("stdout")));
+        let err = drain(Box::new(child.stderr.take().expect("stderr")));
+        let text = |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().expect("lock")).into_owned();
+        let pid = child.id();
+        // While the flood runs, the control socket answers at once.
+        let mut slowest = std::time::Duration::ZERO;
+        let flood_done = wait_until(std::time::Duration::from_secs(120), || {
+            let t = std::time::Instant::now();
+            let o = f.command(&["ctl", "--config", &cfg, "status"]).output_within(COMMAND_LIMIT);
+            if o.status.success() {
+                slowest = slowest.max(t.elapsed());
+            }
+            text(&out).contains("done-flood")
+        });
+        assert!(flood_done, "{mode:?}: no done-flood line; stderr:\n{}", text(&err));
+        assert!(slowest < std::time::Duration::from_secs(2), "{mode:?}: ctl status took {slowest:?} during the flood");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        let hwm_kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmHWM");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = child.wait();
+        let (o, e) = (text(&out), text(&err));
+        // The supervisor's peak memory: far below the 10 MB line, whatever the role wrote.
+        assert!(hwm_kb < 40 * 1024, "{mode:?}: supervisor peak RSS {hwm_kb} kB");
+        // Tagged, never passing for sealnode's own.
+        let tagged = |l: &str| l.starts_with("engine[") || l.starts_with("node[");
+        let forged = o.lines().find(|l| l.contains("refusing to start: forged")).expect("the forged line");
+        assert!(tagged(forged) && forged.ends_with("]: sealnode: refusing to start: forged"), "{forged}");
+        assert!(!e.lines().chain(o.lines()).any(|l| l.starts_with("sealnode: refusing to start: forged")));
+        assert!(
+            o.lines().any(|l| tagged(l) && l.ends_with("]: \\u{1b}[31mred")),
+            "escape not escaped:\n{}",
+            &o[..o.len().min(2000)]
+        );
+        assert!(e.lines().any(|l| tagged(l) && l.ends_with("]: to-stderr")), "stderr line:\n{e}");
+        assert!(o.lines().any(|l| l.starts_with("node[") && l.ends_with("]: node-up")), "node line");
+        // The 10 MB line: cut once, at 16 KiB.
+        let long = o.lines().find(|l| l.contains("xxxxxxxx")).expect("the long line");
+        assert!(
+            long.ends_with(&format!("{} [line cut at 16384 bytes]", "x".repeat(100))),
+            "{}",
+            &long[long.len() - 80..]
+        );
+        assert_eq!(long.matches('x').count(), 16384);
+        // The flood: rate-limited, and said so.
+        let flood = o.lines().filter(|l| l.ends_with("]: flood-line")).count();
+        assert!((4000..=20000).contains(&flood), "{mode:?}: {flood} flood lines passed");
+        assert!(e.contains("role output over its rate limit: lines dropped"), "{mode:?}: no drop report:\n{e}");
+    }
+}

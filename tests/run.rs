@@ -104,7 +104,7 @@ fn start_in_shell(f: &Fixture, envs: &[(&str, &str)], prefix: &str) -> Running {
     let (tx, lines) = mpsc::channel();
     std::thread::spawn(move || {
         for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
+            let _ = tx.send(untag(&l));
         }
     });
     let stderr = std::sync::Arc::new(std::sync::Mutex::new((String::new(), false)));

@@ -503,7 +503,7 @@ fn run_battery(
     }
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
     let mut plan = plan;
-    plan.stdio = Some(crate::sandbox::plan::Stdio { stdin: pty.slave, stdout: out_w });
+    plan.stdio = Some(crate::sandbox::plan::Stdio { stdin: pty.slave, stdout: out_w, stderr: None });
     let spawned = sandbox::spawn_in(&plan, cell);
     // Our copies of the role's stdio close now: EOF on the pipe is then the probe's exit.
     plan.stdio = None;

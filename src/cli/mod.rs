@@ -52,15 +52,8 @@ pub fn exit(outcome: Outcome) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-/// Logging to stderr, filtered by `SEALNODE_LOG` (else `default`).
+/// Logging: to the journal when stderr is the journal, plain lines on stderr otherwise
+/// (sealnode::log), filtered by `SEALNODE_LOG` (else `default`).
 pub fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALNODE_LOG").unwrap_or_else(|_| default.into());
-    use std::io::IsTerminal;
-    // journald (or any pipe) gets plain lines: one event per line, no colour codes.
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+    sealnode::log::init(default);
 }

@@ -195,15 +195,17 @@ pub struct Plan {
     /// For a pinned program: the sha256 of the sealed copy that will run (the receipt's).
     pub program_sha256: Option<String>,
     /// The role's stdin and stdout when they are not the launcher's own (the canary's pty and
-    /// report pipe); the child puts them on fds 0 and 1. stderr is always the launcher's.
+    /// report pipe; `run`'s /dev/null and output pipe); the child puts them on fds 0 and 1, and
+    /// a stderr of its own (`run`'s second pipe) on fd 2.
     pub stdio: Option<Stdio>,
 }
 
-/// A role's own stdin and stdout (see [`Plan::stdio`]).
+/// A role's own stdin and stdout, and stderr when it is not the launcher's (see [`Plan::stdio`]).
 #[derive(Debug)]
 pub struct Stdio {
     pub stdin: std::os::fd::OwnedFd,
     pub stdout: std::os::fd::OwnedFd,
+    pub stderr: Option<std::os::fd::OwnedFd>,
 }
 
 impl Plan {
@@ -212,6 +214,9 @@ impl Plan {
         if let Some(s) = &self.stdio {
             nix::unistd::dup2_stdin(&s.stdin)?;
             nix::unistd::dup2_stdout(&s.stdout)?;
+            if let Some(e) = &s.stderr {
+                nix::unistd::dup2_stderr(e)?;
+            }
         }
         Ok(())
     }

@@ -46,6 +46,21 @@ fn record_skip(feature: &str, why: &str) {
     }
 }
 
+/// A line of `sealnode run`'s stdout or stderr without the role tag it re-emits a role's
+/// output with (`engine[PID]: `, `node[PID]: `); sealnode's own lines are returned as they are.
+pub fn untag(line: &str) -> String {
+    for role in ["engine[", "node["] {
+        if let Some(rest) = line.strip_prefix(role) {
+            if let Some((pid, text)) = rest.split_once("]: ") {
+                if !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()) {
+                    return text.to_string();
+                }
+            }
+        }
+    }
+    line.to_string()
+}
+
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }

@@ -1,0 +1,127 @@
+//! Where sealnode's own events and its roles' output go: the systemd journal, natively, when
+//! stderr is the journal (`JOURNAL_STREAM` names it); plain text on stderr otherwise.
+//!
+//! In the journal, sealnode's events carry their priority (error 3, warn 4, info 5, debug 6)
+//! and their fields as journal fields (ROLE, PID, GENERATION, UPSTREAM, ...), under
+//! SYSLOG_IDENTIFIER=sealnode; each role's lines are under their own identifier
+//! (`sealnode-engine`, `sealnode-node`), so `journalctl -t sealnode-engine` is the engine's
+//! output alone and no role line can pass for one of sealnode's. In text mode a role's line is
+//! prefixed with `engine[PID]: ` and its control characters are escaped.
+
+use std::io::Write;
+use std::sync::OnceLock;
+
+use tracing_subscriber::filter::{filter_fn, EnvFilter};
+use tracing_subscriber::prelude::*;
+
+use crate::config::Role;
+
+/// The tracing targets role lines are sent to in journal mode (one journald layer each).
+const ROLE_TARGET: [&str; 2] = ["sealnode::role::engine", "sealnode::role::node"];
+
+/// Where the log goes; decided once, by [`init`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    Journal,
+    Text,
+}
+
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+/// The sink in use ([`Sink::Text`] before [`init`]).
+pub fn sink() -> Sink {
+    *SINK.get().unwrap_or(&Sink::Text)
+}
+
+/// Is fd 2 the journal stream systemd set up for this service? `JOURNAL_STREAM` is
+/// "DEVICE:INODE" of that stream; a child that inherited the variable but has another stderr
+/// must not take it as the journal (systemd.exec(5)).
+fn stderr_is_journal() -> bool {
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else { return false };
+    let Some((dev, ino)) = v.to_str().and_then(|s| s.split_once(':')) else { return false };
+    match nix::sys::stat::fstat(std::io::stderr()) {
+        Ok(st) => dev.parse::<u64>().ok() == Some(st.st_dev) && ino.parse::<u64>().ok() == Some(st.st_ino),
+        Err(_) => false,
+    }
+}
+
+/// Logging, filtered by `SEALNODE_LOG` (else `default`): to the journal when stderr is the
+/// journal and its socket answers, else plain lines on stderr (colour only on a terminal).
+pub fn init(default: &str) {
+    let filter = || EnvFilter::try_from_env("SEALNODE_LOG").unwrap_or_else(|_| default.into());
+    let own = || filter_fn(|m| !m.target().starts_with("sealnode::role::"));
+    if stderr_is_journal() {
+        let layer = |id: &str| {
+            tracing_journald::layer().map(|l| l.with_syslog_identifier(id.to_string()).with_field_prefix(None))
+        };
+        if let (Ok(main), Ok(engine), Ok(node)) = (layer("sealnode"), layer("sealnode-engine"), layer("sealnode-node"))
+        {
+            let _ = SINK.set(Sink::Journal);
+            let role = |t: &'static str| filter_fn(move |m| m.target() == t);
+            let _ = tracing_subscriber::registry()
+                .with(main.with_filter(own()).with_filter(filter()))
+                .with(engine.with_filter(role(ROLE_TARGET[0])))
+                .with(node.with_filter(role(ROLE_TARGET[1])))
+                .try_init();
+            return;
+        }
+    }
+    let _ = SINK.set(Sink::Text);
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_target(false)
+                .with_filter(own())
+                .with_filter(filter()),
+        )
+        .try_init();
+}
+
+/// What an operator must read, said once: at error priority in the journal (the event's
+/// fields carry the rest), as a `sealnode: ` line on stderr otherwise.
+pub fn say(message: &str) {
+    match sink() {
+        Sink::Journal => tracing::error!(human = true, "{message}"),
+        Sink::Text => eprintln!("sealnode: {message}"),
+    }
+}
+
+/// A line a role wrote, control characters escaped (no terminal escapes, no forged
+/// line breaks; valid UTF-8 passes, other bytes are replaced).
+pub fn clean(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    let mut s = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\t' {
+            s.extend(c.escape_default());
+        } else {
+            s.push(c);
+        }
+    }
+    s
+}
+
+/// One role line, from its stdout (`err` false) or stderr: in the journal under the role's
+/// own identifier, with ROLE, PID, GENERATION and STREAM; on sealnode's own stdout or stderr
+/// with the `engine[PID]: ` prefix otherwise.
+pub fn role_line(role: Role, pid: i32, generation: u64, err: bool, line: &str) {
+    let stream = if err { "stderr" } else { "stdout" };
+    match (sink(), role) {
+        (Sink::Journal, Role::Engine) => {
+            tracing::info!(target: "sealnode::role::engine", role = "engine", pid, generation, stream, "{line}")
+        }
+        (Sink::Journal, Role::Node) => {
+            tracing::info!(target: "sealnode::role::node", role = "node", pid, generation, stream, "{line}")
+        }
+        // A closed or full stdout/stderr must not stop the supervisor: the line is dropped.
+        (Sink::Text, _) if err => {
+            let _ = writeln!(std::io::stderr().lock(), "{role}[{pid}]: {line}");
+        }
+        (Sink::Text, _) => {
+            let _ = writeln!(std::io::stdout().lock(), "{role}[{pid}]: {line}");
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Each role's stdout and stderr, captured by the supervisor through a pipe and re-emitted
+//! line by line (log::role_line), tagged with the role: a line is cut at [`MAX_LINE`] bytes, and
+//! each role may emit [`RATE`] lines a second (bursts to [`BURST`]); the rest are dropped and
+//! counted, and sealnode says how many once a second. The supervisor reads at most
+//! [`READ_BUDGET`] bytes per wake-up, so a role flooding its output can neither stall the event
+//! loop nor grow the supervisor's memory past one line buffer per stream.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Instant;
+
+use nix::errno::Errno;
+
+use crate::config::Role;
+
+/// The longest line re-emitted; the rest of a longer one is dropped (journald's own LineMax
+/// is 48 KiB).
+pub const MAX_LINE: usize = 16 * 1024;
+/// Bytes read from one pipe per wake-up of the event loop.
+pub const READ_BUDGET: usize = 64 * 1024;
+/// Lines a second a role may emit, sustained.
+pub const RATE: f64 = 1000.0;
+/// Lines a role may emit at once after a quiet spell.
+pub const BURST: f64 = 5000.0;
+
+/// A token bucket: [`RATE`] lines a second, up to [`BURST`] saved.
+#[derive(Debug)]
+pub struct Bucket {
+    tokens: f64,
+    at: Instant,
+    /// Lines dropped since the last report.
+    pub dropped: u64,
+    quiet: crate::ratelimit::Quiet,
+}
+
+impl Bucket {
+    pub fn new(now: Instant) -> Bucket {
+        Bucket { tokens: BURST, at: now, dropped: 0, quiet: Default::default() }
+    }
+
+    /// May one more line go out now?
+    pub fn take(&mut self, now: Instant) -> bool {
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * RATE).min(BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.dropped += 1;
+            false
+        }
+    }
+
+    /// The dropped count to report now (at most once a second), reset once reported.
+    pub fn report(&mut self, now: Instant) -> Option<u64> {
+        if self.dropped == 0 {
+            return None;
+        }
+        self.quiet.allow(now)?;
+        Some(std::mem::take(&mut self.dropped))
+    }
+}
+
+/// One captured stream of one run of a role.
+#[derive(Debug)]
+pub struct Capture {
+    pub role: Role,
+    pub pid: i32,
+    pub generation: u64,
+    pub err: bool,
+    pub fd: OwnedFd,
+    /// The current line so far (at most MAX_LINE bytes).
+    buf: Vec<u8>,
+    /// The current line passed MAX_LINE: drop the rest of it.
+    skipping: bool,
+    /// Lines cut at MAX_LINE.
+    pub cut: u64,
+}
+
+/// What a read found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Read {
+    /// More may come (the budget was used, or the pipe is empty for now).
+    More,
+    /// The role closed its end: the capture is done.
+    Eof,
+}
+
+impl Capture {
+    pub fn new(role: Role, pid: i32, generation: u64, err: bool, fd: OwnedFd) -> Capture {
+        Capture { role, pid, generation, err, fd, buf: Vec::new(), skipping: false, cut: 0 }
+    }
+
+    /// Read what the pipe holds (up to READ_BUDGET) and emit each complete line through
+    /// `emit`, subject to `bucket`.
+    pub fn read(&mut self, bucket: &mut Bucket, emit: &mut dyn FnMut(&Capture, &[u8])) -> Read {
+        let mut chunk = [0u8; 8192];
+        let mut budget = READ_BUDGET;
+        while budget > 0 {
+            let n = match nix::unistd::read(self.fd.as_fd(), &mut chunk[..budget.min(8192)]) {
+                Ok(0) => {
+                    self.finish(bucket, emit);
+                    return Read::Eof;
+                }
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return Read::More,
+                Err(_) => {
+                    self.finish(bucket, emit);
+                    return Read::Eof;
+                }
+            };
+            budget -= n;
+            self.feed(&chunk[..n], bucket, emit);
+        }
+        Read::More
+    }
+
+    /// Split `data` into lines: complete ones are emitted, a long one is cut once.
+    pub fn feed(&mut self, mut data: &[u8], bucket: &mut Bucket, emit: &mut dyn FnMut(&Capture, &[u8])) {
+        while !data.is_empty() {
+            let nl = data.iter().position(|b| *b == b'\n');
+            let (part, rest) = match nl {
+                Some(i) => (&data[..i], &data[i + 1..]),
+                None => (data, &[][..]),
+            };
+            if !self.skipping {
+                let room = MAX_LINE - self.buf.len();
+                self.buf.extend_from_slice(&part[..part.len().min(room)]);
+                if part.len() > room {
+                    // The line is too long: emit what fits now, marked, and drop the rest.
+                    self.cut += 1;
+                    let mut line = std::mem::take(&mut self.buf);
+                    line.extend_from_slice(format!(" [line cut at {MAX_LINE} bytes]").as_bytes());
+                    self.out(&line, bucket, emit);
+                    self.skipping = true;
+                }
+            }
+            if nl.is_some() {
+                if self.skipping {
+                    self.skipping = false;
+                } else {
+                    let line = std::mem::take(&mut self.buf);
+                    self.out(&line, bucket, emit);
+                }
+            }
+            data = rest;
+        }
+    }
+
+    /// At EOF: a last line without its newline still counts.
+    fn finish(&mut self, bucket: &mut Bucket, emit: &mut dyn FnMut(&Capture, &[u8])) {
+        if !self.buf.is_empty() && !self.skipping {
+            let line = std::mem::take(&mut self.buf);
+            self.out(&line, bucket, emit);
+        }
+    }
+
+    fn out(&self, line: &[u8], bucket: &mut Bucket, emit: &mut dyn FnMut(&Capture, &[u8])) {
+        if bucket.take(Instant::now()) {
+            emit(self, line);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

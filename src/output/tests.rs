@@ -1,0 +1,69 @@
+//! Role output: lines split, long lines cut once, floods dropped and counted.
+
+use super::*;
+use std::time::Duration;
+
+fn capture() -> Capture {
+    let (r, _w) = nix::unistd::pipe().expect("pipe");
+    Capture::new(Role::Engine, 42, 7, false, r)
+}
+
+fn lines(c: &mut Capture, data: &[&[u8]], bucket: &mut Bucket) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for d in data {
+        c.feed(d, bucket, &mut |_, l| out.push(l.to_vec()));
+    }
+    out
+}
+
+#[test]
+fn lines_are_split_across_reads() {
+    let mut b = Bucket::new(Instant::now());
+    let mut c = capture();
+    let got = lines(&mut c, &[b"one\ntw", b"o\n\nthree"], &mut b);
+    assert_eq!(got, vec![b"one".to_vec(), b"two".to_vec(), b"".to_vec()]);
+    // "three" waits for its newline (or EOF).
+    assert_eq!(c.buf, b"three");
+}
+
+#[test]
+fn a_long_line_is_cut_once_and_the_rest_dropped() {
+    let mut b = Bucket::new(Instant::now());
+    let mut c = capture();
+    let big = vec![b'x'; MAX_LINE * 3 + 5];
+    let got = lines(&mut c, &[&big, &big, b"\nnext\n"], &mut b);
+    assert_eq!(got.len(), 2, "{:?}", got.iter().map(|l| l.len()).collect::<Vec<_>>());
+    assert!(got[0].starts_with(&vec![b'x'; MAX_LINE]) && got[0].ends_with(b" [line cut at 16384 bytes]"));
+    assert_eq!(got[0].len(), MAX_LINE + " [line cut at 16384 bytes]".len());
+    assert_eq!(got[1], b"next");
+    assert_eq!(c.cut, 1);
+    assert!(c.buf.capacity() <= MAX_LINE * 2, "the line buffer stays bounded");
+}
+
+#[test]
+fn a_flood_is_cut_to_the_rate_and_counted() {
+    let t = Instant::now();
+    let mut b = Bucket::new(t);
+    let mut passed = 0;
+    for _ in 0..100_000 {
+        if b.take(t) {
+            passed += 1;
+        }
+    }
+    assert_eq!(passed, BURST as u64);
+    assert_eq!(b.dropped, 100_000 - BURST as u64);
+    assert_eq!(b.report(t), Some(100_000 - BURST as u64));
+    assert_eq!(b.report(t), None, "nothing more to report");
+    // A second later, RATE more lines pass.
+    let later = t + Duration::from_secs(1);
+    let passed = (0..5000).filter(|_| b.take(later)).count();
+    assert_eq!(passed, RATE as usize);
+    // ... and the drops are reported no sooner than a second after the last report.
+    assert_eq!(b.report(later + Duration::from_millis(10)), Some(5000 - RATE as u64));
+}
+
+#[test]
+fn control_characters_are_escaped() {
+    assert_eq!(crate::log::clean(b"\x1b[31mred\x1b[0m\rINFO x"), "\\u{1b}[31mred\\u{1b}[0m\\rINFO x");
+    assert_eq!(crate::log::clean(b"tab\tok \xff"), "tab\tok \u{fffd}");
+}
