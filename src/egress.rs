@@ -300,8 +300,9 @@ impl Dir {
         Ok(Dir { pipe_r, pipe_w, buffered: 0, eof: false, shut: false })
     }
 
-    /// Move what can be moved from `src` to `dst`; returns bytes delivered to `dst`.
-    fn pump(&mut self, src: &OwnedFd, dst: &OwnedFd) -> Result<u64, Errno> {
+    /// Move what can be moved from `src` to `dst`: the bytes delivered to `dst`, and the error
+    /// that ended this direction, if one did (bytes delivered before it still count).
+    fn pump(&mut self, src: &OwnedFd, dst: &OwnedFd) -> (u64, Result<(), Errno>) {
         let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
         let mut delivered = 0u64;
         loop {
@@ -315,7 +316,7 @@ impl Dir {
                     }
                     Err(Errno::EAGAIN) => {}
                     Err(Errno::EINTR) => progressed = true,
-                    Err(e) => return Err(e),
+                    Err(e) => return (delivered, Err(e)),
                 }
             }
             if self.buffered > 0 {
@@ -327,7 +328,7 @@ impl Dir {
                     }
                     Err(Errno::EAGAIN) => {}
                     Err(Errno::EINTR) => progressed = true,
-                    Err(e) => return Err(e),
+                    Err(e) => return (delivered, Err(e)),
                 }
             }
             if !progressed {
@@ -339,7 +340,7 @@ impl Dir {
             let _ = shutdown(dst.as_raw_fd(), Shutdown::Write);
             self.shut = true;
         }
-        Ok(delivered)
+        (delivered, Ok(()))
     }
 }
 
@@ -763,15 +764,16 @@ impl Forwarder {
         let up = c.dirs[0].pump(&c.inner, &c.outer);
         let down = c.dirs[1].pump(&c.outer, &c.inner);
         let stats = &mut self.upstreams[c.upstream].stats;
-        match (up, down) {
-            (Ok(u), Ok(d)) => {
-                stats.bytes_up += u;
-                stats.bytes_down += d;
-                if u + d > 0 {
-                    c.last_active = Instant::now();
-                }
-            }
-            _ => return self.close(epoll, id),
+        // Bytes delivered count even when that direction or the other failed in the same pass
+        // (an upstream that answers and resets at once: found by the metrics test).
+        let ((u, up), (d, down)) = (up, down);
+        stats.bytes_up += u;
+        stats.bytes_down += d;
+        if u + d > 0 {
+            c.last_active = Instant::now();
+        }
+        if up.is_err() || down.is_err() {
+            return self.close(epoll, id);
         }
         if c.dirs[0].shut && c.dirs[1].shut {
             return self.close(epoll, id);
