@@ -22,6 +22,7 @@ pub mod exit;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod log;
+pub mod metrics;
 pub mod output;
 pub mod policy;
 pub mod probe;

@@ -91,11 +91,22 @@ enum Command {
         tap: Option<PathBuf>,
     },
     /// Talk to a running `sealnode run` over its control socket.
+    ///
+    /// `status` shows the cell, each role and each forwarding route as a table (`--json`: the
+    /// control protocol's answer, docs/control.md); `metrics` prints them as Prometheus text
+    /// (or writes a node_exporter textfile); `recycle` drains, wipes and restarts both roles.
     Ctl {
         #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         #[arg(value_enum)]
         command: CtlCommand,
+        /// status: the JSON answer instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// metrics: write the exposition to this file atomically (node_exporter's textfile
+        /// collector reads `*.prom`) instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        textfile: Option<PathBuf>,
     },
     /// Check a receipt against the current config, policies and binaries.
     ///
@@ -165,6 +176,8 @@ enum Command {
 enum CtlCommand {
     /// Roles, pids, uptime, restarts, egress counters, last receipt.
     Status,
+    /// The same facts as Prometheus text exposition (format 0.0.4).
+    Metrics,
     /// Drain, stop both roles, wipe scratch, re-provision, start, canaries, new receipt.
     Recycle,
 }
@@ -186,11 +199,12 @@ fn main() -> ExitCode {
         Command::Probe { config, role, args } => cli::exec::probe(&config, role, args),
         Command::ProbeInside { args } => Ok(sealnode::probe::run_inside(&args)),
         Command::CanaryInside { ctx, ids } => Ok(sealnode::canary::inside::main(&ctx, &ids)),
-        Command::Ctl { config, command } => cli::ctl::ctl(
+        Command::Ctl { config, command, json, textfile } => cli::ctl::ctl(
             &config,
             match command {
-                CtlCommand::Status => "status",
-                CtlCommand::Recycle => "recycle",
+                CtlCommand::Status => cli::ctl::Show::Status { json },
+                CtlCommand::Metrics => cli::ctl::Show::Metrics { textfile },
+                CtlCommand::Recycle => cli::ctl::Show::Recycle,
             },
         ),
         Command::VerifyReceipt { file, config } => cli::receipt::verify(file, &config),

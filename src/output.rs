@@ -29,12 +29,14 @@ pub struct Bucket {
     at: Instant,
     /// Lines dropped since the last report.
     pub dropped: u64,
+    /// Lines dropped in all.
+    pub dropped_total: u64,
     quiet: crate::ratelimit::Quiet,
 }
 
 impl Bucket {
     pub fn new(now: Instant) -> Bucket {
-        Bucket { tokens: BURST, at: now, dropped: 0, quiet: Default::default() }
+        Bucket { tokens: BURST, at: now, dropped: 0, dropped_total: 0, quiet: Default::default() }
     }
 
     /// May one more line go out now?
@@ -46,6 +48,7 @@ impl Bucket {
             true
         } else {
             self.dropped += 1;
+            self.dropped_total += 1;
             false
         }
     }

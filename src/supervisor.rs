@@ -57,6 +57,8 @@ struct Slot {
     state: State,
     started: Option<Instant>,
     restarts: u32,
+    /// Starts of this role since sealnode started (first, restarts, reloads, recycles).
+    starts: u64,
     backoff: Duration,
     /// When this role was restarted within its restart_limit interval.
     recent: std::collections::VecDeque<Instant>,
@@ -90,6 +92,8 @@ struct ReadyCheck {
     buf: Vec<u8>,
     next_try: Instant,
     deadline: Instant,
+    /// When the check began (the engine's start): readiness latency is measured from here.
+    began: Instant,
     /// What the last try saw ("connection refused", "HTTP/1.1 503 Service Unavailable"), for
     /// the timeout's message.
     last: String,
@@ -146,6 +150,8 @@ pub struct Supervisor {
     next_output: u64,
     /// Each role's output rate limit, shared by its stdout and stderr.
     buckets: [crate::output::Bucket; 2],
+    /// How long the engine's last start took to pass its readiness check.
+    ready_ms: Option<u64>,
 }
 
 /// Tell the service manager (if any), never blocking the event loop: sd_notify's send
@@ -259,6 +265,7 @@ impl Supervisor {
             state: State::Down,
             started: None,
             restarts: 0,
+            starts: 0,
             backoff: BACKOFF_MIN,
             recent: std::collections::VecDeque::new(),
             gate: None,
@@ -295,6 +302,7 @@ impl Supervisor {
             outputs: std::collections::HashMap::new(),
             next_output: 1,
             buckets: [crate::output::Bucket::new(Instant::now()), crate::output::Bucket::new(Instant::now())],
+            ready_ms: None,
         })
     }
 
@@ -592,6 +600,8 @@ impl Supervisor {
                     "pid": pid,
                     "uptime_s": s.started.filter(|_| pid.is_some()).map(|t| t.elapsed().as_secs()),
                     "restarts": s.restarts,
+                    "starts": s.starts,
+                    "output_dropped_lines": self.buckets[s.role as usize].dropped_total,
                     "generation": s.gate.map(|g| g.generation),
                     "preflight": s.gate.map(|g| serde_json::json!({ "passed": true, "ms": g.preflight_ms, "attempts": g.attempts })),
                     "resources": self.cell.cgroups.as_ref().map(|t| t.usage(s.role)),
@@ -603,6 +613,7 @@ impl Supervisor {
             "uptime_s": self.born.elapsed().as_secs(),
             "cell_pid": self.cell.pid.as_raw(),
             "ready": self.ready_sent,
+            "engine_ready_ms": self.ready_ms,
             "roles": roles,
             "egress": self.fwd.stats(),
             "engine_forwarding": self.fwd.engine_stats(),
@@ -690,6 +701,7 @@ impl Supervisor {
                 let s = self.slot(role);
                 s.state = State::Running(sb.pid);
                 s.started = Some(Instant::now());
+                s.starts += 1;
                 notify(&[NotifyState::Status(&format!("{role} started"))]);
                 if role == Role::Engine {
                     self.begin_ready_check();
@@ -757,6 +769,7 @@ impl Supervisor {
             buf: Vec::new(),
             next_try: Instant::now(),
             deadline: Instant::now() + timeout,
+            began: Instant::now(),
             last: "no answer yet".to_string(),
         });
     }
@@ -844,8 +857,9 @@ impl Supervisor {
 
     fn engine_ready(&mut self) {
         self.ready_check_failed();
-        self.ready_check = None;
-        tracing::info!(role = "engine", "engine ready");
+        let latency = self.ready_check.take().map(|p| p.began.elapsed());
+        self.ready_ms = latency.map(|d| d.as_millis() as u64);
+        tracing::info!(role = "engine", ready_ms = self.ready_ms, "engine ready");
         if self.stopping.is_some() {
             return;
         }

@@ -676,7 +676,11 @@ fn raw_request(f: &Fixture, bytes: &[u8]) -> Value {
 
 fn ctl(f: &Fixture, cmd: &str) -> (Option<i32>, Value) {
     let cfg = f.config.display().to_string();
-    let o = f.command(&["ctl", "--config", &cfg, cmd]).output_within(COMMAND_LIMIT);
+    let mut args = vec!["ctl", "--config", &cfg, cmd];
+    if cmd == "status" {
+        args.push("--json");
+    }
+    let o = f.command(&args).output_within(COMMAND_LIMIT);
     (o.status.code(), serde_json::from_slice(&o.stdout).unwrap_or(Value::Null))
 }
 

@@ -117,3 +117,42 @@ fn round_trip(ollama: bool) {
         assert!(err.contains(&format!("gateway.test:{gw_port}")) && err.contains("egress totals"), "{mode:?}: {err}");
     }
 }
+
+/// README's first command, as written: `./scripts/demo` as root seals the real llama-server with
+/// SmolLM2 (built by the test command, cached) and the real frutebox node, and a job the gateway
+/// stand-in sends is answered by the model.
+#[test]
+fn the_readme_demo_answers_with_the_real_engine() {
+    if !is_root() {
+        return unavailable("rootful", "scripts/demo creates role users: it runs as root");
+    }
+    if std::env::var("SEALNODE_TEST_LLAMA_SERVER").is_err() {
+        return unavailable("llama", "SEALNODE_TEST_LLAMA_SERVER is unset (scripts/build-llama-server)");
+    }
+    let dir = format!("/var/tmp/sealnode-it-demo-script-{}", std::process::id());
+    let cache = std::path::Path::new(&std::env::var("SEALNODE_TEST_LLAMA_SERVER").expect("llama"))
+        .ancestors()
+        .nth(3)
+        .expect("cache dir")
+        .display()
+        .to_string();
+    let port = (19500 + std::process::id() % 400).to_string();
+    let o = Command::new(repo().join("scripts/demo"))
+        .env("SEALNODE_DEMO_BIN", env!("CARGO_BIN_EXE_sealnode"))
+        .env("SEALNODE_DEMO_DIR", &dir)
+        .env("SEALNODE_TEST_CACHE", &cache)
+        .env("SEALNODE_DEMO_GATEWAY_PORT", &port)
+        .stdin(Stdio::null())
+        .output_within(COMMAND_LIMIT);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(o.status.success(), "scripts/demo failed:\n{out}");
+    assert!(out.contains("the REAL engine (llama-server + SmolLM2)"), "not the real engine:\n{out}");
+    assert!(out.contains("[ok  ] engine sandbox"), "no check:\n{out}");
+    let answer = out
+        .lines()
+        .find(|l| l.starts_with("gateway: <- job-plain result: ") && l.contains("backend=llamacpp:smollm2"))
+        .unwrap_or_else(|| panic!("no answer from the model:\n{out}"));
+    assert!(answer.len() > "gateway: <- job-plain result: '' backend=llamacpp:smollm2".len() + 10, "{answer}");
+    assert!(out.contains("demo OK: a job went gateway -> sealed node -> sealed engine (real)"), "{out}");
+}

@@ -160,3 +160,22 @@ fn readme_exit_codes_are_the_table() {
     let want = sealnode::exit::markdown();
     assert_eq!(body, Some(want.as_str()), "README.md's exit table differs from src/exit.rs; it should read:\n{want}");
 }
+
+/// README's two commands are the ones that exist, without `sudo` (a Debian root shell has
+/// none), and .ci/run runs exactly the second.
+#[test]
+fn readme_two_commands_are_real_and_ci_runs_the_second() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README");
+    let section = readme.split("## Two commands").nth(1).and_then(|s| s.split("```sh\n").nth(1)).expect("section");
+    let block = section.split("```").next().expect("block");
+    let commands: Vec<&str> =
+        block.lines().filter(|l| !l.starts_with(' ')).filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(commands, ["./scripts/demo", "./scripts/test"], "{block}");
+    for c in &commands {
+        let meta = std::fs::metadata(format!("{root}/{c}")).expect("script exists");
+        assert!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o111 != 0, "{c} is executable");
+    }
+    let ci = std::fs::read_to_string(format!("{root}/.ci/run")).expect(".ci/run");
+    assert!(ci.lines().any(|l| l.trim() == "exec ./scripts/test"), ".ci/run runs ./scripts/test");
+}

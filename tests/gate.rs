@@ -146,7 +146,11 @@ fn generations(err: &str, role: &str) -> Vec<u64> {
 
 fn ctl(f: &Fixture, cmd: &str) -> Value {
     let cfg = f.config.display().to_string();
-    let o = f.command(&["ctl", "--config", &cfg, cmd]).output_within(COMMAND_LIMIT);
+    let mut args = vec!["ctl", "--config", &cfg, cmd];
+    if cmd == "status" {
+        args.push("--json");
+    }
+    let o = f.command(&args).output_within(COMMAND_LIMIT);
     serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
 }
 

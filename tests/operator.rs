@@ -251,3 +251,109 @@ fn role_output_is_tagged_bounded_and_cannot_flood_the_supervisor() {
         assert!(e.contains("role output over its rate limit: lines dropped"), "{mode:?}: no drop report:\n{e}");
     }
 }
+
+/// `ctl metrics` is valid Prometheus text (parsed by the reference parser, prometheus_client),
+/// and its numbers are the cell's: roles running, starts, preflight, egress bytes; `ctl status`
+/// is a table by default and JSON with `--json`; `--textfile` writes the file whole.
+#[test]
+fn metrics_parse_and_count_what_happened() {
+    use std::io::Write;
+    let Ok(venv) = std::env::var("SEALNODE_TEST_VENV") else {
+        unavailable("python", "SEALNODE_TEST_VENV is unset (scripts/prepare-python)");
+        return;
+    };
+    for mode in modes() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let up_port = l.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                let _ = s.write_all(b"hello-from-upstream\n");
+            }
+        });
+        let mut f = Fixture::new(mode, "metrics");
+        let bin = f.p("bin").display().to_string();
+        f.engine_cmd =
+            r#"["/usr/bin/busybox", "sh", "-c", "exec busybox httpd -f -p 127.0.0.1:18080 -h /models"]"#.into();
+        f.node_cmd = format!(
+            "[\"/usr/bin/busybox\", \"sh\", \"-c\", \"/opt/sealnode/sealnode __probe-inside --fetch gw.test:{up_port} >/dev/null; echo node-up; exec sleep 600\"]"
+        );
+        f.engine_extra = format!("ro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]");
+        f.node_extra = format!(
+            "ro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]\negress = [{{ host = \"gw.test\", port = {up_port}, connect = \"127.0.0.1:{up_port}\" }}]"
+        );
+        f.cell_extra = "stop_timeout_s = 1".into();
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        let mut child = f
+            .command(&["run", "--config", &cfg])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run");
+        let out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let up = std::io::BufRead::lines(out).map_while(Result::ok).any(|l| untag(&l) == "node-up");
+        assert!(up, "{mode:?}: the node never came up");
+        let (code, table, err) = run_out(&f, &["ctl", "--config", &cfg, "status"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(table.starts_with("sealnode: ready, up "), "{table}");
+        for want in
+            ["ROLE", "PREFLIGHT", "engine  running", "node    running", &format!("gw.test:{up_port}"), "node -> engine"]
+        {
+            assert!(table.contains(want), "{mode:?}: the status table lacks {want:?}:\n{table}");
+        }
+        let (_, json, _) = run_out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&json).expect("status --json");
+        assert_eq!(v["roles"][0]["starts"], 1);
+        let (code, text, err) = run_out(&f, &["ctl", "--config", &cfg, "metrics"]);
+        assert_eq!(code, 0, "{err}");
+        // The reference parser: every family and sample, as JSON.
+        let parse = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        key = s.name + json.dumps(s.labels, sort_keys=True)
+        out[key] = s.value
+    out["type:" + fam.name] = fam.type
+print(json.dumps(out))
+"#;
+        let mut py = std::process::Command::new(format!("{venv}/bin/python"))
+            .args(["-c", parse])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python");
+        py.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
+        let o = py.wait_with_output().expect("python");
+        assert!(o.status.success(), "the exposition does not parse: {}\n{text}", String::from_utf8_lossy(&o.stderr));
+        let m: serde_json::Value = serde_json::from_slice(&o.stdout).expect("parser output");
+        let get = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{mode:?}: no {k} in\n{text}"));
+        assert_eq!(get("sealnode_up{}"), 1.0);
+        assert_eq!(get("sealnode_ready{}"), 1.0);
+        assert_eq!(get(r#"sealnode_role_state{"role": "engine", "state": "running"}"#), 1.0);
+        assert_eq!(get(r#"sealnode_role_state{"role": "node", "state": "down"}"#), 0.0);
+        assert_eq!(get(r#"sealnode_role_starts_total{"role": "node"}"#), 1.0);
+        assert_eq!(m["type:sealnode_role_starts"], "counter", "{m}");
+        assert!(get(r#"sealnode_preflight_duration_seconds{"role": "engine"}"#) > 0.0);
+        assert!(get(r#"sealnode_preflight_attempts{"role": "node"}"#) > 50.0);
+        assert!(get("sealnode_engine_ready_seconds{}") > 0.0);
+        assert!(get("sealnode_generation{}") >= 1.0);
+        let up = format!(r#"{{"upstream": "gw.test:{up_port}"}}"#);
+        assert!(get(&format!("sealnode_egress_connections_total{up}")) >= 1.0, "{text}");
+        let down = format!(r#"{{"direction": "down", "upstream": "gw.test:{up_port}"}}"#);
+        assert_eq!(get(&format!("sealnode_egress_bytes_total{down}")), "hello-from-upstream\n".len() as f64, "{text}");
+        // The textfile: written whole, the same text.
+        let prom = f.p("state/sealnode.prom");
+        let (code, _, err) =
+            run_out(&f, &["ctl", "--config", &cfg, "metrics", "--textfile", &prom.display().to_string()]);
+        assert_eq!(code, 0, "{err}");
+        let file = std::fs::read_to_string(&prom).expect("textfile");
+        assert!(file.contains("sealnode_role_starts_total{role=\"engine\"} 1\n"), "{file}");
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = child.wait();
+    }
+}

@@ -10,7 +10,17 @@ use common::*;
 
 /// The units and the exposure each may have on the host's systemd (docs/operator-guide.md
 /// explains the numbers; tests/vm.rs holds the guest's systemd 257 to its own).
-const UNITS: [(&str, f64); 2] = [("sealnode.service", 3.3), ("sealnode-rootless.service", 2.5)];
+const UNITS: [(&str, f64); 4] = [
+    ("sealnode.service", 3.3),
+    ("sealnode-rootless.service", 2.5),
+    ("sealnode@.service", 2.5),
+    ("sealnode-metrics.service", 1.1),
+];
+
+/// The units that run `sealnode run` (the metrics unit only runs `ctl`).
+fn launcher_units() -> impl Iterator<Item = &'static str> {
+    UNITS.iter().map(|(n, _)| *n).filter(|n| *n != "sealnode-metrics.service")
+}
 
 fn analyze() -> Option<&'static str> {
     let p = "/usr/bin/systemd-analyze";
@@ -18,9 +28,10 @@ fn analyze() -> Option<&'static str> {
 }
 
 /// The unit with ExecStart pointing at the binary under test (verify checks it exists).
+/// A template is copied as its instance `test` (`sealnode@test.service`).
 fn unit_copy(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
     let unit = std::fs::read_to_string(repo().join("systemd").join(name)).expect("unit");
-    let path = dir.join(name);
+    let path = dir.join(name.replace("@.", "@test."));
     std::fs::write(&path, unit.replace("/usr/bin/sealnode", env!("CARGO_BIN_EXE_sealnode"))).expect("write");
     path
 }
@@ -52,7 +63,7 @@ fn units_verify_and_exposure_stays_under_the_threshold() {
         let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
         let score: f64 = text
             .lines()
-            .find_map(|l| l.split(&format!("Overall exposure level for {name}:")).nth(1))
+            .find_map(|l| l.split(&format!("Overall exposure level for {}:", name.replace("@.", "@test."))).nth(1))
             .and_then(|r| r.split_whitespace().next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("no exposure score in: {text}"));
@@ -63,7 +74,7 @@ fn units_verify_and_exposure_stays_under_the_threshold() {
 
 #[test]
 fn units_do_not_fight_the_launcher() {
-    for (name, _) in UNITS {
+    for name in launcher_units() {
         let active = active(name);
         for forbidden in [
             // Their over-mounts in /proc make the kernel refuse each role's fresh /proc.
@@ -137,6 +148,32 @@ fn the_rootless_unit_keeps_every_setting_of_the_rootful_one() {
     {
         assert!(rootless.iter().any(|l| l == extra), "sealnode-rootless.service lacks {extra}");
     }
+}
+
+/// Each instance of sealnode@.service is the rootless unit with its own user, config and dirs:
+/// every other setting is the same, so hardening added to one reaches the other.
+#[test]
+fn the_template_unit_is_the_rootless_one_per_instance() {
+    let template = active("sealnode@.service");
+    let rootless = active("sealnode-rootless.service");
+    let differs =
+        ["Description=", "ExecStart=", "User=", "Group=", "StateDirectory=", "RuntimeDirectory=", "Conflicts="];
+    for line in &rootless {
+        if differs.iter().any(|d| line.starts_with(d)) {
+            continue;
+        }
+        assert!(template.contains(line), "sealnode@.service lacks {line:?} of sealnode-rootless.service");
+    }
+    for want in [
+        "ExecStart=/usr/bin/sealnode run --config /etc/sealnode/%i.toml",
+        "User=sealnode-%i",
+        "Group=sealnode-%i",
+        "StateDirectory=sealnode-%i sealnode-%i/engine sealnode-%i/node",
+        "RuntimeDirectory=sealnode-%i",
+    ] {
+        assert!(template.iter().any(|l| l == want), "sealnode@.service lacks {want}");
+    }
+    assert!(!template.iter().any(|l| l.starts_with("Conflicts=")), "instances run side by side");
 }
 
 #[test]

@@ -52,7 +52,7 @@ limits = { $2 }
 ${4:-}
 TOML
 }
-status() { /usr/bin/sealnode ctl status > /tmp/status.json && "$VENV/bin/python" -c "$1" /tmp/status.json; }
+status() { /usr/bin/sealnode ctl status --json > /tmp/status.json && "$VENV/bin/python" -c "$1" /tmp/status.json; }
 start() { T0=$(date '+%Y-%m-%d %H:%M:%S'); timeout 300 systemctl start sealnode.service; }
 stop() { timeout 120 systemctl stop sealnode.service; systemctl reset-failed sealnode.service 2>/dev/null; }
 wait_log() {  # SECONDS PATTERN
@@ -71,7 +71,7 @@ check "node.limits.memory_max_mb written (memory.max = 96 MiB), oom.group, no sw
   sh -c "[ \$(cat $CG/node/memory.max) = $((96 * 1024 * 1024)) ] && [ \$(cat $CG/node/memory.oom.group) = 1 ] && [ \$(cat $CG/node/memory.swap.max) = 0 ]"
 check "engine's own limits in its leaf (256 MiB, 64 pids)" \
   sh -c "[ \$(cat $CG/engine/memory.max) = $((256 * 1024 * 1024)) ] && [ \$(cat $CG/engine/pids.max) = 64 ]"
-rolepid() { /usr/bin/sealnode ctl status | "$VENV/bin/python" -c "import json,sys; print([r['pid'] for r in json.load(sys.stdin)['roles'] if r['role'] == sys.argv[1]][0])" "$1"; }
+rolepid() { /usr/bin/sealnode ctl status --json | "$VENV/bin/python" -c "import json,sys; print([r['pid'] for r in json.load(sys.stdin)['roles'] if r['role'] == sys.argv[1]][0])" "$1"; }
 epid=$(rolepid engine)
 check "the engine's sandbox ($epid) runs in the engine leaf" grep -qx "$epid" $CG/engine/cgroup.procs
 check "the node's hog is logged as an OOM kill with its limit" wait_log 120 "role OOM-killed.*memory_max_mb=96"

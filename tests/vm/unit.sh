@@ -80,7 +80,7 @@ done
 gw=$(systemctl show -p Result --value sealnode-vm-gateway.service)
 check "a job round trip through the gateway stand-in (gateway result: $gw)" test "$gw" = success
 journalctl -u sealnode-vm-gateway --no-pager | grep "gateway:" | tail -5 | sed 's/^/info: /'
-check "ctl status answers" sh -c "/usr/bin/sealnode ctl status > /tmp/status.json"
+check "ctl status answers" sh -c "/usr/bin/sealnode ctl status --json > /tmp/status.json"
 gen() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["generation"])' /var/lib/sealnode/receipt.json 2>/dev/null || echo 0; }
 g1=$(gen)
 check "the first start wrote receipt generation 1 (got $g1)" test "$g1" = 1
@@ -96,6 +96,24 @@ check "active again after the reload (READY=1 once both roles run)" test "$(syst
 
 # The journal has sealnode's own lines.
 check "the journal has sealnode's lines" sh -c "journalctl -u sealnode --no-pager | grep -q 'preflight passed'"
+# Native journal entries: sealnode's own under SYSLOG_IDENTIFIER=sealnode with priorities and
+# fields, each role's output under its own identifier, tagged with ROLE, PID, GENERATION, STREAM.
+journal_has() {  # PYTHON-CONDITION over each entry e (a dict): true if any entry matches
+  journalctl -u sealnode -o json --no-pager | "$PY" -c "
+import json, sys
+ok = any(($1) for e in map(json.loads, sys.stdin))
+sys.exit(0 if ok else 1)"
+}
+check "journal: 'role started' at priority 5 with ROLE, PID and GENERATION fields" \
+  journal_has "e.get('SYSLOG_IDENTIFIER') == 'sealnode' and e.get('MESSAGE') == 'role started' and e.get('PRIORITY') == '5' and e.get('ROLE') == 'engine' and e.get('PID', '').isdigit() and e.get('GENERATION') == '1'"
+check "journal: the engine's own output under sealnode-engine, with ROLE=engine and STREAM" \
+  journal_has "e.get('SYSLOG_IDENTIFIER') == 'sealnode-engine' and e.get('ROLE') == 'engine' and e.get('STREAM') in ('stdout', 'stderr')"
+check "journal: the node's own output under sealnode-node (frutebox's log lines)" \
+  journal_has "e.get('SYSLOG_IDENTIFIER') == 'sealnode-node' and e.get('ROLE') == 'node' and e.get('GENERATION', '').isdigit()"
+check "journal: no role line under sealnode's own identifier" \
+  sh -c "! journalctl -u sealnode -t sealnode -o json --no-pager | grep -q '\"ROLE\":\"node\",.*\"STREAM\"'"
+check "journal: journalctl -t sealnode-engine shows the engine alone" \
+  sh -c "journalctl -u sealnode -t sealnode-engine --no-pager -o cat | grep -q . && ! journalctl -u sealnode -t sealnode-engine --no-pager -o cat | grep -q 'preflight passed'"
 
 # Stop: within TimeoutStopSec, nothing left in the unit's cgroup, scratch wiped.
 cg=/sys/fs/cgroup/system.slice/sealnode.service
@@ -196,4 +214,49 @@ check "rootless: scratch wiped" sh -c "[ -z \"\$(ls -A /var/lib/sealnode-rootles
 score=$(systemd-analyze security sealnode-rootless.service 2>/dev/null | sed -n 's/.*Overall exposure level for sealnode-rootless.service: \([0-9.]*\).*/\1/p')
 echo "info: systemd-analyze security sealnode-rootless.service: $score"
 check "an exposure score for the rootless unit" test -n "$score"
+
+# Several nodes on one host: two instances of sealnode@.service at once, each its own user,
+# config, dirs, gateway; the same engine port in both (each cell has its own namespaces).
+printf 'u sealnode-a - "sealnode instance a"\nu sealnode-b - "sealnode instance b"\n' > /etc/sysusers.d/sealnode-instances.conf
+must "systemd-sysusers creates the instance users" systemd-sysusers /etc/sysusers.d/sealnode-instances.conf
+for i in a b; do
+  port=$([ $i = a ] && echo 18766 || echo 18767)
+  sed -e "s#/var/lib/sealnode-rootless#/var/lib/sealnode-$i#g" -e "s#/run/sealnode-rootless\"#/run/sealnode-$i\"#" \
+      -e "s#/etc/sealnode/credential#/etc/sealnode/$i.credential#" -e "s#$GW#$port#g" \
+      /etc/sealnode/rootless.toml > /etc/sealnode/$i.toml
+  chmod 0644 /etc/sealnode/$i.toml
+  install -o sealnode-$i -g sealnode-$i -m 0400 /dev/null /etc/sealnode/$i.credential
+  echo "credential-$i" > /etc/sealnode/$i.credential
+  systemctl stop sealnode-vm-gw-$i 2>/dev/null; systemctl reset-failed sealnode-vm-gw-$i 2>/dev/null
+  systemd-run --unit=sealnode-vm-gw-$i --service-type=exec -p StandardOutput=journal \
+    "$PY" -u /usr/local/share/sealnode-standin/standin-gateway.py --port $port --model standin --timeout 400 >/dev/null 2>&1
+done
+sleep 1
+must "sealnode@a and sealnode@b start together" timeout 400 systemctl start sealnode@a.service sealnode@b.service
+for i in a b; do
+  for _ in $(seq 1 240); do
+    [ "$(systemctl show -p ActiveState --value sealnode-vm-gw-$i.service)" = active ] || break
+    sleep 1
+  done
+  check "instance $i: a job round trip through its own gateway" \
+    test "$(systemctl show -p Result --value sealnode-vm-gw-$i.service)" = success
+  check "instance $i: sealnode runs as sealnode-$i" \
+    test "$(ps -o uid= -p "$(systemctl show -p MainPID --value sealnode@$i.service)" | tr -d ' ')" = "$(id -u sealnode-$i)"
+  check "instance $i: its receipt in its own state dir" test -s /var/lib/sealnode-$i/receipt.json
+  check "instance $i: ctl status on its own control socket" \
+    sh -c "runuser -u sealnode-$i -- /usr/bin/sealnode ctl --config /etc/sealnode/$i.toml status | grep -q '^sealnode: ready'"
+  check "instance $i: its engine's lines in its own journal" \
+    sh -c "journalctl -u sealnode@$i -t sealnode-engine --no-pager -o cat | grep -q ."
+done
+check "the two instances' engines run as their own users" \
+  sh -c "[ \"\$(ps -eo uid=,args= | grep '[s]tandin-engine' | awk '{print \$1}' | sort -un | tr '\n' ' ')\" = \"\$(printf '%s\\n' \$(id -u sealnode-a) \$(id -u sealnode-b) | sort -un | tr '\n' ' ')\" ]"
+check "instance a stops alone" timeout 120 systemctl stop sealnode@a.service
+check "instance b still runs" test "$(systemctl show -p ActiveState --value sealnode@b.service)" = active
+check "instance b: ctl status still answers" \
+  sh -c "runuser -u sealnode-b -- /usr/bin/sealnode ctl --config /etc/sealnode/b.toml status --json | grep -q '\"ok\":true'"
+check "instance b stops" timeout 120 systemctl stop sealnode@b.service
+check "instance a: a clean stop" test "$(systemctl show -p Result --value sealnode@a.service)" = success
+check "instance b: a clean stop" test "$(systemctl show -p Result --value sealnode@b.service)" = success
+score=$(systemd-analyze security sealnode@a.service 2>/dev/null | sed -n 's/.*Overall exposure level for sealnode@a.service: \([0-9.]*\).*/\1/p')
+echo "info: systemd-analyze security sealnode@a.service: $score"
 exit $failed
