@@ -2,26 +2,31 @@
 # Seccomp cost per system call: a tight loop of one class of cheap syscall (bench/syscall-loop.c)
 # bare, and under the node role's allowlist compiled three ways and run by the same runner
 # (bwrap --seccomp): sealnode's binary search, seccompiler's linear chain, libseccomp's binary
-# tree; plus inside sealnode's real node sandbox. Median of ROUNDS alternating rounds.
+# tree; plus inside sealnode's real node sandbox, without and with the denial log
+# (log_refused_syscalls: each refused call a round trip to sealnode). Median of ROUNDS
+# alternating rounds.
 . "$(dirname "$0")/common.sh"
 ROUNDS=${ROUNDS:-5}; N=${N:-2000000}
 write_fixture "$BENCH/rootful" rootful
+write_fixture "$BENCH/logged" rootful "log_refused_syscalls = true"
 run() {  # $1 = runner, $2 = class
   case $1 in
     bare) taskset -c "$CPU" "$BENCH/bin/syscall-loop" "$2" "$N" ;;
     sealnode-sandbox) taskset -c "$CPU" "$SN" exec --config "$BENCH/rootful/c.toml" --role node -- /opt/bench/syscall-loop "$2" "$N" ;;
+    # The log's own lines (one a second) go to /dev/null; the loop's number is on stdout.
+    sealnode-logged) taskset -c "$CPU" "$SN" exec --config "$BENCH/logged/c.toml" --role node -- /opt/bench/syscall-loop "$2" "$N" 2>/dev/null ;;
     *) taskset -c "$CPU" sh -c "exec $BWRAP --ro-bind $BENCH/bin /opt/bench --seccomp 9 /opt/bench/syscall-loop $2 $N 9<$BENCH/node.$1.bpf" ;;
   esac
 }
-runners=(bare sealnode seccompiler libseccomp sealnode-sandbox)
+runners=(bare sealnode seccompiler libseccomp sealnode-sandbox sealnode-logged)
 echo "### seccomp cost per syscall (ns/call, median of $ROUNDS rounds, $N calls each, CPU $CPU)"
-echo "| class | bare | sealnode's compiler | seccompiler | libseccomp tree | sealnode sandbox |"
-echo "|---|---:|---:|---:|---:|---:|"
+echo "| class | bare | sealnode's compiler | seccompiler | libseccomp tree | sealnode sandbox | sandbox + denial log |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
 for class in low high arg denied; do
   declare -A res=()
   for r in $(seq 1 "$ROUNDS"); do
-    for k in $(seq 0 4); do
-      i=$(( (k + r) % 5 )); x=${runners[$i]}
+    for k in $(seq 0 5); do
+      i=$(( (k + r) % 6 )); x=${runners[$i]}
       res[$x]+="$(run "$x" "$class") "
     done
   done

@@ -268,6 +268,10 @@ pub struct RoleConfig {
     /// cgroup v2 limits of this role (fields not set here come from `cell.limits`).
     #[serde(default)]
     pub limits: Limits,
+    /// `run`: log each syscall the role's seccomp policy refuses (role, pid, syscall, errno), as
+    /// systemd's SystemCallLog= does; allowed syscalls pay nothing (docs/policies.md).
+    #[serde(default)]
+    pub log_refused_syscalls: bool,
     /// Restart the role when it exits: "no" (stop the cell, exit non-zero), "on-failure", "always".
     #[serde(default)]
     pub restart: Restart,

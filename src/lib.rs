@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod check;
 pub mod config;
 pub mod control;
+pub mod denylog;
 pub mod doctor;
 pub mod egress;
 pub mod error;

@@ -132,6 +132,29 @@ pub fn render(status: &Value) -> String {
         "Lines of the role's output dropped over its rate limit.",
         |r| num(&r["output_dropped_lines"]),
     );
+    // The denial log's counts, where a role has it (log_refused_syscalls).
+    let refused: Vec<(String, String, f64)> = roles
+        .iter()
+        .flat_map(|r| {
+            let role = r["role"].as_str().unwrap_or("?").to_string();
+            r["refused_syscalls"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(move |(k, v)| Some((role.clone(), k.clone(), v.as_f64()?)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if roles.iter().any(|r| r["refused_syscalls"].is_object()) {
+        o.family(
+            "sealnode_role_refused_syscalls_total",
+            "counter",
+            "Syscalls the role's policy refused, by name (log_refused_syscalls).",
+        );
+        for (role, name, v) in refused {
+            o.sample("sealnode_role_refused_syscalls_total", &[("role", &role), ("syscall", &name)], v);
+        }
+    }
     // cgroup usage, where sealnode has the role's leaf.
     let res = |k: &'static str| move |r: &Value| num(&r["resources"][k]);
     o.per_role(

@@ -73,6 +73,10 @@ pub struct RoleDigests {
     pub program_sha256: Option<String>,
     /// The configured pin, if any (verified before the start).
     pub program_pin: Option<String>,
+    /// `log_refused_syscalls`: refusals go to sealnode's denial log (SECCOMP_RET_USER_NOTIF,
+    /// answered with the same errno); `seccomp_program_sha256` is then that program's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused_syscalls_logged: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,6 +153,13 @@ pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<Str
             role.name(),
             crate::policy::arch::native_arch(),
         )?;
+        // With the denial log, the program the kernel runs is the notifying one (Plan::log_refusals).
+        let prog = match r.log_refused_syscalls {
+            true => crate::policy::seccomp::notify_refusals(&prog, crate::policy::arch::native_arch())
+                .map(|(p, _)| p)
+                .unwrap_or(prog),
+            false => prog,
+        };
         let program = r.command.first().cloned().unwrap_or_default();
         let host = crate::sandbox::plan::host_path(cfg, role, Path::new(&program));
         roles.insert(
@@ -164,6 +175,7 @@ pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<Str
                 // (write's `programs`), so verify-receipt sees a pinned file changed since.
                 program_sha256: file_sha256(&host).ok(),
                 program_pin: r.sha256.clone(),
+                refused_syscalls_logged: r.log_refused_syscalls,
             },
         );
     }
@@ -375,6 +387,7 @@ mod tests {
             program: "/usr/bin/true".into(),
             program_sha256: Some("c".repeat(64)),
             program_pin: None,
+            refused_syscalls_logged: false,
         };
         Receipt {
             schema: SCHEMA,

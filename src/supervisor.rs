@@ -32,6 +32,10 @@ const TOKEN_CONTROL: u64 = 5 << 56;
 const TOKEN_CLIENT: u64 = 6 << 56;
 /// A role's stdout or stderr pipe (output.rs).
 const TOKEN_OUTPUT: u64 = 8 << 56;
+/// A role's denial-log listener (its refused syscalls); the low bits are the role.
+const TOKEN_REFUSED: u64 = 9 << 56;
+/// Refused syscalls answered per wake-up (the rest wait: a role cannot starve the loop).
+const REFUSED_BUDGET: usize = 256;
 /// Time between readiness attempts.
 const READY_INTERVAL: Duration = Duration::from_millis(100);
 /// Restart backoff bounds; a role that ran this long resets its backoff.
@@ -152,6 +156,10 @@ pub struct Supervisor {
     buckets: [crate::output::Bucket; 2],
     /// How long the engine's last start took to pass its readiness check.
     ready_ms: Option<u64>,
+    /// Each role's denial log (its current run's listener).
+    refusals: [Option<crate::denylog::DenyLog>; 2],
+    /// Refusals of each role's earlier runs, per syscall name.
+    refused_before: [std::collections::BTreeMap<String, u64>; 2],
 }
 
 /// Tell the service manager (if any), never blocking the event loop: sd_notify's send
@@ -303,6 +311,8 @@ impl Supervisor {
             next_output: 1,
             buckets: [crate::output::Bucket::new(Instant::now()), crate::output::Bucket::new(Instant::now())],
             ready_ms: None,
+            refusals: [None, None],
+            refused_before: [Default::default(), Default::default()],
         })
     }
 
@@ -339,6 +349,7 @@ impl Supervisor {
                     TOKEN_CONTROL => self.on_control(),
                     TOKEN_CLIENT => self.on_client(token & !TOKEN_KIND),
                     TOKEN_OUTPUT => self.on_output(token & !TOKEN_KIND),
+                    TOKEN_REFUSED => self.on_refused((token & !TOKEN_KIND) as usize),
                     _ => self.fwd.handle(&self.epoll, token, ev.events()),
                 }
             }
@@ -422,7 +433,7 @@ impl Supervisor {
         // is verified into its sealed copy here, before any receipt is written).
         let mut plans = Vec::new();
         for role in roles {
-            match Plan::build(&self.cfg, *role, &self.inv, None, None) {
+            match run_plan(&self.cfg, *role, &self.inv) {
                 Ok(p) => plans.push((*role, p)),
                 Err(e) => {
                     tracing::error!(role = %role, error = %e, "cannot prepare the role");
@@ -602,6 +613,7 @@ impl Supervisor {
                     "restarts": s.restarts,
                     "starts": s.starts,
                     "output_dropped_lines": self.buckets[s.role as usize].dropped_total,
+                    "refused_syscalls": self.refused_counts(s.role),
                     "generation": s.gate.map(|g| g.generation),
                     "preflight": s.gate.map(|g| serde_json::json!({ "passed": true, "ms": g.preflight_ms, "attempts": g.attempts })),
                     "resources": self.cell.cgroups.as_ref().map(|t| t.usage(s.role)),
@@ -678,6 +690,7 @@ impl Supervisor {
     fn start(&mut self, role: Role) -> std::result::Result<(), i32> {
         // Only what a gate prepared starts: fail closed if there is none.
         let mut pipes = None;
+        let errno = self.prepared[role as usize].as_ref().and_then(|p| p.refusal_log);
         let started = match self.prepared[role as usize].take() {
             Some(mut plan) => match output_pipes() {
                 Ok((stdio, out, err)) => {
@@ -698,6 +711,7 @@ impl Supervisor {
                     self.capture(role, sb.pid.as_raw(), generation, false, out);
                     self.capture(role, sb.pid.as_raw(), generation, true, err);
                 }
+                self.watch_refusals(role, sb.listener, errno);
                 let s = self.slot(role);
                 s.state = State::Running(sb.pid);
                 s.started = Some(Instant::now());
@@ -719,6 +733,51 @@ impl Supervisor {
                     Ok(())
                 }
             }
+        }
+    }
+
+    /// Refusals the denial log saw for `role` (all its runs), per syscall name; null without it.
+    fn refused_counts(&self, role: Role) -> serde_json::Value {
+        if !self.cfg.role(role).log_refused_syscalls {
+            return serde_json::Value::Null;
+        }
+        let mut all = self.refused_before[role as usize].clone();
+        if let Some(d) = &self.refusals[role as usize] {
+            for (k, v) in d.counts() {
+                *all.entry(k).or_insert(0) += v;
+            }
+        }
+        serde_json::json!(all)
+    }
+
+    /// Serve a role's denial-log listener (replacing its previous run's, which closes).
+    fn watch_refusals(&mut self, role: Role, listener: Option<OwnedFd>, errno: Option<i32>) {
+        if let Some(old) = self.refusals[role as usize].take() {
+            let _ = self.epoll.delete(old.fd.as_fd());
+            for (k, v) in old.counts() {
+                *self.refused_before[role as usize].entry(k).or_insert(0) += v;
+            }
+        }
+        let (Some(fd), Some(errno)) = (listener, errno) else { return };
+        match self.epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_REFUSED | role as u64)) {
+            Ok(()) => self.refusals[role as usize] = Some(crate::denylog::DenyLog::new(role, fd, errno)),
+            // Dropped: its refusals then fail with ENOSYS in the kernel, unlogged.
+            Err(e) => tracing::warn!(role = %role, error = %e, "cannot watch the denial log; refusals are not logged"),
+        }
+    }
+
+    /// Refused syscalls of a role wait on its listener: answer and log them (denylog.rs),
+    /// at most REFUSED_BUDGET per wake-up; forget the listener once its run ended.
+    fn on_refused(&mut self, i: usize) {
+        let Some(d) = self.refusals[i].as_mut() else { return };
+        if d.serve(REFUSED_BUDGET) == crate::denylog::Served::Closed {
+            let _ = self.epoll.delete(d.fd.as_fd());
+            // Its counts stay for ctl status and the metrics.
+            let counts = d.counts();
+            for (k, v) in counts {
+                *self.refused_before[i].entry(k).or_insert(0) += v;
+            }
+            self.refusals[i] = None;
         }
     }
 
@@ -935,7 +994,7 @@ impl Supervisor {
                 // review).
                 let dry = Role::ALL
                     .iter()
-                    .try_for_each(|r| Plan::build(&new, *r, &self.inv, None, None).map(drop))
+                    .try_for_each(|r| run_plan(&new, *r, &self.inv).map(drop))
                     .and_then(|()| crate::canary::battery_until(&new, &self.inv, &Role::ALL, None, &stop_pending))
                     .and_then(|rep| {
                         let escaped: Vec<String> = rep
@@ -1227,6 +1286,16 @@ fn lock_dir(
         )),
         Err((_, e)) => Err(Error::errno(format!("lock {}", shown.display()), e)),
     }
+}
+
+/// The plan a role of `run` starts with: the role's sandbox, with its denial log when it has
+/// `log_refused_syscalls` (the preflight's own sandboxes refuse in the kernel, as always).
+fn run_plan(cfg: &Config, role: Role, inv: &Invoker) -> Result<Plan> {
+    let mut plan = Plan::build(cfg, role, inv, None, None)?;
+    if cfg.role(role).log_refused_syscalls {
+        plan.log_refusals(cfg)?;
+    }
+    Ok(plan)
 }
 
 /// A role's stdio for `run`: stdin /dev/null, stdout and stderr each a pipe whose read end

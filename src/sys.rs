@@ -532,6 +532,62 @@ pub fn random_u64() -> Result<u64, Errno> {
     Ok(u64::from_ne_bytes(b))
 }
 
+/// Install `prog` on the calling thread as seccomp(2) does with SECCOMP_FILTER_FLAG_NEW_LISTENER
+/// (no_new_privs set first): returns the filter's user-notification fd (O_CLOEXEC), through
+/// which the syscalls it answers SECCOMP_RET_USER_NOTIF for are handed to whoever holds it.
+pub fn seccomp_with_listener(prog: &[seccompiler::sock_filter]) -> Result<RawFd, Errno> {
+    prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
+    let len = u16::try_from(prog.len()).map_err(|_| Errno::E2BIG)?;
+    let fprog = libc::sock_fprog { len, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: `fprog` points to `prog`, alive for the call; seccompiler's sock_filter has the
+    // kernel's layout (code u16, jt u8, jf u8, k u32), as libc's does.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER as libc::c_ulong,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    Errno::result(r).map(|fd| fd as RawFd)
+}
+
+/// A pidfd for `pid` (pidfd_open(2)).
+pub fn pidfd_open(pid: libc::pid_t) -> Result<OwnedFd, Errno> {
+    // SAFETY: integer arguments only.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: on success the kernel returned a new fd we now own.
+    Errno::result(r).map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) })
+}
+
+/// A copy of fd `target` of the process behind `pidfd` (pidfd_getfd(2); needs ptrace access
+/// to it), close-on-exec.
+pub fn pidfd_getfd(pidfd: &OwnedFd, target: RawFd) -> Result<OwnedFd, Errno> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: integer arguments only.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
+    // SAFETY: on success the kernel returned a new fd we now own.
+    Errno::result(r).map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) })
+}
+
+/// The next pending notification on a seccomp listener (SECCOMP_IOCTL_NOTIF_RECV). Only called
+/// when epoll says one is pending; a notification whose task died meanwhile gives ENOENT.
+pub fn seccomp_notif_recv(listener: RawFd) -> Result<libc::seccomp_notif, Errno> {
+    // SAFETY: seccomp_notif is plain integers; the kernel requires it zeroed before the call.
+    let mut n: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: `n` is a valid, writable seccomp_notif for the ioctl to fill.
+    let r = unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut n as *mut libc::seccomp_notif) };
+    Errno::result(r).map(|_| n)
+}
+
+/// Answer notification `id`: the syscall fails with `errno` in the task (nothing runs).
+pub fn seccomp_notif_fail(listener: RawFd, id: u64, errno: i32) -> Result<(), Errno> {
+    let resp = libc::seccomp_notif_resp { id, val: 0, error: -errno, flags: 0 };
+    // SAFETY: `resp` is a valid seccomp_notif_resp the ioctl reads.
+    let r = unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_SEND, &resp as *const libc::seccomp_notif_resp) };
+    Errno::result(r).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use std::ffi::CString;

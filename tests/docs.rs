@@ -179,3 +179,37 @@ fn readme_two_commands_are_real_and_ci_runs_the_second() {
     let ci = std::fs::read_to_string(format!("{root}/.ci/run")).expect(".ci/run");
     assert!(ci.lines().any(|l| l.trim() == "exec ./scripts/test"), ".ci/run runs ./scripts/test");
 }
+
+/// Every Markdown file a doc names exists in the repository (no citing a file a reader cannot
+/// open).
+#[test]
+fn docs_name_only_files_that_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs: Vec<std::path::PathBuf> = vec![root.join("README.md")];
+    for dir in ["docs", "docs/ci"] {
+        for e in std::fs::read_dir(root.join(dir)).expect("docs").flatten() {
+            if e.path().extension().is_some_and(|x| x == "md") {
+                docs.push(e.path());
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for d in &docs {
+        let text = std::fs::read_to_string(d).expect("doc");
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || "._/-".contains(c))) {
+            let Some(name) = word.strip_suffix(".md") else { continue };
+            if name.is_empty() || name.starts_with("http") || name.starts_with("//") {
+                continue;
+            }
+            let file = format!("{name}.md");
+            let base = std::path::Path::new(&file);
+            let found = [d.parent().expect("dir").join(base), root.join(base), root.join("docs").join(base)]
+                .iter()
+                .any(|p| p.exists());
+            if !found {
+                missing.push(format!("{}: {file}", d.strip_prefix(root).expect("rel").display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs name Markdown files that are not in the repository: {missing:?}");
+}

@@ -112,7 +112,10 @@ def main():
         line = runner.stdout.readline().split()
         RUNNER_PORT = int(line[1])
         print(f"stand-in runner on 127.0.0.1:{RUNNER_PORT} (pid {runner.pid})", flush=True)
-    ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()
+    srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+    # One line on stdout, as a real engine logs its start (sealnode re-emits it tagged).
+    print(f"stand-in engine listening on 127.0.0.1:{a.port}", flush=True)
+    srv.serve_forever()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,16 @@ fn run_sandboxed(config: &Path, role: Role, argv: Vec<String>, program: Option<P
     }
     // No cell holds a capped scratch here: the sandbox gets a fresh one of the cap's size.
     plan.fresh_capped_scratch().map_err(Failure::setup)?;
-    let sb = sandbox::spawn(&plan).map_err(Failure::setup)?;
+    // The denial log, as `run` has it: refusals logged on stderr while the command runs.
+    if cfg.role(role).log_refused_syscalls {
+        plan.log_refusals(&cfg).map_err(Failure::setup)?;
+    }
+    let mut sb = sandbox::spawn(&plan).map_err(Failure::setup)?;
     tracing::info!(role = %role, pid = sb.pid.as_raw(), "sandbox started");
+    if let (Some(fd), Some(errno)) = (sb.listener.take(), plan.refusal_log) {
+        // A thread of its own (the sandbox is started: nothing forks from here on).
+        let log = sealnode::denylog::DenyLog::new(role, fd, errno);
+        std::thread::spawn(move || log.serve_until_closed());
+    }
     Ok(sandbox::run_to_exit(sb))
 }

@@ -223,6 +223,35 @@ pub fn compile_with_seccompiler(text: &str, file: &Path, role: &str, arch: Targe
     Ok(prog)
 }
 
+/// The same program with every refusal handed to a listener (SECCOMP_RET_USER_NOTIF) instead
+/// of failing in the kernel: the role's optional denial log (`log_refused_syscalls`). Returns
+/// the program and the errno the listener must answer with (the policy's own: every refusal of
+/// sealnode's compiled policies is one `errno` value). Allowed syscalls run exactly as before,
+/// and the architecture check still kills. The program must allow read, write and execve
+/// unconditionally: the role hands the listener over and execs after the filter is on.
+pub fn notify_refusals(prog: &BpfProgram, arch: TargetArch) -> std::result::Result<(BpfProgram, i32), String> {
+    const BPF_RET_K: u16 = 0x06;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    let errnos: std::collections::BTreeSet<u32> =
+        prog.iter().filter(|i| i.code == BPF_RET_K && i.k & 0xffff_0000 == RET_ERRNO).map(|i| i.k & 0xffff).collect();
+    let errno = match errnos.iter().collect::<Vec<_>>()[..] {
+        [e] => *e as i32,
+        _ => return Err(format!("its refusals must be one errno action to be logged (found {errnos:?})")),
+    };
+    let audit = super::arch::audit_arch(arch);
+    for name in ["read", "write", "execve"] {
+        let nr = super::arch::syscall_nr(arch, name).ok_or_else(|| format!("no {name} on {arch:?}"))?;
+        if super::bpf::interpret(prog, audit, nr, [0; 6]) != super::bpf::RET_ALLOW {
+            return Err(format!("it must allow {name} unconditionally to hand the log's listener over"));
+        }
+    }
+    let mut out = prog.clone();
+    for i in out.iter_mut().filter(|i| i.code == BPF_RET_K && i.k & 0xffff_0000 == RET_ERRNO) {
+        i.k = libc::SECCOMP_RET_USER_NOTIF;
+    }
+    Ok((out, errno))
+}
+
 /// Install the filter on the calling thread (sets no_new_privs first).
 pub fn install(prog: &BpfProgram) -> std::result::Result<(), nix::errno::Errno> {
     seccompiler::apply_filter(prog).map_err(|e| match e {

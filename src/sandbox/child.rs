@@ -96,12 +96,33 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
         must(fds.err, Stage::Landlock, 0, landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));
     }
     // Seccomp last: from here on only the role's allowlist, which must include execve.
-    if plan.layers.seccomp {
-        must(fds.err, Stage::Seccomp, 0, seccomp::install(&plan.seccomp));
+    let listener = plan.layers.seccomp.then(|| must(fds.err, Stage::Seccomp, 0, install_seccomp(plan))).flatten();
+    // The denial log's listener to the launcher, before exec closes it: only read and write.
+    if let Some(fd) = listener {
+        must(fds.err, Stage::HandOverListener, 0, hand_over(fds, fd));
     }
     // Exec with the explicit environment; EOF on the error pipe tells the parent it happened.
     let errno = exec(plan);
     fail(fds.err, Stage::Exec, 0, errno)
+}
+
+/// The role's filter; with the denial log, the filter's listener fd too.
+fn install_seccomp(plan: &Plan) -> Result<Option<RawFd>, Errno> {
+    match plan.refusal_log {
+        None => seccomp::install(&plan.seccomp).map(|()| None),
+        Some(_) => sys::seccomp_with_listener(&plan.seccomp).map(Some),
+    }
+}
+
+/// Tell the launcher the listener's fd number (it takes a copy with pidfd_getfd), then wait
+/// until it has: the fd closes at exec.
+fn hand_over(fds: ChildFds, listener: RawFd) -> Result<(), Errno> {
+    super::protocol::send(fds.err, super::protocol::Frame::Ok(listener as u32))?;
+    let mut b = [0u8; 1];
+    match sys::read_retry(fds.sync, &mut b)? {
+        1 => Ok(()),
+        _ => Err(Errno::EPIPE),
+    }
 }
 
 fn wait_for_maps(sync: RawFd) -> Result<(), Errno> {

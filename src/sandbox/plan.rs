@@ -186,6 +186,9 @@ pub struct Plan {
     pub rlimits: Vec<(nix::sys::resource::Resource, u64)>,
     pub landlock: landlock::Resolved,
     pub seccomp: BpfProgram,
+    /// The denial log (`log_refused_syscalls`): `seccomp` hands every refusal to a listener the
+    /// child passes to the launcher, which answers with this errno (Plan::log_refusals).
+    pub refusal_log: Option<i32>,
     /// Candidate executable paths (one, or the PATH search of a bare name).
     pub exec_paths: Vec<CString>,
     pub argv: Vec<CString>,
@@ -300,6 +303,22 @@ impl Plan {
         Plan::build_layers(cfg, role, inv, argv, program, Layers::ALL)
     }
 
+    /// `run`, for a role with `log_refused_syscalls`: its refusals go to a listener the
+    /// supervisor serves (and logs) instead of failing in the kernel; the answer is the same.
+    pub fn log_refusals(&mut self, cfg: &Config) -> Result<()> {
+        let (prog, errno) = crate::policy::seccomp::notify_refusals(&self.seccomp, crate::policy::arch::native_arch())
+            .map_err(|e| {
+                Error::config(
+                    &cfg.file,
+                    format!("{}.log_refused_syscalls", self.role),
+                    format!("the seccomp policy: {e}"),
+                )
+            })?;
+        self.seccomp = prog;
+        self.refusal_log = Some(errno);
+        Ok(())
+    }
+
     /// Outside a cell (`exec`, `probe`): a capped scratch becomes a fresh tmpfs of the cap's
     /// size, the role's own (nothing persists; in a cell, the cell holds it).
     pub fn fresh_capped_scratch(&mut self) -> Result<()> {
@@ -354,6 +373,7 @@ impl Plan {
             program: exec.program,
             program_sha256: exec.sha256,
             stdio: None,
+            refusal_log: None,
         })
     }
 }

@@ -46,6 +46,9 @@ pub struct Sandbox {
     /// Held open for the sandbox's lifetime: its closing tells a child still in setup that
     /// the launcher is gone.
     _alive: OwnedFd,
+    /// The denial log's seccomp listener (plan.refusal_log): every refused syscall of the
+    /// workload waits on it for an answer; closing it makes them fail with ENOSYS.
+    pub listener: Option<OwnedFd>,
 }
 
 /// The signals the launcher handles synchronously (blocked, then taken with sigwait).
@@ -158,16 +161,49 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
         idmap::write(pid, &[plan.ids.uid], &[plan.ids.gid], plan.rootful).map_err(|e| reap.abort(e))?;
     }
     sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| reap.abort(Error::errno("release child", e)))?;
-    match protocol::read_frame(err_r.as_raw_fd()).map_err(|e| reap.abort(Error::errno("read setup status", e)))? {
-        None => Ok(Sandbox { pid, _alive: sync_w }),
-        Some(f) => match f.failure::<Stage>() {
-            Some(Ok(failure)) => {
-                let _ = waitpid(pid, None);
-                Err(setup_error(plan, failure))
+    let mut listener = None;
+    loop {
+        match protocol::read_frame(err_r.as_raw_fd()).map_err(|e| reap.abort(Error::errno("read setup status", e)))? {
+            None => return Ok(Sandbox { pid, _alive: sync_w, listener }),
+            // The denial log's listener, once: a copy taken, then the workload may exec.
+            Some(Frame::Ok(fd)) if plan.refusal_log.is_some() && listener.is_none() => {
+                listener = Some(take_listener(pid, fd).map_err(|e| reap.abort(e))?);
+                sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| reap.abort(Error::errno("release child", e)))?;
             }
-            _ => Err(reap.abort(Error::errno("the child's setup report", Errno::EPROTO))),
-        },
+            Some(f) => {
+                return match f.failure::<Stage>() {
+                    Some(Ok(failure)) => {
+                        let _ = waitpid(pid, None);
+                        Err(setup_error(plan, failure))
+                    }
+                    _ => Err(reap.abort(Error::errno("the child's setup report", Errno::EPROTO))),
+                }
+            }
+        }
     }
+}
+
+/// The workload's seccomp listener `fd`: the workload is the only child of the sandbox's init
+/// (`init`, host pid) at this point, waiting for the copy; the copy must be a seccomp listener.
+fn take_listener(init: Pid, fd: u32) -> Result<OwnedFd> {
+    let what = "take the denial log's seccomp listener";
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+        .map_err(|e| Error::io(format!("{what}: /proc/{init}/task/{init}/children"), e))?;
+    let workload: libc::pid_t = match children.split_whitespace().collect::<Vec<_>>()[..] {
+        [one] => one.parse().map_err(|_| Error::errno(what, Errno::EPROTO))?,
+        _ => return Err(Error::errno(format!("{what}: the sandbox's init has not exactly one child"), Errno::EPROTO)),
+    };
+    let pidfd = sys::pidfd_open(workload).map_err(|e| Error::errno(format!("{what}: pidfd_open"), e))?;
+    let copy = sys::pidfd_getfd(&pidfd, fd as i32).map_err(|e| Error::errno(format!("{what}: pidfd_getfd"), e))?;
+    // A reused pid would hand over some other fd: only a seccomp listener is kept.
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", copy.as_raw_fd())).unwrap_or_default();
+    if link.as_os_str() != "anon_inode:seccomp notify" {
+        return Err(Error::errno(
+            format!("{what}: fd {fd} is {} (not a seccomp listener)", link.display()),
+            Errno::EPROTO,
+        ));
+    }
+    Ok(copy)
 }
 
 fn clone_error(e: Errno) -> Error {

@@ -42,11 +42,12 @@ pub enum Stage {
     CloseFds,
     Landlock,
     Seccomp,
+    HandOverListener,
     Exec,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 23] = [
+    pub const ALL: [Stage; 24] = [
         Stage::DieWithParent,
         Stage::Stdio,
         Stage::CloseInheritedFds,
@@ -69,6 +70,7 @@ impl Stage {
         Stage::CloseFds,
         Stage::Landlock,
         Stage::Seccomp,
+        Stage::HandOverListener,
         Stage::Exec,
     ];
 
@@ -104,6 +106,7 @@ impl Step for Stage {
             Stage::CloseFds => "close_fds",
             Stage::Landlock => "landlock",
             Stage::Seccomp => "seccomp",
+            Stage::HandOverListener => "hand_over_listener",
             Stage::Exec => "exec",
         }
     }

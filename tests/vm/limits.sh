@@ -36,7 +36,7 @@ command = ["$VENV/bin/python", "-I", "-u", "/opt/standin/standin-engine.py", "--
 port = 11434
 seccomp = "/usr/share/sealnode/seccomp/engine.json"
 landlock = "/usr/share/sealnode/landlock-rules/engine.toml"
-models = "/srv/sealnode/models"
+models = "/var/lib/sealnode/models"
 scratch = "/var/lib/sealnode/engine"
 ro_binds = [{ src = "$PYCOPY", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$VENV" }, { src = "/usr/local/share/sealnode-standin", dst = "/opt/standin" }]
 ready = { kind = "http", path = "/", timeout_s = 60 }
@@ -179,7 +179,8 @@ rmdir /sys/fs/cgroup/sealnode-foreign/cell 2>/dev/null; rmdir /sys/fs/cgroup/sea
 
 # 5. Rootless: the rootless unit's cgroup is delegated to user sealnode; the same leaves.
 config forkbomb "pids_max = 24"
-sed -e '/^rootful = /d' -e 's#/var/lib/sealnode#/var/lib/sealnode-rootless#g' -e 's#/run/sealnode"#/run/sealnode-rootless"#' \
+sed -e '/^rootful = /d' -e 's#/var/lib/sealnode/models#@MODELS@#' -e 's#/var/lib/sealnode#/var/lib/sealnode-rootless#g' \
+    -e 's#@MODELS@#/var/lib/sealnode/models#' -e 's#/run/sealnode"#/run/sealnode-rootless"#' \
   /etc/sealnode/sealnode.toml > /etc/sealnode/rootless.toml
 RG=/sys/fs/cgroup/system.slice/sealnode-rootless.service
 T0=$(date '+%Y-%m-%d %H:%M:%S')

@@ -39,13 +39,13 @@ check "the unit is installed but not enabled" test "$(systemctl is-enabled sealn
 # The operator's part: the engine (stand-in), the node (real frutebox-node), the gateway's egress.
 install -d -m 0755 /usr/local/share/sealnode-standin
 install -m 0644 "$REPO/examples/demo/standin-engine.py" "$REPO/examples/demo/standin-gateway.py" /usr/local/share/sealnode-standin/
-echo "the stand-in engine loads no weights" > /srv/sealnode/models/README
+echo "the stand-in engine loads no weights" > /var/lib/sealnode/models/README
 install -o sealnode-node -g sealnode-node -m 0400 /dev/null /etc/sealnode/credential
 echo "guest-credential" > /etc/sealnode/credential
 GW=18765
 # The demo's config (examples/demo/sealnode.toml.in), with the package's paths for each dir.
 sed -e "s#@DEMO@/state#/var/lib/sealnode#" -e "s#@DEMO@/run#/run/sealnode#" \
-    -e "s#@DEMO@/models#/srv/sealnode/models#" -e "s#@DEMO@/engine#/var/lib/sealnode/engine#" \
+    -e "s#@DEMO@/models#/var/lib/sealnode/models#" -e "s#@DEMO@/engine#/var/lib/sealnode/engine#" \
     -e "s#@DEMO@/node#/var/lib/sealnode/node#" -e "s#@DEMO@/credential#/etc/sealnode/credential#" \
     -e "s#@DEMO@/standin#/usr/local/share/sealnode-standin#" -e "s#@POLICY@#/usr/share/sealnode#g" \
     -e "s#@VENV@#$SEALNODE_TEST_VENV#g" -e "s#@PYCOPY@#$SEALNODE_TEST_PYTHON#g" \
@@ -192,7 +192,9 @@ echo "info: systemd-analyze security sealnode.service: $score"
 check "an exposure score" test -n "$score"
 
 # The rootless unit: sealnode itself as user sealnode, no capability; both roles as that user.
-sed -e '/^rootful = /d' -e 's#/var/lib/sealnode#/var/lib/sealnode-rootless#g' -e 's#/run/sealnode"#/run/sealnode-rootless"#' \
+# (The model dir stays the package's /var/lib/sealnode/models, readable by every user.)
+sed -e '/^rootful = /d' -e 's#/var/lib/sealnode/models#@MODELS@#' -e 's#/var/lib/sealnode#/var/lib/sealnode-rootless#g' \
+    -e 's#@MODELS@#/var/lib/sealnode/models#' -e 's#/run/sealnode"#/run/sealnode-rootless"#' \
     /etc/sealnode/sealnode.toml > /etc/sealnode/rootless.toml
 chmod 0644 /etc/sealnode/rootless.toml
 # The node role now runs as sealnode: so must its credential belong to it.
@@ -217,6 +219,7 @@ check "an exposure score for the rootless unit" test -n "$score"
 
 # Several nodes on one host: two instances of sealnode@.service at once, each its own user,
 # config, dirs, gateway; the same engine port in both (each cell has its own namespaces).
+mkdir -p /etc/sysusers.d
 printf 'u sealnode-a - "sealnode instance a"\nu sealnode-b - "sealnode instance b"\n' > /etc/sysusers.d/sealnode-instances.conf
 must "systemd-sysusers creates the instance users" systemd-sysusers /etc/sysusers.d/sealnode-instances.conf
 for i in a b; do
@@ -253,7 +256,7 @@ check "the two instances' engines run as their own users" \
 check "instance a stops alone" timeout 120 systemctl stop sealnode@a.service
 check "instance b still runs" test "$(systemctl show -p ActiveState --value sealnode@b.service)" = active
 check "instance b: ctl status still answers" \
-  sh -c "runuser -u sealnode-b -- /usr/bin/sealnode ctl --config /etc/sealnode/b.toml status --json | grep -q '\"ok\":true'"
+  sh -c "runuser -u sealnode-b -- /usr/bin/sealnode ctl --config /etc/sealnode/b.toml status | grep -q '^sealnode: ready'"
 check "instance b stops" timeout 120 systemctl stop sealnode@b.service
 check "instance a: a clean stop" test "$(systemctl show -p Result --value sealnode@a.service)" = success
 check "instance b: a clean stop" test "$(systemctl show -p Result --value sealnode@b.service)" = success

@@ -1,0 +1,131 @@
+//! The denial log (`log_refused_syscalls`): a role's refused syscalls arrive on its seccomp
+//! listener (SECCOMP_RET_USER_NOTIF, Plan::log_refusals); each is answered at once with the
+//! policy's errno and logged: role, pid, syscall name and number, errno, the arguments as
+//! numbers. Nothing of the role's memory is read. One line a second at most per syscall name,
+//! with the count of the rest; every refusal is counted (`ctl status`, metrics).
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::Instant;
+
+use nix::errno::Errno;
+
+use crate::config::Role;
+
+/// One role's listener and what it has seen.
+#[derive(Debug)]
+pub struct DenyLog {
+    pub role: Role,
+    pub fd: OwnedFd,
+    /// The errno every refusal is answered with (the policy's own).
+    pub errno: i32,
+    /// Refusals per syscall name, and each name's log rate limit.
+    seen: BTreeMap<String, (u64, crate::ratelimit::Quiet)>,
+}
+
+/// What serving found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Everything pending was answered (or the budget was used: more may wait).
+    Open,
+    /// No task uses the filter any more (the role's run ended), or the listener failed.
+    Closed,
+}
+
+enum Pending {
+    Notification,
+    Nothing,
+    HungUp,
+}
+
+/// What the listener has now (poll, no wait).
+fn pending(fd: RawFd) -> Pending {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, a zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n <= 0 {
+        Pending::Nothing
+    } else if p.revents & libc::POLLIN != 0 {
+        Pending::Notification
+    } else if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        Pending::HungUp
+    } else {
+        Pending::Nothing
+    }
+}
+
+/// The name of syscall `nr` on this architecture ("nr 451" if this build does not know it).
+pub fn syscall_name(nr: i32) -> String {
+    match usize::try_from(nr).ok().and_then(syscalls::Sysno::new) {
+        Some(s) => s.name().to_string(),
+        None => format!("nr {nr}"),
+    }
+}
+
+impl DenyLog {
+    pub fn new(role: Role, fd: OwnedFd, errno: i32) -> DenyLog {
+        DenyLog { role, fd, errno, seen: BTreeMap::new() }
+    }
+
+    /// Answer and log up to `budget` pending refusals (never waits: only what is pending).
+    pub fn serve(&mut self, budget: usize) -> Served {
+        let fd = self.fd.as_raw_fd();
+        for _ in 0..budget {
+            match pending(fd) {
+                Pending::Notification => {}
+                Pending::Nothing => return Served::Open,
+                Pending::HungUp => return Served::Closed,
+            }
+            let n = match crate::sys::seccomp_notif_recv(fd) {
+                Ok(n) => n,
+                // The task died before it was seen: nothing to answer.
+                Err(Errno::ENOENT) | Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(role = %self.role, error = %e, "denial log: the listener failed; refusals are no longer logged");
+                    return Served::Closed;
+                }
+            };
+            // Answer first: the task is waiting. ENOENT: it died meanwhile.
+            let _ = crate::sys::seccomp_notif_fail(fd, n.id, self.errno);
+            let name = syscall_name(n.data.nr);
+            let entry = self.seen.entry(name.clone()).or_insert_with(|| (0, Default::default()));
+            entry.0 += 1;
+            let total = entry.0;
+            if let Some(suppressed) = entry.1.allow(Instant::now()) {
+                let a = n.data.args;
+                tracing::warn!(
+                    role = %self.role,
+                    pid = n.pid,
+                    syscall = %name,
+                    nr = n.data.nr,
+                    errno = %Errno::from_raw(self.errno),
+                    args = %format!("{:#x} {:#x} {:#x} {:#x} {:#x} {:#x}", a[0], a[1], a[2], a[3], a[4], a[5]),
+                    total,
+                    suppressed,
+                    "refused syscall"
+                );
+            }
+        }
+        Served::Open
+    }
+
+    /// Refusals so far, per syscall name.
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        self.seen.iter().map(|(k, (n, _))| (k.clone(), *n)).collect()
+    }
+
+    /// Serve until no task uses the filter any more (`exec`: on a thread of its own).
+    pub fn serve_until_closed(mut self) {
+        loop {
+            let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd; waits without a timeout.
+            let n = unsafe { libc::poll(&mut p, 1, -1) };
+            if n < 0 && Errno::last() != Errno::EINTR {
+                return;
+            }
+            if self.serve(256) == Served::Closed {
+                return;
+            }
+        }
+    }
+}
