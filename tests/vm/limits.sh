@@ -87,6 +87,17 @@ assert n["resources"]["limits"]["memory.max"] == str(96 << 20), n
 assert e["resources"]["memory_current"] > 0 and e["resources"]["pids_current"] >= 1, e
 '
 check "the receipt records each role's limits" sh -c "grep -q '\"memory.max\": \"$((96 * 1024 * 1024))\"' /var/lib/sealnode/receipt.json"
+# The same facts as metrics, parsed by the reference parser (prometheus_client).
+check "ctl metrics: the node's OOM kill and both roles' cgroup memory, as parsed metrics" sh -c '
+/usr/bin/sealnode ctl metrics | "$0/bin/python" -c "
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+m = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(sys.stdin.read()) for s in f.samples}
+assert m[(\"sealnode_role_oom_kills_total\", ((\"role\", \"node\"),))] >= 1, m
+assert m[(\"sealnode_role_memory_bytes\", ((\"role\", \"engine\"),))] > 0, m
+assert m[(\"sealnode_role_pids\", ((\"role\", \"engine\"),))] >= 1, m
+assert m[(\"sealnode_role_restarts_total\", ((\"role\", \"node\"),))] == 1, m
+"' "$VENV"
 stop
 check "the role leaves are gone after the stop" sh -c "[ ! -e $CG/engine ] && [ ! -e $CG/node ]"
 
