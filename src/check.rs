@@ -40,7 +40,7 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
         };
         // The plan `run` builds at every start: seccomp compiled, Landlock rules resolved, every
         // bind checked, the program found (and a sha256 pin verified).
-        let plan = crate::sandbox::plan::Plan::build(&cfg, role, inv, None, None)
+        let plan = crate::supervisor::run_plan(&cfg, role, inv)
             .map_err(|e| e.to_string())
             .and_then(|p| program_visible(&cfg, role).map(|()| p))
             .map(|p| {

@@ -1,8 +1,10 @@
 //! The denial log (`log_refused_syscalls`): a role's refused syscalls arrive on its seccomp
 //! listener (SECCOMP_RET_USER_NOTIF, Plan::log_refusals); each is answered at once with the
 //! policy's errno and logged: role, pid, syscall name and number, errno, the arguments as
-//! numbers. Nothing of the role's memory is read. One line a second at most per syscall name,
-//! with the count of the rest; every refusal is counted (`ctl status`, metrics).
+//! numbers. Nothing of the role's memory is read. One line a second at most per syscall name
+//! and [`LINES_PER_S`] per role in all (bursts of [`LINES_BURST`]); every refusal is counted
+//! (`ctl status`, metrics), per name of a syscall this build knows, and numbers it does not
+//! know (a role can try any of 2^32) all under one name, "unknown": what is tracked is bounded.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -12,6 +14,11 @@ use nix::errno::Errno;
 
 use crate::config::Role;
 
+/// Log lines a second per role, sustained, whatever the syscalls.
+pub const LINES_PER_S: f64 = 20.0;
+/// Log lines per role at once after a quiet spell.
+pub const LINES_BURST: f64 = 200.0;
+
 /// One role's listener and what it has seen.
 #[derive(Debug)]
 pub struct DenyLog {
@@ -19,8 +26,10 @@ pub struct DenyLog {
     pub fd: OwnedFd,
     /// The errno every refusal is answered with (the policy's own).
     pub errno: i32,
-    /// Refusals per syscall name, and each name's log rate limit.
-    seen: BTreeMap<String, (u64, crate::ratelimit::Quiet)>,
+    /// Refusals per syscall name (known syscalls, and "unknown"), and each name's rate limit.
+    seen: BTreeMap<&'static str, (u64, crate::ratelimit::Quiet)>,
+    /// The role's log lines in all.
+    lines: crate::ratelimit::Bucket,
 }
 
 /// What serving found.
@@ -54,17 +63,19 @@ fn pending(fd: RawFd) -> Pending {
     }
 }
 
-/// The name of syscall `nr` on this architecture ("nr 451" if this build does not know it).
-pub fn syscall_name(nr: i32) -> String {
+/// The name of syscall `nr` on this architecture; "unknown" for a number this build does not
+/// know (the log line still shows the number).
+pub fn syscall_name(nr: i32) -> &'static str {
     match usize::try_from(nr).ok().and_then(syscalls::Sysno::new) {
-        Some(s) => s.name().to_string(),
-        None => format!("nr {nr}"),
+        Some(s) => s.name(),
+        None => "unknown",
     }
 }
 
 impl DenyLog {
     pub fn new(role: Role, fd: OwnedFd, errno: i32) -> DenyLog {
-        DenyLog { role, fd, errno, seen: BTreeMap::new() }
+        let lines = crate::ratelimit::Bucket::new(Instant::now(), LINES_PER_S, LINES_BURST);
+        DenyLog { role, fd, errno, seen: BTreeMap::new(), lines }
     }
 
     /// Answer and log up to `budget` pending refusals (never waits: only what is pending).
@@ -88,10 +99,11 @@ impl DenyLog {
             // Answer first: the task is waiting. ENOENT: it died meanwhile.
             let _ = crate::sys::seccomp_notif_fail(fd, n.id, self.errno);
             let name = syscall_name(n.data.nr);
-            let entry = self.seen.entry(name.clone()).or_insert_with(|| (0, Default::default()));
+            let entry = self.seen.entry(name).or_insert_with(|| (0, Default::default()));
             entry.0 += 1;
             let total = entry.0;
-            if let Some(suppressed) = entry.1.allow(Instant::now()) {
+            let now = Instant::now();
+            if let Some(suppressed) = entry.1.allow(now).filter(|_| self.lines.take(now)) {
                 let a = n.data.args;
                 tracing::warn!(
                     role = %self.role,
@@ -111,7 +123,7 @@ impl DenyLog {
 
     /// Refusals so far, per syscall name.
     pub fn counts(&self) -> BTreeMap<String, u64> {
-        self.seen.iter().map(|(k, (n, _))| (k.clone(), *n)).collect()
+        self.seen.iter().map(|(k, (n, _))| (k.to_string(), *n)).collect()
     }
 
     /// Serve until no task uses the filter any more (`exec`: on a thread of its own).

@@ -22,7 +22,9 @@ pub mod error;
 pub mod exit;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod journal;
 pub mod log;
+pub mod logsink;
 pub mod metrics;
 pub mod output;
 pub mod policy;

@@ -6,10 +6,13 @@
 //! SYSLOG_IDENTIFIER=sealnode; each role's lines are under their own identifier
 //! (`sealnode-engine`, `sealnode-node`), so `journalctl -t sealnode-engine` is the engine's
 //! output alone and no role line can pass for one of sealnode's. In text mode a role's line is
-//! prefixed with `engine[PID]: ` and its control characters are escaped.
+//! prefixed with `engine[PID]: ` and its control characters are escaped. Nothing here blocks:
+//! text goes through logsink (lines dropped and counted when a reader stops reading), and the
+//! journal's socket is non-blocking (journal.rs: entries dropped when the journal stalls).
 
-use std::io::Write;
 use std::sync::OnceLock;
+
+use crate::logsink::{self, Out};
 
 use tracing_subscriber::filter::{filter_fn, EnvFilter};
 use tracing_subscriber::prelude::*;
@@ -48,14 +51,17 @@ fn stderr_is_journal() -> bool {
 /// Logging, filtered by `SEALNODE_LOG` (else `default`): to the journal when stderr is the
 /// journal and its socket answers, else plain lines on stderr (colour only on a terminal).
 pub fn init(default: &str) {
+    logsink::init();
     let filter = || EnvFilter::try_from_env("SEALNODE_LOG").unwrap_or_else(|_| default.into());
     let own = || filter_fn(|m| !m.target().starts_with("sealnode::role::"));
     if stderr_is_journal() {
-        let layer = |id: &str| {
-            tracing_journald::layer().map(|l| l.with_syslog_identifier(id.to_string()).with_field_prefix(None))
-        };
-        if let (Ok(main), Ok(engine), Ok(node)) = (layer("sealnode"), layer("sealnode-engine"), layer("sealnode-node"))
-        {
+        // sealnode's own events with their fields in MESSAGE too; a role's line as it wrote it.
+        let layers = (
+            crate::journal::Layer::new("sealnode", true),
+            crate::journal::Layer::new("sealnode-engine", false),
+            crate::journal::Layer::new("sealnode-node", false),
+        );
+        if let (Ok(main), Ok(engine), Ok(node)) = layers {
             let _ = SINK.set(Sink::Journal);
             let role = |t: &'static str| filter_fn(move |m| m.target() == t);
             let _ = tracing_subscriber::registry()
@@ -71,7 +77,7 @@ pub fn init(default: &str) {
     let _ = tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
+                .with_writer(logsink::Writer(Out::Stderr))
                 .with_ansi(std::io::stderr().is_terminal())
                 .with_target(false)
                 .with_filter(own())
@@ -85,18 +91,31 @@ pub fn init(default: &str) {
 pub fn say(message: &str) {
     match sink() {
         Sink::Journal => tracing::error!(human = true, "{message}"),
-        Sink::Text => eprintln!("sealnode: {message}"),
+        Sink::Text => logsink::line(Out::Stderr, format!("sealnode: {message}\n").as_bytes()),
     }
 }
 
-/// A line a role wrote, control characters escaped (no terminal escapes, no forged
-/// line breaks; valid UTF-8 passes, other bytes are replaced).
+/// Characters that reorder or break what a reader sees without being control characters:
+/// the line and paragraph separators and the bidirectional overrides, embeddings, isolates and
+/// marks (a right-to-left override can make a line read as something else).
+fn invisible_or_reordering(c: char) -> bool {
+    matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{feff}')
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// A line a role wrote, made unambiguous: control characters (but tab), separators and
+/// bidirectional controls escaped as `\u{…}`, and the backslash itself doubled, so an escape
+/// sealnode wrote and the same text written by the role differ (no terminal escapes, no
+/// forged line breaks; valid UTF-8 passes, other bytes are replaced).
 pub fn clean(line: &[u8]) -> String {
     let text = String::from_utf8_lossy(line);
     let mut s = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() && c != '\t' {
-            s.extend(c.escape_default());
+        if c == '\\' {
+            s.push_str("\\\\");
+        } else if (c.is_control() && c != '\t') || invisible_or_reordering(c) {
+            s.extend(c.escape_unicode());
         } else {
             s.push(c);
         }
@@ -116,12 +135,10 @@ pub fn role_line(role: Role, pid: i32, generation: u64, err: bool, line: &str) {
         (Sink::Journal, Role::Node) => {
             tracing::info!(target: "sealnode::role::node", role = "node", pid, generation, stream, "{line}")
         }
-        // A closed or full stdout/stderr must not stop the supervisor: the line is dropped.
-        (Sink::Text, _) if err => {
-            let _ = writeln!(std::io::stderr().lock(), "{role}[{pid}]: {line}");
-        }
+        // A closed or full stdout/stderr never stops the supervisor (logsink).
         (Sink::Text, _) => {
-            let _ = writeln!(std::io::stdout().lock(), "{role}[{pid}]: {line}");
+            let out = if err { Out::Stderr } else { Out::Stdout };
+            logsink::line(out, format!("{role}[{pid}]: {line}\n").as_bytes());
         }
     }
 }

@@ -184,6 +184,13 @@ enum CtlCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A command that prints (check, doctor, ctl, man, ...) into a reader that went away ends as
+    // any Unix tool does, killed by SIGPIPE, not with a panic. `run` keeps it ignored (its
+    // output never blocks or fails it: logsink), and so does `exec` (its workload's pipe).
+    if !matches!(cli.command, Command::Run { .. } | Command::Exec { .. } | Command::Probe { .. }) {
+        // SAFETY: restoring the default disposition of one signal, before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.command {
         Command::ProbeInside { .. }
         | Command::CanaryInside { .. }

@@ -17,51 +17,19 @@ use crate::config::Role;
 pub const MAX_LINE: usize = 16 * 1024;
 /// Bytes read from one pipe per wake-up of the event loop.
 pub const READ_BUDGET: usize = 64 * 1024;
-/// Lines a second a role may emit, sustained.
-pub const RATE: f64 = 1000.0;
+/// Lines a second a role may emit, sustained: below journald's own default per-unit limit
+/// (RateLimitBurst=10000 per 30 s), so a role's flood does not make journald drop sealnode's
+/// own lines of the same unit.
+pub const RATE: f64 = 200.0;
 /// Lines a role may emit at once after a quiet spell.
-pub const BURST: f64 = 5000.0;
+pub const BURST: f64 = 2000.0;
 
-/// A token bucket: [`RATE`] lines a second, up to [`BURST`] saved.
-#[derive(Debug)]
-pub struct Bucket {
-    tokens: f64,
-    at: Instant,
-    /// Lines dropped since the last report.
-    pub dropped: u64,
-    /// Lines dropped in all.
-    pub dropped_total: u64,
-    quiet: crate::ratelimit::Quiet,
+/// A role's output bucket.
+pub fn bucket(now: Instant) -> Bucket {
+    Bucket::new(now, RATE, BURST)
 }
 
-impl Bucket {
-    pub fn new(now: Instant) -> Bucket {
-        Bucket { tokens: BURST, at: now, dropped: 0, dropped_total: 0, quiet: Default::default() }
-    }
-
-    /// May one more line go out now?
-    pub fn take(&mut self, now: Instant) -> bool {
-        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * RATE).min(BURST);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            self.dropped += 1;
-            self.dropped_total += 1;
-            false
-        }
-    }
-
-    /// The dropped count to report now (at most once a second), reset once reported.
-    pub fn report(&mut self, now: Instant) -> Option<u64> {
-        if self.dropped == 0 {
-            return None;
-        }
-        self.quiet.allow(now)?;
-        Some(std::mem::take(&mut self.dropped))
-    }
-}
+pub use crate::ratelimit::Bucket;
 
 /// One captured stream of one run of a role.
 #[derive(Debug)]

@@ -255,6 +255,7 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
             "--stat" => std::fs::symlink_metadata(arg).map(drop).map_err(io_errno),
             "--fetch" => fetch(arg),
             "--blast" => blast(arg),
+            "--refuse-numbers" => refuse_numbers(arg),
             "--connect-abstract" => connect_abstract(arg),
             "--open" => std::fs::OpenOptions::new().read(true).write(true).open(arg).map(drop).map_err(io_errno),
             "--kill" => arg
@@ -266,6 +267,20 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
         v.push(attempt(name, r));
     }
     v
+}
+
+/// Call N syscall numbers no kernel has (100000, 100001, ...): each refused (the denial log's
+/// test: every number a different "syscall"). Succeeds when all N were refused with ENOSYS.
+fn refuse_numbers(n: &str) -> Result<(), Errno> {
+    let n: u64 = n.parse().map_err(|_| Errno::EINVAL)?;
+    for i in 0..n {
+        match crate::sys::syscall_ints(100_000 + i as libc::c_long, [0; 6]) {
+            Err(Errno::ENOSYS) => {}
+            Err(e) => return Err(e),
+            Ok(_) => return Err(Errno::EPROTO),
+        }
+    }
+    Ok(())
 }
 
 /// Connect, send a line, and succeed only if the peer answers with some bytes.

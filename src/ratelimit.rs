@@ -23,6 +23,49 @@ impl Quiet {
     }
 }
 
+/// A token bucket: `rate` events a second, up to `burst` saved; what it refuses is counted.
+#[derive(Debug)]
+pub struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+    /// Refused since the last report.
+    pub dropped: u64,
+    /// Refused in all.
+    pub dropped_total: u64,
+    quiet: Quiet,
+}
+
+impl Bucket {
+    pub fn new(now: Instant, rate: f64, burst: f64) -> Bucket {
+        Bucket { rate, burst, tokens: burst, at: now, dropped: 0, dropped_total: 0, quiet: Quiet::default() }
+    }
+
+    /// May one more go now?
+    pub fn take(&mut self, now: Instant) -> bool {
+        self.tokens = (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.dropped += 1;
+            self.dropped_total += 1;
+            false
+        }
+    }
+
+    /// The refused count to report now (at most once a second), reset once reported.
+    pub fn report(&mut self, now: Instant) -> Option<u64> {
+        if self.dropped == 0 {
+            return None;
+        }
+        self.quiet.allow(now)?;
+        Some(std::mem::take(&mut self.dropped))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};

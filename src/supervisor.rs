@@ -309,7 +309,7 @@ impl Supervisor {
             born: Instant::now(),
             outputs: std::collections::HashMap::new(),
             next_output: 1,
-            buckets: [crate::output::Bucket::new(Instant::now()), crate::output::Bucket::new(Instant::now())],
+            buckets: [crate::output::bucket(Instant::now()), crate::output::bucket(Instant::now())],
             ready_ms: None,
             refusals: [None, None],
             refused_before: [Default::default(), Default::default()],
@@ -355,6 +355,8 @@ impl Supervisor {
             }
             self.on_timers();
             self.report_dropped_output();
+            // Lines held back while a reader of sealnode's stdout or stderr was not reading.
+            crate::logsink::pump();
             if let Some((code, after)) = self.stopping {
                 if self.slots.iter().all(|s| s.state == State::Down) {
                     for role in Role::ALL {
@@ -626,6 +628,11 @@ impl Supervisor {
             "cell_pid": self.cell.pid.as_raw(),
             "ready": self.ready_sent,
             "engine_ready_ms": self.ready_ms,
+            "log_dropped_lines": {
+                "stdout": crate::logsink::dropped().0,
+                "stderr": crate::logsink::dropped().1,
+                "journal": crate::journal::dropped(),
+            },
             "roles": roles,
             "egress": self.fwd.stats(),
             "engine_forwarding": self.fwd.engine_stats(),
@@ -1274,7 +1281,21 @@ fn lock_dir(
         nix::sys::stat::Mode::from_bits_truncate(0o600),
     )
     .map_err(|e| Error::errno(format!("open {}", shown.display()), e))?;
-    match Flock::lock(std::fs::File::from(fd), FlockArg::LockExclusiveNonblock) {
+    // A `sealnode check` holds the lock shared for a moment to see whether a cell runs: a few
+    // retries tell that apart from a running cell, which holds it for good.
+    let mut file = std::fs::File::from(fd);
+    let mut tries = 0;
+    let locked = loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Err((f, Errno::EWOULDBLOCK)) if tries < 10 => {
+                tries += 1;
+                file = f;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break other,
+        }
+    };
+    match locked {
         Ok(l) => Ok((dir, l)),
         Err((_, Errno::EWOULDBLOCK)) => Err(Error::config(
             &cfg.file,
@@ -1290,7 +1311,7 @@ fn lock_dir(
 
 /// The plan a role of `run` starts with: the role's sandbox, with its denial log when it has
 /// `log_refused_syscalls` (the preflight's own sandboxes refuse in the kernel, as always).
-fn run_plan(cfg: &Config, role: Role, inv: &Invoker) -> Result<Plan> {
+pub fn run_plan(cfg: &Config, role: Role, inv: &Invoker) -> Result<Plan> {
     let mut plan = Plan::build(cfg, role, inv, None, None)?;
     if cfg.role(role).log_refused_syscalls {
         plan.log_refusals(cfg)?;
@@ -1323,7 +1344,11 @@ pub fn lock_status(cfg: &Config, inv: &Invoker) -> Result<Option<String>> {
         crate::trusted::check_own_dir(dir, inv.uid).map_err(|e| Error::config(&cfg.file, field, e))?;
         let lock = dir.join("lock");
         // Open without following a symlink, never create: a missing lock is an unused dir.
-        let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&lock)
+        // O_NONBLOCK: a FIFO planted as the lock must not hang the check.
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&lock)
         else {
             continue;
         };

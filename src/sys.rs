@@ -545,7 +545,9 @@ pub fn seccomp_with_listener(prog: &[seccompiler::sock_filter]) -> Result<RawFd,
         libc::syscall(
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER as libc::c_ulong,
-            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            // Once sealnode has received a notification, only a fatal signal interrupts the
+            // waiting task (a handled signal would turn the policy's errno into EINTR).
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,
             &fprog as *const libc::sock_fprog,
         )
     };

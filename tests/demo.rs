@@ -156,3 +156,23 @@ fn the_readme_demo_answers_with_the_real_engine() {
     assert!(answer.len() > "gateway: <- job-plain result: '' backend=llamacpp:smollm2".len() + 10, "{answer}");
     assert!(out.contains("demo OK: a job went gateway -> sealed node -> sealed engine (real)"), "{out}");
 }
+
+/// The cache the demo and the tests run programs from (often as root) must be the invoking
+/// user's own: one another user made first in world-writable /var/tmp is refused, untouched.
+#[test]
+fn a_cache_another_user_planted_is_refused() {
+    if !is_root() {
+        return unavailable("rootful", "planting as another user needs root to chown");
+    }
+    let dir = std::path::PathBuf::from(format!("/var/tmp/sealnode-it-planted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).expect("chown");
+    std::fs::write(dir.join("env"), "touch /planted-by-nobody\n").expect("env");
+    let o = Command::new(repo().join("scripts/prepare-python")).arg(&dir).output_within(COMMAND_LIMIT);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("refusing") && err.contains("another user may have made it"), "{err}");
+    assert!(!std::path::Path::new("/planted-by-nobody").exists());
+}

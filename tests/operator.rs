@@ -247,7 +247,7 @@ fn role_output_is_tagged_bounded_and_cannot_flood_the_supervisor() {
         assert_eq!(long.matches('x').count(), 16384);
         // The flood: rate-limited, and said so.
         let flood = o.lines().filter(|l| l.ends_with("]: flood-line")).count();
-        assert!((4000..=20000).contains(&flood), "{mode:?}: {flood} flood lines passed");
+        assert!((1500..=6000).contains(&flood), "{mode:?}: {flood} flood lines passed");
         assert!(e.contains("role output over its rate limit: lines dropped"), "{mode:?}: no drop report:\n{e}");
     }
 }
@@ -352,6 +352,14 @@ print(json.dumps(out))
         assert_eq!(code, 0, "{err}");
         let file = std::fs::read_to_string(&prom).expect("textfile");
         assert!(file.contains("sealnode_role_starts_total{role=\"engine\"} 1\n"), "{file}");
+        // Never through a symlinked directory (the metrics unit runs as root).
+        std::os::unix::fs::symlink(f.p("state"), f.p("state-link")).expect("symlink");
+        let (code, _, err) = run_out(
+            &f,
+            &["ctl", "--config", &cfg, "metrics", "--textfile", &f.p("state-link/x.prom").display().to_string()],
+        );
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("symbolic link") && !f.p("state/x.prom").exists(), "{err}");
         let _ =
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
         let _ = child.wait();
@@ -480,5 +488,234 @@ fn the_denial_log_needs_read_write_and_execve() {
         let (code, out, err) = run_out(&f, &["run", "--config", &cfg]);
         assert_eq!(code, 125, "{mode:?}:\n{out}\n{err}");
         assert!(err.contains("engine.log_refused_syscalls") && err.contains("execve"), "{err}");
+        // `check` refuses it the same way (found by review: it passed).
+        let (code, out, _) = run_out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 125, "{mode:?}: check:\n{out}");
+        assert!(out.contains("engine.log_refused_syscalls") && out.contains("execve"), "{out}");
+    }
+}
+
+/// The denial log under a storm of refusals, each a different syscall number (found by review:
+/// one map entry and one log rate limit per number grew the supervisor by 300 MB in 25 s and
+/// flooded the log): what is tracked stays bounded, the log stays within its rate, and the
+/// control socket answers at once.
+#[test]
+fn a_storm_of_refused_numbers_stays_bounded() {
+    use std::io::BufRead;
+    for mode in modes() {
+        let mut f = Fixture::new(mode, "deny-storm");
+        let bin = f.p("bin").display().to_string();
+        f.engine_cmd = r#"["/usr/bin/busybox", "sh", "-c", "/opt/sealnode/sealnode __probe-inside --refuse-numbers 3000000 >/dev/null & exec busybox httpd -f -p 127.0.0.1:18080 -h /models"]"#.into();
+        f.node_cmd = r#"["/usr/bin/busybox", "sh", "-c", "echo node-up; exec sleep 600"]"#.into();
+        f.engine_extra =
+            format!("ro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]\nlog_refused_syscalls = true");
+        f.cell_extra = "stop_timeout_s = 1".into();
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        let errf = f.p("run.err");
+        let mut child = f
+            .command(&["run", "--config", &cfg])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&errf).expect("err file"))
+            .spawn()
+            .expect("run");
+        let out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let up = out.lines().map_while(Result::ok).any(|l| untag(&l) == "node-up");
+        assert!(up, "{mode:?}: no node");
+        let t0 = std::time::Instant::now();
+        let mut slowest = std::time::Duration::ZERO;
+        let mut last = serde_json::Value::Null;
+        while t0.elapsed() < std::time::Duration::from_secs(8) {
+            let t = std::time::Instant::now();
+            let (code, json, _) = run_out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+            slowest = slowest.max(t.elapsed());
+            assert_eq!(code, 0, "{mode:?}: ctl status failed during the storm");
+            last = serde_json::from_str(&json).expect("status");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let secs = t0.elapsed().as_secs_f64() + 2.0;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("status");
+        let rss_kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("hwm");
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = child.wait();
+        let refused = last["roles"][0]["refused_syscalls"].as_object().cloned().unwrap_or_default();
+        assert!(refused.get("unknown").and_then(|v| v.as_u64()).unwrap_or(0) > 1000, "{mode:?}: {refused:?}");
+        assert!(refused.len() < 50, "{mode:?}: {} names tracked", refused.len());
+        assert!(slowest < std::time::Duration::from_secs(2), "{mode:?}: ctl status took {slowest:?}");
+        assert!(rss_kb < 40 * 1024, "{mode:?}: supervisor peak RSS {rss_kb} kB");
+        let err = std::fs::read_to_string(&errf).expect("err");
+        let lines = err.lines().filter(|l| l.contains("refused syscall")).count() as f64;
+        let most = sealnode::denylog::LINES_BURST + sealnode::denylog::LINES_PER_S * secs;
+        assert!(lines <= most + 5.0, "{mode:?}: {lines} refused-syscall lines in {secs:.0} s (at most {most:.0})");
+    }
+}
+
+/// A reader of sealnode's stdout that stops reading (found by review: the supervisor blocked
+/// in its write, ctl timed out, SIGTERM waited): lines are dropped and counted, the supervisor
+/// answers and stops at once.
+#[test]
+fn a_reader_that_stops_reading_never_stalls_the_supervisor() {
+    for mode in modes() {
+        let mut f = Fixture::new(mode, "stuck-reader");
+        f.engine_cmd = r#"["/usr/bin/busybox", "sh", "-c", "busybox httpd -f -p 127.0.0.1:18080 -h /models & x=$(printf %01000d 0); while true; do echo $x; done"]"#.into();
+        f.node_cmd = r#"["/usr/bin/busybox", "sh", "-c", "exec sleep 600"]"#.into();
+        f.cell_extra = "stop_timeout_s = 1".into();
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        // stdout: a pipe nobody reads (kept open by this test), stderr: a file.
+        let mut child = f
+            .command(&["run", "--config", &cfg])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(f.p("run.err")).expect("err"))
+            .spawn()
+            .expect("run");
+        let _held = child.stdout.take();
+        let answered = wait_until(std::time::Duration::from_secs(60), || {
+            let (_, json, _) = run_out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+            serde_json::from_str::<serde_json::Value>(&json)
+                .is_ok_and(|v| v["log_dropped_lines"]["stdout"].as_u64().unwrap_or(0) > 100)
+        });
+        assert!(
+            answered,
+            "{mode:?}: no status with dropped stdout lines: {}",
+            std::fs::read_to_string(f.p("run.err")).unwrap_or_default()
+        );
+        let t = std::time::Instant::now();
+        let (code, _, _) = run_out(&f, &["ctl", "--config", &cfg, "status"]);
+        assert_eq!(code, 0);
+        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{mode:?}: ctl status took {:?}", t.elapsed());
+        let t = std::time::Instant::now();
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let st = wait_within(&mut child, std::time::Duration::from_secs(20), "sealnode run");
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "{mode:?}: stop took {:?}", t.elapsed());
+        assert_eq!(st.code(), Some(0), "{mode:?}");
+    }
+}
+
+/// `sealnode run` whose stderr is "the journal" (JOURNAL_STREAM names it) and whose journald
+/// is tests/fixtures/fake-journald.py on the native socket, in a mount namespace of its own.
+fn run_with_journal(f: &Fixture, stall: u32) -> (std::process::Child, std::path::PathBuf) {
+    let out = f.p("journal.jsonl");
+    let cfg = f.config.display().to_string();
+    let inner = f.command(&["run", "--config", &cfg]);
+    let script = format!(
+        "mount -t tmpfs tmpfs /run/systemd && mkdir /run/systemd/journal && \
+         (STALL={stall} python3 {} /run/systemd/journal/socket {} &) && sleep 0.5 && \
+         exec 2>{} && export JOURNAL_STREAM=$(stat -L -c %d:%i {}) && exec \"$@\"",
+        repo().join("tests/fixtures/fake-journald.py").display(),
+        out.display(),
+        f.p("stderr").display(),
+        f.p("stderr").display()
+    );
+    let child = std::process::Command::new("/usr/bin/unshare")
+        .args(["-m", "--propagation", "private", "--", "/bin/sh", "-c", &script, "sh"])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .current_dir(&f.dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("unshare");
+    (child, out)
+}
+
+/// Journal mode, with a journald stand-in on the native socket: sealnode's own entries carry
+/// their priority, their fields as journal fields and in MESSAGE (what `journalctl -u` shows);
+/// each role's lines are under its own identifier; a journal that stops reading drops entries
+/// (counted) and never stalls the supervisor.
+#[test]
+fn journal_entries_have_priorities_fields_and_never_block() {
+    if !is_root() {
+        return unavailable("rootful", "a private mount of /run/systemd needs root");
+    }
+    for mode in modes() {
+        for stall in [0u32, 20] {
+            let mut f = Fixture::new(mode, if stall == 0 { "journal" } else { "journal-stall" });
+            f.engine_cmd = r#"["/usr/bin/busybox", "sh", "-c", "echo engine-says-hello; x=$(printf %0500d 0); (while true; do echo $x; done) & exec busybox httpd -f -p 127.0.0.1:18080 -h /models"]"#.into();
+            f.node_cmd = r#"["/usr/bin/busybox", "sh", "-c", "echo node-up; exec sleep 600"]"#.into();
+            f.cell_extra = "stop_timeout_s = 1".into();
+            f.write_config();
+            let cfg = f.config.display().to_string();
+            let (mut child, out) = run_with_journal(&f, stall);
+            let entries = || -> Vec<serde_json::Value> {
+                std::fs::read_to_string(&out)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect()
+            };
+            let ready = wait_until(std::time::Duration::from_secs(60), || {
+                let (_, json, _) = run_out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+                serde_json::from_str::<serde_json::Value>(&json).is_ok_and(|v| v["ready"] == true)
+            });
+            assert!(
+                ready,
+                "{mode:?} stall {stall}: not ready; stderr: {}",
+                std::fs::read_to_string(f.p("stderr")).unwrap_or_default()
+            );
+            if stall == 0 {
+                let e = entries();
+                let started = e
+                    .iter()
+                    .find(|x| {
+                        x["SYSLOG_IDENTIFIER"] == "sealnode"
+                            && x["MESSAGE"].as_str().is_some_and(|m| m.starts_with("role started role=engine pid="))
+                    })
+                    .unwrap_or_else(|| panic!("{mode:?}: no 'role started' entry: {e:?}"));
+                assert_eq!(started["PRIORITY"], "5");
+                assert_eq!(started["ROLE"], "engine");
+                assert!(
+                    started["PID"].as_str().is_some_and(|p| p.parse::<u32>().is_ok()) && started["GENERATION"] == "1",
+                    "{started}"
+                );
+                let hello = e
+                    .iter()
+                    .find(|x| x["MESSAGE"] == "engine-says-hello")
+                    .unwrap_or_else(|| panic!("{mode:?}: no engine line"));
+                assert_eq!(hello["SYSLOG_IDENTIFIER"], "sealnode-engine");
+                assert_eq!((hello["ROLE"].as_str(), hello["STREAM"].as_str()), (Some("engine"), Some("stdout")));
+                assert!(e.iter().any(|x| x["SYSLOG_IDENTIFIER"] == "sealnode-node" && x["MESSAGE"] == "node-up"));
+                assert!(!e.iter().any(|x| x["SYSLOG_IDENTIFIER"] == "sealnode" && x["MESSAGE"] == "engine-says-hello"));
+                // Warnings at priority 4: the role's flood, over its rate limit.
+                let warned = wait_until(std::time::Duration::from_secs(20), || {
+                    entries().iter().any(|x| {
+                        x["PRIORITY"] == "4"
+                            && x["MESSAGE"].as_str().is_some_and(|m| m.starts_with("role output over its rate limit"))
+                    })
+                });
+                assert!(warned, "{mode:?}: no priority-4 rate-limit warning");
+            } else {
+                // The journal stopped reading after 20 entries: entries are dropped, counted,
+                // and the supervisor answers at once.
+                let dropped = wait_until(std::time::Duration::from_secs(30), || {
+                    let (_, json, _) = run_out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+                    serde_json::from_str::<serde_json::Value>(&json)
+                        .is_ok_and(|v| v["log_dropped_lines"]["journal"].as_u64().unwrap_or(0) > 100)
+                });
+                assert!(dropped, "{mode:?}: no dropped journal entries counted");
+                let t = std::time::Instant::now();
+                let (code, _, _) = run_out(&f, &["ctl", "--config", &cfg, "status"]);
+                assert_eq!(code, 0);
+                assert!(t.elapsed() < std::time::Duration::from_secs(2), "{mode:?}: ctl took {:?}", t.elapsed());
+            }
+            let t = std::time::Instant::now();
+            // The launcher is unshare's exec chain: sh execs sealnode (or setpriv, which execs it).
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let st = wait_within(&mut child, std::time::Duration::from_secs(30), "sealnode run");
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "{mode:?}: stop took {:?}", t.elapsed());
+            assert!(st.success(), "{mode:?} stall {stall}: {st:?}");
+            let _ = std::process::Command::new("pkill").args(["-f", &out.display().to_string()]).status();
+        }
     }
 }

@@ -223,9 +223,11 @@ fn sysusers_and_tmpfiles_apply_to_a_scratch_root() {
         ("var/lib/sealnode", 0o755, (0, 0)),
         ("var/lib/sealnode/engine", 0o700, engine),
         ("var/lib/sealnode/node", 0o700, node),
-        ("srv/sealnode/models", 0o755, (0, 0)),
+        ("var/lib/sealnode/models", 0o755, (0, 0)),
     ] {
         let md = std::fs::metadata(root.path().join(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
         assert_eq!((md.mode() & 0o7777, md.uid(), md.gid()), (mode, owner.0, owner.1), "{dir}");
     }
+    // FHS leaves /srv to the admin: the package makes nothing there.
+    assert!(!root.path().join("srv/sealnode").exists(), "tmpfiles made /srv/sealnode");
 }

@@ -30,7 +30,7 @@ pub fn ctl(config: &Path, show: Show) -> Outcome {
                 let down = sealnode::metrics::down();
                 match textfile {
                     Some(path) => {
-                        let _ = sealnode::receipt::write_atomic(path, down.as_bytes(), 0o644);
+                        let _ = write_textfile(path, &down);
                     }
                     None => print!("{down}"),
                 }
@@ -45,14 +45,37 @@ pub fn ctl(config: &Path, show: Show) -> Outcome {
             let text = sealnode::metrics::render(&v);
             match textfile {
                 // node_exporter's textfile collector reads *.prom files: written whole, atomically.
-                Some(path) => sealnode::receipt::write_atomic(&path, text.as_bytes(), 0o644)
-                    .map_err(|e| Failure::general(format!("metrics: {e}")))?,
+                Some(path) => write_textfile(&path, &text).map_err(|e| Failure::general(format!("metrics: {e}")))?,
                 None => print!("{text}"),
             }
         }
         _ => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
     }
     Ok(if ok { sealnode::exit::OK } else { sealnode::exit::FAILED })
+}
+
+/// The textfile, replaced atomically in its directory, which is reached without following a
+/// symlink in any component (the metrics unit runs as root: a directory another user can
+/// rename must not redirect the write elsewhere).
+fn write_textfile(path: &Path, text: &str) -> Result<(), String> {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().map_err(|e| e.to_string())?.join(path)
+    };
+    let (Some(dir), Some(name)) = (abs.parent(), abs.file_name().and_then(|n| n.to_str())) else {
+        return Err(format!("{}: not a file path", abs.display()));
+    };
+    let walked =
+        sealnode::sys::open_path_no_symlinks(dir).map_err(|e| format!("open {}: {}", dir.display(), e.desc()))?;
+    let dirfd = nix::fcntl::openat(
+        &walked,
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("open {}: {}", dir.display(), e.desc()))?;
+    sealnode::receipt::write_atomic_at(&dirfd, name, text.as_bytes(), 0o644, &abs).map_err(|e| e.to_string())
 }
 
 fn duration(secs: u64) -> String {

@@ -18,7 +18,7 @@ fn lines(c: &mut Capture, data: &[&[u8]], bucket: &mut Bucket) -> Vec<Vec<u8>> {
 
 #[test]
 fn lines_are_split_across_reads() {
-    let mut b = Bucket::new(Instant::now());
+    let mut b = bucket(Instant::now());
     let mut c = capture();
     let got = lines(&mut c, &[b"one\ntw", b"o\n\nthree"], &mut b);
     assert_eq!(got, vec![b"one".to_vec(), b"two".to_vec(), b"".to_vec()]);
@@ -28,7 +28,7 @@ fn lines_are_split_across_reads() {
 
 #[test]
 fn a_long_line_is_cut_once_and_the_rest_dropped() {
-    let mut b = Bucket::new(Instant::now());
+    let mut b = bucket(Instant::now());
     let mut c = capture();
     let big = vec![b'x'; MAX_LINE * 3 + 5];
     let got = lines(&mut c, &[&big, &big, b"\nnext\n"], &mut b);
@@ -43,7 +43,7 @@ fn a_long_line_is_cut_once_and_the_rest_dropped() {
 #[test]
 fn a_flood_is_cut_to_the_rate_and_counted() {
     let t = Instant::now();
-    let mut b = Bucket::new(t);
+    let mut b = bucket(t);
     let mut passed = 0;
     for _ in 0..100_000 {
         if b.take(t) {
@@ -64,6 +64,10 @@ fn a_flood_is_cut_to_the_rate_and_counted() {
 
 #[test]
 fn control_characters_are_escaped() {
-    assert_eq!(crate::log::clean(b"\x1b[31mred\x1b[0m\rINFO x"), "\\u{1b}[31mred\\u{1b}[0m\\rINFO x");
+    assert_eq!(crate::log::clean(b"\x1b[31mred\x1b[0m\rINFO x"), "\\u{1b}[31mred\\u{1b}[0m\\u{d}INFO x");
     assert_eq!(crate::log::clean(b"tab\tok \xff"), "tab\tok \u{fffd}");
+    // The role's own text "\u{1b}" is not sealnode's escape of ESC: its backslash is doubled.
+    assert_eq!(crate::log::clean(b"\\u{1b}"), "\\\\u{1b}");
+    // Separators and bidirectional overrides cannot reorder or split what the reader sees.
+    assert_eq!(crate::log::clean("a\u{2028}b\u{202e}c\u{2066}d".as_bytes()), "a\\u{2028}b\\u{202e}c\\u{2066}d");
 }

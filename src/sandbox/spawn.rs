@@ -194,7 +194,17 @@ fn take_listener(init: Pid, fd: u32) -> Result<OwnedFd> {
         _ => return Err(Error::errno(format!("{what}: the sandbox's init has not exactly one child"), Errno::EPROTO)),
     };
     let pidfd = sys::pidfd_open(workload).map_err(|e| Error::errno(format!("{what}: pidfd_open"), e))?;
-    let copy = sys::pidfd_getfd(&pidfd, fd as i32).map_err(|e| Error::errno(format!("{what}: pidfd_getfd"), e))?;
+    let copy = sys::pidfd_getfd(&pidfd, fd as i32).map_err(|e| match e {
+        // The shipped units deny @debug, which holds pidfd_getfd: the log is opt-in, and so is
+        // the one syscall it needs (docs/policies.md, "The denial log").
+        Errno::EPERM | Errno::ENOSYS => Error::Unsupported {
+            what: format!("{what}: pidfd_getfd refused ({e})"),
+            fix: "under the systemd units, allow it with a drop-in: systemctl edit sealnode.service -> \
+                  [Service] SystemCallFilter=pidfd_getfd (or turn log_refused_syscalls off)"
+                .into(),
+        },
+        e => Error::errno(format!("{what}: pidfd_getfd"), e),
+    })?;
     // A reused pid would hand over some other fd: only a seccomp listener is kept.
     let link = std::fs::read_link(format!("/proc/self/fd/{}", copy.as_raw_fd())).unwrap_or_default();
     if link.as_os_str() != "anon_inode:seccomp notify" {
