@@ -154,8 +154,8 @@ pub struct Supervisor {
     next_output: u64,
     /// Each role's output rate limit, shared by its stdout and stderr.
     buckets: [crate::output::Bucket; 2],
-    /// How long the engine's last start took to pass its readiness check.
-    ready_ms: Option<u64>,
+    /// How long the engine's last start took to pass its readiness check, in milliseconds.
+    ready_ms: Option<f64>,
     /// Each role's denial log (its current run's listener).
     refusals: [Option<crate::denylog::DenyLog>; 2],
     /// Refusals of each role's earlier runs, per syscall name.
@@ -924,7 +924,7 @@ impl Supervisor {
     fn engine_ready(&mut self) {
         self.ready_check_failed();
         let latency = self.ready_check.take().map(|p| p.began.elapsed());
-        self.ready_ms = latency.map(|d| d.as_millis() as u64);
+        self.ready_ms = latency.map(|d| d.as_secs_f64() * 1000.0);
         tracing::info!(role = "engine", ready_ms = self.ready_ms, "engine ready");
         if self.stopping.is_some() {
             return;

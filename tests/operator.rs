@@ -17,13 +17,30 @@ fn run_out(f: &Fixture, args: &[&str]) -> (i32, String, String) {
 }
 
 fn sh_fixture(mode: Mode, name: &str, engine_extra: &str) -> Fixture {
+    busybox_cell(mode, name, "sleep 600", "sleep 600", engine_extra)
+}
+
+/// A cell whose roles are busybox shell scripts (`engine_sh`, `node_sh`).
+fn busybox_cell(mode: Mode, name: &str, engine_sh: &str, node_sh: &str, engine_extra: &str) -> Fixture {
     let mut f = Fixture::new(mode, name);
-    f.engine_cmd = r#"["/usr/bin/busybox", "sh", "-c", "sleep 600"]"#.into();
-    f.node_cmd = r#"["/usr/bin/busybox", "sh", "-c", "sleep 600"]"#.into();
+    let q = |sh: &str| format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", serde_json::to_string(sh).expect("json"));
+    f.engine_cmd = q(engine_sh);
+    f.node_cmd = q(node_sh);
     f.engine_extra = engine_extra.into();
     f.cell_extra = "stop_timeout_s = 1".into();
     f.write_config();
     f
+}
+
+/// `sealnode run` of `f` with these stdout and stderr (stdin /dev/null).
+fn spawn_run(f: &Fixture, stdout: std::process::Stdio, stderr: std::process::Stdio) -> std::process::Child {
+    let cfg = f.config.display().to_string();
+    f.command(&["run", "--config", &cfg])
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .expect("run")
 }
 
 #[test]
@@ -170,20 +187,9 @@ fn role_output_is_tagged_bounded_and_cannot_flood_the_supervisor() {
                       printf 'sealnode: refusing to start: forged\\n\\033[31mred\\n'; echo to-stderr >&2; \
                       head -c 10000000 /dev/zero | tr '\\0' x; echo; yes flood-line | head -n 300000; \
                       sleep 3; echo done-flood; wait";
-        let mut f = Fixture::new(mode, "flood");
-        f.engine_cmd =
-            format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", serde_json::to_string(engine).expect("json"));
-        f.node_cmd = r#"["/usr/bin/busybox", "sh", "-c", "echo node-up; exec sleep 600"]"#.into();
-        f.cell_extra = "stop_timeout_s = 1".into();
-        f.write_config();
+        let f = busybox_cell(mode, "flood", engine, "echo node-up; exec sleep 600", "");
         let cfg = f.config.display().to_string();
-        let mut child = f
-            .command(&["run", "--config", &cfg])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run");
+        let mut child = spawn_run(&f, std::process::Stdio::piped(), std::process::Stdio::piped());
         let drain = |mut r: Box<dyn Read + Send>| {
             let buf = Arc::new(Mutex::new(Vec::new()));
             let b = buf.clone();
@@ -562,20 +568,13 @@ fn a_storm_of_refused_numbers_stays_bounded() {
 #[test]
 fn a_reader_that_stops_reading_never_stalls_the_supervisor() {
     for mode in modes() {
-        let mut f = Fixture::new(mode, "stuck-reader");
-        f.engine_cmd = r#"["/usr/bin/busybox", "sh", "-c", "busybox httpd -f -p 127.0.0.1:18080 -h /models & x=$(printf %01000d 0); while true; do echo $x; done"]"#.into();
-        f.node_cmd = r#"["/usr/bin/busybox", "sh", "-c", "exec sleep 600"]"#.into();
-        f.cell_extra = "stop_timeout_s = 1".into();
-        f.write_config();
+        let engine =
+            "busybox httpd -f -p 127.0.0.1:18080 -h /models & x=$(printf %01000d 0); while true; do echo $x; done";
+        let f = busybox_cell(mode, "stuck-reader", engine, "exec sleep 600", "");
         let cfg = f.config.display().to_string();
         // stdout: a pipe nobody reads (kept open by this test), stderr: a file.
-        let mut child = f
-            .command(&["run", "--config", &cfg])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::fs::File::create(f.p("run.err")).expect("err"))
-            .spawn()
-            .expect("run");
+        let mut child =
+            spawn_run(&f, std::process::Stdio::piped(), std::fs::File::create(f.p("run.err")).expect("err").into());
         let _held = child.stdout.take();
         let answered = wait_until(std::time::Duration::from_secs(60), || {
             let (_, json, _) = run_out(&f, &["ctl", "--config", &cfg, "status", "--json"]);

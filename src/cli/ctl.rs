@@ -115,8 +115,8 @@ fn human(v: &Value) -> String {
             r.get("started_at").and_then(Value::as_str).unwrap_or("?"),
         ));
     }
-    if let Some(ms) = v["engine_ready_ms"].as_u64() {
-        s.push_str(&format!("engine:   ready {:.1} s after its start\n", ms as f64 / 1000.0));
+    if let Some(ms) = v["engine_ready_ms"].as_f64() {
+        s.push_str(&format!("engine:   ready {:.1} s after its start\n", ms / 1000.0));
     }
     s.push_str(&format!(
         "\n{:<7} {:<11} {:>8} {:>8} {:>6} {:>8} {:>6}  {:<22} {}\n",
