@@ -73,8 +73,9 @@ BWRAP="bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr -
 # built or reused from their caches.
 llm_env() {
   LLM=${SEALNODE_LLM_DIR:-/var/tmp/sealnode-llm}; PYD=${SEALNODE_TEST_CACHE:-/var/tmp/sealnode-test}
-  "$REPO/scripts/build-llama-server" "$LLM" >/dev/null; . "$LLM/env"
-  "$REPO/scripts/prepare-python" "$PYD" >/dev/null; . "$PYD/env"
+  # Both refuse a dir another user made (scripts/own-dir): nothing from one is run or sourced.
+  "$REPO/scripts/build-llama-server" "$LLM" >/dev/null || exit 1; . "$LLM/env"
+  "$REPO/scripts/prepare-python" "$PYD" >/dev/null || exit 1; . "$PYD/env"
 }
 
 # $1 = dir, $2 = the node's argv (JSON list), $3 = TOML appended to [node]: a rootful fixture

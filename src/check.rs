@@ -66,6 +66,22 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
             "the role's own dir: its owner, no one else may write it (wiped before every start)",
         );
     }
+    // The denial log takes each role's seccomp listener with pidfd_getfd, which a unit's
+    // SystemCallFilter= may deny: try it on ourselves (found by review: check passed, run refused).
+    if Role::ALL.iter().any(|r| cfg.role(*r).log_refused_syscalls) {
+        let probe = crate::sys::pidfd_open(std::process::id() as i32).and_then(|p| crate::sys::pidfd_getfd(&p, 0));
+        add(
+            &mut v,
+            "denial log",
+            probe.map(|_| "pidfd_getfd allowed".to_string()).map_err(|e| {
+                format!(
+                    "pidfd_getfd refused ({e}): under the systemd units, allow it with a drop-in for the unit that runs \
+                     this config: [Service] SystemCallFilter=pidfd_getfd (or turn log_refused_syscalls off)"
+                )
+            }),
+            "log_refused_syscalls takes each role's seccomp listener with pidfd_getfd",
+        );
+    }
     add(
         &mut v,
         "cell",

@@ -103,7 +103,16 @@ impl DenyLog {
             entry.0 += 1;
             let total = entry.0;
             let now = Instant::now();
-            if let Some(suppressed) = entry.1.allow(now).filter(|_| self.lines.take(now)) {
+            // The role's cap first: a line it refuses is one more suppressed for that name.
+            let allowed = if self.lines.ready(now) {
+                entry.1.allow(now).inspect(|_| {
+                    self.lines.take(now);
+                })
+            } else {
+                entry.1.skip();
+                None
+            };
+            if let Some(suppressed) = allowed {
                 let a = n.data.args;
                 tracing::warn!(
                     role = %self.role,

@@ -99,9 +99,16 @@ pub fn say(message: &str) {
 /// the line and paragraph separators and the bidirectional overrides, embeddings, isolates and
 /// marks (a right-to-left override can make a line read as something else).
 fn invisible_or_reordering(c: char) -> bool {
-    matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{feff}')
-        || ('\u{202a}'..='\u{202e}').contains(&c)
-        || ('\u{2066}'..='\u{2069}').contains(&c)
+    matches!(c, '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{feff}')
+        // zero-width spaces and joiners, direction marks, line and paragraph separators,
+        // embeddings and overrides, word joiner and invisible operators, isolates, deprecated
+        // format controls
+        || ('\u{200b}'..='\u{200f}').contains(&c)
+        || ('\u{2028}'..='\u{202e}').contains(&c)
+        || ('\u{2060}'..='\u{206f}').contains(&c)
+        // interlinear annotation marks, and the tag characters (text a reader does not see)
+        || ('\u{fff9}'..='\u{fffb}').contains(&c)
+        || ('\u{e0000}'..='\u{e007f}').contains(&c)
 }
 
 /// A line a role wrote, made unambiguous: control characters (but tab), separators and

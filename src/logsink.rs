@@ -3,10 +3,12 @@
 //! counted, never the event loop. No thread: the supervisor forks, and stays single-threaded.
 //!
 //! How, per stream, without touching the file description others share (a shell, systemd):
-//! a pipe or FIFO is written with pwritev2(RWF_NOWAIT); a socket (systemd's journal stream)
-//! with send(MSG_DONTWAIT); a terminal is reopened through /proc/self/fd (a new description of
-//! the same tty) and that one made O_NONBLOCK, or, where that is not allowed, written as is; a
-//! regular file or /dev/null as is (it does not block). A line that does not fit now waits in a buffer of [`PENDING_MAX`] bytes, tried
+//! a pipe, FIFO or terminal is reopened through /proc/self/fd (a new description of the same
+//! pipe or tty) and that one made O_NONBLOCK; where the reopen is not allowed (rootless, a
+//! root-owned pipe or tty), a pipe is written with pwritev2(RWF_NOWAIT) and anything else only
+//! as far as poll(2) says it takes now, 64 bytes at a time; a socket (systemd's journal
+//! stream) with send(MSG_DONTWAIT); a regular file or /dev/null as is (it does not block).
+//! Every line not written, whatever the reason (a full pipe, ENOSPC, EPIPE), is counted. A line that does not fit now waits in a buffer of [`PENDING_MAX`] bytes, tried
 //! again at the next write and each turn of the event loop ([`pump`]); beyond that, lines are
 //! dropped and counted ([`dropped`]).
 
@@ -22,8 +24,10 @@ pub const PENDING_MAX: usize = 256 * 1024;
 enum How {
     /// A pipe: pwritev2(RWF_NOWAIT) on the inherited fd.
     NoWait(RawFd),
-    /// Our own non-blocking description of the same tty.
+    /// Our own non-blocking description of the same pipe or tty.
     Reopened(OwnedFd),
+    /// Neither: only what poll(2) says the fd takes now, in small writes.
+    Polled(RawFd),
     /// A socket: send(MSG_DONTWAIT) on the inherited fd.
     Socket(RawFd),
     /// A file: plain write(2) on the inherited fd.
@@ -53,18 +57,23 @@ fn prepare(fd: RawFd) -> How {
     };
     match st.st_mode & libc::S_IFMT {
         libc::S_IFSOCK => How::Socket(fd),
-        libc::S_IFIFO => How::NoWait(fd),
-        libc::S_IFCHR => {
+        kind @ (libc::S_IFIFO | libc::S_IFCHR) => {
             let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default();
             // SAFETY: a valid C string; the flags open a new description for writing only.
             let new = unsafe {
                 libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
             };
-            if new < 0 {
-                return How::Plain(fd);
+            if new >= 0 {
+                // SAFETY: `new` is a fresh fd we own.
+                return How::Reopened(unsafe { OwnedFd::from_raw_fd(new) });
             }
-            // SAFETY: `new` is a fresh fd we own.
-            How::Reopened(unsafe { OwnedFd::from_raw_fd(new) })
+            // An anonymous pipe takes RWF_NOWAIT; a FIFO opened by path refuses it (EOPNOTSUPP,
+            // at the first write: Stream::flush then polls instead), and so does a tty.
+            if kind == libc::S_IFIFO {
+                How::NoWait(fd)
+            } else {
+                How::Polled(fd)
+            }
         }
         _ => How::Plain(fd),
     }
@@ -96,6 +105,29 @@ fn write_some(how: &How, buf: &[u8]) -> Result<usize, Errno> {
         }
         // SAFETY: a borrowed fd that stays open for the process's life (stdout/stderr).
         How::Plain(fd) => nix::unistd::write(unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) }, buf),
+        How::Polled(fd) => {
+            let mut done = 0;
+            while done < buf.len() {
+                let mut p = libc::pollfd { fd: *fd, events: libc::POLLOUT, revents: 0 };
+                // SAFETY: one valid pollfd, no wait.
+                if unsafe { libc::poll(&mut p, 1, 0) } <= 0 || p.revents & libc::POLLOUT == 0 {
+                    break;
+                }
+                let end = (done + 64).min(buf.len());
+                // SAFETY: as for Plain.
+                match nix::unistd::write(unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) }, &buf[done..end]) {
+                    Ok(n) => done += n,
+                    Err(Errno::EINTR) => {}
+                    Err(e) if done == 0 => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            if done == 0 && !buf.is_empty() {
+                Err(Errno::EAGAIN)
+            } else {
+                Ok(done)
+            }
+        }
     }
 }
 
@@ -110,8 +142,15 @@ impl Stream {
                 }
                 Err(Errno::EINTR) => continue,
                 Err(Errno::EAGAIN) => break,
-                // A reader that is gone: nothing will take it.
+                Err(Errno::EOPNOTSUPP) if matches!(self.how, How::NoWait(_)) => {
+                    if let How::NoWait(fd) = self.how {
+                        self.how = How::Polled(fd);
+                    }
+                }
+                // A reader that is gone, a full disk, a device that refuses: nothing will take
+                // what is pending; its lines are counted as dropped.
                 Err(_) => {
+                    self.dropped += self.pending.iter().filter(|b| **b == b'\n').count().max(1) as u64;
                     self.pending.clear();
                     break;
                 }

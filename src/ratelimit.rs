@@ -11,6 +11,11 @@ pub struct Quiet {
 }
 
 impl Quiet {
+    /// One more not logged (something else refused it), counted for the next warning.
+    pub fn skip(&mut self) {
+        self.suppressed += 1;
+    }
+
     /// `Some(n)` when a warning may be logged now, `n` being how many were suppressed since the
     /// last one; `None` (and one more suppressed) otherwise.
     pub fn allow(&mut self, now: Instant) -> Option<u64> {
@@ -40,6 +45,13 @@ pub struct Bucket {
 impl Bucket {
     pub fn new(now: Instant, rate: f64, burst: f64) -> Bucket {
         Bucket { rate, burst, tokens: burst, at: now, dropped: 0, dropped_total: 0, quiet: Quiet::default() }
+    }
+
+    /// Is there room for one more now (nothing taken)?
+    pub fn ready(&mut self, now: Instant) -> bool {
+        self.tokens = (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        self.tokens >= 1.0
     }
 
     /// May one more go now?

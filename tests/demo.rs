@@ -169,10 +169,19 @@ fn a_cache_another_user_planted_is_refused() {
     std::fs::create_dir(&dir).expect("mkdir");
     std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).expect("chown");
     std::fs::write(dir.join("env"), "touch /planted-by-nobody\n").expect("env");
-    let o = Command::new(repo().join("scripts/prepare-python")).arg(&dir).output_within(COMMAND_LIMIT);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    // Both scripts that fill the cache (found by review: build-llama-server ran a planted cmake).
+    std::fs::create_dir_all(dir.join("llm/tools/bin")).expect("mkdir");
+    std::os::unix::fs::chown(dir.join("llm"), Some(NOBODY), Some(NOBODY)).expect("chown");
+    let run = |script: &str, arg: std::path::PathBuf| {
+        let o = Command::new(repo().join(script)).arg(arg).output_within(COMMAND_LIMIT);
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (code, err) = run("scripts/prepare-python", dir.clone());
+    let (code2, err2) = run("scripts/build-llama-server", dir.join("llm"));
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("refusing") && err.contains("another user may have made it"), "{err}");
+    assert_eq!(code2, Some(1), "{err2}");
+    assert!(err2.contains("refusing"), "{err2}");
     assert!(!std::path::Path::new("/planted-by-nobody").exists());
 }

@@ -70,4 +70,6 @@ fn control_characters_are_escaped() {
     assert_eq!(crate::log::clean(b"\\u{1b}"), "\\\\u{1b}");
     // Separators and bidirectional overrides cannot reorder or split what the reader sees.
     assert_eq!(crate::log::clean("a\u{2028}b\u{202e}c\u{2066}d".as_bytes()), "a\\u{2028}b\\u{202e}c\\u{2066}d");
+    // Invisible text: zero-width spaces, soft hyphens, tag characters.
+    assert_eq!(crate::log::clean("x\u{200b}\u{ad}\u{e0041}y".as_bytes()), "x\\u{200b}\\u{ad}\\u{e0041}y");
 }

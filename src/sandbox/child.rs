@@ -110,7 +110,13 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
 fn install_seccomp(plan: &Plan) -> Result<Option<RawFd>, Errno> {
     match plan.refusal_log {
         None => seccomp::install(&plan.seccomp).map(|()| None),
-        Some(_) => sys::seccomp_with_listener(&plan.seccomp).map(Some),
+        // Dumpable first, while prctl is still allowed: the launcher's pidfd_getfd needs ptrace
+        // access, which a process that changed its uid (rootful) only grants to CAP_SYS_PTRACE
+        // in the launcher's namespace, which the unit does not have. The exec that follows
+        // makes the workload dumpable anyway (same ids, not setuid).
+        Some(_) => {
+            sys::prctl(libc::PR_SET_DUMPABLE, 1).and_then(|()| sys::seccomp_with_listener(&plan.seccomp)).map(Some)
+        }
     }
 }
 

@@ -199,7 +199,8 @@ fn take_listener(init: Pid, fd: u32) -> Result<OwnedFd> {
         // the one syscall it needs (docs/policies.md, "The denial log").
         Errno::EPERM | Errno::ENOSYS => Error::Unsupported {
             what: format!("{what}: pidfd_getfd refused ({e})"),
-            fix: "under the systemd units, allow it with a drop-in: systemctl edit sealnode.service -> \
+            fix: "under the systemd units, allow it with a drop-in for the unit that runs this config \
+                  (systemctl edit sealnode.service, sealnode-rootless.service or sealnode@NAME.service) -> \
                   [Service] SystemCallFilter=pidfd_getfd (or turn log_refused_syscalls off)"
                 .into(),
         },
