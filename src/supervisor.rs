@@ -597,6 +597,7 @@ impl Supervisor {
     }
 
     fn status(&self) -> serde_json::Value {
+        let dropped = crate::logsink::dropped();
         let roles: Vec<serde_json::Value> = self
             .slots
             .iter()
@@ -629,8 +630,8 @@ impl Supervisor {
             "ready": self.ready_sent,
             "engine_ready_ms": self.ready_ms,
             "log_dropped_lines": {
-                "stdout": crate::logsink::dropped().0,
-                "stderr": crate::logsink::dropped().1,
+                "stdout": dropped.0,
+                "stderr": dropped.1,
                 "journal": crate::journal::dropped(),
             },
             "roles": roles,

@@ -314,13 +314,7 @@ fn metrics_parse_and_count_what_happened() {
         f.cell_extra = "stop_timeout_s = 1".into();
         f.write_config();
         let cfg = f.config.display().to_string();
-        let mut child = f
-            .command(&["run", "--config", &cfg])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("run");
+        let mut child = spawn_run(&f, std::process::Stdio::piped(), std::process::Stdio::null());
         let _kill = KillOnDrop(child.id());
         let out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
         let up = std::io::BufRead::lines(out).map_while(Result::ok).any(|l| untag(&l) == "node-up");
@@ -414,13 +408,7 @@ fn refused_syscalls_are_logged_and_still_refused() {
         f.cell_extra = "stop_timeout_s = 1".into();
         f.write_config();
         let cfg = f.config.display().to_string();
-        let mut child = f
-            .command(&["run", "--config", &cfg])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run");
+        let mut child = spawn_run(&f, std::process::Stdio::piped(), std::process::Stdio::piped());
         let _kill = KillOnDrop(child.id());
         let err = child.stderr.take().expect("stderr");
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
@@ -545,13 +533,8 @@ fn a_storm_of_refused_numbers_stays_bounded() {
         f.write_config();
         let cfg = f.config.display().to_string();
         let errf = f.p("run.err");
-        let mut child = f
-            .command(&["run", "--config", &cfg])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::fs::File::create(&errf).expect("err file"))
-            .spawn()
-            .expect("run");
+        let mut child =
+            spawn_run(&f, std::process::Stdio::piped(), std::fs::File::create(&errf).expect("err file").into());
         let _kill = KillOnDrop(child.id());
         let out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
         let up = out.lines().map_while(Result::ok).any(|l| untag(&l) == "node-up");
