@@ -666,11 +666,7 @@ fn sha256_file(p: &str) -> String {
 
 /// Send raw bytes to the control socket as the test process; return the response line.
 fn raw_request(f: &Fixture, bytes: &[u8]) -> Value {
-    let mut s = UnixStream::connect(f.p("run/control.sock")).expect("connect");
-    s.set_read_timeout(Some(READ_LIMIT)).expect("read timeout");
-    let _ = s.write_all(bytes);
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).expect("read");
+    let line = control_request(&f.p("run/control.sock"), bytes);
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
 }
 

@@ -140,11 +140,7 @@ fn a_hanging_resolver_never_stalls_the_supervisor() {
         // allowed; rootless the refusal is the loop's answer just the same.)
         for _ in 0..5 {
             let t = Instant::now();
-            let mut s = std::os::unix::net::UnixStream::connect(f.p("run/control.sock")).expect("connect");
-            s.set_read_timeout(Some(READ_LIMIT)).expect("timeout");
-            s.write_all(b"{\"cmd\":\"status\"}\n").expect("send");
-            let mut line = String::new();
-            BufReader::new(s).read_line(&mut line).expect("read");
+            let line = control_request(&f.p("run/control.sock"), b"{\"cmd\":\"status\"}\n");
             let ms = t.elapsed().as_millis();
             assert!(!line.is_empty() && ms < 100, "{mode:?}: control answered in {ms} ms while a lookup hangs: {line}");
             std::thread::sleep(Duration::from_millis(200));

@@ -37,12 +37,8 @@ fn busybox_cell(mode: Mode, name: &str, engine_sh: &str, node_sh: &str, engine_e
 /// the time). Any answer counts, a refusal too (rootless, this test's uid 0 is not allowed):
 /// it is the event loop that answers.
 fn control_latency(f: &Fixture) -> std::time::Duration {
-    use std::io::{BufRead, Write};
     let t = std::time::Instant::now();
-    let mut s = std::os::unix::net::UnixStream::connect(f.p("run/control.sock")).expect("connect");
-    let _ = s.write_all(b"{\"cmd\":\"status\"}\n");
-    let mut line = String::new();
-    let _ = std::io::BufReader::new(s).read_line(&mut line);
+    let line = control_request(&f.p("run/control.sock"), b"{\"cmd\":\"status\"}\n");
     assert!(line.contains("\"ok\""), "no answer: {line:?}");
     t.elapsed()
 }

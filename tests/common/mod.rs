@@ -445,6 +445,20 @@ pub const COMMAND_LIMIT: std::time::Duration = std::time::Duration::from_secs(30
 /// How long a test waits for one line from a socket or pipe of sealnode's.
 pub const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// One request on a control socket, its answer line (empty if none came). The write's error
+/// is ignored on purpose: a refused peer (or one over the connection limit) is answered at
+/// once, without its request being read, so the write may fail with EPIPE while the answer is
+/// already waiting to be read, the same as `sealnode ctl` handles it.
+pub fn control_request(sock: &std::path::Path, bytes: &[u8]) -> String {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).expect("connect to the control socket");
+    s.set_read_timeout(Some(READ_LIMIT)).expect("read timeout");
+    let _ = s.write_all(bytes);
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).expect("read the control answer");
+    line
+}
+
 /// `Command::output` with a deadline: a command still running at `limit` is killed and the
 /// test fails with what it printed so far. stdin is /dev/null, as with `output()`.
 pub trait OutputWithin {
