@@ -54,6 +54,32 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
                 )
             });
         add(&mut v, name, plan, "the sandbox `run` builds: policies, binds, program, user");
+        if let Some(c) = cfg.cdi(role) {
+            let left = match c.left_out.len() {
+                0 => String::new(),
+                n => format!(
+                    "; {n} left out: {}",
+                    c.left_out.iter().map(|(e, w)| format!("{e} ({w})")).collect::<Vec<_>>().join("; ")
+                ),
+            };
+            add(
+                &mut v,
+                match role {
+                    Role::Engine => "engine devices",
+                    Role::Node => "node devices",
+                },
+                Ok(format!(
+                    "{} from {}: {} device nodes, {} files bound, {} already in view, {} variables{left}",
+                    c.edits.devices.join(", "),
+                    c.spec.display(),
+                    c.edits.nodes.len(),
+                    c.binds.len(),
+                    c.in_view.len(),
+                    c.edits.env.len()
+                )),
+                "devices_from: the CDI spec's nodes (Landlock ioctl_dev on exactly those), files (read-only) and environment",
+            );
+        }
         add(
             &mut v,
             match role {

@@ -24,6 +24,29 @@ pub const INSIDE_MODELS: &str = "/models";
 pub const INSIDE_SCRATCH: &str = "/scratch";
 pub const INSIDE_CREDENTIAL: &str = "/run/sealnode/credential";
 
+/// Read-only system paths every role sees (when they exist on the host). Symlinks (e.g.
+/// Debian's /lib -> usr/lib) are recreated as symlinks rather than bound.
+pub const SYSTEM_RO: &[&str] = &[
+    "/usr",                             // programs, libraries, Python's and the CA store's real files
+    "/bin",                             // usually a symlink into /usr
+    "/sbin",                            // usually a symlink into /usr
+    "/lib",                             // dynamic loader and libc (symlink on merged-/usr systems)
+    "/lib64",                           // x86_64 loader path
+    "/etc/ld.so.cache",                 // library lookup without scanning
+    "/etc/localtime",                   // time zone (llama-server, Python)
+    "/etc/ssl",                         // CA bundle and OpenSSL config for TLS to the gateway
+    "/etc/ca-certificates",             // targets of /etc/ssl/certs links on Debian
+    "/etc/alternatives",                // targets of /usr/bin/* alternatives links
+    "/etc/protocols",                   // getprotobyname (Python's socket module)
+    "/etc/services",                    // getservbyname
+    "/sys/devices/system/cpu/possible", // CPU count (llama.cpp, Python's os.cpu_count)
+    "/sys/devices/system/cpu/online",   // CPU count
+];
+
+/// Paths inside a role that sealnode lays out itself: no extra bind may land on or under
+/// them (`/` only exactly).
+pub const RESERVED_INSIDE: &[&str] = &["/", "/proc", "/dev", "/tmp", "/etc", INSIDE_SCRATCH, INSIDE_MODELS, "/run"];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
 pub enum Role {
     Engine,
@@ -70,6 +93,8 @@ pub struct Loaded {
     /// Indexed by [`Role`]: engine, node.
     pub seccomp: [TrustedFile; 2],
     pub landlock: [TrustedFile; 2],
+    /// Each role's CDI devices, when it takes any.
+    pub cdi: [Option<CdiLoaded>; 2],
     /// Set once all of the above were read.
     pub complete: bool,
 }
@@ -251,6 +276,9 @@ pub struct RoleConfig {
     /// Device nodes bound into this role only (e.g. GPUs).
     #[serde(default)]
     pub devices: Vec<PathBuf>,
+    /// Devices from a CDI spec (the driver's own description): their nodes, files and
+    /// environment ([`Config::devices`], [`Config::binds`], [`Config::cdi`]).
+    pub devices_from: Option<DevicesFrom>,
     /// Size of the private /tmp tmpfs, MiB.
     #[serde(default = "default_tmp_mb")]
     pub tmp_size_mb: u64,
@@ -387,6 +415,32 @@ fn default_tmp_mb() -> u64 {
     64
 }
 
+/// `devices_from = { cdi = "/etc/cdi/nvidia.yaml", devices = ["nvidia.com/gpu=0"] }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesFrom {
+    /// The CDI spec (YAML or JSON), read through the trusted walk like a policy file.
+    pub cdi: PathBuf,
+    /// Qualified device names (`vendor.com/class=name`) the spec describes.
+    pub devices: Vec<String>,
+}
+
+/// What a role took from its CDI spec once the host was checked ([`Config::load`]).
+#[derive(Debug, Clone, Default)]
+pub struct CdiLoaded {
+    pub spec: PathBuf,
+    pub sha256: String,
+    pub edits: crate::cdi::Edits,
+    /// The spec's files that need a bind of their own (read-only), with their entry.
+    pub binds: Vec<(String, Bind)>,
+    /// The spec's files already in the role's view, the same file at the same path, through
+    /// the read-only system binds ([`SYSTEM_RO`]): nothing to add.
+    pub in_view: Vec<PathBuf>,
+    /// The spec's edits sealnode leaves out, with their entry and why (hooks, sockets, paths
+    /// in the sandbox's own layout).
+    pub left_out: Vec<(String, String)>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bind {
@@ -494,6 +548,24 @@ fn valid_env_name(name: &str) -> bool {
 }
 
 /// Does `a` contain `b` (or equal it), path-component-wise?
+/// Whether a path inside a role lies in the layout sealnode builds itself.
+pub fn reserved_inside(inside: &Path) -> bool {
+    RESERVED_INSIDE.iter().any(|r| inside == Path::new(r) || (*r != "/" && inside.starts_with(r)))
+}
+
+/// Whether the host's `path` is what a role sees at the same path through the read-only
+/// system binds: it resolves (symlinks too, as the role's recreated ones do) to a path under
+/// a [`SYSTEM_RO`] entry that is bound as is.
+fn in_system_view(path: &Path) -> bool {
+    let Ok(real) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    SYSTEM_RO
+        .iter()
+        .map(Path::new)
+        .any(|s| std::fs::symlink_metadata(s).is_ok_and(|m| !m.file_type().is_symlink()) && real.starts_with(s))
+}
+
 fn contains(a: &Path, b: &Path) -> bool {
     b.starts_with(a)
 }
@@ -544,6 +616,10 @@ impl Config {
             };
             loaded.seccomp[role as usize] = read(&r.seccomp, "seccomp")?;
             loaded.landlock[role as usize] = read(&r.landlock, "landlock")?;
+            if let Some(d) = &r.devices_from {
+                let spec = read(&d.cdi, "devices_from.cdi")?;
+                loaded.cdi[role as usize] = Some(cfg.load_cdi(role, d, spec)?);
+            }
         }
         loaded.complete = true;
         cfg.loaded = loaded;
@@ -576,6 +652,128 @@ impl Config {
             Role::Engine => &self.engine,
             Role::Node => &self.node,
         }
+    }
+
+    /// The role's CDI devices as loaded (None without `devices_from`, or before [`Config::load`]).
+    pub fn cdi(&self, role: Role) -> Option<&CdiLoaded> {
+        self.loaded.cdi[role as usize].as_ref()
+    }
+
+    /// Every device node the role gets beyond the base ones: `devices`, then its CDI spec's,
+    /// each path once.
+    pub fn devices(&self, role: Role) -> Vec<&Path> {
+        let mut v: Vec<&Path> = self.role(role).devices.iter().map(PathBuf::as_path).collect();
+        for n in self.cdi(role).map(|c| c.edits.nodes.as_slice()).unwrap_or_default() {
+            if !v.contains(&n.path.as_path()) {
+                v.push(&n.path);
+            }
+        }
+        v
+    }
+
+    /// Every extra read-only bind of the role with the field naming it: `ro_binds`, then its
+    /// CDI spec's files that are not already in view.
+    pub fn binds(&self, role: Role) -> Vec<(String, &Bind)> {
+        let r = self.role(role);
+        let mut v: Vec<(String, &Bind)> =
+            r.ro_binds.iter().enumerate().map(|(i, b)| (format!("{role}.ro_binds[{i}].src"), b)).collect();
+        if let Some(c) = self.cdi(role) {
+            v.extend(
+                c.binds.iter().map(|(entry, b)| (format!("{role}.devices_from ({}: {entry})", c.spec.display()), b)),
+            );
+        }
+        v
+    }
+
+    /// Check a role's CDI edits against the host: every node exists and is the device the
+    /// spec says; every file exists, is no socket, lies outside every role-writable dir and
+    /// outside the sandbox's own layout. Errors name the config field, the spec and its entry.
+    fn load_cdi(&self, role: Role, d: &DevicesFrom, spec: TrustedFile) -> Result<CdiLoaded> {
+        use std::os::unix::fs::FileTypeExt;
+        let field = format!("{role}.devices_from");
+        let fail = |reason: String| self.err(field.clone(), format!("{}: {reason}", d.cdi.display()));
+        let edits = crate::cdi::edits(&spec.bytes, &d.devices).map_err(fail)?;
+        for n in &edits.nodes {
+            let md = std::fs::symlink_metadata(&n.path)
+                .map_err(|e| fail(format!("{}.path: {}: {e}", n.entry, n.path.display())))?;
+            let ft = md.file_type();
+            let is_kind = match n.kind {
+                Some('b') => ft.is_block_device(),
+                Some(_) => ft.is_char_device(),
+                None => ft.is_char_device() || ft.is_block_device(),
+            };
+            if !is_kind {
+                return Err(fail(format!(
+                    "{}.path: {} is not a {} device node",
+                    n.entry,
+                    n.path.display(),
+                    match n.kind {
+                        Some('b') => "block",
+                        Some(_) => "character",
+                        None => "character or block",
+                    }
+                )));
+            }
+            let (major, minor) = (libc::major(md.rdev()), libc::minor(md.rdev()));
+            if n.major.is_some_and(|m| m != u64::from(major)) || n.minor.is_some_and(|m| m != u64::from(minor)) {
+                return Err(fail(format!(
+                    "{}: {} is device {major}:{minor}, the spec says {}:{} (a stale spec: regenerate it)",
+                    n.entry,
+                    n.path.display(),
+                    n.major.map_or("*".into(), |m| m.to_string()),
+                    n.minor.map_or("*".into(), |m| m.to_string())
+                )));
+            }
+        }
+        for (k, _) in &edits.env {
+            if is_proxy_var(k) {
+                return Err(fail(format!("env sets {k}: proxy variables never reach a role")));
+            }
+        }
+        let writable: Vec<RolePath> =
+            Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.writable).collect();
+        let mut out = CdiLoaded { spec: d.cdi.clone(), sha256: spec.sha256.clone(), ..CdiLoaded::default() };
+        out.left_out.extend(edits.ignored.iter().cloned());
+        for m in &edits.mounts {
+            let md = std::fs::symlink_metadata(&m.host)
+                .map_err(|e| fail(format!("{}.hostPath: {}: {e}", m.entry, m.host.display())))?;
+            if md.file_type().is_socket() {
+                out.left_out.push((
+                    m.entry.clone(),
+                    format!(
+                        "{} is a unix socket, a way to a host daemon: a role reaches no host service",
+                        m.host.display()
+                    ),
+                ));
+                continue;
+            }
+            if let Some(w) = writable.iter().find(|w| contains(w.path, &m.host) || contains(&m.host, w.path)) {
+                return Err(fail(format!(
+                    "{}.hostPath: {} overlaps {} ({}), which a role can write",
+                    m.entry,
+                    m.host.display(),
+                    w.path.display(),
+                    w.field
+                )));
+            }
+            if m.host == m.inside && in_system_view(&m.host) {
+                out.in_view.push(m.inside.clone());
+                continue;
+            }
+            if reserved_inside(&m.inside) {
+                out.left_out.push((
+                    m.entry.clone(),
+                    format!(
+                        "{} is in the sandbox's own layout (/etc, /run, /dev, /tmp are sealnode's)",
+                        m.inside.display()
+                    ),
+                ));
+                continue;
+            }
+            out.binds.push((m.entry.clone(), Bind { src: m.host.clone(), dst: Some(m.inside.clone()), exec: m.exec }));
+        }
+        out.edits = edits;
+        Ok(out)
     }
 
     fn err(&self, field: impl Into<String>, reason: impl Into<String>) -> Error {
@@ -697,19 +895,28 @@ impl Config {
             self.abs(&f(&format!("ro_binds[{i}].src")), &b.src)?;
             self.abs(&f(&format!("ro_binds[{i}].dst")), b.inside())?;
             let inside = b.inside();
-            for reserved in ["/", "/proc", "/dev", "/tmp", "/etc", INSIDE_SCRATCH, INSIDE_MODELS, "/run"] {
-                if inside == Path::new(reserved) || (reserved != "/" && inside.starts_with(reserved)) {
-                    return Err(self.err(
-                        f(&format!("ro_binds[{i}].dst")),
-                        format!("{} is reserved for the sandbox's own layout", inside.display()),
-                    ));
-                }
+            if reserved_inside(inside) {
+                return Err(self.err(
+                    f(&format!("ro_binds[{i}].dst")),
+                    format!("{} is reserved for the sandbox's own layout", inside.display()),
+                ));
             }
         }
         for (i, d) in r.devices.iter().enumerate() {
             self.abs(&f(&format!("devices[{i}]")), d)?;
             if !d.starts_with("/dev/") {
                 return Err(self.err(f(&format!("devices[{i}]")), "devices must live under /dev/"));
+            }
+        }
+        if let Some(d) = &r.devices_from {
+            self.abs(&f("devices_from.cdi"), &d.cdi)?;
+            if d.devices.is_empty() {
+                return Err(
+                    self.err(f("devices_from.devices"), "name at least one device, e.g. [\"nvidia.com/gpu=0\"]")
+                );
+            }
+            for (i, q) in d.devices.iter().enumerate() {
+                crate::cdi::parse_qualified(q).map_err(|e| self.err(f(&format!("devices_from.devices[{i}]")), e))?;
             }
         }
         Ok(())
@@ -922,6 +1129,9 @@ impl Config {
         for role in Role::ALL {
             trusted.push((format!("{role}.seccomp"), self.role(role).seccomp.as_path()));
             trusted.push((format!("{role}.landlock"), self.role(role).landlock.as_path()));
+            if let Some(d) = &self.role(role).devices_from {
+                trusted.push((format!("{role}.devices_from.cdi"), d.cdi.as_path()));
+            }
         }
         let writable: Vec<RolePath> =
             Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.writable).collect();

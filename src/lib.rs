@@ -10,6 +10,7 @@
 //! forwarder), [`supervisor`] (`sealnode run`), [`doctor`] (kernel facts).
 
 pub mod canary;
+pub mod cdi;
 pub mod cell;
 pub mod cgroup;
 pub mod check;

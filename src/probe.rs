@@ -258,6 +258,7 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
             "--refuse-numbers" => refuse_numbers(arg),
             "--connect-abstract" => connect_abstract(arg),
             "--open" => std::fs::OpenOptions::new().read(true).write(true).open(arg).map(drop).map_err(io_errno),
+            "--ioctl" => ioctl(arg),
             "--kill" => arg
                 .parse::<i32>()
                 .map_err(|_| Errno::EINVAL)
@@ -281,6 +282,23 @@ fn refuse_numbers(n: &str) -> Result<(), Errno> {
         }
     }
     Ok(())
+}
+
+/// `PATH:REQUEST`: open the device read-write and issue that ioctl request (hex or decimal)
+/// with a zeroed 16 KiB buffer (the largest argument an ioctl number can encode). Which layer answers is in the errno: EACCES is Landlock (no
+/// `ioctl_dev` on that node), the policy's errno is seccomp, ENOTTY or EINVAL is the driver
+/// (the call got through both).
+fn ioctl(arg: &str) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let (path, req) = arg.rsplit_once(':').ok_or(Errno::EINVAL)?;
+    let req = match req.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => req.parse(),
+    }
+    .map_err(|_| Errno::EINVAL)?;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(io_errno)?;
+    let mut buf = vec![0u8; 16 << 10];
+    crate::sys::syscall_with_buf(libc::SYS_ioctl, [f.as_raw_fd() as u64, req, 0, 0, 0, 0], 2, &mut buf).map(drop)
 }
 
 /// Connect, send a line, and succeed only if the peer answers with some bytes.

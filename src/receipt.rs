@@ -77,6 +77,19 @@ pub struct RoleDigests {
     /// answered with the same errno); `seccomp_program_sha256` is then that program's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refused_syscalls_logged: bool,
+    /// `devices_from`: the CDI spec as read (its digest), the devices taken from it and the
+    /// device nodes the role got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices_from: Option<DevicesFrom>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesFrom {
+    pub cdi: String,
+    pub cdi_sha256: String,
+    pub devices: Vec<String>,
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +189,12 @@ pub fn current_digests(cfg: &Config) -> Result<(Artifact, Artifact, BTreeMap<Str
                 program_sha256: file_sha256(&host).ok(),
                 program_pin: r.sha256.clone(),
                 refused_syscalls_logged: r.log_refused_syscalls,
+                devices_from: cfg.cdi(role).map(|c| DevicesFrom {
+                    cdi: c.spec.display().to_string(),
+                    cdi_sha256: c.sha256.clone(),
+                    devices: c.edits.devices.clone(),
+                    nodes: c.edits.nodes.iter().map(|n| n.path.display().to_string()).collect(),
+                }),
             },
         );
     }
@@ -365,6 +384,8 @@ pub fn verify(receipt: &Receipt, cfg: &Config) -> Result<Vec<String>> {
             then.program_sha256.as_deref().unwrap_or("-"),
             now.program_sha256.as_deref().unwrap_or("-"),
         );
+        let cdi = |d: &Option<DevicesFrom>| d.as_ref().map_or("-".to_string(), |d| d.cdi_sha256.clone());
+        cmp(&mut bad, &format!("{role} CDI spec sha256"), &cdi(&then.devices_from), &cdi(&now.devices_from));
     }
     if !receipt.canary.passed {
         bad.push("the receipt records a failed canary".into());
@@ -388,6 +409,7 @@ mod tests {
             program_sha256: Some("c".repeat(64)),
             program_pin: None,
             refused_syscalls_logged: false,
+            devices_from: None,
         };
         Receipt {
             schema: SCHEMA,

@@ -224,6 +224,7 @@ impl Supervisor {
         // The roles' cgroup leaves and their limits, before anything is forked: a limit that
         // cannot be enforced refuses the start here, with nothing running (cgroup.rs).
         let cgroups = crate::cgroup::Tree::setup(&cfg)?;
+        log_devices_from(&cfg);
         if let Some(t) = &cgroups {
             tracing::info!(cgroup = %t.root.display(), controllers = %t.controllers.join(","), "cgroup leaves ready");
         }
@@ -995,6 +996,7 @@ impl Supervisor {
                 self.last_reload = Some(serde_json::json!({ "ok": false, "at": at, "error": e.to_string() }));
             }
             Ok(new) => {
+                log_devices_from(&new);
                 // Fail before anything stops: both roles' plans (pins included) and a preflight
                 // of the new policies, while the old roles keep running. The preflight runs in
                 // a throwaway cell of its own: in this one the running engine listens, and an
@@ -1438,4 +1440,25 @@ fn open_control(cfg: &Config, dir: &OwnedFd) -> Result<std::os::unix::net::UnixL
     let l = bound.map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
     l.set_nonblocking(true).map_err(|e| Error::io("control socket", e))?;
     Ok(l)
+}
+
+/// What each role takes from its CDI spec, and what of the spec it leaves out and why: an
+/// operator comparing the spec with the role's view finds every difference here.
+fn log_devices_from(cfg: &Config) {
+    for role in Role::ALL {
+        let Some(c) = cfg.cdi(role) else { continue };
+        tracing::info!(
+            role = role.name(),
+            spec = %c.spec.display(),
+            devices = c.edits.devices.join(" "),
+            nodes = c.edits.nodes.len(),
+            binds = c.binds.len(),
+            in_view = c.in_view.len(),
+            env = c.edits.env.len(),
+            "devices from a CDI spec"
+        );
+        for (entry, why) in &c.left_out {
+            tracing::info!(role = role.name(), spec = %c.spec.display(), entry = entry.as_str(), why = why.as_str(), "CDI edit left out");
+        }
+    }
 }

@@ -216,16 +216,17 @@ pub struct Resolved {
 impl Rules {
     pub fn resolve(&self, cfg: &Config, role: Role) -> Resolved {
         let r = cfg.role(role);
+        let (binds, devices) = (cfg.binds(role), cfg.devices(role));
         let expand = |p: &str| -> Vec<String> {
             match p {
                 "@scratch" => vec![INSIDE_SCRATCH.into()],
                 "@models" => r.models.iter().map(|_| INSIDE_MODELS.to_string()).collect(),
                 "@credential" => r.credential.iter().map(|_| INSIDE_CREDENTIAL.to_string()).collect(),
-                "@ro_binds" => r.ro_binds.iter().map(|b| b.inside().display().to_string()).collect(),
+                "@ro_binds" => binds.iter().map(|(_, b)| b.inside().display().to_string()).collect(),
                 "@ro_binds_exec" => {
-                    r.ro_binds.iter().filter(|b| b.exec).map(|b| b.inside().display().to_string()).collect()
+                    binds.iter().filter(|(_, b)| b.exec).map(|(_, b)| b.inside().display().to_string()).collect()
                 }
-                "@devices" => r.devices.iter().map(|d| d.display().to_string()).collect(),
+                "@devices" => devices.iter().map(|d| d.display().to_string()).collect(),
                 other => vec![other.to_string()],
             }
         };
@@ -403,6 +404,34 @@ mod tests {
         assert!(engine.net.connect.is_empty() && !engine.net.connect_any, "the engine connects nowhere");
         let node = Rules::load(&root.join("node.toml")).expect("node");
         assert!(node.net.bind.is_empty() && !node.net.bind_any && !node.net.connect_any, "the node listens nowhere");
+    }
+
+    /// The GPU rules are the CPU engine's, every rule unchanged, plus rules that each say
+    /// (with "GPU:") who needs them: refitting engine.toml must carry over.
+    #[test]
+    fn gpu_engine_rules_are_the_cpu_engine_rules_plus_marked_gpu_rules() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("landlock-rules");
+        let cpu = Rules::load(&root.join("engine.toml")).expect("engine");
+        let gpu = Rules::load(&root.join("engine-gpu.toml")).expect("engine-gpu");
+        let key = |r: &FsRule| format!("{:?} {:?} {}", r.paths, r.access, r.optional);
+        let gpu_rules: Vec<String> = gpu.fs.iter().map(key).collect();
+        for r in &cpu.fs {
+            assert!(gpu_rules.contains(&key(r)), "engine-gpu.toml lacks the CPU rule {}", key(r));
+        }
+        assert_eq!(format!("{:?}", cpu.net), format!("{:?}", gpu.net));
+        assert_eq!(format!("{:?}", cpu.scope), format!("{:?}", gpu.scope));
+        assert_eq!(cpu.min_abi, gpu.min_abi);
+        // Each extra rule's block in the file carries a "# GPU:" comment.
+        let text = std::fs::read_to_string(root.join("engine-gpu.toml")).expect("read");
+        let cpu_rules: Vec<String> = cpu.fs.iter().map(key).collect();
+        let extra: Vec<&FsRule> = gpu.fs.iter().filter(|r| !cpu_rules.contains(&key(r))).collect();
+        assert!(!extra.is_empty());
+        let blocks: Vec<&str> = text.split("[[fs]]").skip(1).collect();
+        for r in extra {
+            let line = format!("paths = {}", serde_json::to_string(&r.paths).expect("json").replace("\",\"", "\", \""));
+            let block = blocks.iter().find(|b| b.contains(&line)).unwrap_or_else(|| panic!("no block with {line}"));
+            assert!(block.contains("# GPU:"), "the GPU rule {line} says nothing of who needs it");
+        }
     }
 
     #[test]

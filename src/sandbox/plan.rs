@@ -21,24 +21,7 @@ use crate::policy::{landlock, seccomp};
 /// The host's /tmp is only overmounted in the child's own mount namespace.
 pub const NEWROOT: &str = "/tmp";
 
-/// Read-only system paths every role sees (when they exist on the host). Symlinks (e.g.
-/// Debian's /lib -> usr/lib) are recreated as symlinks rather than bound.
-pub const SYSTEM_RO: &[&str] = &[
-    "/usr",                             // programs, libraries, Python's and the CA store's real files
-    "/bin",                             // usually a symlink into /usr
-    "/sbin",                            // usually a symlink into /usr
-    "/lib",                             // dynamic loader and libc (symlink on merged-/usr systems)
-    "/lib64",                           // x86_64 loader path
-    "/etc/ld.so.cache",                 // library lookup without scanning
-    "/etc/localtime",                   // time zone (llama-server, Python)
-    "/etc/ssl",                         // CA bundle and OpenSSL config for TLS to the gateway
-    "/etc/ca-certificates",             // targets of /etc/ssl/certs links on Debian
-    "/etc/alternatives",                // targets of /usr/bin/* alternatives links
-    "/etc/protocols",                   // getprotobyname (Python's socket module)
-    "/etc/services",                    // getservbyname
-    "/sys/devices/system/cpu/possible", // CPU count (llama.cpp, Python's os.cpu_count)
-    "/sys/devices/system/cpu/online",   // CPU count
-];
+pub use crate::config::SYSTEM_RO;
 
 /// System directories the canary tries to create files in (empty on Debian). With the
 /// namespaces layer on they are inside read-only binds (or absent); in the layer matrix's
@@ -263,6 +246,10 @@ pub fn build_env(cfg: &Config, role: Role, launcher_env: &[(String, String)]) ->
             env.insert(name.clone(), v.clone());
         }
     }
+    // The CDI spec's environment (CUDA's), under what the config sets itself.
+    for (k, v) in cfg.cdi(role).map(|c| c.edits.env.as_slice()).unwrap_or_default() {
+        env.insert(k.clone(), v.clone());
+    }
     for (k, v) in &r.env.set {
         env.insert(k.clone(), v.clone());
     }
@@ -466,10 +453,10 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
             PathKind::Secret,
         )?);
     }
-    for (i, b) in r.ro_binds.iter().enumerate() {
-        mounts.push(role_bind(format!("{role}.ro_binds[{i}].src"), &b.src, b.inside(), false, b.exec, PathKind::Any)?);
+    for (field, b) in cfg.binds(role) {
+        mounts.push(role_bind(field, &b.src, b.inside(), false, b.exec, PathKind::Any)?);
     }
-    mounts.extend(dev_and_tmp(r)?);
+    mounts.extend(dev_and_tmp(r, &cfg.devices(role))?);
     mounts.extend(proc_mounts()?);
     for (p, contents) in generated_etc(cfg, role, ids) {
         mounts.push(Mount::File { dst: under_root(Path::new(p))?, contents: contents.into_bytes() });
@@ -478,7 +465,7 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
 }
 
 /// `/dev` (a tmpfs with bound device nodes, then frozen), `/dev/shm` and `/tmp`.
-fn dev_and_tmp(r: &RoleConfig) -> Result<Vec<Mount>> {
+fn dev_and_tmp(r: &RoleConfig, devices: &[&Path]) -> Result<Vec<Mount>> {
     let mut mounts = Vec::new();
     // Minimal /dev: tmpfs without devices of its own; device nodes are bind mounts.
     mounts.push(Mount::Tmpfs {
@@ -486,7 +473,7 @@ fn dev_and_tmp(r: &RoleConfig) -> Result<Vec<Mount>> {
         opts: cstr("size=64k,nr_inodes=64,mode=0755")?,
         attrs: NOSUID | NODEV | NOEXEC,
     });
-    for d in BASE_DEVICES.iter().map(Path::new).chain(r.devices.iter().map(PathBuf::as_path)) {
+    for d in BASE_DEVICES.iter().map(Path::new).chain(devices.iter().copied()) {
         mounts.push(Mount::Bind {
             src: cstr(d)?,
             dst: under_root(d)?,
@@ -653,7 +640,7 @@ impl Exec {
 /// The host path of a path inside the sandbox: through an extra bind, or the same path
 /// (system binds keep their paths).
 pub fn host_path(cfg: &Config, role: Role, inside: &Path) -> PathBuf {
-    for b in &cfg.role(role).ro_binds {
+    for (_, b) in cfg.binds(role) {
         if let Ok(rest) = inside.strip_prefix(b.inside()) {
             return b.src.join(rest);
         }
@@ -786,7 +773,7 @@ mod tests {
 
     #[test]
     fn dev_holds_exactly_the_base_and_declared_devices_then_is_frozen_before_tmp() {
-        let m = dev_and_tmp(&role("devices = [\"/dev/nvidia0\"]\ntmp_size_mb = 32")).expect("dev");
+        let m = dev_and_tmp(&role("tmp_size_mb = 32"), &[Path::new("/dev/nvidia0")]).expect("dev");
         let d = described(&m);
         assert_eq!(d.first().map(String::as_str), Some("tmpfs on /dev"));
         assert_eq!(

@@ -168,6 +168,8 @@ impl Fixture {
             "seccomp/engine.json",
             "seccomp/node.json",
             "seccomp/engine-ollama.json",
+            "seccomp/engine-gpu.json",
+            "landlock-rules/engine-gpu.toml",
             "landlock-rules/engine.toml",
             "landlock-rules/node.toml",
             "landlock-rules/engine-ollama.toml",

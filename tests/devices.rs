@@ -1,0 +1,363 @@
+//! Devices from a CDI spec (`devices_from`): a spec the test writes, naming device nodes this
+//! machine has (/dev/fuse, /dev/net/tun) and one the test makes (a world-writable node with
+//! /dev/full's numbers, so a role can open it and issue ioctls), and files the test creates.
+//! Real sandboxes, as root and as uid 65534, under the GPU profile.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use common::*;
+
+/// A device node the test makes under /dev, removed when dropped.
+struct TestNode(PathBuf);
+
+impl TestNode {
+    /// `c 1 7` (the kernel's /dev/full), mode 0666: any role user can open it, and the driver
+    /// answers every ioctl with ENOTTY, so the errno says which layer stopped a call.
+    fn new(tag: &str) -> TestNode {
+        let p = PathBuf::from(format!("/dev/sealnode-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        nix::sys::stat::mknod(
+            &p,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(1, 7),
+        )
+        .expect("mknod the test device");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        TestNode(p)
+    }
+    fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// An NVIDIA frontend request (type 'F': `_IOWR('F', 0xd2, 0x48)`), which the GPU profile's
+/// seccomp filter lets through; the node's driver then answers ENOTTY.
+const NV_REQUEST: &str = "0xc04846d2";
+/// A request of another type ('R', RNDGETENTCNT): the GPU profile refuses it.
+const OTHER_REQUEST: &str = "0x80045200";
+
+/// The spec: spec-wide /dev/fuse, an env pair and files; device "0" the test node, device
+/// "1" /dev/net/tun (not taken).
+fn spec(f: &Fixture, node: &TestNode) -> String {
+    let d = f.dir.display();
+    format!(
+        r#"cdiVersion: "0.6.0"
+kind: example.com/gpu
+containerEdits:
+  env:
+  - CDI_TEST=from-spec
+  - ENGINE_ONLY=from-spec
+  deviceNodes:
+  - path: /dev/fuse
+    type: c
+    major: 10
+    minor: 229
+  hooks:
+  - hookName: createContainer
+    path: /usr/bin/nvidia-ctk
+    args: [nvidia-ctk, hook, update-ldcache]
+  mounts:
+  - hostPath: {d}/cdi/lib/libfake.so.1
+    containerPath: /opt/cdi/lib/libfake.so.1
+    options: [ro, nosuid, nodev, bind]
+  - hostPath: {d}/cdi/share
+    containerPath: /opt/cdi/share
+    options: [ro, nosuid, nodev, bind, noexec]
+  - hostPath: /usr/bin/busybox
+    containerPath: /usr/bin/busybox
+    options: [ro, nosuid, nodev, bind]
+  - hostPath: {d}/cdi/persistenced.sock
+    containerPath: /opt/cdi/persistenced.sock
+    options: [ro, nosuid, nodev, bind, noexec]
+  - hostPath: {d}/cdi/share/icd.json
+    containerPath: /etc/vulkan/icd.d/icd.json
+    options: [ro, nosuid, nodev, bind]
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes:
+    - path: {node}
+      type: c
+      major: 1
+      minor: 7
+- name: "1"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/net/tun
+"#,
+        node = node.path()
+    )
+}
+
+/// A fixture whose engine takes device 0 from the test's spec, under the GPU profile.
+fn fixture(mode: Mode, name: &str, node: &TestNode) -> (Fixture, std::os::unix::net::UnixListener) {
+    let mut f = Fixture::new(mode, name);
+    for d in ["cdi", "cdi/lib", "cdi/share"] {
+        std::fs::create_dir_all(f.p(d)).expect("mkdir");
+        std::fs::set_permissions(f.p(d), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    std::fs::write(f.p("cdi/lib/libfake.so.1"), "not really a library\n").expect("write");
+    std::fs::write(f.p("cdi/share/data"), "driver data\n").expect("write");
+    std::fs::write(f.p("cdi/share/icd.json"), "{}\n").expect("write");
+    let sock = std::os::unix::net::UnixListener::bind(f.p("cdi/persistenced.sock")).expect("bind the socket");
+    std::fs::write(f.p("cdi/gpu.yaml"), spec(&f, node)).expect("write the spec");
+    std::fs::set_permissions(f.p("cdi/gpu.yaml"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let bin = f.p("bin").display().to_string();
+    f.engine_policy = "engine-gpu".into();
+    f.engine_extra = format!(
+        "devices_from = {{ cdi = \"{}\", devices = [\"example.com/gpu=0\"] }}\nro_binds = [{{ src = \"{bin}\", dst = \"/opt/sealnode\" }}]",
+        f.p("cdi/gpu.yaml").display()
+    );
+    f.write_config();
+    (f, sock)
+}
+
+fn run(f: &Fixture, args: &[&str]) -> (i32, String, String) {
+    let o = f.command(args).output_within(COMMAND_LIMIT);
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment() {
+    if !is_root() {
+        return unavailable("rootful", "the test makes a device node under /dev (root)");
+    }
+    for mode in modes() {
+        let node = TestNode::new(&format!("{mode:?}"));
+        let (f, _sock) = fixture(mode, "cdi", &node);
+        let ctx = format!("{mode:?}");
+        let n = node.path();
+        let e = f.probe(
+            "engine",
+            &[
+                "--stat",
+                &n,
+                "--stat",
+                "/dev/fuse",
+                "--stat",
+                "/dev/net/tun",
+                "--read",
+                "/opt/cdi/lib/libfake.so.1",
+                "--read",
+                "/opt/cdi/share/data",
+                "--stat",
+                "/opt/cdi/persistenced.sock",
+                "--stat",
+                "/etc/vulkan/icd.d/icd.json",
+                "--ioctl",
+                &format!("{n}:{NV_REQUEST}"),
+                "--ioctl",
+                &format!("/dev/full:{NV_REQUEST}"),
+                "--ioctl",
+                &format!("{n}:{OTHER_REQUEST}"),
+                "--write",
+                "/opt/cdi/share/new",
+            ],
+        );
+        // The taken device's node and the spec-wide one are in view; device 1's is not.
+        assert_eq!(attempt(&e, &format!("stat:{n}"))["ok"], true, "{ctx}: {e}");
+        assert_eq!(attempt(&e, "stat:/dev/fuse")["ok"], true, "{ctx}: {e}");
+        refused(&e, "stat:/dev/net/tun", &[libc::ENOENT]);
+        // The spec's files, read-only; its socket (a way to a host daemon) and its /etc file
+        // (sealnode's own layout) are left out.
+        assert_eq!(attempt(&e, "read:/opt/cdi/lib/libfake.so.1")["ok"], true, "{ctx}: {e}");
+        assert_eq!(attempt(&e, "read:/opt/cdi/share/data")["ok"], true, "{ctx}: {e}");
+        refused(&e, "write:/opt/cdi/share/new", &[libc::EROFS, libc::EACCES]);
+        refused(&e, "stat:/opt/cdi/persistenced.sock", &[libc::ENOENT]);
+        refused(&e, "stat:/etc/vulkan/icd.d/icd.json", &[libc::ENOENT]);
+        // An NVIDIA-type request on the spec's node gets through seccomp and Landlock to the
+        // driver (ENOTTY); on a base device Landlock refuses it (no ioctl_dev there); another
+        // request type stops at seccomp (the policy's ENOSYS).
+        refused(&e, &format!("ioctl:{n}:{NV_REQUEST}"), &[libc::ENOTTY]);
+        refused(&e, &format!("ioctl:/dev/full:{NV_REQUEST}"), &[libc::EACCES]);
+        refused(&e, &format!("ioctl:{n}:{OTHER_REQUEST}"), &[libc::ENOSYS]);
+        // The spec's environment, under the config's own values.
+        assert_eq!(e["env"]["CDI_TEST"], "from-spec", "{ctx}: {}", e["env"]);
+        assert_eq!(e["env"]["ENGINE_ONLY"], "1", "{ctx}: the config's value wins: {}", e["env"]);
+        // The node gets none of it.
+        let nd = f.probe("node", &["--stat", &n, "--stat", "/dev/fuse", "--stat", "/opt/cdi/share"]);
+        refused(&nd, &format!("stat:{n}"), &[libc::ENOENT]);
+        refused(&nd, "stat:/dev/fuse", &[libc::ENOENT]);
+        refused(&nd, "stat:/opt/cdi/share", &[libc::ENOENT]);
+        assert!(nd["env"].get("CDI_TEST").is_none(), "{ctx}: {}", nd["env"]);
+        // check reports what was taken and what was left out, and why.
+        let cfg = f.config.display().to_string();
+        let (code, out, err) = run(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {out}\n{err}");
+        let row = out.lines().find(|l| l.contains("engine devices")).unwrap_or_else(|| panic!("{ctx}: {out}"));
+        assert!(row.contains("example.com/gpu=0") && row.contains("2 device nodes"), "{ctx}: {row}");
+        assert!(row.contains("2 files bound") && row.contains("1 already in view"), "{ctx}: {row}");
+        for why in ["hooks[0]", "unix socket", "sandbox's own layout"] {
+            assert!(row.contains(why), "{ctx}: no {why:?} in {row}");
+        }
+        // The canary battery passes under the GPU profile with the test devices in view, and
+        // the receipt records the spec's digest and the nodes.
+        let (code, out, err) = run(&f, &["canary", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: the canary failed under the GPU profile:\n{out}\n{err}");
+    }
+}
+
+#[test]
+fn a_started_cell_records_its_cdi_devices_in_the_receipt() {
+    if !is_root() {
+        return unavailable("rootful", "the test makes a device node under /dev (root)");
+    }
+    for mode in modes() {
+        let node = TestNode::new(&format!("r{mode:?}"));
+        let (mut f, _sock) = fixture(mode, "cdi-receipt", &node);
+        f.engine_cmd =
+            "[\"/usr/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
+        f.node_cmd = "[\"/usr/bin/busybox\", \"sh\", \"-c\", \"echo node-up; exec sleep 1000\"]".into();
+        f.cell_extra = "stop_timeout_s = 1".into();
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        let mut child = f
+            .command(&["run", "--config", &cfg])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run");
+        let receipt = f.p("state/receipt.json");
+        let started = wait_until(std::time::Duration::from_secs(60), || receipt.exists());
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let st = wait_within(&mut child, std::time::Duration::from_secs(30), "sealnode run");
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut err).expect("stderr");
+        assert!(started, "{mode:?}: no receipt: {err}");
+        assert_eq!(st.code(), Some(0), "{mode:?}: {err}");
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&receipt).expect("receipt")).expect("json");
+        let d = &r["roles"]["engine"]["devices_from"];
+        assert_eq!(d["cdi"], f.p("cdi/gpu.yaml").display().to_string(), "{mode:?}: {r}");
+        assert_eq!(d["devices"], serde_json::json!(["example.com/gpu=0"]), "{mode:?}: {r}");
+        assert_eq!(d["nodes"], serde_json::json!(["/dev/fuse", node.path()]), "{mode:?}: {r}");
+        assert_eq!(d["cdi_sha256"].as_str().map(str::len), Some(64), "{mode:?}: {r}");
+        assert!(r["roles"]["node"].get("devices_from").is_none(), "{mode:?}: {r}");
+        // The start logged what the spec gave and what it left out.
+        assert!(err.contains("devices from a CDI spec") && err.contains("CDI edit left out"), "{mode:?}: {err}");
+        // verify-receipt notices a spec changed since.
+        let spec = std::fs::read_to_string(f.p("cdi/gpu.yaml")).expect("spec");
+        std::fs::write(f.p("cdi/gpu.yaml"), spec.replace("CDI_TEST=from-spec", "CDI_TEST=changed")).expect("write");
+        let (code, out, err) = run(&f, &["verify-receipt", "--config", &cfg]);
+        assert_ne!(code, 0, "{mode:?}: {out}{err}");
+        assert!(format!("{out}{err}").contains("engine CDI spec sha256"), "{mode:?}: {out}{err}");
+    }
+}
+
+/// Each bad spec or device name is a config error (exit 125) naming the config file, the
+/// field, the spec and the entry, and nothing starts.
+#[test]
+fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
+    if !is_root() {
+        return unavailable("rootful", "the test makes a device node under /dev (root)");
+    }
+    let Some(&mode) = modes().first() else { return };
+    let node = TestNode::new("bad");
+    let (mut f, _sock) = fixture(mode, "cdi-bad", &node);
+    let spec_path = f.p("cdi/gpu.yaml");
+    let good = std::fs::read_to_string(&spec_path).expect("spec");
+    let cfg = f.config.display().to_string();
+    let d = f.dir.display().to_string();
+    let cases: Vec<(String, Option<&str>, &str)> = vec![
+        (
+            good.replace("path: /dev/fuse", "path: /dev/sealnode-no-such-node"),
+            None,
+            "containerEdits.deviceNodes[0].path: /dev/sealnode-no-such-node: No such file",
+        ),
+        (good.replace("minor: 229", "minor: 230"), None, "is device 10:229, the spec says 10:230 (a stale spec"),
+        (good.replace("path: /dev/fuse", "path: /dev/shm"), None, "/dev/shm is not a character device node"),
+        (
+            good.replace(&format!("{d}/cdi/share\n"), &format!("{d}/cdi/nothing\n")),
+            None,
+            "containerEdits.mounts[1].hostPath",
+        ),
+        (
+            good.replace(&format!("hostPath: {d}/cdi/share\n"), &format!("hostPath: {d}/engine-scratch\n")),
+            None,
+            "which a role can write",
+        ),
+        (
+            good.replace("kind: example.com/gpu", "kind: example.com/other"),
+            None,
+            "describes \"example.com/other\" devices, not \"example.com/gpu\"",
+        ),
+        (good.clone(), Some("example.com/gpu=9"), "no device \"9\" in the spec (example.com/gpu=9); it has: 0, 1"),
+        (
+            good.replace("cdiVersion: \"0.6.0\"", "cdiVersion: \"7.0.0\""),
+            None,
+            "cdiVersion: \"7.0.0\" is not a CDI version",
+        ),
+        (
+            good.replace("  - CDI_TEST=from-spec", "  - HTTPS_PROXY=http://p:1"),
+            None,
+            "env sets HTTPS_PROXY: proxy variables never reach a role",
+        ),
+        (
+            good.replace("    type: c\n    major: 10", "    type: c\n    colour: red\n    major: 10"),
+            None,
+            "unknown field `colour`",
+        ),
+        (
+            good.replace(
+                "containerEdits:\n  env:",
+                "containerEdits:\n  netDevices: [{hostInterfaceName: eth0, name: eth0}]\n  env:",
+            ),
+            None,
+            "netDevices[0]",
+        ),
+    ];
+    for (text, device, want) in cases {
+        std::fs::write(&spec_path, &text).expect("write");
+        f.engine_extra = f.engine_extra.replace("example.com/gpu=9", "example.com/gpu=0");
+        if let Some(dev) = device {
+            f.engine_extra = f.engine_extra.replace("example.com/gpu=0", dev);
+        }
+        f.write_config();
+        let (code, out, err) = run(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 125, "{want}: {out}\n{err}");
+        let all = format!("{out}{err}");
+        let spec = spec_path.display().to_string();
+        assert!(
+            all.contains(&format!("{cfg}: engine.devices_from: {spec}: ")),
+            "{want}: no file, field and spec in: {all}"
+        );
+        assert!(all.contains(want), "want {want:?} in: {all}");
+        // run refuses the same way, starting nothing.
+        let (code, _, err) = run(&f, &["run", "--config", &cfg]);
+        assert_eq!(code, 125, "{want}: {err}");
+        assert!(!f.p("state/receipt.json").exists(), "{want}: something started");
+    }
+    // The spec is trusted like a policy: writable by others, it is refused.
+    std::fs::write(&spec_path, &good).expect("write");
+    f.engine_extra = f.engine_extra.replace("example.com/gpu=9", "example.com/gpu=0");
+    f.write_config();
+    std::fs::set_permissions(&spec_path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let (code, out, err) = run(&f, &["check", "--config", &cfg]);
+    assert_eq!(code, 125, "{out}{err}");
+    assert!(format!("{out}{err}").contains("engine.devices_from.cdi"), "{out}{err}");
+    std::fs::set_permissions(&spec_path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    // Config-only mistakes need no spec read: a device name that is not qualified.
+    f.engine_extra = f.engine_extra.replace("example.com/gpu=0", "gpu0");
+    f.write_config();
+    let (code, out, err) = run(&f, &["check", "--config", &cfg]);
+    assert_eq!(code, 125, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains("engine.devices_from.devices[0]: \"gpu0\" is not a qualified CDI device name"),
+        "{out}{err}"
+    );
+}
