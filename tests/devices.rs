@@ -166,6 +166,10 @@ fn a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment() {
                 &format!("{n}:{OTHER_REQUEST}"),
                 "--write",
                 "/opt/cdi/share/new",
+                "--write",
+                "/proc/thread-self/comm",
+                "--write",
+                "/proc/self/oom_score_adj",
             ],
         );
         // The taken device's node and the spec-wide one are in view; device 1's is not.
@@ -185,11 +189,19 @@ fn a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment() {
         refused(&e, &format!("ioctl:{n}:{NV_REQUEST}"), &[libc::ENOTTY]);
         refused(&e, &format!("ioctl:/dev/full:{NV_REQUEST}"), &[libc::EACCES]);
         refused(&e, &format!("ioctl:{n}:{OTHER_REQUEST}"), &[libc::ENOSYS]);
+        // The GPU profile's one Landlock addition: the engine names its own threads (libcuda
+        // does), and the rest of its /proc stays read-only.
+        assert_eq!(attempt(&e, "write:/proc/thread-self/comm")["ok"], true, "{ctx}: {e}");
+        refused(&e, "write:/proc/self/oom_score_adj", &[libc::EACCES]);
         // The spec's environment, under the config's own values.
         assert_eq!(e["env"]["CDI_TEST"], "from-spec", "{ctx}: {}", e["env"]);
         assert_eq!(e["env"]["ENGINE_ONLY"], "1", "{ctx}: the config's value wins: {}", e["env"]);
         // The node gets none of it.
-        let nd = f.probe("node", &["--stat", &n, "--stat", "/dev/fuse", "--stat", "/opt/cdi/share"]);
+        let nd = f.probe(
+            "node",
+            &["--stat", &n, "--stat", "/dev/fuse", "--stat", "/opt/cdi/share", "--write", "/proc/thread-self/comm"],
+        );
+        refused(&nd, "write:/proc/thread-self/comm", &[libc::EACCES]);
         refused(&nd, &format!("stat:{n}"), &[libc::ENOENT]);
         refused(&nd, "stat:/dev/fuse", &[libc::ENOENT]);
         refused(&nd, "stat:/opt/cdi/share", &[libc::ENOENT]);

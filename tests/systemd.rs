@@ -85,7 +85,7 @@ fn units_do_not_fight_the_launcher() {
             "RestrictNamespaces=",
             "PrivateNetwork=",
             "MemoryDenyWriteExecute=",
-            // The Ollama and GPU engine policies allow sched_setaffinity.
+            // The Ollama engine policy allows sched_setaffinity.
             "@resources",
         ] {
             assert!(

@@ -421,6 +421,7 @@ mod tests {
             ("engine.json", "engine"),
             ("node.json", "node"),
             ("engine-gpu.json", "engine"),
+            ("engine-rocm.json", "engine"),
             ("engine-ollama.json", "engine"),
         ]
         .iter()
@@ -560,7 +561,8 @@ mod tests {
         }
     }
 
-    /// engine-gpu.json is the CPU engine filter plus what GPU runtimes need, never less: for
+    /// engine-gpu.json and engine-rocm.json are the CPU engine filter plus what GPU runtimes
+    /// need, never less: for
     /// every syscall number, and for the argument-filtered ones every combination of the
     /// values their rules compare with (and neighbours) over the compared arguments.
     #[test]
@@ -572,8 +574,10 @@ mod tests {
                 let text = std::fs::read_to_string(root.join(f)).expect("read");
                 parse(&text, Path::new(f), "engine", arch).expect("parse")
             };
-            let (cpu, gpu) = (load("engine.json"), load("engine-gpu.json"));
-            let (cpu_prog, gpu_prog) = (compile(&cpu).expect("bpf"), compile(&gpu).expect("bpf"));
+            let cpu = load("engine.json");
+            let cpu_prog = compile(&cpu).expect("bpf");
+            let gpu_progs: Vec<_> =
+                ["engine-gpu.json", "engine-rocm.json"].iter().map(|f| (*f, compile(&load(f)).expect("bpf"))).collect();
             for nr in 0..1024u32 {
                 let conds: Vec<&Cond> = cpu.rules.get(&nr).into_iter().flatten().flatten().collect();
                 let mut idx: Vec<usize> = conds.iter().map(|c| usize::from(c.index)).collect();
@@ -604,7 +608,13 @@ mod tests {
                 }
                 for args in combos {
                     if interpret(&cpu_prog, a, nr, args) == RET_ALLOW {
-                        assert_eq!(interpret(&gpu_prog, a, nr, args), RET_ALLOW, "{arch:?} nr {nr} args {args:x?}");
+                        for (f, gpu_prog) in &gpu_progs {
+                            assert_eq!(
+                                interpret(gpu_prog, a, nr, args),
+                                RET_ALLOW,
+                                "{f} {arch:?} nr {nr} args {args:x?}"
+                            );
+                        }
                     }
                 }
             }

@@ -268,7 +268,7 @@ mod tests {
 
     fn shipped() -> Vec<(std::path::PathBuf, &'static str)> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
-        ["engine.json", "engine-gpu.json", "engine-ollama.json", "node.json"]
+        ["engine.json", "engine-gpu.json", "engine-rocm.json", "engine-ollama.json", "node.json"]
             .iter()
             .map(|f| (root.join(f), if *f == "node.json" { "node" } else { "engine" }))
             .collect()
@@ -285,24 +285,28 @@ mod tests {
         }
     }
 
-    /// engine-gpu.json is engine.json, every rule unchanged (refitting the CPU filter must carry
-    /// over), plus rules whose comment starts with "GPU:" and says who needs them.
+    /// engine-gpu.json (CUDA) and engine-rocm.json are engine.json, every rule unchanged
+    /// (refitting the CPU filter must carry over), plus rules whose comment starts with "GPU:"
+    /// or "ROCm (untested):" and says who needs them.
     #[test]
-    fn gpu_engine_filter_is_the_cpu_engine_filter_plus_marked_gpu_rules() {
+    fn gpu_engine_filters_are_the_cpu_engine_filter_plus_marked_gpu_rules() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seccomp");
         let rules = |f: &str| -> Vec<serde_json::Value> {
             let v: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(root.join(f)).expect("read")).expect("json");
             v["engine"]["filter"].as_array().expect("filter").clone()
         };
-        let (cpu, gpu) = (rules("engine.json"), rules("engine-gpu.json"));
-        for r in &cpu {
-            assert!(gpu.contains(r), "engine-gpu.json lacks or changed the CPU rule {r}");
-        }
-        let extra: Vec<&serde_json::Value> = gpu.iter().filter(|r| !cpu.contains(r)).collect();
-        assert!(!extra.is_empty());
-        for r in extra {
-            assert!(r["comment"].as_str().is_some_and(|c| c.starts_with("GPU: ")), "unmarked GPU rule {r}");
+        let cpu = rules("engine.json");
+        for (file, mark) in [("engine-gpu.json", "GPU: "), ("engine-rocm.json", "ROCm (untested): ")] {
+            let gpu = rules(file);
+            for r in &cpu {
+                assert!(gpu.contains(r), "{file} lacks or changed the CPU rule {r}");
+            }
+            let extra: Vec<&serde_json::Value> = gpu.iter().filter(|r| !cpu.contains(r)).collect();
+            assert!(!extra.is_empty());
+            for r in extra {
+                assert!(r["comment"].as_str().is_some_and(|c| c.starts_with(mark)), "{file}: unmarked rule {r}");
+            }
         }
     }
 
