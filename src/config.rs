@@ -566,6 +566,31 @@ fn in_system_view(path: &Path) -> bool {
         .any(|s| std::fs::symlink_metadata(s).is_ok_and(|m| !m.file_type().is_symlink()) && real.starts_with(s))
 }
 
+/// A bind's mount point inside a read-only system bind (e.g. `/usr/...`) cannot be created in
+/// the role's view: it must already be there, of the same kind as the bind's source. None when
+/// the destination is not under a system bind, or is fine.
+fn system_mount_point_problem(inside: &Path, src_is_dir: bool) -> Option<String> {
+    let sys = SYSTEM_RO
+        .iter()
+        .map(Path::new)
+        .find(|s| inside.starts_with(s) && std::fs::symlink_metadata(s).is_ok_and(|m| !m.file_type().is_symlink()))?;
+    match std::fs::metadata(inside) {
+        Ok(m) if m.is_dir() == src_is_dir => None,
+        Ok(_) => Some(format!(
+            "{} is a {} in the read-only system bind of {}, the bind's source a {}",
+            inside.display(),
+            if src_is_dir { "file" } else { "directory" },
+            sys.display(),
+            if src_is_dir { "directory" } else { "file" }
+        )),
+        Err(_) => Some(format!(
+            "{} does not exist in the read-only system bind of {}, and no mount point can be made there; bind it elsewhere",
+            inside.display(),
+            sys.display()
+        )),
+    }
+}
+
 fn contains(a: &Path, b: &Path) -> bool {
     b.starts_with(a)
 }
@@ -769,6 +794,9 @@ impl Config {
                     ),
                 ));
                 continue;
+            }
+            if let Some(why) = system_mount_point_problem(&m.inside, md.is_dir()) {
+                return Err(fail(format!("{}.containerPath: {why}", m.entry)));
             }
             out.binds.push((m.entry.clone(), Bind { src: m.host.clone(), dst: Some(m.inside.clone()), exec: m.exec }));
         }
@@ -1219,6 +1247,11 @@ impl Config {
             let r = self.role(role);
             for p in self.host_paths(role) {
                 self.checked_role_path(role, &p, inv)?;
+            }
+            for (i, b) in r.ro_binds.iter().enumerate() {
+                if let Some(why) = system_mount_point_problem(b.inside(), b.src.is_dir()) {
+                    return Err(self.err(format!("{role}.ro_binds[{i}].dst"), why));
+                }
             }
             for (i, d) in r.devices.iter().enumerate() {
                 let md = std::fs::symlink_metadata(d)

@@ -308,6 +308,11 @@ fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
             None,
             "describes \"example.com/other\" devices, not \"example.com/gpu\"",
         ),
+        (
+            good.replace("containerPath: /opt/cdi/lib/libfake.so.1", "containerPath: /usr/lib/sealnode-no-such-lib.so.1"),
+            None,
+            "containerEdits.mounts[0].containerPath: /usr/lib/sealnode-no-such-lib.so.1 does not exist in the read-only system bind of /usr",
+        ),
         (good.clone(), Some("example.com/gpu=9"), "no device \"9\" in the spec (example.com/gpu=9); it has: 0, 1"),
         (
             good.replace("cdiVersion: \"0.6.0\"", "cdiVersion: \"7.0.0\""),
