@@ -15,5 +15,6 @@ echo
 taskset -c "${SEALNODE_BENCH_CPU:-1}" ./engine-hop.sh | sed 's/^### node -> engine: /### node -> engine, pinned to one CPU: /'
 echo
 ./footprint.sh
+./digests.sh
 ./inference.sh
 ./job.sh

@@ -303,7 +303,16 @@ fn apply(out: &mut Edits, e: &ContainerEdits, at: &str) -> Result<(), String> {
             return Err(format!("{entry}.type: {t:?}: sealnode binds host files only (type \"bind\")"));
         }
         let exec = !m.options.iter().any(|o| o == "noexec");
-        if out.mounts.iter().any(|x| x.inside == m.container_path) {
+        if let Some(prev) = out.mounts.iter().find(|x| x.inside == m.container_path) {
+            if prev.host != m.host_path || prev.exec != exec {
+                return Err(format!(
+                    "{entry}.containerPath: {} is mounted twice, differently ({} from {}, and {} here)",
+                    m.container_path.display(),
+                    prev.entry,
+                    prev.host.display(),
+                    m.host_path.display()
+                ));
+            }
             continue;
         }
         out.mounts.push(FileMount { entry, host: m.host_path.clone(), inside: m.container_path.clone(), exec });
@@ -421,6 +430,8 @@ devices:
         assert!(e(&env, "example.com/dev=0").contains("devices[0].containerEdits.env[0]"));
         let twice = SPEC.replace("name: gpu-1", "name: \"0\"");
         assert!(e(&twice, "example.com/dev=0").contains("devices[1].name: \"0\" is declared twice"));
+        let twice_mounted = SPEC.replace("containerPath: /run/foo/socket", "containerPath: /usr/lib/libfoo.so.1");
+        assert!(e(&twice_mounted, "example.com/dev=0").contains("mounted twice, differently"));
         let rel = SPEC.replace("containerPath: /run/foo/socket", "containerPath: run/foo");
         assert!(e(&rel, "example.com/dev=0").contains("containerEdits.mounts[1].containerPath"));
         let dots = SPEC.replace("hostPath: /run/foo/socket", "hostPath: /run/../etc/shadow");

@@ -69,13 +69,14 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
                     Role::Node => "node devices",
                 },
                 Ok(format!(
-                    "{} from {}: {} device nodes, {} files bound, {} already in view, {} variables{left}",
+                    "{} from {}: {} device nodes, {} files bound, {} already in view, {} variables ({}){left}",
                     c.edits.devices.join(", "),
                     c.spec.display(),
                     c.edits.nodes.len(),
                     c.binds.len(),
                     c.in_view.len(),
-                    c.edits.env.len()
+                    c.edits.env.len(),
+                    c.edits.env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(" ")
                 )),
                 "devices_from: the CDI spec's nodes (Landlock ioctl_dev on exactly those), files (read-only) and environment",
             );

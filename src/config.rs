@@ -23,6 +23,16 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub const INSIDE_MODELS: &str = "/models";
 pub const INSIDE_SCRATCH: &str = "/scratch";
 pub const INSIDE_CREDENTIAL: &str = "/run/sealnode/credential";
+/// The node's read-only copy of the latest signed statement (docs/attestation.md).
+pub const INSIDE_ATTESTATION: &str = "/run/sealnode/attestation.json";
+/// The attestation key pair's dir and files in the state dir (never in a role's view).
+pub const ATTEST_KEY_DIR: &str = "attest";
+pub const ATTEST_KEY_FILE: &str = "ed25519.key";
+
+/// Where the attestation signing key of a state dir lives.
+pub fn attest_key_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(ATTEST_KEY_DIR).join(ATTEST_KEY_FILE)
+}
 
 /// Read-only system paths every role sees (when they exist on the host). Symlinks (e.g.
 /// Debian's /lib -> usr/lib) are recreated as symlinks rather than bound.
@@ -560,10 +570,35 @@ fn in_system_view(path: &Path) -> bool {
     let Ok(real) = std::fs::canonicalize(path) else {
         return false;
     };
-    SYSTEM_RO
-        .iter()
-        .map(Path::new)
-        .any(|s| std::fs::symlink_metadata(s).is_ok_and(|m| !m.file_type().is_symlink()) && real.starts_with(s))
+    // The path itself must be under a system path (bound, or a recreated symlink such as /lib
+    // -> usr/lib): a path elsewhere is not in the role's view whatever it points to (found by
+    // review). Then what it resolves to must be under a system path bound as is.
+    let bound = |s: &&&str| std::fs::symlink_metadata(s).is_ok_and(|m| !m.file_type().is_symlink());
+    SYSTEM_RO.iter().any(|s| path.starts_with(s)) && SYSTEM_RO.iter().filter(bound).any(|s| real.starts_with(s))
+}
+
+/// Where a driver's files live on a host: a CDI spec's mounts must come from here. Anything
+/// else (a home, /proc, /sys, sealnode's own dirs) is refused, not bound (found by review: a
+/// spec could hand the engine the node's credential or the host's /proc).
+const CDI_HOST_ROOTS: &[&str] = &["/usr", "/lib", "/lib32", "/lib64", "/opt", "/var/lib"];
+
+/// Variables a CDI spec may not set: sealnode's own base (PATH, HOME, TMPDIR, LANG), the
+/// dynamic loader's (LD_*) and sealnode's (SEALNODE_*). The config's `env.set` can set them.
+fn cdi_env_refused(name: &str) -> bool {
+    ["PATH", "HOME", "TMPDIR", "LANG"].contains(&name) || name.starts_with("LD_") || name.starts_with("SEALNODE_")
+}
+
+/// The first symlink among the components of an absolute path, if any (the child opens
+/// device nodes with no symlink in any component; one on the way fails the start otherwise).
+fn symlink_on_the_way(path: &Path) -> Option<PathBuf> {
+    let mut here = PathBuf::from("/");
+    for c in path.components().skip(1) {
+        here.push(c);
+        if std::fs::symlink_metadata(&here).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Some(here);
+        }
+    }
+    None
 }
 
 /// A bind's mount point inside a read-only system bind (e.g. `/usr/...`) cannot be created in
@@ -717,8 +752,21 @@ impl Config {
         use std::os::unix::fs::FileTypeExt;
         let field = format!("{role}.devices_from");
         let fail = |reason: String| self.err(field.clone(), format!("{}: {reason}", d.cdi.display()));
+        // 4 MiB is far above any real spec (nvidia-ctk's are tens of KiB) and bounds what the
+        // YAML parser is given (found by review: a 34 MB spec took 1.2 GB to parse).
+        if spec.bytes.len() > 4 << 20 {
+            return Err(fail(format!("{} bytes: a CDI spec is at most 4 MiB", spec.bytes.len())));
+        }
         let edits = crate::cdi::edits(&spec.bytes, &d.devices).map_err(fail)?;
         for n in &edits.nodes {
+            if let Some(link) = symlink_on_the_way(&n.path) {
+                return Err(fail(format!(
+                    "{}.path: {} is a symlink on the way to {}",
+                    n.entry,
+                    link.display(),
+                    n.path.display()
+                )));
+            }
             let md = std::fs::symlink_metadata(&n.path)
                 .map_err(|e| fail(format!("{}.path: {}: {e}", n.entry, n.path.display())))?;
             let ft = md.file_type();
@@ -759,6 +807,34 @@ impl Config {
             Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.writable).collect();
         let mut out = CdiLoaded { spec: d.cdi.clone(), sha256: spec.sha256.clone(), ..CdiLoaded::default() };
         out.left_out.extend(edits.ignored.iter().cloned());
+        let mut edits = edits;
+        let r = self.role(role);
+        edits.env.retain(|(k, _)| {
+            let keep = !cdi_env_refused(k) && !r.env.pass.contains(k);
+            if !keep && !r.env.set.contains_key(k) {
+                out.left_out.push((
+                    format!("containerEdits.env {k}"),
+                    format!("{k} is sealnode's own, the loader's or passed through by env.pass; set it in env.set to have it"),
+                ));
+            }
+            keep
+        });
+        // Everything a role must never be handed from a spec: sealnode's own files and dirs,
+        // each role's credential, models and scratch, the policies, either way round.
+        let mut guarded: Vec<(String, PathBuf)> = vec![
+            ("cell.state_dir".into(), self.cell.state_dir.clone()),
+            ("cell.runtime_dir".into(), self.cell.runtime_dir.clone()),
+            ("(config file)".into(), self.file.clone()),
+        ];
+        for other in Role::ALL {
+            for p in self.host_paths(other) {
+                guarded.push((p.field.clone(), p.path.to_path_buf()));
+            }
+            guarded.push((format!("{other}.seccomp"), self.role(other).seccomp.clone()));
+            guarded.push((format!("{other}.landlock"), self.role(other).landlock.clone()));
+        }
+        guarded.retain(|(f, _)| !f.contains("ro_binds"));
+        let ro_dsts: Vec<&Path> = r.ro_binds.iter().map(Bind::inside).collect();
         for m in &edits.mounts {
             let md = std::fs::symlink_metadata(&m.host)
                 .map_err(|e| fail(format!("{}.hostPath: {}: {e}", m.entry, m.host.display())))?;
@@ -781,6 +857,30 @@ impl Config {
                     w.field
                 )));
             }
+            if !CDI_HOST_ROOTS.iter().any(|root| m.host.starts_with(root)) {
+                return Err(fail(format!(
+                    "{}.hostPath: {} is outside where a driver's files live ({}); bind it with ro_binds if you mean it",
+                    m.entry,
+                    m.host.display(),
+                    CDI_HOST_ROOTS.join(", ")
+                )));
+            }
+            if let Some((f, g)) = guarded.iter().find(|(_, g)| contains(g, &m.host) || contains(&m.host, g)) {
+                return Err(fail(format!(
+                    "{}.hostPath: {} overlaps {} ({f}), which no spec may hand a role",
+                    m.entry,
+                    m.host.display(),
+                    g.display()
+                )));
+            }
+            if let Some(dst) = ro_dsts.iter().find(|dst| contains(dst, &m.inside) || contains(&m.inside, dst)) {
+                return Err(fail(format!(
+                    "{}.containerPath: {} overlaps the ro_binds destination {}: a spec may not shadow the config's binds",
+                    m.entry,
+                    m.inside.display(),
+                    dst.display()
+                )));
+            }
             if m.host == m.inside && in_system_view(&m.host) {
                 out.in_view.push(m.inside.clone());
                 continue;
@@ -795,8 +895,16 @@ impl Config {
                 ));
                 continue;
             }
-            if let Some(why) = system_mount_point_problem(&m.inside, md.is_dir()) {
-                return Err(fail(format!("{}.containerPath: {why}", m.entry)));
+            // Into the system view only the same file at the same path (in view, above): a spec
+            // adds files, it never replaces /usr's (found by review: libc could be shadowed).
+            if let Some(sys) = SYSTEM_RO.iter().find(|s| m.inside.starts_with(s) || Path::new(s).starts_with(&m.inside))
+            {
+                return Err(fail(format!(
+                    "{}.containerPath: {} would replace or cover {} of the read-only system view; a spec may add files, not replace the host's (install the driver on the host, or bind it elsewhere)",
+                    m.entry,
+                    m.inside.display(),
+                    sys
+                )));
             }
             out.binds.push((m.entry.clone(), Bind { src: m.host.clone(), dst: Some(m.inside.clone()), exec: m.exec }));
         }
@@ -928,6 +1036,20 @@ impl Config {
                     f(&format!("ro_binds[{i}].dst")),
                     format!("{} is reserved for the sandbox's own layout", inside.display()),
                 ));
+            }
+            for other in Role::ALL {
+                if let Some(c) = &self.role(other).credential {
+                    if contains(&b.src, c) || contains(c, &b.src) {
+                        return Err(self.err(
+                            f(&format!("ro_binds[{i}].src")),
+                            format!(
+                                "{} overlaps {other}.credential {}; the credential reaches the node only through `credential`",
+                                b.src.display(),
+                                c.display()
+                            ),
+                        ));
+                    }
+                }
             }
         }
         for (i, d) in r.devices.iter().enumerate() {
@@ -1161,6 +1283,19 @@ impl Config {
                 trusted.push((format!("{role}.devices_from.cdi"), d.cdi.as_path()));
             }
         }
+        // The state dir holds the attestation key: no role may see it, through any bind.
+        for RolePath { field, path, .. } in Role::ALL.iter().flat_map(|r| self.host_paths(*r)) {
+            if contains(path, &self.cell.state_dir) {
+                return Err(self.err(
+                    "cell.state_dir",
+                    format!(
+                        "{} is inside {} ({field}), which a role sees; the state dir holds the attestation key and must be outside every role's view",
+                        self.cell.state_dir.display(),
+                        path.display()
+                    ),
+                ));
+            }
+        }
         let writable: Vec<RolePath> =
             Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.writable).collect();
         for (field, path) in &trusted {
@@ -1249,11 +1384,23 @@ impl Config {
                 self.checked_role_path(role, &p, inv)?;
             }
             for (i, b) in r.ro_binds.iter().enumerate() {
+                if b.src.starts_with("/proc") {
+                    return Err(self.err(
+                        format!("{role}.ro_binds[{i}].src"),
+                        "the host's /proc shows the host's processes; each role has its own /proc",
+                    ));
+                }
                 if let Some(why) = system_mount_point_problem(b.inside(), b.src.is_dir()) {
                     return Err(self.err(format!("{role}.ro_binds[{i}].dst"), why));
                 }
             }
             for (i, d) in r.devices.iter().enumerate() {
+                if let Some(link) = symlink_on_the_way(d) {
+                    return Err(self.err(
+                        format!("{role}.devices[{i}]"),
+                        format!("{} is a symlink on the way to {}", link.display(), d.display()),
+                    ));
+                }
                 let md = std::fs::symlink_metadata(d)
                     .map_err(|e| self.err(format!("{role}.devices[{i}]"), format!("{}: {e}", d.display())))?;
                 use std::os::unix::fs::FileTypeExt;

@@ -2,7 +2,8 @@
 //! checked with SO_PEERCRED against `cell.control_uids`; then exactly one request line of
 //! strict JSON (at most [`MAX_REQUEST`] bytes, unknown fields refused) gets one response line.
 //!
-//! Requests: `{"cmd":"status"}`, `{"cmd":"recycle"}` (docs/control.md).
+//! Requests: `{"cmd":"status"}`, `{"cmd":"recycle"}`, `{"cmd":"attest","nonce":"<hex>"}`
+//! (docs/control.md).
 
 use std::io::{BufRead, Write};
 use std::os::unix::net::UnixStream;
@@ -21,16 +22,21 @@ pub const MAX_REQUEST: usize = 4096;
 /// How long a client may take to send its request.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Status,
     Recycle,
+    /// A signed statement over the current generation and this nonce (lowercase hex).
+    Attest {
+        nonce: String,
+    },
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Wire {
     cmd: String,
+    nonce: Option<String>,
 }
 
 /// Parse one request line. Pure: no I/O.
@@ -41,10 +47,13 @@ pub fn parse(line: &[u8]) -> std::result::Result<Request, String> {
     let text = std::str::from_utf8(line).map_err(|_| "request is not UTF-8".to_string())?;
     let w: Wire =
         serde_json::from_str(text.trim_end_matches(['\n', '\r'])).map_err(|e| format!("malformed request: {e}"))?;
-    match w.cmd.as_str() {
-        "status" => Ok(Request::Status),
-        "recycle" => Ok(Request::Recycle),
-        other => Err(format!("unknown command {other:?} (known: status, recycle)")),
+    match (w.cmd.as_str(), w.nonce) {
+        ("status", None) => Ok(Request::Status),
+        ("recycle", None) => Ok(Request::Recycle),
+        ("attest", Some(n)) => crate::attest::parse_nonce(&n).map(|nonce| Request::Attest { nonce }),
+        ("attest", None) => Err("attest needs a nonce: {\"cmd\":\"attest\",\"nonce\":\"<hex>\"}".into()),
+        ("status" | "recycle", Some(_)) => Err(format!("{} takes no nonce", w.cmd)),
+        (other, _) => Err(format!("unknown command {other:?} (known: status, recycle, attest)")),
     }
 }
 
@@ -90,6 +99,11 @@ pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
 
 /// `sealnode ctl`: send one request, return the response.
 pub fn client(path: &Path, cmd: &str) -> Result<Value> {
+    request(path, &json!({ "cmd": cmd }))
+}
+
+/// Send one request (a JSON object), return the response.
+pub fn request(path: &Path, req: &Value) -> Result<Value> {
     let mut s = UnixStream::connect(path).map_err(|e| {
         let hint = match e.kind() {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
@@ -102,7 +116,7 @@ pub fn client(path: &Path, cmd: &str) -> Result<Value> {
     })?;
     // A refused peer is answered at once, without its request being read: the write may then
     // fail (EPIPE) while the answer is already waiting to be read.
-    let sent = s.write_all(format!("{}\n", json!({ "cmd": cmd })).as_bytes());
+    let sent = s.write_all(format!("{req}\n").as_bytes());
     let mut line = String::new();
     std::io::BufReader::new(s).read_line(&mut line).map_err(|e| Error::io("read response", e))?;
     if line.is_empty() {

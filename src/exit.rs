@@ -19,6 +19,14 @@ pub const NOT_READY: i32 = 4;
 pub const RESTART_LIMIT: i32 = 5;
 /// run: the preflight could not run at all (a host-side failure, not an escape): restartable.
 pub const PREFLIGHT_ERROR: i32 = 6;
+/// verify-attestation: no signature by the given key verifies (a changed byte, another key).
+pub const ATTEST_SIGNATURE: i32 = 10;
+/// verify-attestation: the statement answers another nonce, or none.
+pub const ATTEST_NONCE: i32 = 11;
+/// verify-attestation: a subject's digest or the generation is not what was expected.
+pub const ATTEST_MISMATCH: i32 = 12;
+/// verify-attestation: not a DSSE envelope holding a sealnode statement.
+pub const ATTEST_MALFORMED: i32 = 13;
 /// A config, policy or setup error: nothing was started. Same value as
 /// [`crate::sandbox::SETUP_FAILED`], which the sandbox's own child reports.
 pub const CONFIG: i32 = 125;
@@ -37,18 +45,30 @@ pub const TABLE: &[Status] = &[
     Status {
         code: "0",
         commands: ALL,
-        meaning: "success: `run` was stopped by a signal; `canary` saw every attempt refused; `check`, `doctor` and `verify-receipt` found nothing wrong",
+        meaning: "success: `run` was stopped by a signal; `canary` saw every attempt refused; `check`, `doctor` and `verify-receipt` found nothing wrong; `verify-attestation` verified the statement",
     },
     Status {
         code: "1",
-        commands: &["run", "canary", "verify-receipt", "doctor", "ctl"],
-        meaning: "the command's \"no\": a role exited and its `restart` does not restart it (`run`); an attempt succeeded (`canary`); a mismatch (`verify-receipt`); a required kernel feature is missing (`doctor`); the supervisor answered an error or cannot be reached (`ctl`)",
+        commands: &["run", "canary", "verify-receipt", "doctor", "ctl", "attest"],
+        meaning: "the command's \"no\": a role exited and its `restart` does not restart it (`run`); an attempt succeeded (`canary`); a mismatch (`verify-receipt`); a required kernel feature is missing (`doctor`); the supervisor answered an error or cannot be reached (`ctl`, `attest`)",
     },
     Status { code: "2", commands: ALL, meaning: "wrong use of the command line (an unknown option, a missing argument)" },
     Status { code: "3", commands: &["run"], meaning: "a preflight found an escape: the sandbox does not hold (systemd does not restart)" },
     Status { code: "4", commands: &["run"], meaning: "the engine did not become ready within `engine.ready.timeout_s`" },
     Status { code: "5", commands: &["run"], meaning: "a role exited more often than its `restart_limit` allows" },
     Status { code: "6", commands: &["run"], meaning: "the preflight could not run at all (a host-side failure, not an escape)" },
+    Status {
+        code: "10",
+        commands: &["verify-attestation"],
+        meaning: "no signature by the given key verifies: the envelope was changed, or another key signed it",
+    },
+    Status { code: "11", commands: &["verify-attestation"], meaning: "the statement answers another nonce, or none (a replay, or the start-time statement)" },
+    Status {
+        code: "12",
+        commands: &["verify-attestation"],
+        meaning: "a subject's digest (`--expect`) or the generation (`--min-generation`) is not what was expected",
+    },
+    Status { code: "13", commands: &["verify-attestation"], meaning: "not a DSSE envelope holding a sealnode statement" },
     Status {
         code: "125",
         commands: ALL,

@@ -9,6 +9,7 @@
 //! [`receipt`], [`control`] (the control socket's protocol), [`ratelimit`], [`egress`] (the
 //! forwarder), [`supervisor`] (`sealnode run`), [`doctor`] (kernel facts).
 
+pub mod attest;
 pub mod canary;
 pub mod cdi;
 pub mod cell;
@@ -17,6 +18,7 @@ pub mod check;
 pub mod config;
 pub mod control;
 pub mod denylog;
+pub mod digests;
 pub mod doctor;
 pub mod egress;
 pub mod error;

@@ -108,6 +108,53 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         textfile: Option<PathBuf>,
     },
+    /// Signed attestations of the seal (docs/attestation.md): `attest init` makes the key,
+    /// `attest pubkey` prints it, `attest --nonce HEX` asks the running supervisor for a
+    /// statement over the current generation and that nonce.
+    ///
+    /// The statement is an in-toto Statement v1 in a DSSE envelope, signed with an ed25519 key
+    /// kept owner-only in the state dir (never in a role's view, never sent over the control
+    /// socket). Its subjects are the sha256 digests of what runs (sealnode, the config, each
+    /// role's program and policies, the CDI spec, the model files); its predicate says how
+    /// (generation, nonce, kernel, Landlock ABI, layers, preflight, limits, restarts, TPM).
+    #[command(args_conflicts_with_subcommands = true)]
+    Attest {
+        #[command(subcommand)]
+        action: Option<AttestAction>,
+        /// The verifier's nonce, in hex (8 to 64 bytes): the statement answers it.
+        #[arg(long)]
+        nonce: Option<String>,
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
+    /// Verify a statement from `sealnode attest` offline: the signature with the given public
+    /// key, the nonce, then each `--expect` and `--min-generation`; says what was verified.
+    ///
+    /// Exit status 0 verified, 10 no signature by that key verifies (a changed byte, another
+    /// key), 11 another nonce or none (a replay), 12 a digest or the generation is not what was
+    /// expected, 13 not a sealnode attestation, 125 a file could not be read.
+    VerifyAttestation {
+        /// The envelope (the JSON `sealnode attest --nonce` printed).
+        file: PathBuf,
+        /// The public key: the PEM `sealnode attest pubkey` prints (or the raw key in hex).
+        #[arg(long)]
+        pubkey: PathBuf,
+        /// The nonce the verifier sent, in hex.
+        #[arg(long, required_unless_present = "no_nonce", conflicts_with = "no_nonce")]
+        nonce: Option<String>,
+        /// Accept only the statement written at start, which answers no nonce (the one the node
+        /// reads at /run/sealnode/attestation.json): not fresh, so use --min-generation.
+        #[arg(long)]
+        no_nonce: bool,
+        /// A subject and the digest it must have, e.g. engine.program=SHA256 or
+        /// model:model.gguf=SHA256 (repeatable).
+        #[arg(long = "expect", value_name = "NAME=SHA256")]
+        expect: Vec<String>,
+        /// Refuse a statement of an older generation than this (the last one the verifier saw).
+        #[arg(long)]
+        min_generation: Option<u64>,
+    },
     /// Check a receipt against the current config, policies and binaries.
     ///
     /// Exit status 0 when everything matches, 1 with the mismatches otherwise.
@@ -172,6 +219,34 @@ enum Command {
     },
 }
 
+#[derive(Subcommand, Debug)]
+enum AttestAction {
+    /// Make the signing key (ed25519), owner-only in the state dir; prints the public key.
+    /// An existing key is kept unless --force, which retires it (ed25519.key.retired-TIME).
+    Init {
+        /// Replace an existing key (rotation: docs/attestation.md).
+        #[arg(long)]
+        force: bool,
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
+    /// Print the subjects a statement of this config carries, as NAME=SHA256 lines (what a
+    /// gateway passes to verify-attestation --expect); the model files are hashed through the
+    /// state dir's cache, as `run` does.
+    Subjects {
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
+    /// Print the public key (SPKI PEM) and its fingerprint (sha256 of the raw key).
+    Pubkey {
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum CtlCommand {
     /// Roles, pids, uptime, restarts, egress counters, last receipt.
@@ -215,6 +290,16 @@ fn main() -> ExitCode {
             },
         ),
         Command::VerifyReceipt { file, config } => cli::receipt::verify(file, &config),
+        Command::Attest { action, nonce, config } => match (action, nonce) {
+            (Some(AttestAction::Init { force, config }), _) => cli::attest::init(&config, force),
+            (Some(AttestAction::Pubkey { config }), _) => cli::attest::pubkey(&config),
+            (Some(AttestAction::Subjects { config }), _) => cli::attest::subjects(&config),
+            (None, Some(n)) => cli::attest::request(&config, &n),
+            (None, None) => Err(cli::Failure::usage("attest: give --nonce HEX, or `attest init` / `attest pubkey`")),
+        },
+        Command::VerifyAttestation { file, pubkey, nonce, no_nonce: _, expect, min_generation } => {
+            cli::attest::verify(&file, &pubkey, nonce.as_deref(), &expect, min_generation)
+        }
         Command::SeccompBpf { policy, role, seccompiler } => cli::seccomp_bpf::seccomp_bpf(&policy, role, seccompiler),
         Command::Canary { config, role, json, matrix, junit, tap } => {
             cli::canary::canary(cli::canary::Args { config, role, json, matrix, junit, tap })

@@ -160,6 +160,10 @@ pub struct Supervisor {
     refusals: [Option<crate::denylog::DenyLog>; 2],
     /// Refusals of each role's earlier runs, per syscall name.
     refused_before: [std::collections::BTreeMap<String, u64>; 2],
+    /// The attestation key (`sealnode attest init`), read once at start; None: no statements.
+    attest_key: Option<ed25519_dalek::SigningKey>,
+    /// The engine's model files as `(model:<path>, sha256)`, hashed (cached) at its last gate.
+    models: Vec<(String, String)>,
 }
 
 /// Tell the service manager (if any), never blocking the event loop: sd_notify's send
@@ -225,6 +229,14 @@ impl Supervisor {
         // cannot be enforced refuses the start here, with nothing running (cgroup.rs).
         let cgroups = crate::cgroup::Tree::setup(&cfg)?;
         log_devices_from(&cfg);
+        // A key file that is there but not safe (readable by others, foreign owner) refuses
+        // the start: statements signed with a key others could read prove nothing.
+        let attest_key = crate::attest::load_signing(&cfg.cell.state_dir, inv.uid)
+            .map_err(|e| Error::config(&cfg.file, "cell.state_dir", format!("attestation key: {e}")))?;
+        match &attest_key {
+            Some(k) => tracing::info!(key = %crate::attest::keyid(&k.verifying_key()), "attestation key loaded"),
+            None => tracing::info!("no attestation key (sealnode attest init makes one): no signed statements"),
+        }
         if let Some(t) = &cgroups {
             tracing::info!(cgroup = %t.root.display(), controllers = %t.controllers.join(","), "cgroup leaves ready");
         }
@@ -314,6 +326,8 @@ impl Supervisor {
             ready_ms: None,
             refusals: [None, None],
             refused_before: [Default::default(), Default::default()],
+            attest_key,
+            models: Vec::new(),
         })
     }
 
@@ -469,6 +483,36 @@ impl Supervisor {
             crate::log::say("refusing to start: the sandbox does not hold (see above)");
             return Err(exit::PREFLIGHT_FAILED);
         }
+        // The engine's model files, for the statements' subjects (cached: a stat per file
+        // unless one changed), only where statements are signed.
+        if self.attest_key.is_some() && roles.contains(&Role::Engine) {
+            if let Some(dir) = self.cfg.engine.models.clone() {
+                let t = Instant::now();
+                match crate::digests::models(&dir, &self.state_dir, &self.cfg.cell.state_dir, &stop_pending) {
+                    Ok((d, st)) => {
+                        tracing::info!(
+                            files = st.files,
+                            hashed = st.hashed,
+                            hashed_bytes = st.hashed_bytes,
+                            cached = st.cached,
+                            skipped = st.skipped,
+                            ms = t.elapsed().as_millis() as u64,
+                            "model digests"
+                        );
+                        self.models = d;
+                    }
+                    Err(Error::Stopped { what }) => {
+                        tracing::info!(what, "model digests abandoned: a stop was requested");
+                        return Err(exit::OK);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot hash the model files");
+                        crate::log::say(&format!("cannot hash the model files: {e}"));
+                        return Err(exit::FAILED);
+                    }
+                }
+            }
+        }
         // Each role's latest result: the fresh ones replace theirs, the others stay.
         let mut report = self.report.take().unwrap_or_else(|| fresh.clone());
         for r in &fresh.roles {
@@ -502,7 +546,7 @@ impl Supervisor {
                     self.prepared[role as usize] = Some(plan);
                 }
                 self.receipt = Some(r);
-                Ok(())
+                self.publish_statement()
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the receipt");
@@ -570,6 +614,13 @@ impl Supervisor {
                 let v = self.status();
                 crate::control::respond(&mut stream, &v);
             }
+            Ok(crate::control::Request::Attest { nonce }) => {
+                let v = match self.statement(Some(nonce)) {
+                    Ok(env) => serde_json::json!({ "ok": true, "envelope": env }),
+                    Err(e) => crate::control::error(e),
+                };
+                crate::control::respond(&mut stream, &v);
+            }
             Ok(crate::control::Request::Recycle) => {
                 if self.stopping.is_some() || self.pending.is_some() || self.ready_check.is_some() {
                     crate::control::respond(
@@ -583,6 +634,47 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// A signed statement over the current generation (docs/attestation.md).
+    fn statement(&self, nonce: Option<String>) -> std::result::Result<crate::attest::Envelope, String> {
+        let Some(key) = &self.attest_key else {
+            return Err(format!(
+                "no attestation key: run `sealnode attest init --config {}` and restart",
+                self.cfg.file.display()
+            ));
+        };
+        let Some(receipt) = &self.receipt else { return Err("no generation yet: the cell has not started".into()) };
+        let restarts = self.slots.iter().map(|s| (s.role.name().to_string(), s.restarts)).collect();
+        let st = crate::attest::build(&crate::attest::Inputs {
+            cfg: &self.cfg,
+            receipt,
+            report: self.report.as_ref(),
+            nonce,
+            models: &self.models,
+            restarts,
+        });
+        Ok(crate::attest::sign(key, &st))
+    }
+
+    /// After a gate: the generation's statement (no nonce) to the state dir and into the node's
+    /// next start, at attest::INSIDE_NODE. Without a key the node's file stays empty.
+    fn publish_statement(&mut self) -> std::result::Result<(), i32> {
+        let Ok(env) = self.statement(None) else { return Ok(()) };
+        let mut bytes = serde_json::to_vec(&env).unwrap_or_default();
+        bytes.push(b'\n');
+        let shown = self.cfg.cell.state_dir.join(crate::attest::LATEST_FILE);
+        if let Err(e) =
+            crate::receipt::write_atomic_at(&self.state_dir, crate::attest::LATEST_FILE, &bytes, 0o644, &shown)
+        {
+            tracing::error!(error = %e, "cannot write the statement");
+            crate::log::say(&format!("{e}"));
+            return Err(exit::FAILED);
+        }
+        if let Some(plan) = self.prepared[Role::Node as usize].as_mut() {
+            plan.set_file(crate::attest::INSIDE_NODE, bytes);
+        }
+        Ok(())
     }
 
     /// Control clients that did not send a whole request in time get an error and are closed.

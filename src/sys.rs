@@ -521,6 +521,46 @@ pub fn capset(effective: u64, permitted: u64, inheritable: u64) -> Result<(), Er
     Errno::result(unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) }).map(drop)
 }
 
+/// Fill `buf` from the kernel's random source (getrandom(2), blocking until it is seeded):
+/// key material.
+pub fn random_bytes(buf: &mut [u8]) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: getrandom writes at most rest.len() bytes into the buffer we own.
+        match Errno::result(unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) }) {
+            Ok(n) => done += n as usize,
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Set the calling process's audit login uid (/proc/self/loginuid) to `uid` if it is unset. A
+/// set one cannot be changed without CAP_AUDIT_CONTROL in the initial namespace (EPERM: left
+/// as it is); a kernel without audit has no such file.
+pub fn set_loginuid_if_unset(uid: u32) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let fd = match nix::fcntl::open(
+        c"/proc/self/loginuid",
+        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let current = std::fs::read_to_string("/proc/self/loginuid").unwrap_or_default();
+    if current.trim() != "4294967295" {
+        return Ok(());
+    }
+    match write_all(fd.as_raw_fd(), uid.to_string().as_bytes()) {
+        Ok(()) | Err(Errno::EPERM) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// A random 64-bit value from the kernel (getrandom(2)), for names nobody can predict.
 pub fn random_u64() -> Result<u64, Errno> {
     let mut b = [0u8; 8];

@@ -143,6 +143,12 @@ pub fn check_own_dir(path: &Path, launcher_uid: u32) -> std::result::Result<(), 
     walk_own_dir(path, launcher_uid, None).map(drop)
 }
 
+/// An existing directory of sealnode's own, checked as [`own_dir`] does, without creating
+/// anything (an error if it is missing).
+pub fn open_dir(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, String> {
+    walk_own_dir(path, launcher_uid, None)?.ok_or_else(|| format!("{} does not exist", path.display()))
+}
+
 /// The walk behind [`own_dir`] and [`check_own_dir`]: with `create`, missing components are
 /// made (the last with that mode); without, a missing component ends the walk with `None`.
 fn walk_own_dir(path: &Path, launcher_uid: u32, create: Option<u32>) -> std::result::Result<Option<OwnedFd>, String> {

@@ -141,6 +141,7 @@ const ERRNOS: &[(&str, &str, i32)] = &[
     ("read_host_shadow", "both", libc::ENOENT),
     ("list_root_home", "both", libc::ENOENT),
     ("read_config", "both", libc::ENOENT),
+    ("read_attest_key", "both", libc::ENOENT),
     ("read_foreign_paths", "both", libc::ENOENT),
     ("write_usr", "both", libc::EROFS),
     ("write_etc", "both", libc::ENOENT),

@@ -46,10 +46,38 @@ const NV_REQUEST: &str = "0xc04846d2";
 /// A request of another type ('R', RNDGETENTCNT): the GPU profile refuses it.
 const OTHER_REQUEST: &str = "0x80045200";
 
+/// The "driver's" files, where a driver's files live (CDI mounts must come from /usr, /lib*,
+/// /opt or /var/lib): a dir the test makes under /var/lib, removed when dropped.
+struct DriverDir(PathBuf);
+
+impl DriverDir {
+    fn new(tag: &str) -> DriverDir {
+        let p = PathBuf::from(format!("/var/lib/sealnode-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        for d in ["", "lib", "share"] {
+            std::fs::create_dir_all(p.join(d)).expect("mkdir");
+            std::fs::set_permissions(p.join(d), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        std::fs::write(p.join("lib/libfake.so.1"), "not really a library\n").expect("write");
+        std::fs::write(p.join("share/data"), "driver data\n").expect("write");
+        std::fs::write(p.join("share/icd.json"), "{}\n").expect("write");
+        DriverDir(p)
+    }
+    fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for DriverDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The spec: spec-wide /dev/fuse, an env pair and files; device "0" the test node, device
 /// "1" /dev/net/tun (not taken).
-fn spec(f: &Fixture, node: &TestNode) -> String {
-    let d = f.dir.display();
+fn spec(drv: &DriverDir, node: &TestNode) -> String {
+    let d = drv.path();
     format!(
         r#"cdiVersion: "0.6.0"
 kind: example.com/gpu
@@ -57,6 +85,8 @@ containerEdits:
   env:
   - CDI_TEST=from-spec
   - ENGINE_ONLY=from-spec
+  - LD_PRELOAD=/opt/cdi/lib/libfake.so.1
+  - PATH=/scratch
   deviceNodes:
   - path: /dev/fuse
     type: c
@@ -67,19 +97,19 @@ containerEdits:
     path: /usr/bin/nvidia-ctk
     args: [nvidia-ctk, hook, update-ldcache]
   mounts:
-  - hostPath: {d}/cdi/lib/libfake.so.1
+  - hostPath: {d}/lib/libfake.so.1
     containerPath: /opt/cdi/lib/libfake.so.1
     options: [ro, nosuid, nodev, bind]
-  - hostPath: {d}/cdi/share
+  - hostPath: {d}/share
     containerPath: /opt/cdi/share
     options: [ro, nosuid, nodev, bind, noexec]
   - hostPath: /usr/bin/busybox
     containerPath: /usr/bin/busybox
     options: [ro, nosuid, nodev, bind]
-  - hostPath: {d}/cdi/persistenced.sock
+  - hostPath: {d}/persistenced.sock
     containerPath: /opt/cdi/persistenced.sock
     options: [ro, nosuid, nodev, bind, noexec]
-  - hostPath: {d}/cdi/share/icd.json
+  - hostPath: {d}/share/icd.json
     containerPath: /etc/vulkan/icd.d/icd.json
     options: [ro, nosuid, nodev, bind]
 devices:
@@ -100,17 +130,13 @@ devices:
 }
 
 /// A fixture whose engine takes device 0 from the test's spec, under the GPU profile.
-fn fixture(mode: Mode, name: &str, node: &TestNode) -> (Fixture, std::os::unix::net::UnixListener) {
+fn fixture(mode: Mode, name: &str, node: &TestNode) -> (Fixture, (std::os::unix::net::UnixListener, DriverDir)) {
     let mut f = Fixture::new(mode, name);
-    for d in ["cdi", "cdi/lib", "cdi/share"] {
-        std::fs::create_dir_all(f.p(d)).expect("mkdir");
-        std::fs::set_permissions(f.p(d), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    }
-    std::fs::write(f.p("cdi/lib/libfake.so.1"), "not really a library\n").expect("write");
-    std::fs::write(f.p("cdi/share/data"), "driver data\n").expect("write");
-    std::fs::write(f.p("cdi/share/icd.json"), "{}\n").expect("write");
-    let sock = std::os::unix::net::UnixListener::bind(f.p("cdi/persistenced.sock")).expect("bind the socket");
-    std::fs::write(f.p("cdi/gpu.yaml"), spec(&f, node)).expect("write the spec");
+    std::fs::create_dir_all(f.p("cdi")).expect("mkdir");
+    std::fs::set_permissions(f.p("cdi"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let drv = DriverDir::new(&format!("{name}-{mode:?}"));
+    let sock = std::os::unix::net::UnixListener::bind(drv.0.join("persistenced.sock")).expect("bind the socket");
+    std::fs::write(f.p("cdi/gpu.yaml"), spec(&drv, node)).expect("write the spec");
     std::fs::set_permissions(f.p("cdi/gpu.yaml"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let bin = f.p("bin").display().to_string();
     f.engine_policy = "engine-gpu".into();
@@ -119,7 +145,7 @@ fn fixture(mode: Mode, name: &str, node: &TestNode) -> (Fixture, std::os::unix::
         f.p("cdi/gpu.yaml").display()
     );
     f.write_config();
-    (f, sock)
+    (f, (sock, drv))
 }
 
 fn run(f: &Fixture, args: &[&str]) -> (i32, String, String) {
@@ -138,7 +164,17 @@ fn a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment() {
     }
     for mode in modes() {
         let node = TestNode::new(&format!("{mode:?}"));
-        let (f, _sock) = fixture(mode, "cdi", &node);
+        let (mut f, drv) = fixture(mode, "cdi", &node);
+        // An extra bind onto a file that exists in the read-only system view: a mount point as
+        // it is (found by review: the start failed opening it for writing).
+        f.engine_extra = f.engine_extra.replace(
+            "ro_binds = [",
+            &format!(
+                "ro_binds = [{{ src = \"{}/share/data\", dst = \"/usr/lib/os-release\", exec = false }}, ",
+                drv.1.path()
+            ),
+        );
+        f.write_config();
         let ctx = format!("{mode:?}");
         let n = node.path();
         let e = f.probe(
@@ -170,6 +206,8 @@ fn a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment() {
                 "/proc/thread-self/comm",
                 "--write",
                 "/proc/self/oom_score_adj",
+                "--read",
+                "/usr/lib/os-release",
             ],
         );
         // The taken device's node and the spec-wide one are in view; device 1's is not.
@@ -193,9 +231,13 @@ fn a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment() {
         // does), and the rest of its /proc stays read-only.
         assert_eq!(attempt(&e, "write:/proc/thread-self/comm")["ok"], true, "{ctx}: {e}");
         refused(&e, "write:/proc/self/oom_score_adj", &[libc::EACCES]);
-        // The spec's environment, under the config's own values.
+        assert_eq!(attempt(&e, "read:/usr/lib/os-release")["ok"], true, "{ctx}: {e}");
+        // The spec's environment, under the config's own values; never the loader's or
+        // sealnode's own variables (found by review).
         assert_eq!(e["env"]["CDI_TEST"], "from-spec", "{ctx}: {}", e["env"]);
         assert_eq!(e["env"]["ENGINE_ONLY"], "1", "{ctx}: the config's value wins: {}", e["env"]);
+        assert!(e["env"].get("LD_PRELOAD").is_none(), "{ctx}: {}", e["env"]);
+        assert_eq!(e["env"]["PATH"], "/usr/local/bin:/usr/bin:/bin", "{ctx}: {}", e["env"]);
         // The node gets none of it.
         let nd = f.probe(
             "node",
@@ -213,7 +255,7 @@ fn a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment() {
         let row = out.lines().find(|l| l.contains("engine devices")).unwrap_or_else(|| panic!("{ctx}: {out}"));
         assert!(row.contains("example.com/gpu=0") && row.contains("2 device nodes"), "{ctx}: {row}");
         assert!(row.contains("2 files bound") && row.contains("1 already in view"), "{ctx}: {row}");
-        for why in ["hooks[0]", "unix socket", "sandbox's own layout"] {
+        for why in ["hooks[0]", "unix socket", "sandbox's own layout", "env LD_PRELOAD", "env PATH"] {
             assert!(row.contains(why), "{ctx}: no {why:?} in {row}");
         }
         // The canary battery passes under the GPU profile with the test devices in view, and
@@ -280,11 +322,25 @@ fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
     }
     let Some(&mode) = modes().first() else { return };
     let node = TestNode::new("bad");
-    let (mut f, _sock) = fixture(mode, "cdi-bad", &node);
+    let (mut f, drv) = fixture(mode, "cdi-bad", &node);
     let spec_path = f.p("cdi/gpu.yaml");
     let good = std::fs::read_to_string(&spec_path).expect("spec");
     let cfg = f.config.display().to_string();
-    let d = f.dir.display().to_string();
+    let d = drv.1.path();
+    let fixture_dir = f.dir.display().to_string();
+    // A directory symlink on the way to a device node (found by review: check passed, the
+    // start failed with ELOOP naming nothing).
+    let link = PathBuf::from(format!("/dev/sealnode-test-{}-lnk", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("/dev", &link).expect("symlink");
+    struct Unlink(PathBuf);
+    impl Drop for Unlink {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _link = Unlink(link.clone());
+    let via_link = format!("path: {}/fuse", link.display());
     let cases: Vec<(String, Option<&str>, &str)> = vec![
         (
             good.replace("path: /dev/fuse", "path: /dev/sealnode-no-such-node"),
@@ -293,25 +349,56 @@ fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
         ),
         (good.replace("minor: 229", "minor: 230"), None, "is device 10:229, the spec says 10:230 (a stale spec"),
         (good.replace("path: /dev/fuse", "path: /dev/shm"), None, "/dev/shm is not a character device node"),
+        (good.replace(&format!("{d}/share\n"), &format!("{d}/nothing\n")), None, "containerEdits.mounts[1].hostPath"),
         (
-            good.replace(&format!("{d}/cdi/share\n"), &format!("{d}/cdi/nothing\n")),
-            None,
-            "containerEdits.mounts[1].hostPath",
-        ),
-        (
-            good.replace(&format!("hostPath: {d}/cdi/share\n"), &format!("hostPath: {d}/engine-scratch\n")),
+            good.replace(&format!("hostPath: {d}/share\n"), &format!("hostPath: {fixture_dir}/engine-scratch\n")),
             None,
             "which a role can write",
         ),
+        // Found by review: a spec handed the engine the node's credential and the host's /proc.
+        (
+            good.replace(&format!("hostPath: {d}/share\n"), &format!("hostPath: {fixture_dir}/credential\n")),
+            None,
+            "is outside where a driver's files live",
+        ),
+        (
+            good.replace(&format!("hostPath: {d}/share\n"), "hostPath: /proc\n"),
+            None,
+            "is outside where a driver's files live",
+        ),
+        // ... and shadowed the config's own binds and the system view.
+        (
+            good.replace("containerPath: /opt/cdi/share", "containerPath: /opt/sealnode"),
+            None,
+            "overlaps the ro_binds destination /opt/sealnode",
+        ),
+        (good.replace("containerPath: /opt/cdi/share", "containerPath: /usr"), None, "would replace or cover /usr"),
+        (
+            good.replace(
+                "containerPath: /opt/cdi/lib/libfake.so.1",
+                "containerPath: /usr/lib/x86_64-linux-gnu/libc.so.6",
+            ),
+            None,
+            "would replace or cover /usr",
+        ),
+        (
+            good.replace("containerPath: /opt/cdi/persistenced.sock", "containerPath: /opt/cdi/share"),
+            None,
+            "mounted twice, differently",
+        ),
+        (good.replace("path: /dev/fuse", &via_link), None, "is a symlink on the way to"),
         (
             good.replace("kind: example.com/gpu", "kind: example.com/other"),
             None,
             "describes \"example.com/other\" devices, not \"example.com/gpu\"",
         ),
         (
-            good.replace("containerPath: /opt/cdi/lib/libfake.so.1", "containerPath: /usr/lib/sealnode-no-such-lib.so.1"),
+            good.replace(
+                "containerPath: /opt/cdi/lib/libfake.so.1",
+                "containerPath: /usr/lib/sealnode-no-such-lib.so.1",
+            ),
             None,
-            "containerEdits.mounts[0].containerPath: /usr/lib/sealnode-no-such-lib.so.1 does not exist in the read-only system bind of /usr",
+            "containerEdits.mounts[0].containerPath: /usr/lib/sealnode-no-such-lib.so.1 would replace or cover /usr",
         ),
         (good.clone(), Some("example.com/gpu=9"), "no device \"9\" in the spec (example.com/gpu=9); it has: 0, 1"),
         (
@@ -368,6 +455,31 @@ fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
     assert_eq!(code, 125, "{out}{err}");
     assert!(format!("{out}{err}").contains("engine.devices_from.cdi"), "{out}{err}");
     std::fs::set_permissions(&spec_path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    // Extra binds held to the same rules (found by review): not the host's /proc, not a
+    // credential, not a mount point the read-only system view lacks.
+    let good_extra = f.engine_extra.clone();
+    for (bind, want) in [
+        (
+            "{ src = \"/proc\", dst = \"/opt/hostproc\", exec = false }".to_string(),
+            "engine.ro_binds[0].src: the host's /proc",
+        ),
+        (
+            format!("{{ src = \"{fixture_dir}/credential\", dst = \"/opt/cred\", exec = false }}"),
+            "overlaps node.credential",
+        ),
+        (
+            format!("{{ src = \"{d}/share\", dst = \"/usr/share/sealnode-no-such\", exec = false }}"),
+            "engine.ro_binds[0].dst: /usr/share/sealnode-no-such does not exist in the read-only system bind of /usr",
+        ),
+    ] {
+        f.engine_extra = good_extra.replace("ro_binds = [", &format!("ro_binds = [{bind}, "));
+        f.write_config();
+        let (code, out, err) = run(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 125, "{want}: {out}{err}");
+        assert!(format!("{out}{err}").contains(want), "want {want:?} in: {out}{err}");
+    }
+    f.engine_extra = good_extra;
+    f.write_config();
     // Config-only mistakes need no spec read: a device name that is not qualified.
     f.engine_extra = f.engine_extra.replace("example.com/gpu=0", "gpu0");
     f.write_config();
@@ -377,4 +489,48 @@ fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
         format!("{out}{err}").contains("engine.devices_from.devices[0]: \"gpu0\" is not a qualified CDI device name"),
         "{out}{err}"
     );
+}
+
+/// The GPU profile's thread-name rule holds for the engine's whole life, also after the
+/// kernel dropped its dentry cache (found by review: the Landlock rule is tied to the
+/// /proc/<pid>/task inode, which procfs replaces once an unused dentry is evicted; the role's
+/// init now holds it). And the audit login uid is the role's, fixed before the workload runs.
+#[test]
+fn the_engines_thread_names_survive_a_dentry_cache_drop() {
+    if !is_root() {
+        return unavailable("rootful", "the test drops the host's dentry cache (root)");
+    }
+    for mode in modes() {
+        let node = TestNode::new(&format!("dc{mode:?}"));
+        let (f, _drv) = fixture(mode, "cdi-dcache", &node);
+        let cfg = f.config.display().to_string();
+        let go = f.p("models/go");
+        let sh = "echo a >> /proc/$$/task/$$/comm && echo first-ok; cat /proc/self/loginuid; echo; \
+                  while [ ! -e /models/go ]; do sleep 0.1; done; \
+                  echo b >> /proc/$$/task/$$/comm && echo second-ok; \\
+                  echo $(/usr/bin/busybox id -u) >> /proc/$$/task/$$/loginuid 2>/dev/null || echo loginuid-fixed";
+        let mut child = f
+            .command(&["exec", "--config", &cfg, "--role", "engine", "--", "/usr/bin/busybox", "sh", "-c", sh])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("exec");
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().expect("stdout")));
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(first, "first-ok", "{mode:?}");
+        let loginuid = lines.next().and_then(Result::ok).unwrap_or_default();
+        let want = if mode == Mode::Rootful { ENGINE_IDS.0 } else { NOBODY };
+        assert_eq!(loginuid, want.to_string(), "{mode:?}: the audit login uid is the role's");
+        std::fs::write("/proc/sys/vm/drop_caches", "2\n").expect("drop caches");
+        std::fs::write(&go, "").expect("go");
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let st = wait_within(&mut child, std::time::Duration::from_secs(30), "exec");
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut err).expect("stderr");
+        assert!(rest.contains(&"second-ok".to_string()), "{mode:?}: {rest:?} {err}");
+        assert!(rest.contains(&"loginuid-fixed".to_string()), "{mode:?}: the role changed its login uid: {rest:?}");
+        assert_eq!(st.code(), Some(0), "{mode:?}: {err}");
+        let _ = std::fs::remove_file(&go);
+    }
 }

@@ -28,6 +28,8 @@ pub struct Ctx {
     pub foreign_paths: Vec<String>,
     /// The config file's host path.
     pub config_path: String,
+    /// The attestation key's host path, or the state dir's before there is a key.
+    pub attest_key: String,
     pub engine_port: u16,
     /// Cell-local egress listeners (node upstreams), as ip:port.
     pub egress: Vec<String>,
@@ -241,6 +243,12 @@ pub const ATTEMPTS: &[(&str, Attempt)] = &[
         std::fs::read_dir("/root").map(drop).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5)))
     }),
     ("read_config", |ctx| read_some(&ctx.config_path)),
+    ("read_attest_key", |ctx| match std::fs::symlink_metadata(&ctx.attest_key) {
+        Ok(m) if m.is_dir() => {
+            std::fs::read_dir(&ctx.attest_key).map(drop).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5)))
+        }
+        _ => read_some(&ctx.attest_key),
+    }),
     ("read_foreign_paths", |ctx| {
         // Succeeds if any is readable; otherwise prefer a refusal over a mere absence.
         let mut worst = Err(Errno::ENOENT);

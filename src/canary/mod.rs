@@ -141,6 +141,13 @@ pub const SPECS: &[Spec] = &[
     a("read_host_shadow", "filesystem", "read /etc/shadow", &[N, C], READ),
     a("list_root_home", "filesystem", "list /root", &[N, L, C], READ),
     a("read_config", "filesystem", "read sealnode's config file", &[N, L], READ),
+    a(
+        "read_attest_key",
+        "filesystem",
+        "read the attestation key (before attest init: list the state dir)",
+        &[N, L, C],
+        READ,
+    ),
     a("read_foreign_paths", "filesystem", "read the other role's dirs and files", &[N, L], READ),
     a("write_usr", "filesystem", "create a file in /usr (/usr/local/src)", &[N, L, C], WRITE),
     a("write_etc", "filesystem", "create a file in /etc (/etc/opt)", &[N, L, C], WRITE),
@@ -464,6 +471,12 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers)
         host_abstract: t.name.clone(),
         foreign_paths: foreign,
         config_path: cfg.file.display().to_string(),
+        // The key once `attest init` made it; before, the state dir that will hold it.
+        attest_key: Some(crate::config::attest_key_path(&cfg.cell.state_dir))
+            .filter(|k| k.exists())
+            .unwrap_or_else(|| cfg.cell.state_dir.clone())
+            .display()
+            .to_string(),
         engine_port,
         egress,
         free_port: if engine_port == 1 { 2 } else { 1 }.max(engine_port.wrapping_add(1)),

@@ -1,6 +1,7 @@
 //! The subcommands, one module each. Each returns `Result<i32, Failure>`: the exit status, or
 //! what went wrong and the status it means; `main` prints a failure once, the same way for all.
 
+pub mod attest;
 pub mod canary;
 pub mod check;
 pub mod ctl;

@@ -91,6 +91,16 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     }
     // Nothing but stdio may cross into the workload (the error pipe closes at exec).
     must(fds.err, Stage::CloseFds, 0, sys::cloexec_from(3));
+    // The audit login uid, while unset, can be set once by the process itself: set it to the
+    // role's uid, so no process of the role can claim another (a set one stays). As the role's
+    // uid, dumpable again (exec makes it so anyway) so that /proc/self is its own; before
+    // Landlock, which leaves /proc read-only.
+    must(
+        fds.err,
+        Stage::AuditLoginuid,
+        0,
+        sys::prctl(libc::PR_SET_DUMPABLE, 1).and_then(|()| sys::set_loginuid_if_unset(plan.ids.uid)),
+    );
     // Landlock after pivot_root (rules name the sandbox's paths) and before seccomp (needs its syscalls).
     if plan.layers.landlock {
         must(fds.err, Stage::Landlock, 0, landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));

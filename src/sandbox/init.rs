@@ -46,6 +46,15 @@ fn wait_set() -> SigSet {
 }
 
 pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
+    // Hold the workload's /proc/<pid>/task for its life: a Landlock rule on /proc/self/task
+    // (the GPU profile's thread names) is tied to that inode, and procfs makes a new one once
+    // an unused dentry is evicted, which would end the rule (found by review: drop_caches).
+    // Best effort: without it only that rule can stop matching. O_PATH: no access to it.
+    let _task_dir = nix::fcntl::open(
+        format!("/proc/{}/task", workload.as_raw()).as_str(),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    );
     let set = wait_set();
     if let Err(e) =
         nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None).and_then(|_| confine(plan, fds))

@@ -122,7 +122,11 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 mkdir_p(as_path(dst))?;
             } else {
                 mkdir_p(parent_of(dst))?;
-                touch(dst)?;
+                // An existing file (in a read-only system bind, say) is a mount point as it is:
+                // opening it for writing would fail there (found by review).
+                if nix::sys::stat::lstat(dst.as_c_str()).is_err() {
+                    touch(dst)?;
+                }
             }
             bind_fd(fd, dst)?;
             // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.

@@ -40,6 +40,7 @@ pub enum Stage {
     RearmParentDeath,
     DropCapabilities,
     CloseFds,
+    AuditLoginuid,
     Landlock,
     Seccomp,
     HandOverListener,
@@ -47,7 +48,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 24] = [
+    pub const ALL: [Stage; 25] = [
         Stage::DieWithParent,
         Stage::Stdio,
         Stage::CloseInheritedFds,
@@ -68,6 +69,7 @@ impl Stage {
         Stage::RearmParentDeath,
         Stage::DropCapabilities,
         Stage::CloseFds,
+        Stage::AuditLoginuid,
         Stage::Landlock,
         Stage::Seccomp,
         Stage::HandOverListener,
@@ -99,6 +101,7 @@ impl Step for Stage {
             Stage::ForkWorkload => "fork_workload",
             Stage::ConfineInit => "confine_init",
             Stage::ResetSignals => "reset_signals",
+            Stage::AuditLoginuid => "audit_loginuid",
             Stage::Rlimits => "rlimits",
             Stage::Credentials => "credentials",
             Stage::RearmParentDeath => "rearm_parent_death",

@@ -1,0 +1,113 @@
+//! `sealnode attest` (init, pubkey, a fresh statement from the running supervisor) and
+//! `sealnode verify-attestation` (offline).
+
+use std::path::Path;
+
+use sealnode::attest::{self, Failure as Why};
+use sealnode::config::{Config, Invoker};
+use sealnode::exit;
+
+use super::{Failure, Outcome};
+
+/// `attest init`: the key pair in the config's state dir.
+pub fn init(config: &Path, force: bool) -> Outcome {
+    let inv = Invoker::current();
+    let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
+    let vk = attest::init(&cfg.cell.state_dir, inv.uid, force).map_err(Failure::general)?;
+    println!("{}", attest::public_pem(&vk).trim_end());
+    println!("fingerprint: sha256:{}", attest::keyid(&vk));
+    println!("key: {} (restart `sealnode run` to sign with it)", attest::key_path(&cfg.cell.state_dir).display());
+    Ok(exit::OK)
+}
+
+/// `attest pubkey`: the public key (SPKI PEM) and its fingerprint.
+pub fn pubkey(config: &Path) -> Outcome {
+    let inv = Invoker::current();
+    let cfg = Config::read_for_client(config).map_err(Failure::setup)?;
+    let vk = attest::load_public(&cfg.cell.state_dir, inv.uid).map_err(Failure::general)?;
+    println!("{}", attest::public_pem(&vk).trim_end());
+    println!("fingerprint: sha256:{}", attest::keyid(&vk));
+    Ok(exit::OK)
+}
+
+/// `attest subjects`: the subjects a statement of this config carries, as `NAME=SHA256`
+/// lines (what a gateway passes to `verify-attestation --expect`), the model files hashed
+/// through the same cache `run` uses.
+pub fn subjects(config: &Path) -> Outcome {
+    let inv = Invoker::current();
+    let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
+    let (sealnode, conf, roles) = sealnode::receipt::current_digests(&cfg).map_err(Failure::general)?;
+    let state = sealnode::trusted::own_dir(&cfg.cell.state_dir, inv.uid, 0o750)
+        .map_err(|e| Failure::setup(format!("cell.state_dir: {e}")))?;
+    let models = match &cfg.engine.models {
+        Some(d) => sealnode::digests::models(d, &state, &cfg.cell.state_dir, &|| false).map_err(Failure::general)?.0,
+        None => Vec::new(),
+    };
+    for s in attest::subjects(&cfg, &sealnode.sha256, &conf.sha256, &roles, &models) {
+        println!("{}={}", s.name, s.digest.get("sha256").map(String::as_str).unwrap_or(""));
+    }
+    Ok(exit::OK)
+}
+
+/// `attest --nonce HEX`: a statement over the current generation and that nonce, from the
+/// running supervisor (its control socket: root and cell.control_uids only).
+pub fn request(config: &Path, nonce: &str) -> Outcome {
+    let nonce = attest::parse_nonce(nonce).map_err(Failure::usage)?;
+    let cfg = Config::read_for_client(config).map_err(Failure::setup)?;
+    let v = sealnode::control::request(
+        &sealnode::control::socket_path(&cfg),
+        &serde_json::json!({ "cmd": "attest", "nonce": nonce }),
+    )
+    .map_err(Failure::general)?;
+    if v["ok"] != true {
+        return Err(Failure::general(v["error"].as_str().unwrap_or("the supervisor refused").to_string()));
+    }
+    println!("{}", serde_json::to_string_pretty(&v["envelope"]).unwrap_or_default());
+    Ok(exit::OK)
+}
+
+/// `verify-attestation`: the signature, the nonce, then what the verifier expects.
+pub fn verify(
+    file: &Path,
+    pubkey: &Path,
+    nonce: Option<&str>,
+    expect: &[String],
+    min_generation: Option<u64>,
+) -> Outcome {
+    let nonce = nonce.map(attest::parse_nonce).transpose().map_err(Failure::usage)?;
+    let mut subjects = Vec::new();
+    for e in expect {
+        let Some((k, v)) = e.split_once('=') else {
+            return Err(Failure::usage(format!(
+                "--expect {e:?}: expected NAME=SHA256 (a subject name and its digest)"
+            )));
+        };
+        subjects.push((k.to_string(), v.to_string()));
+    }
+    let key = std::fs::read(pubkey).map_err(|e| Failure::setup(format!("read {}: {e}", pubkey.display())))?;
+    let key = attest::parse_public(&key).map_err(|e| Failure::setup(format!("{}: {e}", pubkey.display())))?;
+    let bytes = std::fs::read(file).map_err(|e| Failure::setup(format!("read {}: {e}", file.display())))?;
+    let want = attest::Expect { nonce, subjects, min_generation };
+    match attest::verify(&bytes, &key, &want) {
+        Ok((_, said)) => {
+            println!("{}: verified", file.display());
+            for l in said {
+                println!("  {l}");
+            }
+            Ok(exit::OK)
+        }
+        Err(w) => {
+            let (code, lines) = match w {
+                Why::Malformed(m) => (exit::ATTEST_MALFORMED, vec![m]),
+                Why::Signature(m) => (exit::ATTEST_SIGNATURE, vec![m]),
+                Why::Nonce(m) => (exit::ATTEST_NONCE, vec![m]),
+                Why::Mismatch(v) => (exit::ATTEST_MISMATCH, v),
+            };
+            println!("{}: NOT verified", file.display());
+            for l in lines {
+                println!("  {l}");
+            }
+            Ok(code)
+        }
+    }
+}

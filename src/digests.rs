@@ -1,0 +1,232 @@
+//! sha256 digests of the engine's model files, for the attestation's subjects: each file is
+//! hashed once per (device, inode, size, mtime, ctime) and the digest kept in the state dir,
+//! so a start re-reads only what changed (a multi-GB model costs seconds once, then a stat;
+//! docs/performance.md). ctime is in the key too: an owner can set mtime back with `touch`,
+//! nobody can set ctime.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+pub const CACHE_FILE: &str = "model-digests.json";
+const CACHE_VERSION: u32 = 1;
+/// More files than this in a model dir is a config mistake (a home dir, a whole disk).
+pub const MAX_FILES: usize = 100_000;
+/// How much is hashed between two looks at `stop`.
+const STOP_EVERY: u64 = 64 << 20;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cache {
+    version: u32,
+    /// Absolute host path -> what it was when hashed.
+    files: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    sha256: String,
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub files: usize,
+    pub hashed: usize,
+    pub hashed_bytes: u64,
+    pub cached: usize,
+    /// Symlinks and other non-regular entries, left out.
+    pub skipped: usize,
+}
+
+fn key(md: &std::fs::Metadata, sha256: String) -> Entry {
+    Entry {
+        dev: md.dev(),
+        ino: md.ino(),
+        size: md.size(),
+        mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
+        ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
+        sha256,
+    }
+}
+
+/// Every regular file under `dir` (no symlink followed), sorted by path.
+fn walk(dir: &Path, stats: &mut Stats) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| Error::io(format!("list {}", d.display()), e))?;
+        for e in entries {
+            let e = e.map_err(|e| Error::io(format!("list {}", d.display()), e))?;
+            let ft = e.file_type().map_err(|err| Error::io(format!("stat {}", e.path().display()), err))?;
+            if ft.is_dir() {
+                todo.push(e.path());
+            } else if ft.is_file() {
+                out.push(e.path());
+                if out.len() > MAX_FILES {
+                    return Err(Error::io(
+                        format!("{} holds more than {MAX_FILES} files", dir.display()),
+                        std::io::Error::other("not a model dir"),
+                    ));
+                }
+            } else {
+                stats.skipped += 1;
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Hash an open file, looking at `stop` every [`STOP_EVERY`] bytes.
+fn hash(f: &mut std::fs::File, shown: &Path, stop: &dyn Fn() -> bool) -> Result<(String, u64)> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut total, mut since) = (0u64, 0u64);
+    loop {
+        let n = std::io::Read::read(f, &mut buf).map_err(|e| Error::io(format!("read {}", shown.display()), e))?;
+        if n == 0 {
+            return Ok((hex::encode(h.finalize()), total));
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+        since += n as u64;
+        if since >= STOP_EVERY {
+            since = 0;
+            if stop() {
+                return Err(Error::Stopped { what: format!("hashing {}", shown.display()) });
+            }
+        }
+    }
+}
+
+/// The digests of the model files under `dir`, as `(model:<path under dir>, sha256)`, with
+/// the cache in `state` (the state dir's descriptor; `shown` names it). A file changed while it
+/// was hashed is hashed again on the next pass (its key no longer matches).
+pub fn models(
+    dir: &Path,
+    state: &OwnedFd,
+    shown: &Path,
+    stop: &dyn Fn() -> bool,
+) -> Result<(Vec<(String, String)>, Stats)> {
+    let mut stats = Stats::default();
+    let old: Cache = read_cache(state).unwrap_or_default();
+    let mut new = Cache { version: CACHE_VERSION, files: BTreeMap::new() };
+    let mut out = Vec::new();
+    for path in walk(dir, &mut stats)? {
+        let mut f = nix::fcntl::open(
+            &path,
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_NOFOLLOW
+                | nix::fcntl::OFlag::O_CLOEXEC
+                | nix::fcntl::OFlag::O_NONBLOCK,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map(std::fs::File::from)
+        .map_err(|e| Error::errno(format!("open {}", path.display()), e))?;
+        let md = f.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+        if !md.is_file() {
+            stats.skipped += 1;
+            continue;
+        }
+        let name = path.display().to_string();
+        let cached = old.files.get(&name).filter(|e| **e == key(&md, e.sha256.clone())).cloned();
+        let entry = match cached {
+            Some(e) => {
+                stats.cached += 1;
+                e
+            }
+            None => {
+                let (digest, bytes) = hash(&mut f, &path, stop)?;
+                stats.hashed += 1;
+                stats.hashed_bytes += bytes;
+                key(&md, digest)
+            }
+        };
+        stats.files += 1;
+        let rel = path.strip_prefix(dir).unwrap_or(&path).display().to_string();
+        out.push((format!("model:{rel}"), entry.sha256.clone()));
+        new.files.insert(name, entry);
+    }
+    if stats.hashed > 0 || new.files.len() != old.files.len() {
+        let mut bytes =
+            serde_json::to_vec_pretty(&new).map_err(|e| Error::io("model digests", std::io::Error::other(e)))?;
+        bytes.push(b'\n');
+        crate::receipt::write_atomic_at(state, CACHE_FILE, &bytes, 0o640, &shown.join(CACHE_FILE))?;
+    }
+    Ok((out, stats))
+}
+
+fn read_cache(state: &OwnedFd) -> Option<Cache> {
+    use nix::fcntl::{openat, OFlag};
+    let fd = openat(
+        state,
+        CACHE_FILE,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    let mut b = Vec::new();
+    std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut b).ok()?;
+    let c: Cache = serde_json::from_slice(&b).ok()?;
+    (c.version == CACHE_VERSION).then_some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_hashed_once_then_again_when_they_change() {
+        let t = tempfile::tempdir().expect("tmp");
+        let models = t.path().join("models");
+        std::fs::create_dir_all(models.join("sub")).expect("mkdir");
+        std::fs::write(models.join("a.gguf"), b"hello").expect("write");
+        std::fs::write(models.join("sub/b.bin"), b"world").expect("write");
+        std::os::unix::fs::symlink("/etc/passwd", models.join("link")).expect("symlink");
+        let state_path = t.path().join("state");
+        std::fs::create_dir(&state_path).expect("mkdir");
+        let state: OwnedFd = std::fs::File::open(&state_path).expect("open").into();
+        let never = || false;
+        let (d, s) = models_of(&models, &state, &state_path, &never);
+        assert_eq!(d[0], ("model:a.gguf".into(), hex::encode(Sha256::digest(b"hello"))));
+        assert_eq!(d[1].0, "model:sub/b.bin");
+        assert_eq!((s.files, s.hashed, s.cached, s.skipped), (2, 2, 0, 1));
+        let (_, s) = models_of(&models, &state, &state_path, &never);
+        assert_eq!((s.hashed, s.cached), (0, 2), "the second pass reads nothing");
+        // Same size, content changed, mtime set back: ctime still tells.
+        let md = std::fs::metadata(models.join("a.gguf")).expect("md");
+        std::fs::write(models.join("a.gguf"), b"HELLO").expect("write");
+        let times = [
+            nix::sys::time::TimeSpec::new(md.atime(), md.atime_nsec()),
+            nix::sys::time::TimeSpec::new(md.mtime(), md.mtime_nsec()),
+        ];
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            &models.join("a.gguf"),
+            &times[0],
+            &times[1],
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .expect("utimensat");
+        let (d, s) = models_of(&models, &state, &state_path, &never);
+        assert_eq!((s.hashed, s.cached), (1, 1));
+        assert_eq!(d[0].1, hex::encode(Sha256::digest(b"HELLO")));
+    }
+
+    fn models_of(m: &Path, s: &OwnedFd, p: &Path, stop: &dyn Fn() -> bool) -> (Vec<(String, String)>, Stats) {
+        models(m, s, p, stop).expect("digests")
+    }
+}

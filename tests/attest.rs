@@ -1,0 +1,315 @@
+//! Signed attestations (`sealnode attest`, `verify-attestation`, the Python verifier in
+//! examples/): real cells, as root and as uid 65534.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::*;
+use sha2::Digest;
+
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    err: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Running {
+    fn line(&self, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(l) if pred(&l) => return l,
+                Ok(_) => continue,
+                Err(_) => panic!("no matching line within {secs}s; stderr:\n{}", self.err.lock().expect("lock")),
+            }
+        }
+    }
+}
+
+fn start(f: &Fixture) -> Running {
+    let cfg = f.config.display().to_string();
+    let mut child = f
+        .command(&["run", "--config", &cfg])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn run");
+    let out = child.stdout.take().expect("stdout");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(untag(&l));
+        }
+    });
+    let err = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (mut e, e2) = (child.stderr.take().expect("stderr"), err.clone());
+    std::thread::spawn(move || {
+        let mut b = [0u8; 4096];
+        while let Ok(n) = e.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            e2.lock().expect("lock").push_str(&String::from_utf8_lossy(&b[..n]));
+        }
+    });
+    Running { child, lines, err }
+}
+
+fn out(f: &Fixture, args: &[&str]) -> (i32, String, String) {
+    let o = f.command(args).output_within(COMMAND_LIMIT);
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn sha256_file(p: &std::path::Path) -> String {
+    hex::encode(sha2::Sha256::digest(std::fs::read(p).expect("read")))
+}
+
+/// The statement inside an envelope.
+fn statement(envelope: &str) -> serde_json::Value {
+    let env: serde_json::Value = serde_json::from_str(envelope).unwrap_or_else(|e| panic!("{e}: {envelope}"));
+    let body =
+        base64::engine::general_purpose::STANDARD.decode(env["payload"].as_str().expect("payload")).expect("b64");
+    serde_json::from_slice(&body).expect("statement")
+}
+
+/// Both verifiers (sealnode's and the Python one in examples/) on one envelope: their exit
+/// statuses must agree, and be `want`.
+fn verify_both(
+    f: &Fixture,
+    file: &std::path::Path,
+    key: &std::path::Path,
+    args: &[&str],
+    want: i32,
+    ctx: &str,
+) -> String {
+    let file_s = file.display().to_string();
+    let key_s = key.display().to_string();
+    let mut a = vec!["verify-attestation", "--pubkey", &key_s];
+    a.extend_from_slice(args);
+    a.push(&file_s);
+    let (code, stdout, stderr) = out(f, &a);
+    assert_eq!(code, want, "{ctx}: sealnode verify-attestation {args:?}: {stdout}{stderr}");
+    let py = std::env::var("SEALNODE_TEST_VENV").map(|v| format!("{v}/bin/python")).unwrap_or_default();
+    if py.is_empty() || !std::path::Path::new(&py).exists() {
+        return unavailable_then("python verifier", "no SEALNODE_TEST_VENV (scripts/prepare-python)", stdout);
+    }
+    let o = std::process::Command::new(&py)
+        .arg(repo().join("examples/verify-attestation.py"))
+        .args(["--pubkey", &key_s])
+        .args(args)
+        .arg(&file_s)
+        .output_within(COMMAND_LIMIT);
+    assert_eq!(
+        o.status.code(),
+        Some(want),
+        "{ctx}: the Python verifier {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+fn unavailable_then(what: &str, why: &str, out: String) -> String {
+    unavailable(what, why);
+    out
+}
+
+#[test]
+fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
+    for mode in modes() {
+        let ctx = format!("{mode:?}");
+        let mut f = Fixture::new(mode, "attest");
+        std::fs::write(f.p("models/hello.txt"), "hello from the sealed engine\n").expect("write");
+        f.engine_cmd =
+            "[\"/usr/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
+        f.node_cmd = format!(
+            "[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]",
+            serde_json::to_string(
+                "echo start-statement; cat /run/sealnode/attestation.json; echo; echo statement-end; exec sleep 1000"
+            )
+            .expect("json")
+        );
+        f.cell_extra = "stop_timeout_s = 1".into();
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        // No key yet: pubkey says so, a running cell answers attest with the fix.
+        let (code, _, err) = out(&f, &["attest", "pubkey", "--config", &cfg]);
+        assert_eq!(code, 1, "{ctx}: {err}");
+        assert!(err.contains("attest init"), "{ctx}: {err}");
+        // The key: owner-only, in the state dir; a second init keeps it.
+        let (code, init_out, err) = out(&f, &["attest", "init", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {init_out}{err}");
+        let key_file = f.p("state/attest/ed25519.key");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&key_file).expect("key").permissions().mode() & 0o777, 0o600, "{ctx}");
+        assert_eq!(std::fs::metadata(f.p("state/attest")).expect("dir").permissions().mode() & 0o777, 0o700, "{ctx}");
+        let (code, _, err) = out(&f, &["attest", "init", "--config", &cfg]);
+        assert_eq!(code, 1, "{ctx}: a second init must keep the key: {err}");
+        let (code, pem, _) = out(&f, &["attest", "pubkey", "--config", &cfg]);
+        assert_eq!(code, 0);
+        assert!(init_out.contains(pem.lines().last().expect("fingerprint")), "{ctx}: init and pubkey disagree");
+        let pem_only: String =
+            pem.lines().take_while(|l| !l.starts_with("fingerprint")).map(|l| format!("{l}\n")).collect();
+        let key_pem = f.p("pubkey.pem");
+        std::fs::write(&key_pem, pem_only).expect("write");
+
+        let run = start(&f);
+        run.line(60, |l| l == "start-statement");
+        let at_start = run.line(30, |l| l.contains("payloadType"));
+        run.line(30, |l| l == "statement-end");
+        // The statement the node reads, written at its start: verifies with --no-nonce only.
+        let start_file = f.p("start.json");
+        std::fs::write(&start_file, &at_start).expect("write");
+        verify_both(&f, &start_file, &key_pem, &["--no-nonce"], 0, &ctx);
+        verify_both(&f, &start_file, &key_pem, &["--nonce", "00112233445566778899aabbccddeeff"], 11, &ctx);
+
+        // A fresh one, for this nonce.
+        let nonce = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+        let (code, env1, err) = out(&f, &["attest", "--nonce", nonce, "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {err}");
+        let st = statement(&env1);
+        let g1 = st["predicate"]["generation"].as_u64().expect("generation");
+        assert_eq!(st["predicate"]["nonce"], nonce, "{ctx}");
+        assert_eq!(st["predicate"]["tpm"]["present"], false, "{ctx}");
+        assert!(st["predicate"]["tpm"]["note"].as_str().is_some_and(|n| n.contains("no TPM")), "{ctx}: {st}");
+        assert_eq!(st["predicate"]["preflight"]["passed"], true, "{ctx}");
+        let names: Vec<&str> =
+            st["subject"].as_array().expect("subjects").iter().filter_map(|s| s["name"].as_str()).collect();
+        for n in [
+            "sealnode",
+            "config",
+            "engine.program",
+            "engine.seccomp",
+            "engine.landlock",
+            "node.seccomp",
+            "model:hello.txt",
+            "model:model.gguf",
+        ] {
+            assert!(names.contains(&n), "{ctx}: no subject {n}: {names:?}");
+        }
+        // `attest subjects` lists exactly the statement's subjects, as --expect arguments.
+        let (code, listed, err) = out(&f, &["attest", "subjects", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {err}");
+        let from_statement: Vec<String> = st["subject"]
+            .as_array()
+            .expect("subjects")
+            .iter()
+            .map(|s| format!("{}={}", s["name"].as_str().unwrap_or(""), s["digest"]["sha256"].as_str().unwrap_or("")))
+            .collect();
+        assert_eq!(listed.lines().collect::<Vec<_>>(), from_statement, "{ctx}");
+        let f1 = f.p("a1.json");
+        std::fs::write(&f1, &env1).expect("write");
+        let exp_program = format!("engine.program={}", sha256_file(std::path::Path::new("/usr/bin/busybox")));
+        let exp_model = format!("model:hello.txt={}", sha256_file(&f.p("models/hello.txt")));
+        let exp_sealnode = format!("sealnode={}", sha256_file(&f.bin));
+        let exp_config = format!("config={}", sha256_file(&f.config));
+        let said = verify_both(
+            &f,
+            &f1,
+            &key_pem,
+            &[
+                "--nonce",
+                nonce,
+                "--expect",
+                &exp_program,
+                "--expect",
+                &exp_model,
+                "--expect",
+                &exp_sealnode,
+                "--expect",
+                &exp_config,
+            ],
+            0,
+            &ctx,
+        );
+        assert!(said.contains("verified") && said.contains("as expected"), "{ctx}: {said}");
+        // Each forgery, its own status, in both verifiers.
+        verify_both(&f, &f1, &key_pem, &["--nonce", "00112233445566778899aabbccddeeff"], 11, &ctx);
+        let swapped = format!("engine.program={}", "0".repeat(64));
+        verify_both(&f, &f1, &key_pem, &["--nonce", nonce, "--expect", &swapped], 12, &ctx);
+        let mut env: serde_json::Value = serde_json::from_str(&env1).expect("json");
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut body = b64.decode(env["payload"].as_str().expect("payload")).expect("b64");
+        let at = body.windows(7).position(|w| w == b"rootful" || w == b"rootles").expect("mode in the payload");
+        body[at] = b'R';
+        env["payload"] = b64.encode(&body).into();
+        let changed = f.p("changed.json");
+        std::fs::write(&changed, env.to_string()).expect("write");
+        verify_both(&f, &changed, &key_pem, &["--nonce", nonce], 10, &ctx);
+        let other = f.p("other.pem");
+        let other_key = ed25519_dalek::SigningKey::from_bytes(&[3u8; 32]).verifying_key();
+        std::fs::write(&other, sealnode::attest::public_pem(&other_key)).expect("write");
+        verify_both(&f, &f1, &other, &["--nonce", nonce], 10, &ctx);
+        let junk = f.p("junk.json");
+        std::fs::write(&junk, "{\"payloadType\":\"text/plain\",\"payload\":\"\",\"signatures\":[]}").expect("write");
+        verify_both(&f, &junk, &key_pem, &["--nonce", nonce], 13, &ctx);
+        // The key is in neither role's view.
+        let key_s = key_file.display().to_string();
+        for role in ["engine", "node"] {
+            let r = f.probe(role, &["--read", &key_s, "--read", &f.p("state/attest").display().to_string()]);
+            refused(&r, &format!("read:{key_s}"), &[libc::ENOENT]);
+        }
+        // A restart (SIGHUP restarts both roles): a new generation in the next statement, and
+        // the older one is refused by a verifier that has seen the new one.
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.child.id() as i32), nix::sys::signal::Signal::SIGHUP)
+            .expect("SIGHUP");
+        let nonce2 = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+        let mut g2 = g1;
+        let moved = wait_until(Duration::from_secs(60), || {
+            let (code, e, _) = out(&f, &["attest", "--nonce", nonce2, "--config", &cfg]);
+            if code == 0 {
+                g2 = statement(&e)["predicate"]["generation"].as_u64().unwrap_or(g1);
+                std::fs::write(f.p("a2.json"), &e).expect("write");
+            }
+            g2 > g1
+        });
+        assert!(moved, "{ctx}: no new generation after SIGHUP: {}", run.err.lock().expect("lock"));
+        let min = g2.to_string();
+        verify_both(&f, &f.p("a2.json"), &key_pem, &["--nonce", nonce2, "--min-generation", &min], 0, &ctx);
+        verify_both(&f, &f1, &key_pem, &["--nonce", nonce, "--min-generation", &min], 12, &ctx);
+        // A bad nonce never reaches the supervisor.
+        let (code, _, err) = out(&f, &["attest", "--nonce", "xyz", "--config", &cfg]);
+        assert_eq!(code, 2, "{ctx}: {err}");
+        let mut run = run;
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(run.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let st = wait_within(&mut run.child, Duration::from_secs(30), "sealnode run");
+        assert_eq!(st.code(), Some(0), "{ctx}: {}", run.err.lock().expect("lock"));
+    }
+}
+
+/// A key others can read refuses the start: statements signed with it would prove nothing.
+#[test]
+fn a_key_readable_by_others_refuses_the_start() {
+    let Some(&mode) = modes().first() else { return };
+    let f = Fixture::new(mode, "attest-mode");
+    let cfg = f.config.display().to_string();
+    let (code, _, err) = out(&f, &["attest", "init", "--config", &cfg]);
+    assert_eq!(code, 0, "{err}");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(f.p("state/attest/ed25519.key"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let (code, _, err) = out(&f, &["run", "--config", &cfg]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("attestation key") && err.contains("readable or writable by others"), "{err}");
+}
