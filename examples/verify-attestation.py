@@ -32,31 +32,116 @@ def pae(payload_type: str, body: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
 
 
-def verify(envelope: dict, key: Ed25519PublicKey, nonce, expect, min_generation):
+class Malformed(Exception):
+    pass
+
+
+def strict_json(data: bytes):
+    """UTF-8 JSON, no BOM, no duplicate keys: what sealnode's (serde) parser accepts."""
+
+    def pairs(kv):
+        d = {}
+        for k, v in kv:
+            if k in d:
+                raise Malformed(f"duplicate key {k!r}")
+            d[k] = v
+        return d
+
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=pairs)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise Malformed(f"not UTF-8 JSON: {e}") from e
+
+
+def b64(text) -> bytes:
+    """Standard base64, padded and canonical (no stray bits), as sealnode decodes it."""
+    if not isinstance(text, str):
+        raise Malformed("not a base64 string")
+    raw = base64.b64decode(text, validate=True)
+    if base64.b64encode(raw).decode() != text:
+        raise binascii.Error("not canonical base64")
+    return raw
+
+
+# The statement's shape (urn:sealnode:seal:v1): exactly these members, as sealnode's parser
+# refuses unknown and missing ones ("tpm.note" is optional).
+SHAPE = {
+    "": {"_type", "subject", "predicateType", "predicate"},
+    "predicate": {"generation", "nonce", "issued_at", "started_at", "boot_id", "host", "roles", "preflight", "limits", "tpm"},
+    "host": {"kernel_release", "landlock_abi", "userns_mode", "sealnode_version"},
+    "role": {"program", "layers", "seccomp_instructions", "refused_syscalls_logged", "rlimits", "devices", "restarts", "restarts_since_preflight"},
+    "preflight": {"passed", "report_sha256", "roles"},
+    "preflight_role": {"attempts", "refused", "succeeded", "refused_by"},
+    "limits": {"cgroup", "files"},
+    "subject": {"name", "digest"},
+}
+
+
+def shape(obj, kind, optional=()):
+    if not isinstance(obj, dict) or not (SHAPE[kind] <= set(obj) <= SHAPE[kind] | set(optional)):
+        raise Malformed(f"{kind or 'statement'}: members {sorted(obj) if isinstance(obj, dict) else type(obj).__name__}")
+
+
+def check_shape(st):
+    shape(st, "")
+    p = st["predicate"]
+    shape(p, "predicate")
+    shape(p["host"], "host")
+    for r in p["roles"].values():
+        shape(r, "role")
+    shape(p["preflight"], "preflight")
+    for r in p["preflight"]["roles"].values():
+        shape(r, "preflight_role")
+    for r in p["limits"].values():
+        shape(r, "limits")
+    if not isinstance(p["tpm"], dict) or not ({"present"} <= set(p["tpm"]) <= {"present", "note"}):
+        raise Malformed("tpm: members")
+    if not isinstance(st["subject"], list):
+        raise Malformed("subject: not a list")
+    for s in st["subject"]:
+        shape(s, "subject")
+    if not isinstance(p["generation"], int) or not (p["nonce"] is None or isinstance(p["nonce"], str)):
+        raise Malformed("generation or nonce of the wrong type")
+
+
+def verify(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generation):
     """(exit status, lines saying what was verified or what failed)."""
+    try:
+        return verify_strict(data, key, nonce, expect, min_generation)
+    except (Malformed, KeyError, TypeError, AttributeError, binascii.Error) as e:
+        return 13, [f"not a sealnode attestation: {e}"]
+
+
+def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generation):
     keyid = hashlib.sha256(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).hexdigest()
+    envelope = strict_json(data)
+    if not isinstance(envelope, dict):
+        raise Malformed("not an envelope")
     if envelope.get("payloadType") != PAYLOAD_TYPE:
         return 13, [f"payloadType {envelope.get('payloadType')!r} is not {PAYLOAD_TYPE}"]
-    try:
-        body = base64.b64decode(envelope["payload"], validate=True)
-    except (KeyError, binascii.Error) as e:
-        return 13, [f"payload is not base64: {e}"]
+    body = b64(envelope["payload"])
+    sigs = envelope["signatures"]
+    if not isinstance(sigs, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("keyid"), str) and isinstance(s.get("sig"), str) for s in sigs
+    ):
+        raise Malformed("signatures: each needs a keyid and a sig")
     good = False
-    for s in envelope.get("signatures", []):
-        if s.get("keyid") != keyid:
+    for s in sigs:
+        if s["keyid"] != keyid:
             continue
         try:
-            key.verify(base64.b64decode(s["sig"], validate=True), pae(PAYLOAD_TYPE, body))
+            key.verify(b64(s["sig"]), pae(PAYLOAD_TYPE, body))
             good = True
-        except (InvalidSignature, KeyError, binascii.Error):
+        except (InvalidSignature, binascii.Error, ValueError):
             pass
     if not good:
         return 10, [f"no valid signature by key {keyid}"]
-    try:
-        st = json.loads(body)
-        p = st["predicate"]
-    except (ValueError, KeyError, TypeError) as e:
-        return 13, [f"the payload is not a statement: {e}"]
+    st = strict_json(body)
+    check_shape(st)
+    names = [s["name"] for s in st["subject"]]
+    if len(set(names)) != len(names):
+        raise Malformed("a subject is listed twice")
+    p = st["predicate"]
     if st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != PREDICATE_TYPE:
         return 13, [f"_type {st.get('_type')!r} / predicateType {st.get('predicateType')!r}"]
     said = [f"signature: ed25519 key {keyid}"]
@@ -104,13 +189,9 @@ def main():
     if not isinstance(key, Ed25519PublicKey):
         sys.exit(f"{a.pubkey}: not an ed25519 public key")
     with open(a.envelope, "rb") as f:
-        try:
-            envelope = json.load(f)
-        except ValueError as e:
-            print(f"{a.envelope}: NOT verified\n  not JSON: {e}")
-            sys.exit(13)
+        data = f.read()
     expect = [tuple(e.split("=", 1)) for e in a.expect]
-    code, lines = verify(envelope, key, a.nonce, expect, a.min_generation)
+    code, lines = verify(data, key, a.nonce, expect, a.min_generation)
     print(f"{a.envelope}: {'verified' if code == 0 else 'NOT verified'}")
     for line in lines:
         print(f"  {line}")

@@ -399,6 +399,10 @@ pub fn verify(
     }
     let st: Statement = serde_json::from_slice(&body)
         .map_err(|e| Failure::Malformed(format!("the payload is not a sealnode statement: {e}")))?;
+    let mut names = std::collections::BTreeSet::new();
+    if let Some(dup) = st.subject.iter().find(|s| !names.insert(s.name.as_str())) {
+        return Err(Failure::Malformed(format!("the subject {:?} is listed twice", dup.name)));
+    }
     if st.kind != STATEMENT_TYPE || st.predicate_type != PREDICATE_TYPE {
         return Err(Failure::Malformed(format!(
             "_type {:?} / predicateType {:?}: expected {STATEMENT_TYPE} / {PREDICATE_TYPE}",
@@ -488,10 +492,12 @@ pub fn init(state_dir: &Path, uid: u32, force: bool) -> Result<VerifyingKey> {
     let mut seed = [0u8; 32];
     crate::sys::random_bytes(&mut seed).map_err(|e| Error::errno("getrandom", e))?;
     let key = SigningKey::from_bytes(&seed);
-    seed.fill(0);
-    let pem = key
+    // PKCS#8 v1 (the private key alone): what OpenSSL and Python's cryptography load; v2,
+    // with the public key beside it, they refuse (found by review).
+    let pem = ed25519_dalek::pkcs8::KeypairBytes { secret_key: seed, public_key: None }
         .to_pkcs8_pem(Default::default())
         .map_err(|e| Error::io("encode the private key", std::io::Error::other(e.to_string())))?;
+    zeroize::Zeroize::zeroize(&mut seed);
     crate::receipt::write_atomic_at(&dir, KEY_FILE, pem.as_bytes(), 0o600, &shown)?;
     let vk = key.verifying_key();
     let public = vk
@@ -547,10 +553,11 @@ pub fn load_signing(state_dir: &Path, uid: u32) -> Result<Option<SigningKey>> {
     if nix::sys::stat::fstatat(&dir, KEY_FILE, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_err() {
         return Ok(None);
     }
-    let pem = read_key_file(&dir, KEY_FILE, &shown, uid, true)?;
-    let text = String::from_utf8(pem)
+    // The key's bytes are wiped when dropped (Zeroizing; SigningKey zeroizes itself).
+    let pem = zeroize::Zeroizing::new(read_key_file(&dir, KEY_FILE, &shown, uid, true)?);
+    let text = std::str::from_utf8(&pem)
         .map_err(|_| Error::io(format!("{} is not PEM", shown.display()), std::io::Error::other("not UTF-8")))?;
-    SigningKey::from_pkcs8_pem(&text).map(Some).map_err(|e| {
+    SigningKey::from_pkcs8_pem(text).map(Some).map_err(|e| {
         Error::io(format!("{} is not an ed25519 PKCS#8 key", shown.display()), std::io::Error::other(e.to_string()))
     })
 }

@@ -1283,19 +1283,6 @@ impl Config {
                 trusted.push((format!("{role}.devices_from.cdi"), d.cdi.as_path()));
             }
         }
-        // The state dir holds the attestation key: no role may see it, through any bind.
-        for RolePath { field, path, .. } in Role::ALL.iter().flat_map(|r| self.host_paths(*r)) {
-            if contains(path, &self.cell.state_dir) {
-                return Err(self.err(
-                    "cell.state_dir",
-                    format!(
-                        "{} is inside {} ({field}), which a role sees; the state dir holds the attestation key and must be outside every role's view",
-                        self.cell.state_dir.display(),
-                        path.display()
-                    ),
-                ));
-            }
-        }
         let writable: Vec<RolePath> =
             Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.writable).collect();
         for (field, path) in &trusted {
@@ -1310,6 +1297,32 @@ impl Config {
                         ),
                     ));
                 }
+            }
+        }
+        // The state dir holds the attestation key: no role may see it, through the system view
+        // (found by review: a state dir under /usr/local was readable by a rootless role) ...
+        let real = std::fs::canonicalize(&self.cell.state_dir).unwrap_or_else(|_| self.cell.state_dir.clone());
+        if let Some(s) = SYSTEM_RO.iter().find(|s| self.cell.state_dir.starts_with(s) || real.starts_with(s)) {
+            return Err(self.err(
+                "cell.state_dir",
+                format!(
+                    "{} is under {s}, which every role sees read-only; the state dir holds the attestation key (use /var/lib/sealnode)",
+                    self.cell.state_dir.display()
+                ),
+            ));
+        }
+        // ... or through any of its binds (after the writable dirs, whose message is the more
+        // specific one).
+        for RolePath { field, path, .. } in Role::ALL.iter().flat_map(|r| self.host_paths(*r)) {
+            if contains(path, &self.cell.state_dir) {
+                return Err(self.err(
+                    "cell.state_dir",
+                    format!(
+                        "{} is inside {} ({field}), which a role sees; the state dir holds the attestation key and must be outside every role's view",
+                        self.cell.state_dir.display(),
+                        path.display()
+                    ),
+                ));
             }
         }
         Ok(())

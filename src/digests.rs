@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -62,32 +63,73 @@ fn key(md: &std::fs::Metadata, sha256: String) -> Entry {
     }
 }
 
-/// Every regular file under `dir` (no symlink followed), sorted by path.
-fn walk(dir: &Path, stats: &mut Stats) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| Error::io(format!("list {}", d.display()), e))?;
-        for e in entries {
-            let e = e.map_err(|e| Error::io(format!("list {}", d.display()), e))?;
-            let ft = e.file_type().map_err(|err| Error::io(format!("stat {}", e.path().display()), err))?;
-            if ft.is_dir() {
-                todo.push(e.path());
-            } else if ft.is_file() {
-                out.push(e.path());
-                if out.len() > MAX_FILES {
-                    return Err(Error::io(
-                        format!("{} holds more than {MAX_FILES} files", dir.display()),
-                        std::io::Error::other("not a model dir"),
-                    ));
-                }
-            } else {
-                stats.skipped += 1;
-            }
+/// Deepest directory nesting walked (a model dir is shallow; a loop of bind mounts is not).
+const MAX_DEPTH: usize = 64;
+
+/// Every regular file under `dir`, opened relative to its parent's descriptor with no symlink
+/// followed at any level (found by review: opening by full path, a directory swapped for a
+/// symlink after the listing would have had the supervisor hash any file of the host). Each
+/// comes with its path under `dir`; `visit` is called in no particular order.
+fn walk(
+    dir: &OwnedFd,
+    rel: &Path,
+    depth: usize,
+    stats: &mut Stats,
+    count: &mut usize,
+    visit: &mut dyn FnMut(&Path, std::fs::File, &mut Stats) -> Result<()>,
+) -> Result<()> {
+    use nix::fcntl::{openat, OFlag};
+    if depth > MAX_DEPTH {
+        return Err(Error::io(
+            format!("{}: nested more than {MAX_DEPTH} deep", rel.display()),
+            std::io::Error::other("not a model dir"),
+        ));
+    }
+    let listing = nix::dir::Dir::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| Error::errno(format!("list {}", rel.display()), e))?;
+    let mut names = Vec::new();
+    for e in listing {
+        let e = e.map_err(|e| Error::errno(format!("list {}", rel.display()), e))?;
+        let name = e.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(std::ffi::OsStr::from_bytes(name).to_os_string());
         }
     }
-    out.sort();
-    Ok(out)
+    for name in names {
+        let here = rel.join(&name);
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let fd = match openat(dir, name.as_os_str(), flags, nix::sys::stat::Mode::empty()) {
+            Ok(fd) => fd,
+            // A symlink (O_NOFOLLOW): left out, as everything but files and dirs is.
+            Err(nix::errno::Errno::ELOOP) => {
+                stats.skipped += 1;
+                continue;
+            }
+            Err(e) => return Err(Error::errno(format!("open {}", here.display()), e)),
+        };
+        let f = std::fs::File::from(fd);
+        let md = f.metadata().map_err(|e| Error::io(format!("stat {}", here.display()), e))?;
+        if md.is_dir() {
+            walk(&OwnedFd::from(f), &here, depth + 1, stats, count, visit)?;
+        } else if md.is_file() {
+            *count += 1;
+            if *count > MAX_FILES {
+                return Err(Error::io(
+                    format!("more than {MAX_FILES} files"),
+                    std::io::Error::other("not a model dir"),
+                ));
+            }
+            visit(&here, f, stats)?;
+        } else {
+            stats.skipped += 1;
+        }
+    }
+    Ok(())
 }
 
 /// Hash an open file, looking at `stop` every [`STOP_EVERY`] bytes.
@@ -125,22 +167,19 @@ pub fn models(
     let old: Cache = read_cache(state).unwrap_or_default();
     let mut new = Cache { version: CACHE_VERSION, files: BTreeMap::new() };
     let mut out = Vec::new();
-    for path in walk(dir, &mut stats)? {
-        let mut f = nix::fcntl::open(
-            &path,
-            nix::fcntl::OFlag::O_RDONLY
-                | nix::fcntl::OFlag::O_NOFOLLOW
-                | nix::fcntl::OFlag::O_CLOEXEC
-                | nix::fcntl::OFlag::O_NONBLOCK,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map(std::fs::File::from)
-        .map_err(|e| Error::errno(format!("open {}", path.display()), e))?;
+    let root = nix::fcntl::open(
+        dir,
+        nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
+    let mut count = 0;
+    walk(&root, Path::new(""), 0, &mut stats, &mut count, &mut |rel, mut f, stats| {
+        let path = dir.join(rel);
         let md = f.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
-        if !md.is_file() {
-            stats.skipped += 1;
-            continue;
-        }
         let name = path.display().to_string();
         let cached = old.files.get(&name).filter(|e| **e == key(&md, e.sha256.clone())).cloned();
         let entry = match cached {
@@ -156,10 +195,11 @@ pub fn models(
             }
         };
         stats.files += 1;
-        let rel = path.strip_prefix(dir).unwrap_or(&path).display().to_string();
-        out.push((format!("model:{rel}"), entry.sha256.clone()));
+        out.push((subject_name(rel), entry.sha256.clone()));
         new.files.insert(name, entry);
-    }
+        Ok(())
+    })?;
+    out.sort();
     if stats.hashed > 0 || new.files.len() != old.files.len() {
         let mut bytes =
             serde_json::to_vec_pretty(&new).map_err(|e| Error::io("model digests", std::io::Error::other(e)))?;
@@ -167,6 +207,16 @@ pub fn models(
         crate::receipt::write_atomic_at(state, CACHE_FILE, &bytes, 0o640, &shown.join(CACHE_FILE))?;
     }
     Ok((out, stats))
+}
+
+/// A model file's subject name: `model:` and its path under the model dir. A path that is not
+/// UTF-8 is named by its bytes in hex instead (`model-hex:...`): a lossy conversion could give
+/// two files one name (found by review).
+fn subject_name(rel: &Path) -> String {
+    match rel.to_str() {
+        Some(s) => format!("model:{s}"),
+        None => format!("model-hex:{}", hex::encode(rel.as_os_str().as_bytes())),
+    }
 }
 
 fn read_cache(state: &OwnedFd) -> Option<Cache> {
@@ -196,6 +246,7 @@ mod tests {
         std::fs::write(models.join("a.gguf"), b"hello").expect("write");
         std::fs::write(models.join("sub/b.bin"), b"world").expect("write");
         std::os::unix::fs::symlink("/etc/passwd", models.join("link")).expect("symlink");
+        std::os::unix::fs::symlink("/etc", models.join("dirlink")).expect("symlink");
         let state_path = t.path().join("state");
         std::fs::create_dir(&state_path).expect("mkdir");
         let state: OwnedFd = std::fs::File::open(&state_path).expect("open").into();
@@ -203,7 +254,7 @@ mod tests {
         let (d, s) = models_of(&models, &state, &state_path, &never);
         assert_eq!(d[0], ("model:a.gguf".into(), hex::encode(Sha256::digest(b"hello"))));
         assert_eq!(d[1].0, "model:sub/b.bin");
-        assert_eq!((s.files, s.hashed, s.cached, s.skipped), (2, 2, 0, 1));
+        assert_eq!((s.files, s.hashed, s.cached, s.skipped), (2, 2, 0, 2));
         let (_, s) = models_of(&models, &state, &state_path, &never);
         assert_eq!((s.hashed, s.cached), (0, 2), "the second pass reads nothing");
         // Same size, content changed, mtime set back: ctime still tells.
@@ -224,6 +275,14 @@ mod tests {
         let (d, s) = models_of(&models, &state, &state_path, &never);
         assert_eq!((s.hashed, s.cached), (1, 1));
         assert_eq!(d[0].1, hex::encode(Sha256::digest(b"HELLO")));
+        // Two names a lossy conversion would make one: two subjects.
+        use std::os::unix::ffi::OsStrExt;
+        std::fs::write(models.join(std::ffi::OsStr::from_bytes(b"m\xff.gguf")), b"1").expect("write");
+        std::fs::write(models.join("m\u{fffd}.gguf"), b"2").expect("write");
+        let (d, _) = models_of(&models, &state, &state_path, &never);
+        let names: std::collections::BTreeSet<&str> = d.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names.len(), d.len(), "{d:?}");
+        assert!(names.contains("model-hex:6dff2e67677566"), "{d:?}");
     }
 
     fn models_of(m: &Path, s: &OwnedFd, p: &Path, stop: &dyn Fn() -> bool) -> (Vec<(String, String)>, Stats) {

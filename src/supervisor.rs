@@ -160,8 +160,10 @@ pub struct Supervisor {
     refusals: [Option<crate::denylog::DenyLog>; 2],
     /// Refusals of each role's earlier runs, per syscall name.
     refused_before: [std::collections::BTreeMap<String, u64>; 2],
-    /// The attestation key (`sealnode attest init`), read once at start; None: no statements.
-    attest_key: Option<ed25519_dalek::SigningKey>,
+    /// The attestation key's public half, checked at start (`sealnode attest init`); None: no
+    /// statements. The private key is read for each signature and wiped right after: it is
+    /// never in the memory the role children are forked from (found by review).
+    attest_key: Option<ed25519_dalek::VerifyingKey>,
     /// The engine's model files as `(model:<path>, sha256)`, hashed (cached) at its last gate.
     models: Vec<(String, String)>,
 }
@@ -232,9 +234,10 @@ impl Supervisor {
         // A key file that is there but not safe (readable by others, foreign owner) refuses
         // the start: statements signed with a key others could read prove nothing.
         let attest_key = crate::attest::load_signing(&cfg.cell.state_dir, inv.uid)
-            .map_err(|e| Error::config(&cfg.file, "cell.state_dir", format!("attestation key: {e}")))?;
+            .map_err(|e| Error::config(&cfg.file, "cell.state_dir", format!("attestation key: {e}")))?
+            .map(|k| k.verifying_key());
         match &attest_key {
-            Some(k) => tracing::info!(key = %crate::attest::keyid(&k.verifying_key()), "attestation key loaded"),
+            Some(k) => tracing::info!(key = %crate::attest::keyid(k), "attestation key checked"),
             None => tracing::info!("no attestation key (sealnode attest init makes one): no signed statements"),
         }
         if let Some(t) = &cgroups {
@@ -505,10 +508,13 @@ impl Supervisor {
                         tracing::info!(what, "model digests abandoned: a stop was requested");
                         return Err(exit::OK);
                     }
+                    // Statements then list no model file (a verifier expecting one fails), and the
+                    // cell runs on: with models_writable the engine could otherwise stop it at
+                    // will (found by review: a mode-000 file, too many files).
                     Err(e) => {
-                        tracing::error!(error = %e, "cannot hash the model files");
-                        crate::log::say(&format!("cannot hash the model files: {e}"));
-                        return Err(exit::FAILED);
+                        tracing::error!(error = %e, "cannot hash the model files: statements list none");
+                        crate::log::say(&format!("cannot hash the model files (statements list none): {e}"));
+                        self.models.clear();
                     }
                 }
             }
@@ -638,11 +644,19 @@ impl Supervisor {
 
     /// A signed statement over the current generation (docs/attestation.md).
     fn statement(&self, nonce: Option<String>) -> std::result::Result<crate::attest::Envelope, String> {
-        let Some(key) = &self.attest_key else {
+        let Some(public) = &self.attest_key else {
             return Err(format!(
                 "no attestation key: run `sealnode attest init --config {}` and restart",
                 self.cfg.file.display()
             ));
+        };
+        let key = match crate::attest::load_signing(&self.cfg.cell.state_dir, self.inv.uid) {
+            Ok(Some(k)) if k.verifying_key() == *public => k,
+            Ok(Some(_)) => {
+                return Err("the attestation key changed since the start: restart sealnode run to sign with it".into())
+            }
+            Ok(None) => return Err("the attestation key is gone since the start".into()),
+            Err(e) => return Err(format!("attestation key: {e}")),
         };
         let Some(receipt) = &self.receipt else { return Err("no generation yet: the cell has not started".into()) };
         let restarts = self.slots.iter().map(|s| (s.role.name().to_string(), s.restarts)).collect();
@@ -654,7 +668,7 @@ impl Supervisor {
             models: &self.models,
             restarts,
         });
-        Ok(crate::attest::sign(key, &st))
+        Ok(crate::attest::sign(&key, &st))
     }
 
     /// After a gate: the generation's statement (no nonce) to the state dir and into the node's

@@ -548,15 +548,17 @@ pub fn set_loginuid_if_unset(uid: u32) -> Result<(), Errno> {
         nix::sys::stat::Mode::empty(),
     ) {
         Ok(fd) => fd,
-        Err(Errno::ENOENT) => return Ok(()),
+        Err(Errno::ENOENT) | Err(Errno::EROFS) => return Ok(()),
         Err(e) => return Err(e),
     };
     let current = std::fs::read_to_string("/proc/self/loginuid").unwrap_or_default();
     if current.trim() != "4294967295" {
         return Ok(());
     }
+    // EPERM: already set (by the kernel's rules, for the role too). EROFS: /proc is read-only
+    // here (the canary's columns without a private /proc), for the role as well.
     match write_all(fd.as_raw_fd(), uid.to_string().as_bytes()) {
-        Ok(()) | Err(Errno::EPERM) => Ok(()),
+        Ok(()) | Err(Errno::EPERM) | Err(Errno::EROFS) => Ok(()),
         Err(e) => Err(e),
     }
 }

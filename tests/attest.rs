@@ -164,6 +164,17 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         assert_eq!(std::fs::metadata(f.p("state/attest")).expect("dir").permissions().mode() & 0o777, 0o700, "{ctx}");
         let (code, _, err) = out(&f, &["attest", "init", "--config", &cfg]);
         assert_eq!(code, 1, "{ctx}: a second init must keep the key: {err}");
+        // PKCS#8 that other tools load (found by review: v2 was refused by OpenSSL and Python).
+        if let Ok(venv) = std::env::var("SEALNODE_TEST_VENV") {
+            let o = std::process::Command::new(format!("{venv}/bin/python"))
+                .args([
+                    "-c",
+                    "import sys; from cryptography.hazmat.primitives.serialization import load_pem_private_key as l; l(open(sys.argv[1],'rb').read(), None)",
+                ])
+                .arg(&key_file)
+                .output_within(COMMAND_LIMIT);
+            assert!(o.status.success(), "{ctx}: {}", String::from_utf8_lossy(&o.stderr));
+        }
         let (code, pem, _) = out(&f, &["attest", "pubkey", "--config", &cfg]);
         assert_eq!(code, 0);
         assert!(init_out.contains(pem.lines().last().expect("fingerprint")), "{ctx}: init and pubkey disagree");
@@ -262,6 +273,48 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         let junk = f.p("junk.json");
         std::fs::write(&junk, "{\"payloadType\":\"text/plain\",\"payload\":\"\",\"signatures\":[]}").expect("write");
         verify_both(&f, &junk, &key_pem, &["--nonce", nonce], 13, &ctx);
+        // Inputs the two verifiers once read differently (found by review): each the same
+        // status in both.
+        let weird = f.p("weird.json");
+        let mut bom = vec![0xef, 0xbb, 0xbf];
+        bom.extend_from_slice(env1.as_bytes());
+        let utf16: Vec<u8> = env1.encode_utf16().flat_map(|u| u.to_le_bytes()).collect();
+        let dup_payload = env1.replacen("\"payload\"", "\"payload\": \"e30=\", \"payload\"", 1);
+        let mut extra_sig: serde_json::Value = serde_json::from_str(&env1).expect("json");
+        extra_sig["signatures"].as_array_mut().expect("sigs").push(serde_json::json!({ "keyid": 7 }));
+        let mut odd_b64: serde_json::Value = serde_json::from_str(&env1).expect("json");
+        let sig = odd_b64["signatures"][0]["sig"].as_str().expect("sig").to_string();
+        // The last character before the padding carries unused bits: set one (non-canonical).
+        let pos = sig.trim_end_matches('=').len() - 1;
+        let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let v = alphabet.find(&sig[pos..=pos]).expect("b64 char");
+        let mut s2 = sig.clone();
+        s2.replace_range(pos..=pos, &alphabet[(v | 1)..=(v | 1)]);
+        odd_b64["signatures"][0]["sig"] = if s2 == sig { format!("{sig} ").into() } else { s2.into() };
+        for (bytes, want) in [
+            (bom, 13),
+            (utf16, 13),
+            (dup_payload.into_bytes(), 13),
+            (extra_sig.to_string().into_bytes(), 13),
+            (odd_b64.to_string().into_bytes(), 10),
+        ] {
+            std::fs::write(&weird, &bytes).expect("write");
+            verify_both(&f, &weird, &key_pem, &["--nonce", nonce], want, &ctx);
+        }
+        // A statement with one subject name twice, signed with the node's own key: refused by
+        // both, whichever entry each would have read.
+        let key = sealnode::attest::load_signing(&f.p("state"), if mode == Mode::Rootful { 0 } else { NOBODY })
+            .expect("key")
+            .expect("a key");
+        let mut forged: sealnode::attest::Statement = serde_json::from_value(statement(&env1)).expect("statement");
+        let first = forged.subject[0].clone();
+        forged.subject.push(sealnode::attest::Subject {
+            name: first.name.clone(),
+            digest: [("sha256".to_string(), "0".repeat(64))].into(),
+        });
+        std::fs::write(&weird, serde_json::to_vec(&sealnode::attest::sign(&key, &forged)).expect("json"))
+            .expect("write");
+        verify_both(&f, &weird, &key_pem, &["--nonce", nonce], 13, &ctx);
         // The key is in neither role's view.
         let key_s = key_file.display().to_string();
         for role in ["engine", "node"] {
@@ -312,4 +365,26 @@ fn a_key_readable_by_others_refuses_the_start() {
     let (code, _, err) = out(&f, &["run", "--config", &cfg]);
     assert_eq!(code, 125, "{err}");
     assert!(err.contains("attestation key") && err.contains("readable or writable by others"), "{err}");
+}
+
+/// The state dir holds the key: one in the system view every role sees is refused (found by
+/// review: under /usr/local a rootless role could read the key).
+#[test]
+fn a_state_dir_in_the_system_view_is_refused() {
+    let Some(&mode) = modes().first() else { return };
+    let f = Fixture::new(mode, "attest-usr");
+    let text = std::fs::read_to_string(&f.config).expect("config");
+    let state = f.p("state").display().to_string();
+    std::fs::write(
+        &f.config,
+        text.replace(&format!("state_dir = \"{state}\""), "state_dir = \"/usr/local/sealnode-state\""),
+    )
+    .expect("write");
+    let cfg = f.config.display().to_string();
+    let (code, stdout, err) = out(&f, &["check", "--config", &cfg]);
+    assert_eq!(code, 125, "{stdout}{err}");
+    assert!(
+        format!("{stdout}{err}").contains("cell.state_dir: /usr/local/sealnode-state is under /usr"),
+        "{stdout}{err}"
+    );
 }
