@@ -144,7 +144,7 @@ enum Command {
         #[arg(long, required_unless_present = "no_nonce", conflicts_with = "no_nonce")]
         nonce: Option<String>,
         /// Accept only the statement written at start, which answers no nonce (the one the node
-        /// reads at /run/sealnode/attestation.json): not fresh, so use --min-generation.
+        /// reads at /run/sealnode/attest/statement.json): not fresh, so use --min-generation.
         #[arg(long)]
         no_nonce: bool,
         /// A subject and the digest it must have, e.g. engine.program=SHA256 or

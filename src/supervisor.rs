@@ -164,6 +164,8 @@ pub struct Supervisor {
     /// statements. The private key is read for each signature and wiped right after: it is
     /// never in the memory the role children are forked from (found by review).
     attest_key: Option<ed25519_dalek::VerifyingKey>,
+    /// The runtime dir's `attest/`, which the node sees read-only: the statement of each gate.
+    attest_dir: OwnedFd,
     /// The engine's model files as `(model:<path>, sha256)`, hashed (cached) at its last gate.
     models: Vec<(String, String)>,
 }
@@ -276,6 +278,16 @@ impl Supervisor {
         let watchdog =
             sd_notify::watchdog_enabled(false, &mut usec).then(|| (Duration::from_micros(usec / 2), Instant::now()));
         let control = open_control(&cfg, &runtime_dir)?;
+        // The node's view of the statements (config::INSIDE_ATTESTATION_DIR), made before any
+        // plan and emptied of an earlier run's statement: a node never reads a stale one.
+        let attest_dir =
+            crate::trusted::own_dir(&cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR), inv.uid, 0o755)
+                .map_err(|e| Error::config(&cfg.file, "cell.runtime_dir", e))?;
+        match nix::unistd::unlinkat(&attest_dir, crate::config::STATEMENT_FILE, nix::unistd::UnlinkatFlags::NoRemoveDir)
+        {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(Error::errno("remove the previous run's statement", e)),
+        }
         epoll
             .add(control.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_CONTROL))
             .map_err(|e| Error::errno("epoll_ctl (control)", e))?;
@@ -330,6 +342,7 @@ impl Supervisor {
             refusals: [None, None],
             refused_before: [Default::default(), Default::default()],
             attest_key,
+            attest_dir,
             models: Vec::new(),
         })
     }
@@ -671,22 +684,19 @@ impl Supervisor {
         Ok(crate::attest::sign(&key, &st))
     }
 
-    /// After a gate: the generation's statement (no nonce) to the state dir and into the node's
-    /// next start, at attest::INSIDE_NODE. Without a key the node's file stays empty.
+    /// After a gate (a start of either role): the generation's statement (no nonce) replaces
+    /// the one in the runtime dir's `attest/`, which the running node sees at once
+    /// (attest::INSIDE_NODE). Without a key there is none.
     fn publish_statement(&mut self) -> std::result::Result<(), i32> {
         let Ok(env) = self.statement(None) else { return Ok(()) };
         let mut bytes = serde_json::to_vec(&env).unwrap_or_default();
         bytes.push(b'\n');
-        let shown = self.cfg.cell.state_dir.join(crate::attest::LATEST_FILE);
-        if let Err(e) =
-            crate::receipt::write_atomic_at(&self.state_dir, crate::attest::LATEST_FILE, &bytes, 0o644, &shown)
-        {
+        let file = crate::config::STATEMENT_FILE;
+        let shown = self.cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR).join(file);
+        if let Err(e) = crate::receipt::write_atomic_at(&self.attest_dir, file, &bytes, 0o644, &shown) {
             tracing::error!(error = %e, "cannot write the statement");
             crate::log::say(&format!("{e}"));
             return Err(exit::FAILED);
-        }
-        if let Some(plan) = self.prepared[Role::Node as usize].as_mut() {
-            plan.set_file(crate::attest::INSIDE_NODE, bytes);
         }
         Ok(())
     }

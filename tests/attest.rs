@@ -144,10 +144,13 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         f.node_cmd = format!(
             "[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]",
             serde_json::to_string(
-                "echo start-statement; cat /run/sealnode/attestation.json; echo; echo statement-end; exec sleep 1000"
+                "echo start-statement; F=/run/sealnode/attest/statement.json; old=; \
+                 while :; do if [ -s $F ]; then new=$(/usr/bin/busybox md5sum < $F); \
+                 if [ \"$new\" != \"$old\" ]; then cat $F; echo; echo statement-end; old=$new; fi; fi; sleep 0.2; done"
             )
             .expect("json")
         );
+        f.engine_extra = "restart = \"on-failure\"".into();
         f.cell_extra = "stop_timeout_s = 1".into();
         f.write_config();
         let cfg = f.config.display().to_string();
@@ -321,19 +324,35 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
             let r = f.probe(role, &["--read", &key_s, "--read", &f.p("state/attest").display().to_string()]);
             refused(&r, &format!("read:{key_s}"), &[libc::ENOENT]);
         }
+        // An engine-only restart: a new generation, and the running node reads its statement
+        // (found by review: the node kept its own start's).
+        let (_, status, _) = out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&status).expect("status");
+        let engine_pid = v["roles"].as_array().expect("roles").iter().find(|r| r["role"] == "engine").expect("engine")
+            ["pid"]
+            .as_i64()
+            .expect("pid");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine_pid as i32), nix::sys::signal::Signal::SIGKILL)
+            .expect("kill");
+        let newer = run.line(60, |l| {
+            l.contains("payloadType") && statement(l)["predicate"]["generation"].as_u64().is_some_and(|g| g > g1)
+        });
+        let g_engine = statement(&newer)["predicate"]["generation"].as_u64().expect("generation");
+        let (_, env_now, _) = out(&f, &["attest", "--nonce", nonce, "--config", &cfg]);
+        assert_eq!(statement(&env_now)["predicate"]["generation"].as_u64(), Some(g_engine), "{ctx}");
         // A restart (SIGHUP restarts both roles): a new generation in the next statement, and
         // the older one is refused by a verifier that has seen the new one.
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.child.id() as i32), nix::sys::signal::Signal::SIGHUP)
             .expect("SIGHUP");
         let nonce2 = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
-        let mut g2 = g1;
+        let mut g2 = g_engine;
         let moved = wait_until(Duration::from_secs(60), || {
             let (code, e, _) = out(&f, &["attest", "--nonce", nonce2, "--config", &cfg]);
             if code == 0 {
                 g2 = statement(&e)["predicate"]["generation"].as_u64().unwrap_or(g1);
                 std::fs::write(f.p("a2.json"), &e).expect("write");
             }
-            g2 > g1
+            g2 > g_engine
         });
         assert!(moved, "{ctx}: no new generation after SIGHUP: {}", run.err.lock().expect("lock"));
         let min = g2.to_string();

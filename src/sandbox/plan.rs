@@ -195,21 +195,6 @@ pub struct Stdio {
 }
 
 impl Plan {
-    /// Set the contents of a generated file of the plan (by its path inside the sandbox);
-    /// false if the plan has no such file.
-    pub fn set_file(&mut self, inside: &str, bytes: Vec<u8>) -> bool {
-        let Ok(want) = under_root(Path::new(inside)) else { return false };
-        for m in &mut self.mounts {
-            if let Mount::File { dst, contents } = m {
-                if *dst == want {
-                    *contents = bytes;
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
     /// Put the plan's stdio (if any) on fds 0 and 1 (in the child, before fds are closed).
     pub fn install_stdio(&self) -> std::result::Result<(), nix::errno::Errno> {
         if let Some(s) = &self.stdio {
@@ -471,16 +456,23 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
     for (field, b) in cfg.binds(role) {
         mounts.push(role_bind(field, &b.src, b.inside(), false, b.exec, PathKind::Any)?);
     }
+    // The node's view of the latest signed statement: `run`'s dir for it, read-only, where the
+    // file is replaced at every start (a dir bind shows each new file). Only once `run` made it.
+    let attest = cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR);
+    if role == Role::Node && std::fs::symlink_metadata(&attest).is_ok_and(|m| m.is_dir()) {
+        mounts.push(role_bind(
+            "cell.runtime_dir (attest/)".into(),
+            &attest,
+            Path::new(crate::config::INSIDE_ATTESTATION_DIR),
+            false,
+            false,
+            PathKind::Dir,
+        )?);
+    }
     mounts.extend(dev_and_tmp(r, &cfg.devices(role))?);
     mounts.extend(proc_mounts()?);
     for (p, contents) in generated_etc(cfg, role, ids) {
         mounts.push(Mount::File { dst: under_root(Path::new(p))?, contents: contents.into_bytes() });
-    }
-    // The node's copy of the latest signed statement, read-only (the root is frozen after
-    // it): empty here, filled in by `run` once the generation's statement is signed.
-    if role == Role::Node {
-        mounts
-            .push(Mount::File { dst: under_root(Path::new(crate::config::INSIDE_ATTESTATION))?, contents: Vec::new() });
     }
     Ok(mounts)
 }
