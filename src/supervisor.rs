@@ -499,38 +499,9 @@ impl Supervisor {
             crate::log::say("refusing to start: the sandbox does not hold (see above)");
             return Err(exit::PREFLIGHT_FAILED);
         }
-        // The engine's model files, for the statements' subjects (cached: a stat per file
-        // unless one changed), only where statements are signed.
-        if self.attest_key.is_some() && roles.contains(&Role::Engine) {
-            if let Some(dir) = self.cfg.engine.models.clone() {
-                let t = Instant::now();
-                match crate::digests::models(&dir, &self.state_dir, &self.cfg.cell.state_dir, &stop_pending) {
-                    Ok((d, st)) => {
-                        tracing::info!(
-                            files = st.files,
-                            hashed = st.hashed,
-                            hashed_bytes = st.hashed_bytes,
-                            cached = st.cached,
-                            skipped = st.skipped,
-                            ms = t.elapsed().as_millis() as u64,
-                            "model digests"
-                        );
-                        self.models = d;
-                    }
-                    Err(Error::Stopped { what }) => {
-                        tracing::info!(what, "model digests abandoned: a stop was requested");
-                        return Err(exit::OK);
-                    }
-                    // Statements then list no model file (a verifier expecting one fails), and the
-                    // cell runs on: with models_writable the engine could otherwise stop it at
-                    // will (found by review: a mode-000 file, too many files).
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot hash the model files: statements list none");
-                        crate::log::say(&format!("cannot hash the model files (statements list none): {e}"));
-                        self.models.clear();
-                    }
-                }
-            }
+        // The engine's model files, for the statements' subjects, before the receipt.
+        if roles.contains(&Role::Engine) {
+            self.hash_models()?;
         }
         // Each role's latest result: the fresh ones replace theirs, the others stay.
         let mut report = self.report.take().unwrap_or_else(|| fresh.clone());
@@ -653,6 +624,40 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// The engine's model files as the statements' subjects (cached: a stat per file unless one
+    /// changed), only where statements are signed. A stop abandons it; a file that cannot be
+    /// hashed leaves the statements without model subjects (a verifier expecting one fails) and
+    /// the cell running: with models_writable the engine could otherwise stop it at will
+    /// (found by review: a mode-000 file, too many files).
+    fn hash_models(&mut self) -> std::result::Result<(), i32> {
+        let (true, Some(dir)) = (self.attest_key.is_some(), self.cfg.engine.models.clone()) else { return Ok(()) };
+        let t = Instant::now();
+        match crate::digests::models(&dir, &self.state_dir, &self.cfg.cell.state_dir, &stop_pending) {
+            Ok((d, st)) => {
+                tracing::info!(
+                    files = st.files,
+                    hashed = st.hashed,
+                    hashed_bytes = st.hashed_bytes,
+                    cached = st.cached,
+                    skipped = st.skipped,
+                    ms = t.elapsed().as_millis() as u64,
+                    "model digests"
+                );
+                self.models = d;
+            }
+            Err(Error::Stopped { what }) => {
+                tracing::info!(what, "model digests abandoned: a stop was requested");
+                return Err(exit::OK);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot hash the model files: statements list none");
+                crate::log::say(&format!("cannot hash the model files (statements list none): {e}"));
+                self.models.clear();
+            }
+        }
+        Ok(())
     }
 
     /// A signed statement over the current generation (docs/attestation.md).
