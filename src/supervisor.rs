@@ -632,7 +632,7 @@ impl Supervisor {
     /// the cell running: with models_writable the engine could otherwise stop it at will
     /// (found by review: a mode-000 file, too many files).
     fn hash_models(&mut self) -> std::result::Result<(), i32> {
-        let (true, Some(dir)) = (self.attest_key.is_some(), self.cfg.engine.models.clone()) else { return Ok(()) };
+        let Some(dir) = self.cfg.engine.models.clone().filter(|_| self.attest_key.is_some()) else { return Ok(()) };
         let t = Instant::now();
         match crate::digests::models(&dir, &self.state_dir, &self.cfg.cell.state_dir, &stop_pending) {
             Ok((d, st)) => {
