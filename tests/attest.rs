@@ -3,72 +3,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use common::*;
 use sha2::Digest;
-
-struct Running {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    err: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Running {
-    fn line(&self, secs: u64, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(l) if pred(&l) => return l,
-                Ok(_) => continue,
-                Err(_) => panic!("no matching line within {secs}s; stderr:\n{}", self.err.lock().expect("lock")),
-            }
-        }
-    }
-}
-
-fn start(f: &Fixture) -> Running {
-    let cfg = f.config.display().to_string();
-    let mut child = f
-        .command(&["run", "--config", &cfg])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn run");
-    let out = child.stdout.take().expect("stdout");
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(untag(&l));
-        }
-    });
-    let err = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let (mut e, e2) = (child.stderr.take().expect("stderr"), err.clone());
-    std::thread::spawn(move || {
-        let mut b = [0u8; 4096];
-        while let Ok(n) = e.read(&mut b) {
-            if n == 0 {
-                break;
-            }
-            e2.lock().expect("lock").push_str(&String::from_utf8_lossy(&b[..n]));
-        }
-    });
-    Running { child, lines, err }
-}
 
 fn out(f: &Fixture, args: &[&str]) -> (i32, String, String) {
     let o = f.command(args).output_within(COMMAND_LIMIT);
@@ -186,10 +125,10 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         let key_pem = f.p("pubkey.pem");
         std::fs::write(&key_pem, pem_only).expect("write");
 
-        let run = start(&f);
-        run.line(60, |l| l == "start-statement");
-        let at_start = run.line(30, |l| l.contains("payloadType"));
-        run.line(30, |l| l == "statement-end");
+        let (run, lines) = f.start_run_with_output();
+        next_line(&lines, 60, |l| l == "start-statement");
+        let at_start = next_line(&lines, 30, |l| l.contains("payloadType"));
+        next_line(&lines, 30, |l| l == "statement-end");
         // The statement the node reads, written at its start: verifies with --no-nonce only.
         let start_file = f.p("start.json");
         std::fs::write(&start_file, &at_start).expect("write");
@@ -334,7 +273,7 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
             .expect("pid");
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine_pid as i32), nix::sys::signal::Signal::SIGKILL)
             .expect("kill");
-        let newer = run.line(60, |l| {
+        let newer = next_line(&lines, 60, |l| {
             l.contains("payloadType") && statement(l)["predicate"]["generation"].as_u64().is_some_and(|g| g > g1)
         });
         let g_engine = statement(&newer)["predicate"]["generation"].as_u64().expect("generation");
@@ -342,8 +281,7 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         assert_eq!(statement(&env_now)["predicate"]["generation"].as_u64(), Some(g_engine), "{ctx}");
         // A restart (SIGHUP restarts both roles): a new generation in the next statement, and
         // the older one is refused by a verifier that has seen the new one.
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.child.id() as i32), nix::sys::signal::Signal::SIGHUP)
-            .expect("SIGHUP");
+        nix::sys::signal::kill(run.pid(), nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
         let nonce2 = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
         let mut g2 = g_engine;
         let moved = wait_until(Duration::from_secs(60), || {
@@ -354,20 +292,15 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
             }
             g2 > g_engine
         });
-        assert!(moved, "{ctx}: no new generation after SIGHUP: {}", run.err.lock().expect("lock"));
+        assert!(moved, "{ctx}: no new generation after SIGHUP");
         let min = g2.to_string();
         verify_both(&f, &f.p("a2.json"), &key_pem, &["--nonce", nonce2, "--min-generation", &min], 0, &ctx);
         verify_both(&f, &f1, &key_pem, &["--nonce", nonce, "--min-generation", &min], 12, &ctx);
         // A bad nonce never reaches the supervisor.
         let (code, _, err) = out(&f, &["attest", "--nonce", "xyz", "--config", &cfg]);
         assert_eq!(code, 2, "{ctx}: {err}");
-        let mut run = run;
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(run.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let st = wait_within(&mut run.child, Duration::from_secs(30), "sealnode run");
-        assert_eq!(st.code(), Some(0), "{ctx}: {}", run.err.lock().expect("lock"));
+        let (st, err) = run.stop();
+        assert_eq!(st.code(), Some(0), "{ctx}: {err}");
     }
 }
 

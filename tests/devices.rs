@@ -10,8 +10,26 @@ use std::path::PathBuf;
 
 use common::*;
 
+/// A path the test made on the host (a file, a symlink or a dir tree), removed when dropped.
+struct Removed(PathBuf);
+
+impl Removed {
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        match std::fs::symlink_metadata(&self.0) {
+            Ok(m) if m.is_dir() => drop(std::fs::remove_dir_all(&self.0)),
+            _ => drop(std::fs::remove_file(&self.0)),
+        }
+    }
+}
+
 /// A device node the test makes under /dev, removed when dropped.
-struct TestNode(PathBuf);
+struct TestNode(Removed);
 
 impl TestNode {
     /// `c 1 7` (the kernel's /dev/full), mode 0666: any role user can open it, and the driver
@@ -27,16 +45,10 @@ impl TestNode {
         )
         .expect("mknod the test device");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-        TestNode(p)
+        TestNode(Removed(p))
     }
     fn path(&self) -> String {
-        self.0.display().to_string()
-    }
-}
-
-impl Drop for TestNode {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        self.0.path().display().to_string()
     }
 }
 
@@ -48,7 +60,7 @@ const OTHER_REQUEST: &str = "0x80045200";
 
 /// The "driver's" files, where a driver's files live (CDI mounts must come from /usr, /lib*,
 /// /opt or /var/lib): a dir the test makes under /var/lib, removed when dropped.
-struct DriverDir(PathBuf);
+struct DriverDir(Removed);
 
 impl DriverDir {
     fn new(tag: &str) -> DriverDir {
@@ -61,16 +73,10 @@ impl DriverDir {
         std::fs::write(p.join("lib/libfake.so.1"), "not really a library\n").expect("write");
         std::fs::write(p.join("share/data"), "driver data\n").expect("write");
         std::fs::write(p.join("share/icd.json"), "{}\n").expect("write");
-        DriverDir(p)
+        DriverDir(Removed(p))
     }
     fn path(&self) -> String {
-        self.0.display().to_string()
-    }
-}
-
-impl Drop for DriverDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path().display().to_string()
     }
 }
 
@@ -135,7 +141,7 @@ fn fixture(mode: Mode, name: &str, node: &TestNode) -> (Fixture, (std::os::unix:
     std::fs::create_dir_all(f.p("cdi")).expect("mkdir");
     std::fs::set_permissions(f.p("cdi"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let drv = DriverDir::new(&format!("{name}-{mode:?}"));
-    let sock = std::os::unix::net::UnixListener::bind(drv.0.join("persistenced.sock")).expect("bind the socket");
+    let sock = std::os::unix::net::UnixListener::bind(drv.0.path().join("persistenced.sock")).expect("bind the socket");
     std::fs::write(f.p("cdi/gpu.yaml"), spec(&drv, node)).expect("write the spec");
     std::fs::set_permissions(f.p("cdi/gpu.yaml"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let bin = f.p("bin").display().to_string();
@@ -279,20 +285,10 @@ fn a_started_cell_records_its_cdi_devices_in_the_receipt() {
         f.cell_extra = "stop_timeout_s = 1".into();
         f.write_config();
         let cfg = f.config.display().to_string();
-        let mut child = f
-            .command(&["run", "--config", &cfg])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run");
+        let cell = f.start_run();
         let receipt = f.p("state/receipt.json");
         let started = wait_until(std::time::Duration::from_secs(60), || receipt.exists());
-        let _ =
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
-        let st = wait_within(&mut child, std::time::Duration::from_secs(30), "sealnode run");
-        let mut err = String::new();
-        std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut err).expect("stderr");
+        let (st, err) = cell.stop();
         assert!(started, "{mode:?}: no receipt: {err}");
         assert_eq!(st.code(), Some(0), "{mode:?}: {err}");
         let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&receipt).expect("receipt")).expect("json");
@@ -333,13 +329,7 @@ fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
     let link = PathBuf::from(format!("/dev/sealnode-test-{}-lnk", std::process::id()));
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink("/dev", &link).expect("symlink");
-    struct Unlink(PathBuf);
-    impl Drop for Unlink {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _link = Unlink(link.clone());
+    let _link = Removed(link.clone());
     let via_link = format!("path: {}/fuse", link.display());
     let cases: Vec<(String, Option<&str>, &str)> = vec![
         (

@@ -335,6 +335,24 @@ impl Fixture {
     /// `strace -f`, one trace file per fixture in DIR, for `scripts/policy-usage` to hold the
     /// shipped policies against what the real programs call (docs/policies.md, "Fitting").
     pub fn start_run(&self) -> RunningCell {
+        self.spawn_cell(Stdio::null()).0
+    }
+
+    /// [`Fixture::start_run`], with sealnode's stdout (the roles' lines, untagged) delivered
+    /// line by line ([`next_line`]).
+    pub fn start_run_with_output(&self) -> (RunningCell, std::sync::mpsc::Receiver<String>) {
+        let (cell, out) = self.spawn_cell(Stdio::piped());
+        let out = out.expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+                let _ = tx.send(untag(&l));
+            }
+        });
+        (cell, rx)
+    }
+
+    fn spawn_cell(&self, stdout: Stdio) -> (RunningCell, Option<std::process::ChildStdout>) {
         let cfg = self.config.display().to_string();
         let mut cmd = self.command(&["run", "--config", &cfg]);
         if let Some(dir) = std::env::var_os("SEALNODE_TEST_STRACE").filter(|_| is_root()) {
@@ -349,18 +367,36 @@ impl Fixture {
             traced.current_dir(&self.dir);
             cmd = traced;
         }
-        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run");
+        let mut child = cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::piped()).spawn().expect("run");
         let mut pipe = child.stderr.take().expect("stderr");
         let stderr = std::thread::spawn(move || {
             let mut e = Vec::new();
             let _ = std::io::Read::read_to_end(&mut pipe, &mut e);
             String::from_utf8_lossy(&e).into_owned()
         });
-        RunningCell { child, stderr: Some(stderr) }
+        let out = child.stdout.take();
+        (RunningCell { child, stderr: Some(stderr) }, out)
+    }
+}
+
+/// The next line from `lines` that `pred` accepts, within `secs` (the others are skipped).
+pub fn next_line(lines: &std::sync::mpsc::Receiver<String>, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        match lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(l) if pred(&l) => return l,
+            Ok(_) => continue,
+            Err(_) => panic!("no matching line within {secs}s"),
+        }
     }
 }
 
 impl RunningCell {
+    /// sealnode's pid (to signal it).
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+
     /// Wait for a test gateway to exit; returns its status and stdout. Panics (with sealnode's
     /// stderr) if sealnode exits first, or when `timeout` passes.
     pub fn wait_for_gateway(
