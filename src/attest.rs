@@ -29,9 +29,6 @@ pub const PREDICATE_TYPE: &str = "urn:sealnode:seal:v1";
 pub const KEY_DIR: &str = crate::config::ATTEST_KEY_DIR;
 pub const KEY_FILE: &str = crate::config::ATTEST_KEY_FILE;
 pub const PUB_FILE: &str = "ed25519.pub";
-/// The latest statement, written at every start into the runtime dir's `attest/`, which the
-/// node sees read-only at [`INSIDE_NODE`].
-pub const INSIDE_NODE: &str = crate::config::INSIDE_ATTESTATION;
 /// Nonces: 8 to 64 bytes, given in hex.
 pub const NONCE_MIN: usize = 8;
 pub const NONCE_MAX: usize = 64;

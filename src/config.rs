@@ -25,9 +25,8 @@ pub const INSIDE_SCRATCH: &str = "/scratch";
 pub const INSIDE_CREDENTIAL: &str = "/run/sealnode/credential";
 /// The node's read-only view of the latest signed statement (docs/attestation.md): a dir of the
 /// runtime dir (`attest/`), bound read-only, in which `run` replaces the file at every start of
-/// either role, so the node always reads the current generation's.
+/// either role ([`STATEMENT_FILE`]), so the node always reads the current generation's.
 pub const INSIDE_ATTESTATION_DIR: &str = "/run/sealnode/attest";
-pub const INSIDE_ATTESTATION: &str = "/run/sealnode/attest/statement.json";
 pub const RUNTIME_ATTEST_DIR: &str = "attest";
 pub const STATEMENT_FILE: &str = "statement.json";
 /// The attestation key pair's dir and files in the state dir (never in a role's view).

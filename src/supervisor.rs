@@ -691,7 +691,7 @@ impl Supervisor {
 
     /// After a gate (a start of either role): the generation's statement (no nonce) replaces
     /// the one in the runtime dir's `attest/`, which the running node sees at once
-    /// (attest::INSIDE_NODE). Without a key there is none.
+    /// (config::INSIDE_ATTESTATION_DIR). Without a key there is none.
     fn publish_statement(&mut self) -> std::result::Result<(), i32> {
         let Ok(env) = self.statement(None) else { return Ok(()) };
         let mut bytes = serde_json::to_vec(&env).unwrap_or_default();
