@@ -380,13 +380,37 @@ impl Fixture {
 }
 
 /// The next line from `lines` that `pred` accepts, within `secs` (the others are skipped).
-pub fn next_line(lines: &std::sync::mpsc::Receiver<String>, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+/// The next line matching `pred` within `secs`, or None (sealnode exited, or the time passed).
+pub fn try_next_line(
+    lines: &std::sync::mpsc::Receiver<String>,
+    secs: u64,
+    pred: impl Fn(&str) -> bool,
+) -> Option<String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
         match lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
-            Ok(l) if pred(&l) => return l,
+            Ok(l) if pred(&l) => return Some(l),
             Ok(_) => continue,
-            Err(_) => panic!("no matching line within {secs}s"),
+            Err(_) => return None,
+        }
+    }
+}
+
+pub fn next_line(lines: &std::sync::mpsc::Receiver<String>, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut seen = std::collections::VecDeque::new();
+    loop {
+        match lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(l) if pred(&l) => return l,
+            Ok(l) => {
+                seen.push_back(l);
+                if seen.len() > 40 {
+                    seen.pop_front();
+                }
+            }
+            Err(e) => {
+                panic!("no matching line within {secs}s ({e}); the last lines seen:\n{}", Vec::from(seen).join("\n"))
+            }
         }
     }
 }
