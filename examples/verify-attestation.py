@@ -2,12 +2,13 @@
 """Verify a sealnode attestation with Python's `cryptography` package, as a gateway would.
 
     verify-attestation.py --pubkey KEY.pem (--nonce HEX | --no-nonce) [--expect NAME=SHA256 ...]
-                          [--min-generation N] ENVELOPE.json
+                          [--min-generation N] [--tpm-ak AK.pem] ENVELOPE.json
 
 The envelope is DSSE (payloadType application/vnd.in-toto+json) holding an in-toto Statement
 v1 with predicateType urn:sealnode:seal:v1, signed with ed25519 (docs/attestation.md). The exit
 status is sealnode verify-attestation's: 0 verified, 10 bad signature, 11 wrong or missing
-nonce, 12 an expectation not met, 13 not a sealnode attestation.
+nonce, 12 an expectation not met, 13 not a sealnode attestation, 14 (with --tpm-ak) the TPM
+quote is missing or does not bind the statement.
 """
 
 import argparse
@@ -15,10 +16,14 @@ import base64
 import binascii
 import hashlib
 import json
+import struct
 import sys
 
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -94,7 +99,7 @@ def check_shape(st):
         shape(r, "preflight_role")
     for r in p["limits"].values():
         shape(r, "limits")
-    if not isinstance(p["tpm"], dict) or not ({"present"} <= set(p["tpm"]) <= {"present", "note"}):
+    if not isinstance(p["tpm"], dict) or not ({"present"} <= set(p["tpm"]) <= {"present", "pcr", "ak", "note"}):
         raise Malformed("tpm: members")
     if not isinstance(st["subject"], list):
         raise Malformed("subject: not a list")
@@ -104,15 +109,114 @@ def check_shape(st):
         raise Malformed("generation or nonce of the wrong type")
 
 
-def verify(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generation):
+# The TPM quote (docs/attestation.md, "TPM binding"): PCRs 0-7 and 23 of the sha256 bank.
+PCR = 23
+QUOTED = list(range(8)) + [PCR]
+
+
+class TpmFailure(Exception):
+    pass
+
+
+def tpm2b(buf: bytes, at: int):
+    if at + 2 > len(buf):
+        raise TpmFailure("the quote ends inside a TPM2B")
+    (n,) = struct.unpack_from(">H", buf, at)
+    if at + 2 + n > len(buf):
+        raise TpmFailure("the quote ends inside a TPM2B")
+    return buf[at + 2 : at + 2 + n], at + 2 + n
+
+
+def parse_attest(a: bytes):
+    """(extraData, reset count, selected PCRs, pcrDigest) of a TPMS_ATTEST holding a quote."""
+    if len(a) < 6:
+        raise TpmFailure("the quote ends inside its header")
+    magic, kind = struct.unpack_from(">IH", a, 0)
+    if magic != 0xFF544347 or kind != 0x8018:
+        raise TpmFailure("not a TPM quote (magic/type)")
+    _, at = tpm2b(a, 6)  # qualifiedSigner
+    extra, at = tpm2b(a, at)
+    if at + 17 + 8 + 4 > len(a):
+        raise TpmFailure("the quote ends inside clockInfo")
+    _clock, resets, _restarts, _safe = struct.unpack_from(">QIIB", a, at)
+    at += 17 + 8  # clockInfo, firmwareVersion
+    (banks,) = struct.unpack_from(">I", a, at)
+    at += 4
+    if banks != 1 or at + 3 > len(a):
+        raise TpmFailure(f"the quote selects {banks} PCR banks; sealnode's select one (sha256)")
+    alg, size = struct.unpack_from(">HB", a, at)
+    at += 3
+    bits = a[at : at + size]
+    at += size
+    if alg != 0x000B:
+        raise TpmFailure("the quote's PCR bank is not sha256")
+    pcrs = [i * 8 + b for i, byte in enumerate(bits) for b in range(8) if byte & (1 << b)]
+    digest, at = tpm2b(a, at)
+    if at != len(a):
+        raise TpmFailure("bytes follow the TPMS_ATTEST")
+    return extra, resets, pcrs, digest
+
+
+def verify_tpm(envelope, p, body: bytes, ak: ec.EllipticCurvePublicKey):
+    """Lines saying what the quote binds; TpmFailure if it does not bind this statement."""
+    der = ak.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    ak_id = hashlib.sha256(der).hexdigest()
+    t = p["tpm"]
+    if not t["present"]:
+        raise TpmFailure("the statement says no TPM: it is bound to the signing key only")
+    if (t.get("ak") or "").lower() != ak_id:
+        raise TpmFailure(f"the statement names attestation key {t.get('ak')}, not the given one ({ak_id})")
+    q = envelope.get("tpmQuote")
+    if not isinstance(q, dict):
+        raise TpmFailure("the envelope carries no tpmQuote")
+    if set(q) != {"ak", "pcrs", "attest", "signature"}:
+        raise Malformed("tpmQuote: members")
+    if q["ak"].lower() != ak_id:
+        raise TpmFailure(f"the quote names attestation key {q['ak']}, not the given one ({ak_id})")
+    attest, sig = b64(q["attest"]), b64(q["signature"])
+    if len(sig) < 4 or struct.unpack_from(">HH", sig, 0) != (0x0018, 0x000B):
+        raise TpmFailure("the quote's signature is not ECDSA/sha256")
+    r, at = tpm2b(sig, 4)
+    s, at = tpm2b(sig, at)
+    if at != len(sig):
+        raise TpmFailure("bytes follow the TPMT_SIGNATURE")
+    try:
+        ak.verify(encode_dss_signature(int.from_bytes(r, "big"), int.from_bytes(s, "big")), attest, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        raise TpmFailure(f"the quote's signature does not verify with attestation key {ak_id}") from None
+    extra, resets, pcrs, digest = parse_attest(attest)
+    want = hashlib.sha256(bytes.fromhex(p["nonce"])).digest() if p["nonce"] is not None else b""
+    if extra != want:
+        raise TpmFailure("the quote was made for another nonce (a replayed quote?)")
+    if pcrs != QUOTED:
+        raise TpmFailure(f"the quote selects PCRs {pcrs}; sealnode's select {QUOTED}")
+    values = q["pcrs"]
+    if not isinstance(values, dict) or set(values) != {str(n) for n in QUOTED}:
+        raise TpmFailure("tpmQuote.pcrs does not hold exactly the quoted PCRs")
+    raw = {n: bytes.fromhex(values[str(n)]) for n in QUOTED}
+    if any(len(v) != 32 for v in raw.values()):
+        raise TpmFailure("a PCR value is not 32 bytes")
+    if hashlib.sha256(b"".join(raw[n] for n in QUOTED)).digest() != digest:
+        raise TpmFailure("the PCR values given are not the ones the TPM quoted (pcrDigest differs)")
+    if raw[PCR] != hashlib.sha256(b"\0" * 32 + hashlib.sha256(body).digest()).digest():
+        raise TpmFailure(f"PCR {PCR} does not hold this statement's digest: the quote is not over this statement")
+    return [
+        f"TPM: quote by attestation key {ak_id}, PCR {PCR} holds this statement's digest",
+        f"TPM: reset count {resets}; boot PCRs " + " ".join(f"{n}={raw[n].hex()}" for n in range(8)),
+    ]
+
+
+def verify(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generation, tpm_ak=None):
     """(exit status, lines saying what was verified or what failed)."""
     try:
-        return verify_strict(data, key, nonce, expect, min_generation)
-    except (Malformed, KeyError, TypeError, AttributeError, binascii.Error) as e:
+        return verify_strict(data, key, nonce, expect, min_generation, tpm_ak)
+    except TpmFailure as e:
+        return 14, [str(e)]
+    except (Malformed, KeyError, TypeError, AttributeError, binascii.Error, ValueError, struct.error) as e:
         return 13, [f"not a sealnode attestation: {e}"]
 
 
-def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generation):
+def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generation, tpm_ak=None):
     keyid = hashlib.sha256(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).hexdigest()
     envelope = strict_json(data)
     if not isinstance(envelope, dict):
@@ -154,6 +258,10 @@ def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generat
         return 11, [f"the statement answers nonce {got}, not {nonce}"]
     else:
         said.append(f"nonce: {got}")
+    if tpm_ak is not None:
+        said.extend(verify_tpm(envelope, p, body, tpm_ak))
+    elif "tpmQuote" in envelope:
+        said.append("TPM: a quote is attached, not checked (give --tpm-ak)")
     bad = []
     if min_generation is not None and p["generation"] < min_generation:
         bad.append(f"generation {p['generation']} is older than {min_generation} (--min-generation)")
@@ -183,6 +291,7 @@ def main():
     g.add_argument("--no-nonce", action="store_true")
     ap.add_argument("--expect", action="append", default=[], metavar="NAME=SHA256")
     ap.add_argument("--min-generation", type=int)
+    ap.add_argument("--tpm-ak", help="the TPM attestation key the gateway enrolled (PEM)")
     a = ap.parse_args()
     with open(a.pubkey, "rb") as f:
         key = load_pem_public_key(f.read())
@@ -190,8 +299,14 @@ def main():
         sys.exit(f"{a.pubkey}: not an ed25519 public key")
     with open(a.envelope, "rb") as f:
         data = f.read()
+    ak = None
+    if a.tpm_ak:
+        with open(a.tpm_ak, "rb") as f:
+            ak = load_pem_public_key(f.read())
+        if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
+            sys.exit(f"{a.tpm_ak}: not an ECDSA P-256 public key")
     expect = [tuple(e.split("=", 1)) for e in a.expect]
-    code, lines = verify(data, key, a.nonce, expect, a.min_generation)
+    code, lines = verify(data, key, a.nonce, expect, a.min_generation, ak)
     print(f"{a.envelope}: {'verified' if code == 0 else 'NOT verified'}")
     for line in lines:
         print(f"  {line}")

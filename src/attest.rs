@@ -40,6 +40,10 @@ pub struct Envelope {
     /// base64 (standard alphabet, padded) of the statement's bytes.
     pub payload: String,
     pub signatures: Vec<Signature>,
+    /// With `cell.tpm`: the TPM's quote over this payload (DSSE verifiers ignore the member;
+    /// [`verify`] checks it when given the attestation key).
+    #[serde(rename = "tpmQuote", default, skip_serializing_if = "Option::is_none")]
+    pub tpm_quote: Option<crate::tpm::Quote>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,8 +151,32 @@ pub struct Limits {
 pub struct Tpm {
     /// False: the statement is bound to the signing key only ("no TPM").
     pub present: bool,
+    /// With a TPM: the PCR holding the statement's digest (23).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcr: Option<u32>,
+    /// With a TPM: hex sha256 of the attestation key's SubjectPublicKeyInfo DER.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ak: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+}
+
+impl Tpm {
+    /// What the predicate says of a TPM: the attestation key's id, or none.
+    pub fn of(ak: Option<&str>) -> Tpm {
+        match ak {
+            Some(id) => Tpm {
+                present: true,
+                pcr: Some(crate::tpm::PCR),
+                ak: Some(id.to_string()),
+                note: Some(format!(
+                    "quoted by the TPM: the envelope's tpmQuote, PCR {} = sha256(0^32 || sha256(payload)), extraData = sha256(nonce)",
+                    crate::tpm::PCR
+                )),
+            },
+            None => Tpm { present: false, pcr: None, ak: None, note: Some("no TPM: bound to the signing key only".into()) },
+        }
+    }
 }
 
 /// What a statement is made of, beyond the receipt: the supervisor's facts of the moment.
@@ -162,6 +190,8 @@ pub struct Inputs<'a> {
     pub models: &'a [(String, String)],
     /// Restarts of each role since `run` started, by role name.
     pub restarts: BTreeMap<String, u32>,
+    /// With `cell.tpm`: the attestation key's id ([`crate::tpm::ak_id`]).
+    pub tpm_ak: Option<String>,
 }
 
 /// The layers a role runs under in `run` (all of them; the canary's names), and the cgroup
@@ -289,7 +319,7 @@ pub fn build(i: &Inputs) -> Statement {
                 .iter()
                 .map(|(k, v)| (k.clone(), Limits { cgroup: v.cgroup.clone(), files: v.files.clone() }))
                 .collect(),
-            tpm: Tpm { present: false, note: Some("no TPM: bound to the signing key only".into()) },
+            tpm: Tpm::of(i.tpm_ak.as_deref()),
         },
     }
 }
@@ -320,6 +350,7 @@ pub fn sign(key: &SigningKey, s: &Statement) -> Envelope {
         payload_type: PAYLOAD_TYPE.into(),
         payload: b64.encode(&body),
         signatures: vec![Signature { keyid: keyid(&key.verifying_key()), sig: b64.encode(sig.to_bytes()) }],
+        tpm_quote: None,
     }
 }
 
@@ -346,6 +377,8 @@ pub enum Failure {
     Nonce(String),
     /// A subject digest or the generation is not what the verifier expected.
     Mismatch(Vec<String>),
+    /// The TPM quote is missing, or does not bind this statement to the given attestation key.
+    Tpm(String),
 }
 
 /// What a verifier demands beyond a good signature.
@@ -357,6 +390,8 @@ pub struct Expect {
     /// subject name -> sha256 hex
     pub subjects: Vec<(String, String)>,
     pub min_generation: Option<u64>,
+    /// The TPM's attestation key the verifier enrolled: the quote must verify with it.
+    pub tpm_ak: Option<p256::ecdsa::VerifyingKey>,
 }
 
 /// Verify an envelope with `key` against `expect`: returns the statement and the lines that
@@ -425,6 +460,34 @@ pub fn verify(
             "nonce: none (the statement written at start: not fresh; rely on --min-generation and issued_at)".into(),
         ),
     }
+    match (&expect.tpm_ak, &env.tpm_quote) {
+        (Some(ak), quote) => {
+            let id = crate::tpm::ak_id(ak);
+            let t = &st.predicate.tpm;
+            if !t.present {
+                return Err(Failure::Tpm("the statement says no TPM: it is bound to the signing key only".into()));
+            }
+            if !t.ak.as_deref().is_some_and(|a| a.eq_ignore_ascii_case(&id)) {
+                return Err(Failure::Tpm(format!(
+                    "the statement names attestation key {}, not the given one ({id})",
+                    t.ak.as_deref().unwrap_or("none")
+                )));
+            }
+            let Some(q) = quote else {
+                return Err(Failure::Tpm("the envelope carries no tpmQuote".into()));
+            };
+            let nonce = st
+                .predicate
+                .nonce
+                .as_deref()
+                .map(hex::decode)
+                .transpose()
+                .map_err(|_| Failure::Malformed("the statement's nonce is not hex".into()))?;
+            said.extend(crate::tpm::verify(q, ak, &body, nonce.as_deref()).map_err(Failure::Tpm)?);
+        }
+        (None, Some(_)) => said.push("TPM: a quote is attached, not checked (give --tpm-ak)".into()),
+        (None, None) => {}
+    }
     let mut bad = Vec::new();
     if let Some(min) = expect.min_generation {
         if st.predicate.generation < min {
@@ -454,7 +517,11 @@ pub fn verify(
         st.predicate.host.kernel_release,
         st.predicate.host.landlock_abi,
         st.predicate.host.userns_mode,
-        if st.predicate.tpm.present { "bound" } else { "none" }
+        match (st.predicate.tpm.present, expect.tpm_ak.is_some()) {
+            (true, true) => "bound (quote verified)",
+            (true, false) => "present (quote not checked)",
+            _ => "none",
+        }
     ));
     Ok((st, said))
 }
@@ -570,6 +637,45 @@ pub fn load_public(state_dir: &Path, uid: u32) -> Result<VerifyingKey> {
         .map_err(|e| Error::io(format!("{}: {e}", shown.display()), std::io::Error::other("not a public key")))
 }
 
+/// The TPM attestation key's public half `attest tpm-init` stored (None: no file).
+pub fn load_tpm_ak(state_dir: &Path, uid: u32) -> Result<Option<p256::ecdsa::VerifyingKey>> {
+    let p = state_dir.join(KEY_DIR);
+    let Ok(dir) = crate::trusted::open_dir(&p, uid) else { return Ok(None) };
+    if nix::sys::stat::fstatat(&dir, crate::tpm::AK_FILE, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_err() {
+        return Ok(None);
+    }
+    let shown = p.join(crate::tpm::AK_FILE);
+    let pem = read_key_file(&dir, crate::tpm::AK_FILE, &shown, uid, false)?;
+    crate::tpm::parse_ak(&pem)
+        .map(Some)
+        .map_err(|e| Error::io(format!("{}: {e}", shown.display()), std::io::Error::other("not an attestation key")))
+}
+
+/// `attest tpm-init`: make the TPM's attestation key (persisted at `cell.tpm.ak_handle`) and
+/// store its public half and the endorsement key's beside the signing key.
+pub fn tpm_init(
+    state_dir: &Path,
+    uid: u32,
+    target: crate::tpm::Target,
+    force: bool,
+) -> Result<p256::ecdsa::VerifyingKey> {
+    let dir = key_dir(state_dir, uid)?;
+    let tools = tpm_tools(state_dir, uid, target)?;
+    let (ak, ek) = tools.init(force).map_err(|e| Error::io("attest tpm-init", std::io::Error::other(e)))?;
+    let p = state_dir.join(KEY_DIR);
+    crate::receipt::write_atomic_at(&dir, crate::tpm::EK_FILE, &ek, 0o644, &p.join(crate::tpm::EK_FILE))?;
+    crate::receipt::write_atomic_at(&dir, crate::tpm::AK_FILE, &ak, 0o644, &p.join(crate::tpm::AK_FILE))?;
+    crate::tpm::parse_ak(&ak).map_err(|e| Error::io("the new attestation key", std::io::Error::other(e)))
+}
+
+/// The tpm2-tools for a target, working in the key dir's `tpm/` (0700, the launcher's).
+pub fn tpm_tools(state_dir: &Path, uid: u32, target: crate::tpm::Target) -> Result<crate::tpm::Tools> {
+    key_dir(state_dir, uid)?;
+    let work = state_dir.join(KEY_DIR).join("tpm");
+    let fd = crate::tpm::work_dir(&work, uid).map_err(|e| Error::io("TPM work dir", std::io::Error::other(e)))?;
+    Ok(crate::tpm::Tools::new(target, fd))
+}
+
 /// A public key file: SPKI PEM (what `attest pubkey` prints), or the raw key in hex.
 pub fn parse_public(bytes: &[u8]) -> std::result::Result<VerifyingKey, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?.trim();
@@ -615,7 +721,7 @@ mod tests {
                 roles: BTreeMap::new(),
                 preflight: Preflight { passed: true, report_sha256: "c".into(), roles: BTreeMap::new() },
                 limits: BTreeMap::new(),
-                tpm: Tpm { present: false, note: Some("no TPM".into()) },
+                tpm: Tpm::of(None),
             },
         }
     }
@@ -641,6 +747,7 @@ mod tests {
             nonce: Some(nonce.into()),
             subjects: vec![("sealnode".into(), "ab".repeat(32))],
             min_generation: Some(5),
+            tpm_ak: None,
         };
         let (st, said) = verify(&bytes, &vk, &ok).expect("verifies");
         assert_eq!(st.predicate.generation, 5);

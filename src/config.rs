@@ -147,6 +147,71 @@ pub struct CellConfig {
     /// Resource limits both roles get unless a role's own `limits` sets the field.
     #[serde(default)]
     pub limits: Limits,
+    /// Bind every signed statement to this TPM with a quote (docs/attestation.md, "TPM
+    /// binding"). Unset: statements say "no TPM".
+    pub tpm: Option<TpmConfig>,
+}
+
+/// `cell.tpm`: the TPM statements are quoted by.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpmConfig {
+    /// The tpm2-tools TCTI: `device:/dev/tpmrm0` (the kernel's resource manager), or
+    /// `swtpm:host=127.0.0.1,port=N` for a software TPM on loopback.
+    pub tcti: String,
+    /// The persistent handle of the attestation key `sealnode attest tpm-init` made.
+    #[serde(default = "default_ak_handle")]
+    pub ak_handle: u32,
+}
+
+fn default_ak_handle() -> u32 {
+    crate::tpm::DEFAULT_AK_HANDLE
+}
+
+impl TpmConfig {
+    pub fn target(&self) -> crate::tpm::Target {
+        crate::tpm::Target { tcti: self.tcti.clone(), ak_handle: self.ak_handle }
+    }
+
+    /// The TCTI's form, without touching the host: a device under /dev, or a software TPM on
+    /// loopback (a TPM elsewhere would bind statements to another machine).
+    pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        if !(0x8100_0000..=0x817f_ffff).contains(&self.ak_handle) {
+            return Err((
+                "cell.tpm.ak_handle",
+                format!("{:#010x} is not an owner persistent handle (0x81000000-0x817fffff)", self.ak_handle),
+            ));
+        }
+        if let Some(dev) = self.tcti.strip_prefix("device:") {
+            let p = Path::new(dev);
+            if !p.is_absolute() || !p.starts_with("/dev") || dev.contains("..") {
+                return Err(("cell.tpm.tcti", format!("{dev:?}: a TPM device is a path under /dev, e.g. /dev/tpmrm0")));
+            }
+            return Ok(());
+        }
+        let Some((kind, conf)) = self.tcti.split_once(':').filter(|(k, _)| matches!(*k, "swtpm" | "mssim")) else {
+            return Err((
+                "cell.tpm.tcti",
+                format!("{:?}: expected device:/dev/tpmrm0, or swtpm:host=127.0.0.1,port=N", self.tcti),
+            ));
+        };
+        let mut host = None;
+        for kv in conf.split(',') {
+            match kv.split_once('=') {
+                Some(("host", h)) => host = Some(h),
+                Some(("port", n)) if n.parse::<u16>().is_ok() => {}
+                _ => return Err(("cell.tpm.tcti", format!("{kind}: {kv:?} is not host=ADDRESS or port=N"))),
+            }
+        }
+        match host {
+            Some("127.0.0.1" | "localhost" | "::1") => Ok(()),
+            Some(h) => Err((
+                "cell.tpm.tcti",
+                format!("{kind} host {h:?}: a software TPM must be on loopback (a TPM elsewhere binds statements to another machine)"),
+            )),
+            None => Err(("cell.tpm.tcti", format!("{kind}: give host=127.0.0.1"))),
+        }
+    }
 }
 
 /// Per-role cgroup v2 limits (docs/config.md, "Resource limits"). Every field is optional; a
@@ -950,6 +1015,9 @@ impl Config {
             return Err(self.err("cell.egress_connect_timeout_s", "must be between 1 and 3600 (seconds)"));
         }
         self.abs("cell.runtime_dir", &self.cell.runtime_dir)?;
+        if let Some(t) = &self.cell.tpm {
+            t.check().map_err(|(field, why)| self.err(field, why))?;
+        }
         if let Some(u) = &self.cell.rootful {
             parse_user_spec(&u.engine).map_err(|r| self.err("cell.rootful.engine", r))?;
             parse_user_spec(&u.node).map_err(|r| self.err("cell.rootful.node", r))?;
@@ -1394,6 +1462,28 @@ impl Config {
         }
         for (field, dir) in [("cell.state_dir", &self.cell.state_dir), ("cell.runtime_dir", &self.cell.runtime_dir)] {
             self.check_own_dir(field, dir, inv)?;
+        }
+        if let Some(t) = &self.cell.tpm {
+            if let Some(tool) = crate::tpm::QUOTE_TOOLS.iter().find(|t| !Path::new(crate::tpm::TOOLS).join(t).is_file())
+            {
+                return Err(self
+                    .err("cell.tpm", format!("{}/{tool} is missing: install Debian's tpm2-tools", crate::tpm::TOOLS)));
+            }
+            if let Some(dev) = t.tcti.strip_prefix("device:") {
+                use std::os::unix::fs::FileTypeExt;
+                match std::fs::metadata(dev) {
+                    Ok(m) if m.file_type().is_char_device() => {}
+                    Ok(_) => return Err(self.err("cell.tpm.tcti", format!("{dev} is not a character device"))),
+                    Err(e) => {
+                        return Err(self.err(
+                            "cell.tpm.tcti",
+                            format!(
+                                "{dev}: {e} (no TPM here? under the unit, see docs/attestation.md for the drop-in)"
+                            ),
+                        ))
+                    }
+                }
+            }
         }
         for role in Role::ALL {
             let r = self.role(role);

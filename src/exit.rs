@@ -27,6 +27,8 @@ pub const ATTEST_NONCE: i32 = 11;
 pub const ATTEST_MISMATCH: i32 = 12;
 /// verify-attestation: not a DSSE envelope holding a sealnode statement.
 pub const ATTEST_MALFORMED: i32 = 13;
+/// verify-attestation: the TPM quote is missing or does not bind the statement (`--tpm-ak`).
+pub const ATTEST_TPM: i32 = 14;
 /// A config, policy or setup error: nothing was started. Same value as
 /// [`crate::sandbox::SETUP_FAILED`], which the sandbox's own child reports.
 pub const CONFIG: i32 = 125;
@@ -69,6 +71,11 @@ pub const TABLE: &[Status] = &[
         meaning: "a subject's digest (`--expect`) or the generation (`--min-generation`) is not what was expected",
     },
     Status { code: "13", commands: &["verify-attestation"], meaning: "not a DSSE envelope holding a sealnode statement" },
+    Status {
+        code: "14",
+        commands: &["verify-attestation"],
+        meaning: "`--tpm-ak`: the statement says no TPM, or its TPM quote is missing, by another key, for another nonce, or not over this statement",
+    },
     Status {
         code: "125",
         commands: ALL,

@@ -37,6 +37,7 @@ pub mod receipt;
 pub mod sandbox;
 pub mod supervisor;
 pub mod sys;
+pub mod tpm;
 pub mod trusted;
 pub mod wipe;
 

@@ -133,7 +133,8 @@ enum Command {
     ///
     /// Exit status 0 verified, 10 no signature by that key verifies (a changed byte, another
     /// key), 11 another nonce or none (a replay), 12 a digest or the generation is not what was
-    /// expected, 13 not a sealnode attestation, 125 a file could not be read.
+    /// expected, 13 not a sealnode attestation, 14 (with --tpm-ak) the TPM quote is missing or
+    /// does not bind the statement, 125 a file could not be read.
     VerifyAttestation {
         /// The envelope (the JSON `sealnode attest --nonce` printed).
         file: PathBuf,
@@ -154,6 +155,10 @@ enum Command {
         /// Refuse a statement of an older generation than this (the last one the verifier saw).
         #[arg(long)]
         min_generation: Option<u64>,
+        /// The TPM attestation key the verifier enrolled (the PEM `sealnode attest tpm-pubkey`
+        /// prints): the envelope's TPM quote must verify with it, over this statement and nonce.
+        #[arg(long, value_name = "PEM")]
+        tpm_ak: Option<PathBuf>,
     },
     /// Check a receipt against the current config, policies and binaries.
     ///
@@ -239,6 +244,24 @@ enum AttestAction {
         #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
+    /// Make the TPM's attestation key (`cell.tpm`): an ECC endorsement key, an ECDSA P-256
+    /// attestation key under it persisted at cell.tpm.ak_handle; stores both public keys in
+    /// the state dir and prints the attestation key. Needs Debian's tpm2-tools.
+    TpmInit {
+        /// Replace a key already at the handle (verifiers must enrol the new one).
+        #[arg(long)]
+        force: bool,
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
+    /// Print the TPM attestation key (SPKI PEM) and its id (sha256 of its DER), as
+    /// `attest tpm-init` stored it.
+    TpmPubkey {
+        /// Config file.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
     /// Print the public key (SPKI PEM) and its fingerprint (sha256 of the raw key).
     Pubkey {
         /// Config file.
@@ -294,11 +317,13 @@ fn main() -> ExitCode {
             (Some(AttestAction::Init { force, config }), _) => cli::attest::init(&config, force),
             (Some(AttestAction::Pubkey { config }), _) => cli::attest::pubkey(&config),
             (Some(AttestAction::Subjects { config }), _) => cli::attest::subjects(&config),
+            (Some(AttestAction::TpmInit { force, config }), _) => cli::attest::tpm_init(&config, force),
+            (Some(AttestAction::TpmPubkey { config }), _) => cli::attest::tpm_pubkey(&config),
             (None, Some(n)) => cli::attest::request(&config, &n),
             (None, None) => Err(cli::Failure::usage("attest: give --nonce HEX, or `attest init` / `attest pubkey`")),
         },
-        Command::VerifyAttestation { file, pubkey, nonce, no_nonce: _, expect, min_generation } => {
-            cli::attest::verify(&file, &pubkey, nonce.as_deref(), &expect, min_generation)
+        Command::VerifyAttestation { file, pubkey, nonce, no_nonce: _, expect, min_generation, tpm_ak } => {
+            cli::attest::verify(&file, &pubkey, nonce.as_deref(), &expect, min_generation, tpm_ak.as_deref())
         }
         Command::SeccompBpf { policy, role, seccompiler } => cli::seccomp_bpf::seccomp_bpf(&policy, role, seccompiler),
         Command::Canary { config, role, json, matrix, junit, tap } => {

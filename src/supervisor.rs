@@ -168,6 +168,44 @@ pub struct Supervisor {
     attest_dir: OwnedFd,
     /// The engine's model files as `(model:<path>, sha256)`, hashed (cached) at its last gate.
     models: Vec<(String, String)>,
+    /// With `cell.tpm`: the tools and the attestation key every statement is quoted by.
+    tpm: Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>,
+}
+
+/// With `cell.tpm`: the TPM answers and holds the attestation key `attest tpm-init` stored,
+/// or the start is refused before anything runs (statements that cannot be bound are not
+/// made unbound instead).
+fn tpm_for(
+    cfg: &Config,
+    inv: &Invoker,
+    signing: bool,
+) -> Result<Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>> {
+    let Some(t) = &cfg.cell.tpm else { return Ok(None) };
+    let bad = |why: String| Error::config(&cfg.file, "cell.tpm", why);
+    if !signing {
+        return Err(bad(format!(
+            "binds signed statements, and there is no signing key: run `sealnode attest init --config {}` first",
+            cfg.file.display()
+        )));
+    }
+    let stored =
+        crate::attest::load_tpm_ak(&cfg.cell.state_dir, inv.uid).map_err(|e| bad(e.to_string()))?.ok_or_else(|| {
+            bad(format!(
+                "no attestation key from the TPM: run `sealnode attest tpm-init --config {}`",
+                cfg.file.display()
+            ))
+        })?;
+    let tools = crate::attest::tpm_tools(&cfg.cell.state_dir, inv.uid, t.target()).map_err(|e| bad(e.to_string()))?;
+    let ak = tools.read_ak().map_err(|e| bad(format!("the TPM ({}): {e}", t.tcti)))?;
+    if ak != stored {
+        return Err(bad(format!(
+            "the key at handle {:#010x} is not the one `attest tpm-init` stored ({}): run tpm-init again and enrol the new key",
+            t.ak_handle,
+            crate::tpm::AK_FILE
+        )));
+    }
+    tracing::info!(ak = %crate::tpm::ak_id(&ak), tcti = %t.tcti, "TPM attestation key checked");
+    Ok(Some((tools, ak)))
 }
 
 /// Tell the service manager (if any), never blocking the event loop: sd_notify's send
@@ -242,6 +280,7 @@ impl Supervisor {
             Some(k) => tracing::info!(key = %crate::attest::keyid(k), "attestation key checked"),
             None => tracing::info!("no attestation key (sealnode attest init makes one): no signed statements"),
         }
+        let tpm = tpm_for(&cfg, &inv, attest_key.is_some())?;
         if let Some(t) = &cgroups {
             tracing::info!(cgroup = %t.root.display(), controllers = %t.controllers.join(","), "cgroup leaves ready");
         }
@@ -344,6 +383,7 @@ impl Supervisor {
             attest_key,
             attest_dir,
             models: Vec::new(),
+            tpm,
         })
     }
 
@@ -685,15 +725,39 @@ impl Supervisor {
             nonce,
             models: &self.models,
             restarts,
+            tpm_ak: self.tpm.as_ref().map(|(_, ak)| crate::tpm::ak_id(ak)),
         });
-        Ok(crate::attest::sign(&key, &st))
+        let mut env = crate::attest::sign(&key, &st);
+        if let Some((tools, ak)) = &self.tpm {
+            let body = crate::attest::statement_bytes(&st);
+            let nonce = st.predicate.nonce.as_deref().map(hex::decode).transpose().map_err(|e| e.to_string())?;
+            env.tpm_quote = Some(tools.quote(ak, &body, nonce.as_deref()).map_err(|e| format!("TPM: {e}"))?);
+        }
+        Ok(env)
     }
 
     /// After a gate (a start of either role): the generation's statement (no nonce) replaces
     /// the one in the runtime dir's `attest/`, which the running node sees at once
     /// (config::INSIDE_ATTESTATION_DIR). Without a key there is none.
     fn publish_statement(&mut self) -> std::result::Result<(), i32> {
-        let Ok(env) = self.statement(None) else { return Ok(()) };
+        if self.attest_key.is_none() {
+            return Ok(());
+        }
+        let env = match self.statement(None) {
+            Ok(env) => env,
+            Err(e) => {
+                // The cell keeps running, but the node forwards no statement of an earlier
+                // generation: the old one is removed.
+                tracing::error!(error = %e, "no statement for this generation");
+                crate::log::say(&format!("no statement for this generation: {e}"));
+                let _ = nix::unistd::unlinkat(
+                    &self.attest_dir,
+                    crate::config::STATEMENT_FILE,
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                );
+                return Ok(());
+            }
+        };
         let mut bytes = serde_json::to_vec(&env).unwrap_or_default();
         bytes.push(b'\n');
         let file = crate::config::STATEMENT_FILE;

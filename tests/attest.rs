@@ -340,3 +340,189 @@ fn a_state_dir_in_the_system_view_is_refused() {
         "{stdout}{err}"
     );
 }
+
+/// A software TPM (Debian's swtpm) on two free loopback ports, killed when dropped.
+struct SwTpm {
+    child: std::process::Child,
+    port: u16,
+    _state: tempfile::TempDir,
+}
+
+impl SwTpm {
+    fn start() -> Option<SwTpm> {
+        let bin = std::path::Path::new("/usr/bin/swtpm");
+        if !bin.exists() || !std::path::Path::new("/usr/bin/tpm2_quote").exists() {
+            unavailable("tpm", "no /usr/bin/swtpm or tpm2-tools (apt-get install swtpm tpm2-tools)");
+            return None;
+        }
+        for _ in 0..20 {
+            // Two free ports in a row: the swtpm TCTI reaches the control channel at port + 1.
+            let a = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+            let port = a.local_addr().ok()?.port();
+            let Some(ctrl) = port.checked_add(1) else { continue };
+            let Ok(b) = std::net::TcpListener::bind(("127.0.0.1", ctrl)) else { continue };
+            drop((a, b));
+            let state = tempfile::tempdir().expect("tmp");
+            let child = std::process::Command::new(bin)
+                .args(["socket", "--tpm2", "--tpmstate"])
+                .arg(format!("dir={}", state.path().display()))
+                .arg("--server")
+                .arg(format!("type=tcp,port={port},bindaddr=127.0.0.1"))
+                .arg("--ctrl")
+                .arg(format!("type=tcp,port={ctrl},bindaddr=127.0.0.1"))
+                .args(["--flags", "not-need-init,startup-clear"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn swtpm");
+            let mut t = SwTpm { child, port, _state: state };
+            let up = wait_until(Duration::from_secs(10), || {
+                matches!(t.child.try_wait(), Ok(Some(_))) || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            });
+            if up && matches!(t.child.try_wait(), Ok(None)) {
+                return Some(t);
+            }
+        }
+        panic!("swtpm did not start on any free port");
+    }
+
+    fn tcti(&self) -> String {
+        format!("swtpm:host=127.0.0.1,port={}", self.port)
+    }
+}
+
+impl Drop for SwTpm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// With `cell.tpm` every statement carries a TPM quote over its bytes and the nonce: both
+/// verifiers check it against the enrolled attestation key, and a replayed quote, another key,
+/// a missing quote, or a statement without a TPM each fail with status 14.
+#[test]
+fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
+    for mode in modes() {
+        let ctx = format!("{mode:?}");
+        let Some(tpm) = SwTpm::start() else { return };
+        let mut f = Fixture::new(mode, "attest-tpm");
+        f.engine_cmd =
+            "[\"/usr/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
+        f.node_cmd = format!(
+            "[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]",
+            serde_json::to_string(
+                "F=/run/sealnode/attest/statement.json; while [ ! -s $F ]; do sleep 0.1; done; cat $F; echo; \
+                 echo statement-end; exec /usr/bin/busybox sleep 1000"
+            )
+            .expect("json")
+        );
+        f.cell_extra = format!("stop_timeout_s = 1\ntpm = {{ tcti = \"{}\" }}", tpm.tcti());
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        // No TPM key yet: the start refuses, naming the field and the fix.
+        let (code, _, err) = out(&f, &["attest", "init", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {err}");
+        let (code, _, err) = out(&f, &["run", "--config", &cfg]);
+        assert_eq!(code, 125, "{ctx}: {err}");
+        assert!(err.contains("cell.tpm") && err.contains("attest tpm-init"), "{ctx}: {err}");
+        let (code, init, err) = out(&f, &["attest", "tpm-init", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {init}{err}");
+        let (code, again, err) = out(&f, &["attest", "tpm-init", "--config", &cfg]);
+        assert_eq!(code, 1, "{ctx}: a second tpm-init must keep the key: {again}{err}");
+        assert!(err.contains("holds a key already"), "{ctx}: {err}");
+        let (code, shown, err) = out(&f, &["attest", "tpm-pubkey", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {err}");
+        assert!(init.starts_with(&shown), "{ctx}: tpm-init and tpm-pubkey disagree:\n{init}\n{shown}");
+        let ak = f.p("ak.pem");
+        std::fs::write(
+            &ak,
+            shown.lines().take_while(|l| !l.starts_with("id:")).map(|l| format!("{l}\n")).collect::<String>(),
+        )
+        .expect("write");
+        let (_, pem, _) = out(&f, &["attest", "pubkey", "--config", &cfg]);
+        let key_pem = f.p("pubkey.pem");
+        std::fs::write(
+            &key_pem,
+            pem.lines().take_while(|l| !l.starts_with("fingerprint")).map(|l| format!("{l}\n")).collect::<String>(),
+        )
+        .expect("write");
+        let ak_s = ak.display().to_string();
+
+        let (run, lines) = f.start_run_with_output();
+        let Some(at_start) = try_next_line(&lines, 60, |l| l.contains("payloadType")) else {
+            let (st, err) = run.stop();
+            panic!("{ctx}: the node read no statement ({st:?}):\n{err}");
+        };
+        let start_file = f.p("start.json");
+        std::fs::write(&start_file, &at_start).expect("write");
+        let st = statement(&at_start);
+        assert_eq!(st["predicate"]["tpm"]["present"], true, "{ctx}: {st}");
+        assert_eq!(st["predicate"]["tpm"]["pcr"], 23, "{ctx}: {st}");
+        let said = verify_both(&f, &start_file, &key_pem, &["--no-nonce", "--tpm-ak", &ak_s], 0, &ctx);
+        assert!(said.contains("PCR 23 holds this statement's digest"), "{ctx}: {said}");
+
+        let n0 = "00000000000000000000000000000000";
+        let n1 = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+        let (code, env0, err) = out(&f, &["attest", "--nonce", n0, "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {err}");
+        let (code, env1, err) = out(&f, &["attest", "--nonce", n1, "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {err}");
+        let f1 = f.p("a1.json");
+        std::fs::write(&f1, &env1).expect("write");
+        let said = verify_both(&f, &f1, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], 0, &ctx);
+        assert!(said.contains("TPM: quote by attestation key") && said.contains("TPM bound"), "{ctx}: {said}");
+        // Without --tpm-ak the quote is reported, not checked.
+        let said = verify_both(&f, &f1, &key_pem, &["--nonce", n1], 0, &ctx);
+        assert!(said.contains("not checked"), "{ctx}: {said}");
+
+        let mut e1: serde_json::Value = serde_json::from_str(&env1).expect("json");
+        let e0: serde_json::Value = serde_json::from_str(&env0).expect("json");
+        let forged = f.p("forged.json");
+        // A replayed quote: the one made for n0, on the statement for n1.
+        e1["tpmQuote"] = e0["tpmQuote"].clone();
+        std::fs::write(&forged, e1.to_string()).expect("write");
+        verify_both(&f, &forged, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], 14, &ctx);
+        // The n0 statement with its own quote, offered for n1: a nonce failure first.
+        std::fs::write(&forged, &env0).expect("write");
+        verify_both(&f, &forged, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], 11, &ctx);
+        // No quote at all.
+        let mut bare: serde_json::Value = serde_json::from_str(&env1).expect("json");
+        bare.as_object_mut().expect("object").remove("tpmQuote");
+        std::fs::write(&forged, bare.to_string()).expect("write");
+        verify_both(&f, &forged, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], 14, &ctx);
+        // Another TPM key (the endorsement key is one too).
+        let ek = f.p("state/attest/tpm-ek.pem").display().to_string();
+        verify_both(&f, &f1, &key_pem, &["--nonce", n1, "--tpm-ak", &ek], 14, &ctx);
+        // A changed PCR value the quote does not cover.
+        let mut pcr: serde_json::Value = serde_json::from_str(&env1).expect("json");
+        pcr["tpmQuote"]["pcrs"]["0"] = "11".repeat(32).into();
+        std::fs::write(&forged, pcr.to_string()).expect("write");
+        verify_both(&f, &forged, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], 14, &ctx);
+        // A TPM that stops answering: the request fails, with the reason, and nothing unbound
+        // is returned in its place.
+        drop(tpm);
+        let (code, printed, err) = out(&f, &["attest", "--nonce", n1, "--config", &cfg]);
+        assert_eq!(code, 1, "{ctx}: {printed}{err}");
+        assert!(err.contains("TPM") && !printed.contains("payload"), "{ctx}: {printed}{err}");
+        let (st, err) = run.stop();
+        assert_eq!(st.code(), Some(0), "{ctx}: {err}");
+
+        // A statement without a TPM, offered as TPM-bound: 14.
+        let (code, _, err) = out(&f, &["attest", "--nonce", n1, "--config", &cfg]);
+        assert_ne!(code, 0, "{ctx}: no supervisor: {err}");
+        let plain = sealnode::attest::sign(
+            &sealnode::attest::load_signing(&f.p("state"), if mode == Mode::Rootful { 0 } else { NOBODY })
+                .expect("key")
+                .expect("a key"),
+            &{
+                let mut s: sealnode::attest::Statement = serde_json::from_value(statement(&env1)).expect("statement");
+                s.predicate.tpm = sealnode::attest::Tpm::of(None);
+                s
+            },
+        );
+        std::fs::write(&forged, serde_json::to_vec(&plain).expect("json")).expect("write");
+        let said = verify_both(&f, &forged, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], 14, &ctx);
+        assert!(said.contains("no TPM"), "{ctx}: {said}");
+    }
+}

@@ -30,6 +30,48 @@ pub fn pubkey(config: &Path) -> Outcome {
     Ok(exit::OK)
 }
 
+/// `attest tpm-init`: the TPM's attestation key, for the config's `cell.tpm`.
+pub fn tpm_init(config: &Path, force: bool) -> Outcome {
+    let inv = Invoker::current();
+    let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
+    let Some(t) = &cfg.cell.tpm else {
+        return Err(Failure::setup(format!(
+            "{}: cell.tpm: not set (the TPM to use, e.g. tcti = \"device:/dev/tpmrm0\")",
+            config.display()
+        )));
+    };
+    if let Some(tool) = sealnode::tpm::INIT_TOOLS.iter().find(|x| !Path::new(sealnode::tpm::TOOLS).join(x).is_file()) {
+        return Err(Failure::setup(format!("{}/{tool} is missing: install Debian's tpm2-tools", sealnode::tpm::TOOLS)));
+    }
+    let ak = attest::tpm_init(&cfg.cell.state_dir, inv.uid, t.target(), force).map_err(Failure::general)?;
+    print_ak(&ak);
+    let dir = cfg.cell.state_dir.join(attest::KEY_DIR);
+    println!(
+        "persisted at handle {:#010x}; endorsement key: {}",
+        t.ak_handle,
+        dir.join(sealnode::tpm::EK_FILE).display()
+    );
+    println!("restart `sealnode run` to quote its statements (docs/attestation.md: enrolling the key)");
+    Ok(exit::OK)
+}
+
+/// `attest tpm-pubkey`: the TPM attestation key `tpm-init` stored.
+pub fn tpm_pubkey(config: &Path) -> Outcome {
+    let inv = Invoker::current();
+    let cfg = Config::read_for_client(config).map_err(Failure::setup)?;
+    let ak = attest::load_tpm_ak(&cfg.cell.state_dir, inv.uid)
+        .map_err(Failure::general)?
+        .ok_or_else(|| Failure::general("no TPM attestation key: run `sealnode attest tpm-init` first".to_string()))?;
+    print_ak(&ak);
+    Ok(exit::OK)
+}
+
+fn print_ak(ak: &p256::ecdsa::VerifyingKey) {
+    use p256::pkcs8::EncodePublicKey as _;
+    println!("{}", ak.to_public_key_pem(Default::default()).unwrap_or_default().trim_end());
+    println!("id: sha256:{}", sealnode::tpm::ak_id(ak));
+}
+
 /// `attest subjects`: the subjects a statement of this config carries, as `NAME=SHA256`
 /// lines (what a gateway passes to `verify-attestation --expect`), the model files hashed
 /// through the same cache `run` uses.
@@ -73,6 +115,7 @@ pub fn verify(
     nonce: Option<&str>,
     expect: &[String],
     min_generation: Option<u64>,
+    tpm_ak: Option<&Path>,
 ) -> Outcome {
     let nonce = nonce.map(attest::parse_nonce).transpose().map_err(Failure::usage)?;
     let mut subjects = Vec::new();
@@ -87,7 +130,14 @@ pub fn verify(
     let key = std::fs::read(pubkey).map_err(|e| Failure::setup(format!("read {}: {e}", pubkey.display())))?;
     let key = attest::parse_public(&key).map_err(|e| Failure::setup(format!("{}: {e}", pubkey.display())))?;
     let bytes = std::fs::read(file).map_err(|e| Failure::setup(format!("read {}: {e}", file.display())))?;
-    let want = attest::Expect { nonce, subjects, min_generation };
+    let tpm_ak = match tpm_ak {
+        Some(p) => {
+            let b = std::fs::read(p).map_err(|e| Failure::setup(format!("read {}: {e}", p.display())))?;
+            Some(sealnode::tpm::parse_ak(&b).map_err(|e| Failure::setup(format!("{}: {e}", p.display())))?)
+        }
+        None => None,
+    };
+    let want = attest::Expect { nonce, subjects, min_generation, tpm_ak };
     match attest::verify(&bytes, &key, &want) {
         Ok((_, said)) => {
             println!("{}: verified", file.display());
@@ -102,6 +152,7 @@ pub fn verify(
                 Why::Signature(m) => (exit::ATTEST_SIGNATURE, vec![m]),
                 Why::Nonce(m) => (exit::ATTEST_NONCE, vec![m]),
                 Why::Mismatch(v) => (exit::ATTEST_MISMATCH, v),
+                Why::Tpm(m) => (exit::ATTEST_TPM, vec![m]),
             };
             println!("{}: NOT verified", file.display());
             for l in lines {

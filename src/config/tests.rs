@@ -452,3 +452,26 @@ fn role_only_fields_in_the_wrong_role_are_refused() {
         assert!(r.contains(why), "{line}: {r}");
     }
 }
+
+#[test]
+fn a_tpm_is_a_local_device_or_a_loopback_software_tpm() {
+    let tpm = |t: &str| with("runtime_dir = \"/run/sealnode\"", &format!("runtime_dir = \"/run/sealnode\"\ntpm = {t}"));
+    let c = parse(&tpm("{ tcti = \"device:/dev/tpmrm0\" }")).expect("valid");
+    assert_eq!(c.cell.tpm.as_ref().map(|t| t.ak_handle), Some(crate::tpm::DEFAULT_AK_HANDLE));
+    parse(&tpm("{ tcti = \"swtpm:host=127.0.0.1,port=2321\", ak_handle = 0x81010005 }")).expect("valid");
+    for (t, field, why) in [
+        ("{ tcti = \"device:tpmrm0\" }", "cell.tpm.tcti", "under /dev"),
+        ("{ tcti = \"device:/tmp/tpm\" }", "cell.tpm.tcti", "under /dev"),
+        ("{ tcti = \"swtpm:host=10.0.0.5,port=2321\" }", "cell.tpm.tcti", "loopback"),
+        ("{ tcti = \"swtpm:port=2321\" }", "cell.tpm.tcti", "host=127.0.0.1"),
+        ("{ tcti = \"swtpm:host=127.0.0.1,port=99999\" }", "cell.tpm.tcti", "port=N"),
+        ("{ tcti = \"tabrmd:bus_name=com.intel.tss2.Tabrmd\" }", "cell.tpm.tcti", "expected device:"),
+        ("{ tcti = \"device:/dev/tpmrm0\", ak_handle = 0x80000001 }", "cell.tpm.ak_handle", "persistent handle"),
+    ] {
+        let (f, r) = bad(&tpm(t));
+        assert_eq!(f, field, "{t}: {r}");
+        assert!(r.contains(why), "{t}: {r}");
+    }
+    let (f, r) = bad(&tpm("{ tcti = \"device:/dev/tpmrm0\", pcr = 16 }"));
+    assert!(f.contains("pcr") && r.contains("unknown field"), "{f}: {r}");
+}

@@ -1,0 +1,604 @@
+//! Binding a statement to the machine's TPM 2.0 (docs/attestation.md, "TPM binding").
+//!
+//! For every statement the supervisor resets PCR 23, extends it with the sha256 of the
+//! statement's exact bytes, and has the attestation key (a restricted ECDSA P-256 signing key
+//! that `sealnode attest tpm-init` made under the endorsement key and persisted) quote PCRs
+//! 0-7 and 23 with the verifier's nonce. The work is done by Debian's tpm2-tools; [`verify`]
+//! checks a quote offline with no TPM.
+//!
+//! What a quote is, byte by byte (TPM 2.0 Library, Part 2): `attest` is a TPMS_ATTEST
+//! (magic `ff544347`, type `8018` = quote, qualifiedSigner, extraData, clockInfo,
+//! firmwareVersion, then TPMS_QUOTE_INFO: the PCR selection and the sha256 over the selected
+//! PCRs' values in ascending order); `signature` is a TPMT_SIGNATURE (`0018` ECDSA, `000b`
+//! sha256, then r and s, each a TPM2B). These are parsed here, a few fixed fields: the
+//! Rust TPM stack (tss-esapi) would link libtss2 into every sealnode for that.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use p256::ecdsa::signature::Verifier as _;
+use p256::pkcs8::DecodePublicKey as _;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The PCR a statement's digest is extended into: resettable from locality 0 (TCG PC Client
+/// profile), reserved for sealnode on a host that binds statements.
+pub const PCR: u32 = 23;
+/// The boot-state PCRs quoted beside it (firmware, boot loader, Secure Boot policy).
+pub const BOOT_PCRS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+/// Where `attest tpm-init` persists the attestation key unless `cell.tpm.ak_handle` says.
+pub const DEFAULT_AK_HANDLE: u32 = 0x8101_0002;
+/// The tpm2-tools, by absolute path (Debian's package).
+pub const TOOLS: &str = "/usr/bin";
+/// The tools a statement needs; `tpm-init` needs the others too.
+pub const QUOTE_TOOLS: &[&str] = &["tpm2_pcrreset", "tpm2_pcrextend", "tpm2_quote", "tpm2_readpublic"];
+pub const INIT_TOOLS: &[&str] = &["tpm2_createek", "tpm2_createak", "tpm2_evictcontrol", "tpm2_flushcontext"];
+/// In the state dir's attest/: the attestation key's and the endorsement key's public halves.
+pub const AK_FILE: &str = "tpm-ak.pem";
+pub const EK_FILE: &str = "tpm-ek.pem";
+/// A tool that takes longer is killed and the statement refused (a hung TPM must not hang
+/// the supervisor).
+const TOOL_TIMEOUT: Duration = Duration::from_secs(20);
+
+const TPM_GENERATED: u32 = 0xff54_4347;
+const ST_ATTEST_QUOTE: u16 = 0x8018;
+const ALG_SHA256: u16 = 0x000b;
+const ALG_ECDSA: u16 = 0x0018;
+
+/// The quote an envelope carries beside its signatures (`tpmQuote`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quote {
+    /// hex sha256 of the attestation key's public key (SubjectPublicKeyInfo DER).
+    pub ak: String,
+    /// The quoted PCRs' sha256 values, by number: 0-7 and 23.
+    pub pcrs: BTreeMap<String, String>,
+    /// base64 of the TPMS_ATTEST the TPM signed.
+    pub attest: String,
+    /// base64 of the TPMT_SIGNATURE over it.
+    pub signature: String,
+}
+
+/// `cell.tpm`: how to reach the TPM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// A tpm2-tools TCTI: `device:/dev/tpmrm0`, or `swtpm:host=127.0.0.1,port=2321` for a
+    /// software TPM on loopback.
+    pub tcti: String,
+    pub ak_handle: u32,
+}
+
+/// hex sha256 of a P-256 key's SubjectPublicKeyInfo DER: the `ak` of quotes and predicates.
+pub fn ak_id(ak: &p256::ecdsa::VerifyingKey) -> String {
+    use p256::pkcs8::EncodePublicKey as _;
+    let der = ak.to_public_key_der().map(|d| d.as_bytes().to_vec()).unwrap_or_default();
+    hex::encode(Sha256::digest(&der))
+}
+
+/// A P-256 public key in SPKI PEM (what tpm2-tools write with `-f pem`).
+pub fn parse_ak(bytes: &[u8]) -> Result<p256::ecdsa::VerifyingKey, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?;
+    p256::ecdsa::VerifyingKey::from_public_key_pem(text.trim())
+        .map_err(|e| format!("not an ECDSA P-256 public key in PEM: {e}"))
+}
+
+/// PCR 23's value after a reset and one extend with sha256(statement bytes).
+pub fn expected_pcr(payload: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update([0u8; 32]);
+    h.update(Sha256::digest(payload));
+    h.finalize().into()
+}
+
+/// The quote's extraData for a nonce: sha256 of its bytes (32 bytes fit every TPM's
+/// TPM2B_DATA); empty for the start-time statement, which answers none.
+pub fn qualifying_data(nonce: Option<&[u8]>) -> Vec<u8> {
+    nonce.map(|n| Sha256::digest(n).to_vec()).unwrap_or_default()
+}
+
+/// The PCR numbers every quote selects, ascending.
+fn selected() -> Vec<u32> {
+    BOOT_PCRS.iter().copied().chain([PCR]).collect()
+}
+
+struct Reader<'a>(&'a [u8], &'static str);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err(format!("the {} ends inside {what}", self.1));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, String> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &str) -> Result<u16, String> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
+    }
+    fn tpm2b(&mut self, what: &str) -> Result<&'a [u8], String> {
+        let n = self.u16(what)? as usize;
+        self.take(n, what)
+    }
+}
+
+/// The fields of a quote's TPMS_ATTEST a verifier checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attested {
+    pub extra_data: Vec<u8>,
+    pub reset_count: u32,
+    pub restart_count: u32,
+    /// The sha256 bank's selected PCR numbers, ascending.
+    pub pcrs: Vec<u32>,
+    pub pcr_digest: Vec<u8>,
+}
+
+/// Parse a TPMS_ATTEST of a quote (and nothing after it).
+pub fn parse_attest(b: &[u8]) -> Result<Attested, String> {
+    let mut r = Reader(b, "TPMS_ATTEST");
+    if r.u32("magic")? != TPM_GENERATED {
+        return Err("not made by a TPM (magic is not TPM_GENERATED)".into());
+    }
+    let kind = r.u16("type")?;
+    if kind != ST_ATTEST_QUOTE {
+        return Err(format!("type {kind:#06x} is not a quote ({ST_ATTEST_QUOTE:#06x})"));
+    }
+    r.tpm2b("qualifiedSigner")?;
+    let extra_data = r.tpm2b("extraData")?.to_vec();
+    let _clock = r.u64("clockInfo.clock")?;
+    let reset_count = r.u32("clockInfo.resetCount")?;
+    let restart_count = r.u32("clockInfo.restartCount")?;
+    let _safe = r.u8("clockInfo.safe")?;
+    let _firmware = r.u64("firmwareVersion")?;
+    let banks = r.u32("pcrSelect.count")?;
+    let mut pcrs = Vec::new();
+    for _ in 0..banks {
+        let alg = r.u16("pcrSelections.hash")?;
+        let size = r.u8("pcrSelections.sizeofSelect")? as usize;
+        let bits = r.take(size, "pcrSelections.pcrSelect")?;
+        if alg != ALG_SHA256 {
+            return Err(format!("the quote selects PCRs of bank {alg:#06x}; only sha256 ({ALG_SHA256:#06x}) is used"));
+        }
+        for (i, byte) in bits.iter().enumerate() {
+            for bit in 0..8 {
+                if byte & (1 << bit) != 0 {
+                    pcrs.push((i * 8 + bit) as u32);
+                }
+            }
+        }
+    }
+    if banks != 1 {
+        return Err(format!("the quote selects {banks} PCR banks; sealnode's select one (sha256)"));
+    }
+    let pcr_digest = r.tpm2b("pcrDigest")?.to_vec();
+    if !r.0.is_empty() {
+        return Err(format!("{} bytes follow the TPMS_ATTEST", r.0.len()));
+    }
+    Ok(Attested { extra_data, reset_count, restart_count, pcrs, pcr_digest })
+}
+
+/// Parse a TPMT_SIGNATURE: ECDSA with sha256, r and s.
+pub fn parse_signature(b: &[u8]) -> Result<p256::ecdsa::Signature, String> {
+    let mut r = Reader(b, "TPMT_SIGNATURE");
+    let alg = r.u16("sigAlg")?;
+    let hash = r.u16("hash")?;
+    if alg != ALG_ECDSA || hash != ALG_SHA256 {
+        return Err(format!("signature scheme {alg:#06x}/{hash:#06x} is not ECDSA/sha256 (0x0018/0x000b)"));
+    }
+    let mut raw = [0u8; 64];
+    for (i, what) in ["signatureR", "signatureS"].iter().enumerate() {
+        let v = r.tpm2b(what)?;
+        if v.len() > 32 {
+            return Err(format!("{what} is {} bytes; P-256's are at most 32", v.len()));
+        }
+        raw[i * 32 + 32 - v.len()..(i + 1) * 32].copy_from_slice(v);
+    }
+    if !r.0.is_empty() {
+        return Err(format!("{} bytes follow the TPMT_SIGNATURE", r.0.len()));
+    }
+    p256::ecdsa::Signature::from_slice(&raw).map_err(|e| format!("not an ECDSA signature: {e}"))
+}
+
+/// Verify a quote: signed by `ak`, over exactly PCRs 0-7 and 23 whose values it carries,
+/// PCR 23 holding `payload`'s digest, extraData = [`qualifying_data`]`(nonce)`. Returns
+/// what was verified, a line each.
+pub fn verify(
+    q: &Quote,
+    ak: &p256::ecdsa::VerifyingKey,
+    payload: &[u8],
+    nonce: Option<&[u8]>,
+) -> Result<Vec<String>, String> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let id = ak_id(ak);
+    if !q.ak.eq_ignore_ascii_case(&id) {
+        return Err(format!("the quote names attestation key {}, not the given one ({id})", q.ak));
+    }
+    let attest = b64.decode(&q.attest).map_err(|e| format!("tpmQuote.attest is not base64: {e}"))?;
+    let sig = b64.decode(&q.signature).map_err(|e| format!("tpmQuote.signature is not base64: {e}"))?;
+    let sig = parse_signature(&sig)?;
+    ak.verify(&attest, &sig).map_err(|_| format!("the quote's signature does not verify with attestation key {id}"))?;
+    let a = parse_attest(&attest)?;
+    let want = qualifying_data(nonce);
+    if a.extra_data != want {
+        return Err(match nonce {
+            Some(_) => "the quote was made for another nonce (a replayed quote?)".to_string(),
+            None => "the quote carries a nonce, the statement none".to_string(),
+        });
+    }
+    if a.pcrs != selected() {
+        return Err(format!("the quote selects PCRs {:?}; sealnode's select {:?}", a.pcrs, selected()));
+    }
+    let mut values = Vec::new();
+    if q.pcrs.len() != a.pcrs.len() {
+        return Err(format!("tpmQuote.pcrs has {} values for {} quoted PCRs", q.pcrs.len(), a.pcrs.len()));
+    }
+    let mut composite = Sha256::new();
+    for n in &a.pcrs {
+        let v = q.pcrs.get(&n.to_string()).ok_or_else(|| format!("tpmQuote.pcrs has no PCR {n}"))?;
+        let v = hex::decode(v)
+            .ok()
+            .filter(|v| v.len() == 32)
+            .ok_or_else(|| format!("PCR {n}'s value is not 32 bytes of hex"))?;
+        composite.update(&v);
+        values.push((*n, v));
+    }
+    if composite.finalize().as_slice() != a.pcr_digest.as_slice() {
+        return Err("the PCR values given are not the ones the TPM quoted (pcrDigest differs)".into());
+    }
+    let pcr23 = values.iter().find(|(n, _)| *n == PCR).map(|(_, v)| v.clone()).unwrap_or_default();
+    if pcr23 != expected_pcr(payload) {
+        return Err(format!(
+            "PCR {PCR} is {}, not the statement's (sha256(0^32 || sha256(payload)) = {}): the quote is not over this statement",
+            hex::encode(&pcr23),
+            hex::encode(expected_pcr(payload))
+        ));
+    }
+    let boot: Vec<String> =
+        values.iter().filter(|(n, _)| *n != PCR).map(|(n, v)| format!("{n}={}", hex::encode(v))).collect();
+    Ok(vec![
+        format!("TPM: quote by attestation key {id} (ECDSA P-256 over the TPMS_ATTEST)"),
+        format!(
+            "TPM: PCR {PCR} holds this statement's digest{}",
+            if nonce.is_some() { ", extraData = sha256(nonce)" } else { "" }
+        ),
+        format!("TPM: reset count {}, restart count {} (boot cycles of that TPM)", a.reset_count, a.restart_count),
+        format!("TPM: boot PCRs (sha256) {}", boot.join(" ")),
+    ])
+}
+
+/// Runs the tpm2-tools for one TPM, with files in a dir only the launcher can reach.
+#[derive(Debug)]
+pub struct Tools {
+    target: Target,
+    /// The work dir: the tools run in it (entered by fd) and write their files there.
+    work_fd: OwnedFd,
+}
+
+impl Tools {
+    /// `work_fd`: a dir only the launcher can write ([`work_dir`]).
+    pub fn new(target: Target, work_fd: OwnedFd) -> Self {
+        Tools { target, work_fd }
+    }
+
+    /// Run one tool to its end (at most [`TOOL_TIMEOUT`]): its stdout, or why it failed with
+    /// the last of its stderr. The environment is explicit and no fd of ours is inherited.
+    pub fn run(&self, tool: &str, args: &[String]) -> Result<Vec<u8>, String> {
+        use std::os::unix::process::CommandExt as _;
+        let path = Path::new(TOOLS).join(tool);
+        let out = self.unnamed().map_err(|e| format!("{tool}: output file: {e}"))?;
+        let err = self.unnamed().map_err(|e| format!("{tool}: output file: {e}"))?;
+        let mut cmd = Command::new(&path);
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("TPM2TOOLS_TCTI", &self.target.tcti)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().map_err(|e| format!("{tool}: {e}"))?)
+            .stderr(err.try_clone().map_err(|e| format!("{tool}: {e}"))?);
+        let dir = std::os::fd::AsRawFd::as_raw_fd(&self.work_fd);
+        // SAFETY: between fork and exec only fchdir and close_range run (async-signal-safe,
+        // allocating nothing): the tool starts in the work dir, entered by the fd we checked,
+        // and every fd of the supervisor above stderr is marked close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                // SAFETY: `dir` stays open in the child until exec (self outlives the spawn).
+                nix::unistd::fchdir(std::os::fd::BorrowedFd::borrow_raw(dir)).map_err(std::io::Error::from)?;
+                crate::sys::cloexec_from(3).map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("{}: {e} (install tpm2-tools)", path.display()))?;
+        let start = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if start.elapsed() < TOOL_TIMEOUT => std::thread::sleep(Duration::from_millis(2)),
+                Ok(None) | Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("{tool} did not finish within {} s: killed", TOOL_TIMEOUT.as_secs()));
+                }
+            }
+        };
+        let read = |mut f: std::fs::File| {
+            use std::io::{Read, Seek};
+            let mut v = Vec::new();
+            let _ = f.rewind().and_then(|_| (&mut f).take(1 << 20).read_to_end(&mut v));
+            v
+        };
+        if !status.success() {
+            let e = String::from_utf8_lossy(&read(err)).into_owned();
+            let last: Vec<&str> = e.lines().filter(|l| !l.trim().is_empty()).collect();
+            let tail = last[last.len().saturating_sub(3)..].join(" | ");
+            return Err(format!("{tool} failed ({status}): {tail}"));
+        }
+        Ok(read(out))
+    }
+
+    /// An unnamed file in the work dir, for a tool's output.
+    fn unnamed(&self) -> nix::Result<std::fs::File> {
+        use nix::fcntl::{openat, OFlag};
+        let fd = openat(
+            &self.work_fd,
+            ".",
+            OFlag::O_TMPFILE | OFlag::O_RDWR | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Read (and remove) a file a tool wrote in the work dir.
+    fn take_file(&self, name: &str) -> Result<Vec<u8>, String> {
+        use nix::fcntl::{openat, OFlag};
+        let fd = openat(
+            &self.work_fd,
+            name,
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| format!("{name}: {e}"))?;
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::from(fd), 1 << 20), &mut v)
+            .map_err(|e| format!("{name}: {e}"))?;
+        let _ = nix::unistd::unlinkat(&self.work_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        Ok(v)
+    }
+
+    fn clear(&self, names: &[&str]) {
+        for n in names {
+            let _ = nix::unistd::unlinkat(&self.work_fd, *n, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
+    }
+
+    fn handle(&self) -> String {
+        format!("{:#010x}", self.target.ak_handle)
+    }
+
+    /// The public key of the persisted attestation key, read from the TPM.
+    pub fn read_ak(&self) -> Result<p256::ecdsa::VerifyingKey, String> {
+        self.clear(&["ak-read.pem"]);
+        let args = ["-c", &self.handle(), "-f", "pem", "-o", "ak-read.pem"].map(String::from);
+        self.run("tpm2_readpublic", &args)?;
+        let pem = self.take_file("ak-read.pem")?;
+        parse_ak(&pem).map_err(|e| format!("the key at {}: {e}", self.handle()))
+    }
+
+    /// Extend PCR 23 with the payload's digest (after a reset) and quote it: checked with
+    /// [`verify`] before it is returned. PCR 23 changed by someone else in between makes the
+    /// check fail; that is retried twice, then refused.
+    pub fn quote(&self, ak: &p256::ecdsa::VerifyingKey, payload: &[u8], nonce: Option<&[u8]>) -> Result<Quote, String> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let files = ["quote.msg", "quote.sig", "quote.pcrs"];
+        let mut last = String::new();
+        for _ in 0..3 {
+            self.clear(&files);
+            self.run("tpm2_pcrreset", &[PCR.to_string()])?;
+            self.run("tpm2_pcrextend", &[format!("{PCR}:sha256={}", hex::encode(Sha256::digest(payload)))])?;
+            let list: Vec<String> = selected().iter().map(u32::to_string).collect();
+            let mut args: Vec<String> = ["-c", &self.handle(), "-g", "sha256", "-l"].map(String::from).to_vec();
+            args.push(format!("sha256:{}", list.join(",")));
+            let q = qualifying_data(nonce);
+            if !q.is_empty() {
+                args.extend(["-q".into(), hex::encode(&q)]);
+            }
+            args.extend(["-m", "quote.msg", "-s", "quote.sig", "-o", "quote.pcrs", "-F", "values"].map(String::from));
+            self.run("tpm2_quote", &args)?;
+            let msg = self.take_file("quote.msg")?;
+            let sig = self.take_file("quote.sig")?;
+            let values = self.take_file("quote.pcrs")?;
+            let sel = selected();
+            if values.len() != 32 * sel.len() {
+                return Err(format!("tpm2_quote wrote {} bytes of PCR values, not {}", values.len(), 32 * sel.len()));
+            }
+            let pcrs = sel.iter().zip(values.chunks(32)).map(|(n, v)| (n.to_string(), hex::encode(v))).collect();
+            let q = Quote { ak: ak_id(ak), pcrs, attest: b64.encode(&msg), signature: b64.encode(&sig) };
+            match verify(&q, ak, payload, nonce) {
+                Ok(_) => return Ok(q),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the TPM quote does not check; quoting again");
+                    last = e;
+                }
+            }
+        }
+        Err(format!("the TPM quote did not check three times: {last}"))
+    }
+
+    /// `attest tpm-init`: an ECC endorsement key, an ECDSA P-256 attestation key under it,
+    /// the latter persisted at the handle (an existing one there is evicted only if `force`).
+    /// Returns (AK public, EK public) as PEM.
+    pub fn init(&self, force: bool) -> Result<(Vec<u8>, Vec<u8>), String> {
+        if self.read_ak().is_ok() {
+            if !force {
+                return Err(format!(
+                    "handle {} holds a key already; keep it, or replace it with --force (verifiers then need the new key)",
+                    self.handle()
+                ));
+            }
+            self.run("tpm2_evictcontrol", &["-C", "o", "-c", &self.handle()].map(String::from))?;
+        }
+        self.clear(&["ek.ctx", "ek.pem", "ak.ctx", "ak.pem", "ak.name"]);
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        self.run("tpm2_createek", &s(&["-G", "ecc", "-c", "ek.ctx", "-u", "ek.pem", "-f", "pem"]))?;
+        self.run(
+            "tpm2_createak",
+            &s(&[
+                "-C", "ek.ctx", "-G", "ecc", "-g", "sha256", "-s", "ecdsa", "-c", "ak.ctx", "-u", "ak.pem", "-f",
+                "pem", "-n", "ak.name",
+            ]),
+        )?;
+        self.run("tpm2_flushcontext", &s(&["-t"]))?;
+        self.run("tpm2_evictcontrol", &s(&["-C", "o", "-c", "ak.ctx", &self.handle()]))?;
+        self.run("tpm2_flushcontext", &s(&["-t"]))?;
+        let ak = self.take_file("ak.pem")?;
+        let ek = self.take_file("ek.pem")?;
+        self.clear(&["ek.ctx", "ak.ctx", "ak.name"]);
+        let persisted = self.read_ak()?;
+        if parse_ak(&ak)? != persisted {
+            return Err(format!("the key persisted at {} is not the one just made", self.handle()));
+        }
+        Ok((ak, ek))
+    }
+}
+
+/// The work dir's fd, for [`Tools::new`].
+pub fn work_dir(path: &Path, uid: u32) -> Result<OwnedFd, String> {
+    crate::trusted::own_dir(path, uid, 0o700).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use p256::ecdsa::signature::Signer as _;
+
+    /// A quote as a TPM would make it, marshalled by hand from the spec's layout.
+    fn marshal(extra: &[u8], pcrs: &[u32], digest: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend(TPM_GENERATED.to_be_bytes());
+        v.extend(ST_ATTEST_QUOTE.to_be_bytes());
+        v.extend(34u16.to_be_bytes());
+        v.extend([0xaa; 34]);
+        v.extend((extra.len() as u16).to_be_bytes());
+        v.extend(extra);
+        v.extend(77u64.to_be_bytes());
+        v.extend(5u32.to_be_bytes());
+        v.extend(0u32.to_be_bytes());
+        v.push(1);
+        v.extend(0x2019_1023u64.to_be_bytes());
+        v.extend(1u32.to_be_bytes());
+        v.extend(ALG_SHA256.to_be_bytes());
+        v.push(3);
+        let mut bits = [0u8; 3];
+        for p in pcrs {
+            bits[*p as usize / 8] |= 1 << (p % 8);
+        }
+        v.extend(bits);
+        v.extend((digest.len() as u16).to_be_bytes());
+        v.extend(digest);
+        v
+    }
+
+    fn tpm_sig(key: &p256::ecdsa::SigningKey, msg: &[u8]) -> Vec<u8> {
+        let sig: p256::ecdsa::Signature = key.sign(msg);
+        let b = sig.to_bytes();
+        let mut v = Vec::new();
+        v.extend(ALG_ECDSA.to_be_bytes());
+        v.extend(ALG_SHA256.to_be_bytes());
+        for half in [&b[..32], &b[32..]] {
+            v.extend(32u16.to_be_bytes());
+            v.extend(half);
+        }
+        v
+    }
+
+    fn quote_for(key: &p256::ecdsa::SigningKey, payload: &[u8], nonce: Option<&[u8]>) -> Quote {
+        let mut pcrs = BTreeMap::new();
+        let mut composite = Sha256::new();
+        for n in selected() {
+            let v = if n == PCR { expected_pcr(payload) } else { [n as u8; 32] };
+            composite.update(v);
+            pcrs.insert(n.to_string(), hex::encode(v));
+        }
+        let attest = marshal(&qualifying_data(nonce), &selected(), &composite.finalize());
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Quote {
+            ak: ak_id(key.verifying_key()),
+            pcrs,
+            attest: b64.encode(&attest),
+            signature: b64.encode(tpm_sig(key, &attest)),
+        }
+    }
+
+    #[test]
+    fn a_quote_verifies_and_each_forgery_fails_with_its_reason() {
+        let key = p256::ecdsa::SigningKey::from_slice(&[3u8; 32]).expect("key");
+        let other = p256::ecdsa::SigningKey::from_slice(&[4u8; 32]).expect("key");
+        let ak = *key.verifying_key();
+        let payload = b"{\"statement\":1}";
+        let nonce = b"0123456789abcdef";
+        let q = quote_for(&key, payload, Some(nonce));
+        let said = verify(&q, &ak, payload, Some(nonce)).expect("verifies");
+        assert!(said[1].contains("PCR 23 holds this statement's digest"), "{said:?}");
+        assert!(said[2].contains("reset count 5"), "{said:?}");
+
+        let err = |q: &Quote, p: &[u8], n: Option<&[u8]>| verify(q, &ak, p, n).expect_err("must fail");
+        // A replayed quote: another nonce.
+        assert!(err(&q, payload, Some(b"fedcba9876543210")).contains("another nonce"));
+        // Another statement's bytes.
+        assert!(err(&q, b"{\"statement\":2}", Some(nonce)).contains("not over this statement"));
+        // A changed PCR value.
+        let mut changed = q.clone();
+        changed.pcrs.insert("7".into(), "00".repeat(32));
+        assert!(err(&changed, payload, Some(nonce)).contains("pcrDigest differs"));
+        // Signed by another key, named as this one.
+        let mut forged = quote_for(&other, payload, Some(nonce));
+        forged.ak = ak_id(&ak);
+        assert!(err(&forged, payload, Some(nonce)).contains("does not verify"));
+        // Another key's quote, named as such.
+        let theirs = quote_for(&other, payload, Some(nonce));
+        assert!(err(&theirs, payload, Some(nonce)).contains("names attestation key"));
+        // A changed byte of the attested structure.
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut raw = b64.decode(&q.attest).expect("b64");
+        raw[10] ^= 1;
+        let flipped = Quote { attest: b64.encode(&raw), ..q.clone() };
+        assert!(err(&flipped, payload, Some(nonce)).contains("does not verify"));
+        // No nonce on either side: the start-time statement's quote.
+        let start = quote_for(&key, payload, None);
+        assert!(verify(&start, &ak, payload, None).is_ok());
+        assert!(err(&start, payload, Some(nonce)).contains("another nonce"));
+    }
+
+    #[test]
+    fn only_quotes_of_sealnodes_pcr_selection_are_taken() {
+        let key = p256::ecdsa::SigningKey::from_slice(&[3u8; 32]).expect("key");
+        let payload = b"p";
+        let mut q = quote_for(&key, payload, None);
+        // Re-sign a selection without PCR 23 (a quote of boot state only).
+        let attest = marshal(&[], &BOOT_PCRS, &[0u8; 32]);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        q.attest = b64.encode(&attest);
+        q.signature = b64.encode(tpm_sig(&key, &attest));
+        assert!(verify(&q, key.verifying_key(), payload, None).expect_err("refused").contains("selects PCRs"));
+        assert!(parse_attest(&attest[..20]).expect_err("short").contains("ends inside"));
+        let mut not_tpm = attest.clone();
+        not_tpm[0] = 0;
+        assert!(parse_attest(&not_tpm).expect_err("magic").contains("TPM_GENERATED"));
+        assert!(parse_signature(&[0, 0x14, 0, 0x0b]).expect_err("rsa").contains("not ECDSA"));
+    }
+}
