@@ -1,6 +1,7 @@
 //! `sealnode check`: everything `run` checks before it starts anything, without starting
 //! anything (like `nginx -t`): the config and its ownership, the policies, each role's plan
-//! (paths, program, pin), the users, the dirs, the kernel, the limits. Once the config loads
+//! (paths, program, pin), the users, the dirs, the kernel, the limits, the attestation key and
+//! TPM (which `check` reads, as `run` would: it asks the TPM for its key). Once the config loads
 //! (its own checks stop at the first problem), every check runs, so one pass lists every
 //! problem. Nothing is created, locked or started; only doctor's throwaway namespace probe
 //! forks.
@@ -125,6 +126,12 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
             })
             .map_err(|e| e.to_string()),
         "each limit set is one this host can enforce",
+    );
+    add(
+        &mut v,
+        "attestation",
+        crate::supervisor::attestation_status(&cfg, inv).map_err(|e| e.to_string()),
+        "the key statements are signed with (owner-only) and, with cell.tpm, the TPM that quotes them",
     );
     v.push(match crate::supervisor::lock_status(&cfg, inv) {
         Ok(None) => Check {

@@ -37,7 +37,7 @@ enum Command {
     /// Check everything `run` checks before it starts anything, and start nothing (a dry run,
     /// like `nginx -t`): the config, the ownership of every file and dir it names, the
     /// policies, each role's sandbox plan (binds, program, sha256 pin, user), the dirs, the
-    /// cgroup limits and the kernel features.
+    /// cgroup limits, the attestation key and TPM, and the kernel features.
     ///
     /// Once the config loads (its own checks stop at the first problem), every check runs, so
     /// one pass lists every problem. Exit status 0 when `run` would start, 125 when it would

@@ -172,6 +172,23 @@ pub struct Supervisor {
     tpm: Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>,
 }
 
+/// What `run` would sign its statements with, checked as at a start (for `sealnode check`).
+pub fn attestation_status(cfg: &Config, inv: &Invoker) -> Result<String> {
+    let key = crate::attest::load_signing(&cfg.cell.state_dir, inv.uid)
+        .map_err(|e| Error::config(&cfg.file, "cell.state_dir", format!("attestation key: {e}")))?
+        .map(|k| k.verifying_key());
+    let tpm = tpm_for(cfg, inv, key.is_some())?;
+    Ok(match (key, tpm) {
+        (None, _) => "not signed: no key (`sealnode attest init` makes one)".into(),
+        (Some(k), None) => format!("signed by key sha256:{}; no TPM", crate::attest::keyid(&k)),
+        (Some(k), Some((_, ak))) => format!(
+            "signed by key sha256:{}; quoted by the TPM's attestation key sha256:{}",
+            crate::attest::keyid(&k),
+            crate::tpm::ak_id(&ak)
+        ),
+    })
+}
+
 /// With `cell.tpm`: the TPM answers and holds the attestation key `attest tpm-init` stored,
 /// or the start is refused before anything runs (statements that cannot be bound are not
 /// made unbound instead).

@@ -426,6 +426,12 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         let (code, _, err) = out(&f, &["run", "--config", &cfg]);
         assert_eq!(code, 125, "{ctx}: {err}");
         assert!(err.contains("cell.tpm") && err.contains("attest tpm-init"), "{ctx}: {err}");
+        let line = |out: &str, level: &str| {
+            out.lines().find(|l| l.starts_with(level) && l[7..].starts_with("attestation")).map(str::to_string)
+        };
+        let (code, checked, _) = out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 125, "{ctx}: check must fail as run does:\n{checked}");
+        assert!(line(&checked, "[FAIL] ").is_some_and(|l| l.contains("attest tpm-init")), "{ctx}:\n{checked}");
         let (code, init, err) = out(&f, &["attest", "tpm-init", "--config", &cfg]);
         assert_eq!(code, 0, "{ctx}: {init}{err}");
         let (code, again, err) = out(&f, &["attest", "tpm-init", "--config", &cfg]);
@@ -448,6 +454,10 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         )
         .expect("write");
         let ak_s = ak.display().to_string();
+        let (code, checked, _) = out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}:\n{checked}");
+        let ok = line(&checked, "[ok  ] ").unwrap_or_else(|| panic!("{ctx}: no attestation row:\n{checked}"));
+        assert!(ok.contains("quoted by the TPM's attestation key"), "{ctx}: {ok}");
 
         let (run, lines) = f.start_run_with_output();
         let Some(at_start) = try_next_line(&lines, 60, |l| l.contains("payloadType")) else {

@@ -79,6 +79,7 @@ fn check_passes_a_good_config_and_starts_nothing() {
             "node scratch",
             "cell",
             "cgroup limits",
+            "attestation",
             "state and runtime dirs",
             "kernel",
         ] {
