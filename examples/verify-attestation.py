@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 import struct
 import sys
 
@@ -56,6 +57,8 @@ def strict_json(data: bytes):
         return json.loads(data.decode("utf-8"), object_pairs_hook=pairs)
     except (UnicodeDecodeError, ValueError) as e:
         raise Malformed(f"not UTF-8 JSON: {e}") from e
+    except RecursionError:
+        raise Malformed("JSON nested too deep") from None
 
 
 def b64(text) -> bytes:
@@ -68,45 +71,67 @@ def b64(text) -> bytes:
     return raw
 
 
-# The statement's shape (urn:sealnode:seal:v1): exactly these members, as sealnode's parser
-# refuses unknown and missing ones ("tpm.note" is optional).
-SHAPE = {
-    "": {"_type", "subject", "predicateType", "predicate"},
-    "predicate": {"generation", "nonce", "issued_at", "started_at", "boot_id", "host", "roles", "preflight", "limits", "tpm"},
-    "host": {"kernel_release", "landlock_abi", "userns_mode", "sealnode_version"},
-    "role": {"program", "layers", "seccomp_instructions", "refused_syscalls_logged", "rlimits", "devices", "restarts", "restarts_since_preflight"},
-    "preflight": {"passed", "report_sha256", "roles"},
-    "preflight_role": {"attempts", "refused", "succeeded", "refused_by"},
-    "limits": {"cgroup", "files"},
-    "subject": {"name", "digest"},
+# The statement's schema (urn:sealnode:seal:v1), with the types sealnode's (serde) parser
+# demands: exactly these members, none missing, none extra; "?" marks one that may be absent
+# or null. Integers are JSON integers in the Rust type's range (never true/false).
+U64, U32, I32 = (0, 2**64 - 1), (0, 2**32 - 1), (-(2**31), 2**31 - 1)
+STR, BOOL = "str", "bool"
+HOST = {"kernel_release": STR, "landlock_abi": I32, "userns_mode": STR, "sealnode_version": STR}
+ROLE = {
+    "program": STR, "layers": [STR], "seccomp_instructions": U64, "refused_syscalls_logged": BOOL,
+    "rlimits": {"*": U64}, "devices": [STR], "restarts": U32, "restarts_since_preflight": U32,
 }
+PREFLIGHT_ROLE = {"attempts": U64, "refused": U64, "succeeded": U64, "refused_by": {"*": U64}}
+PREDICATE = {
+    "generation": U64, "nonce": "?str", "issued_at": U64, "started_at": U64, "boot_id": STR, "host": HOST,
+    "roles": {"*": ROLE}, "preflight": {"passed": BOOL, "report_sha256": STR, "roles": {"*": PREFLIGHT_ROLE}},
+    "limits": {"*": {"cgroup": STR, "files": {"*": STR}}},
+    "tpm": {"present": BOOL, "pcr": ("?", U32), "ak": "?str", "note": "?str"},
+}
+STATEMENT = {"_type": STR, "subject": [{"name": STR, "digest": {"*": STR}}], "predicateType": STR, "predicate": PREDICATE}
 
 
-def shape(obj, kind, optional=()):
-    if not isinstance(obj, dict) or not (SHAPE[kind] <= set(obj) <= SHAPE[kind] | set(optional)):
-        raise Malformed(f"{kind or 'statement'}: members {sorted(obj) if isinstance(obj, dict) else type(obj).__name__}")
+def check(value, schema, where="statement"):
+    """Raise Malformed unless `value` has `schema` (see above)."""
+    optional = False
+    if isinstance(schema, str) and schema.startswith("?"):
+        optional, schema = True, schema[1:]
+    elif isinstance(schema, tuple) and schema[0] == "?":
+        optional, schema = True, schema[1]
+    if optional and value is None:
+        return
+    if schema == STR:
+        ok = isinstance(value, str)
+    elif schema == BOOL:
+        ok = isinstance(value, bool)
+    elif isinstance(schema, tuple):
+        ok = isinstance(value, int) and not isinstance(value, bool) and schema[0] <= value <= schema[1]
+    elif isinstance(schema, list):
+        ok = isinstance(value, list)
+        for i, v in enumerate(value if ok else []):
+            check(v, schema[0], f"{where}[{i}]")
+    elif "*" in schema:
+        ok = isinstance(value, dict)
+        for k, v in (value.items() if ok else []):
+            check(v, schema["*"], f"{where}.{k}")
+    else:
+        ok = isinstance(value, dict)
+        if ok:
+            required = {k for k, t in schema.items() if not (isinstance(t, str) and t.startswith("?")) and not (isinstance(t, tuple) and t[0] == "?")}
+            if not (required <= set(value) <= set(schema)):
+                raise Malformed(f"{where}: members {sorted(value)}")
+            for k, v in value.items():
+                check(v, schema[k], f"{where}.{k}")
+    if not ok:
+        raise Malformed(f"{where}: not of the type sealnode writes")
 
 
 def check_shape(st):
-    shape(st, "")
-    p = st["predicate"]
-    shape(p, "predicate")
-    shape(p["host"], "host")
-    for r in p["roles"].values():
-        shape(r, "role")
-    shape(p["preflight"], "preflight")
-    for r in p["preflight"]["roles"].values():
-        shape(r, "preflight_role")
-    for r in p["limits"].values():
-        shape(r, "limits")
-    if not isinstance(p["tpm"], dict) or not ({"present"} <= set(p["tpm"]) <= {"present", "pcr", "ak", "note"}):
-        raise Malformed("tpm: members")
-    if not isinstance(st["subject"], list):
-        raise Malformed("subject: not a list")
-    for s in st["subject"]:
-        shape(s, "subject")
-    if not isinstance(p["generation"], int) or not (p["nonce"] is None or isinstance(p["nonce"], str)):
-        raise Malformed("generation or nonce of the wrong type")
+    check(st, STATEMENT)
+
+
+QUOTE = {"ak": STR, "pcrs": {"*": STR}, "attest": STR, "signature": STR}
+ENVELOPE = {"payloadType": STR, "payload": STR, "signatures": [{"keyid": STR, "sig": STR}], "tpmQuote": ("?", QUOTE)}
 
 
 # The TPM quote (docs/attestation.md, "TPM binding"): PCRs 0-7 and 23 of the sha256 bank.
@@ -164,25 +189,28 @@ def verify_tpm(envelope, p, body: bytes, ak: ec.EllipticCurvePublicKey):
     t = p["tpm"]
     if not t["present"]:
         raise TpmFailure("the statement says no TPM: it is bound to the signing key only")
-    if (t.get("ak") or "").lower() != ak_id:
+    if t.get("pcr") != PCR:
+        raise TpmFailure(f"the statement names PCR {t.get('pcr')}; sealnode's quotes hold the statement in PCR {PCR}")
+    if (t.get("ak") or "").encode().lower() != ak_id.encode():
         raise TpmFailure(f"the statement names attestation key {t.get('ak')}, not the given one ({ak_id})")
     q = envelope.get("tpmQuote")
-    if not isinstance(q, dict):
+    if q is None:
         raise TpmFailure("the envelope carries no tpmQuote")
-    if set(q) != {"ak", "pcrs", "attest", "signature"}:
-        raise Malformed("tpmQuote: members")
-    if q["ak"].lower() != ak_id:
+    if q["ak"].encode().lower() != ak_id.encode():
         raise TpmFailure(f"the quote names attestation key {q['ak']}, not the given one ({ak_id})")
-    attest, sig = b64(q["attest"]), b64(q["signature"])
+    try:
+        attest, sig = b64(q["attest"]), b64(q["signature"])
+    except binascii.Error:
+        raise TpmFailure("tpmQuote.attest or .signature is not base64") from None
     if len(sig) < 4 or struct.unpack_from(">HH", sig, 0) != (0x0018, 0x000B):
         raise TpmFailure("the quote's signature is not ECDSA/sha256")
     r, at = tpm2b(sig, 4)
     s, at = tpm2b(sig, at)
-    if at != len(sig):
-        raise TpmFailure("bytes follow the TPMT_SIGNATURE")
+    if at != len(sig) or len(r) > 32 or len(s) > 32:
+        raise TpmFailure("the TPMT_SIGNATURE is not ECDSA P-256's r and s, and nothing after")
     try:
         ak.verify(encode_dss_signature(int.from_bytes(r, "big"), int.from_bytes(s, "big")), attest, ec.ECDSA(hashes.SHA256()))
-    except InvalidSignature:
+    except (InvalidSignature, ValueError):
         raise TpmFailure(f"the quote's signature does not verify with attestation key {ak_id}") from None
     extra, resets, pcrs, digest = parse_attest(attest)
     want = hashlib.sha256(bytes.fromhex(p["nonce"])).digest() if p["nonce"] is not None else b""
@@ -191,11 +219,11 @@ def verify_tpm(envelope, p, body: bytes, ak: ec.EllipticCurvePublicKey):
     if pcrs != QUOTED:
         raise TpmFailure(f"the quote selects PCRs {pcrs}; sealnode's select {QUOTED}")
     values = q["pcrs"]
-    if not isinstance(values, dict) or set(values) != {str(n) for n in QUOTED}:
+    if set(values) != {str(n) for n in QUOTED}:
         raise TpmFailure("tpmQuote.pcrs does not hold exactly the quoted PCRs")
+    if not all(re.fullmatch(r"[0-9a-fA-F]{64}", values[str(n)]) for n in QUOTED):
+        raise TpmFailure("a PCR value is not 32 bytes of hex")
     raw = {n: bytes.fromhex(values[str(n)]) for n in QUOTED}
-    if any(len(v) != 32 for v in raw.values()):
-        raise TpmFailure("a PCR value is not 32 bytes")
     if hashlib.sha256(b"".join(raw[n] for n in QUOTED)).digest() != digest:
         raise TpmFailure("the PCR values given are not the ones the TPM quoted (pcrDigest differs)")
     if raw[PCR] != hashlib.sha256(b"\0" * 32 + hashlib.sha256(body).digest()).digest():
@@ -219,16 +247,15 @@ def verify(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generation, tp
 def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generation, tpm_ak=None):
     keyid = hashlib.sha256(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).hexdigest()
     envelope = strict_json(data)
-    if not isinstance(envelope, dict):
-        raise Malformed("not an envelope")
+    # The envelope's members, as sealnode's parser takes them: DSSE's three and an optional
+    # tpmQuote (null is the same as absent), each of its type, nothing else.
+    check(envelope, ENVELOPE, "envelope")
+    if envelope.get("tpmQuote") is None:
+        envelope.pop("tpmQuote", None)
     if envelope.get("payloadType") != PAYLOAD_TYPE:
         return 13, [f"payloadType {envelope.get('payloadType')!r} is not {PAYLOAD_TYPE}"]
     body = b64(envelope["payload"])
     sigs = envelope["signatures"]
-    if not isinstance(sigs, list) or not all(
-        isinstance(s, dict) and isinstance(s.get("keyid"), str) and isinstance(s.get("sig"), str) for s in sigs
-    ):
-        raise Malformed("signatures: each needs a keyid and a sig")
     good = False
     for s in sigs:
         if s["keyid"] != keyid:
@@ -277,7 +304,8 @@ def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generat
         return 12, bad
     said.append(
         f"sealed: generation {p['generation']}, preflight {'passed' if p['preflight']['passed'] else 'FAILED'}, "
-        f"kernel {p['host']['kernel_release']}, TPM {'bound' if p['tpm']['present'] else 'none'}"
+        f"kernel {p['host']['kernel_release']}, TPM "
+        + ("none" if not p["tpm"]["present"] else "bound (quote verified)" if tpm_ak is not None else "present (quote not checked)")
     )
     return 0, said
 
@@ -293,18 +321,31 @@ def main():
     ap.add_argument("--min-generation", type=int)
     ap.add_argument("--tpm-ak", help="the TPM attestation key the gateway enrolled (PEM)")
     a = ap.parse_args()
-    with open(a.pubkey, "rb") as f:
-        key = load_pem_public_key(f.read())
-    if not isinstance(key, Ed25519PublicKey):
-        sys.exit(f"{a.pubkey}: not an ed25519 public key")
-    with open(a.envelope, "rb") as f:
-        data = f.read()
+    # As sealnode's: a bad nonce or --expect is a usage error (2), a file or key that cannot be
+    # read is 125.
+    if a.nonce is not None and not re.fullmatch(r"(?:[0-9a-fA-F]{2}){8,64}", a.nonce):
+        ap.error(f"the nonce {a.nonce!r} is not 8 to 64 bytes of hex")
+    if any("=" not in e for e in a.expect):
+        ap.error("--expect: expected NAME=SHA256")
+
+    def load(path, what, ok):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            k = load_pem_public_key(data) if what else data
+        except (OSError, ValueError) as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            sys.exit(125)
+        if what and not ok(k):
+            print(f"{path}: not an {what} public key", file=sys.stderr)
+            sys.exit(125)
+        return k
+
+    key = load(a.pubkey, "ed25519", lambda k: isinstance(k, Ed25519PublicKey))
+    data = load(a.envelope, None, None)
     ak = None
     if a.tpm_ak:
-        with open(a.tpm_ak, "rb") as f:
-            ak = load_pem_public_key(f.read())
-        if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
-            sys.exit(f"{a.tpm_ak}: not an ECDSA P-256 public key")
+        ak = load(a.tpm_ak, "ECDSA P-256", lambda k: isinstance(k, ec.EllipticCurvePublicKey) and k.curve.name == "secp256r1")
     expect = [tuple(e.split("=", 1)) for e in a.expect]
     code, lines = verify(data, key, a.nonce, expect, a.min_generation, ak)
     print(f"{a.envelope}: {'verified' if code == 0 else 'NOT verified'}")

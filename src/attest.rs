@@ -33,7 +33,10 @@ pub const PUB_FILE: &str = "ed25519.pub";
 pub const NONCE_MIN: usize = 8;
 pub const NONCE_MAX: usize = 64;
 
+/// Strict, as the Python verifier reads it: no member beyond DSSE's and `tpmQuote` (found by
+/// review: an ignored member could hold what one verifier parsed and the other could not).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Envelope {
     #[serde(rename = "payloadType")]
     pub payload_type: String,
@@ -47,6 +50,7 @@ pub struct Envelope {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Signature {
     /// hex sha256 of the raw 32-byte public key ([`keyid`]).
     pub keyid: String,
@@ -467,6 +471,13 @@ pub fn verify(
             if !t.present {
                 return Err(Failure::Tpm("the statement says no TPM: it is bound to the signing key only".into()));
             }
+            if t.pcr != Some(crate::tpm::PCR) {
+                return Err(Failure::Tpm(format!(
+                    "the statement names PCR {}; sealnode's quotes hold the statement in PCR {}",
+                    t.pcr.map_or("none".to_string(), |p| p.to_string()),
+                    crate::tpm::PCR
+                )));
+            }
             if !t.ak.as_deref().is_some_and(|a| a.eq_ignore_ascii_case(&id)) {
                 return Err(Failure::Tpm(format!(
                     "the statement names attestation key {}, not the given one ({id})",
@@ -651,21 +662,36 @@ pub fn load_tpm_ak(state_dir: &Path, uid: u32) -> Result<Option<p256::ecdsa::Ver
         .map_err(|e| Error::io(format!("{}: {e}", shown.display()), std::io::Error::other("not an attestation key")))
 }
 
+/// The attestation key's TPM name (hex) `attest tpm-init` stored, if any.
+pub fn load_tpm_ak_name(state_dir: &Path, uid: u32) -> Option<String> {
+    let p = state_dir.join(KEY_DIR);
+    let dir = crate::trusted::open_dir(&p, uid).ok()?;
+    let b = read_key_file(&dir, crate::tpm::AK_NAME_FILE, &p.join(crate::tpm::AK_NAME_FILE), uid, false).ok()?;
+    Some(String::from_utf8_lossy(&b).trim().to_string())
+}
+
 /// `attest tpm-init`: make the TPM's attestation key (persisted at `cell.tpm.ak_handle`) and
 /// store its public half and the endorsement key's beside the signing key.
-pub fn tpm_init(
-    state_dir: &Path,
-    uid: u32,
-    target: crate::tpm::Target,
-    force: bool,
-) -> Result<p256::ecdsa::VerifyingKey> {
+pub fn tpm_init(state_dir: &Path, uid: u32, target: crate::tpm::Target, force: bool) -> Result<crate::tpm::AkPublic> {
     let dir = key_dir(state_dir, uid)?;
     let tools = tpm_tools(state_dir, uid, target)?;
-    let (ak, ek) = tools.init(force).map_err(|e| Error::io("attest tpm-init", std::io::Error::other(e)))?;
+    let (raw, ak, ek) = tools.init(force).map_err(|e| Error::io("attest tpm-init", std::io::Error::other(e)))?;
     let p = state_dir.join(KEY_DIR);
-    crate::receipt::write_atomic_at(&dir, crate::tpm::EK_FILE, &ek, 0o644, &p.join(crate::tpm::EK_FILE))?;
-    crate::receipt::write_atomic_at(&dir, crate::tpm::AK_FILE, &ak, 0o644, &p.join(crate::tpm::AK_FILE))?;
-    crate::tpm::parse_ak(&ak).map_err(|e| Error::io("the new attestation key", std::io::Error::other(e)))
+    use p256::pkcs8::EncodePublicKey as _;
+    let pem = ak
+        .key
+        .to_public_key_pem(Default::default())
+        .map_err(|e| Error::io("encode the attestation key", std::io::Error::other(e.to_string())))?;
+    let name = format!("{}\n", hex::encode(&ak.name));
+    for (file, bytes) in [
+        (crate::tpm::EK_FILE, ek.as_slice()),
+        (crate::tpm::AK_PUBLIC_FILE, raw.as_slice()),
+        (crate::tpm::AK_NAME_FILE, name.as_bytes()),
+        (crate::tpm::AK_FILE, pem.as_bytes()),
+    ] {
+        crate::receipt::write_atomic_at(&dir, file, bytes, 0o644, &p.join(file))?;
+    }
+    Ok(ak)
 }
 
 /// The tpm2-tools for a target, working in the key dir's `tpm/` (0700, the launcher's).

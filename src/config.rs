@@ -164,11 +164,37 @@ pub struct TpmConfig {
     pub ak_handle: u32,
 }
 
+/// A TPM device node: named tpm* under /dev, or a character device the kernel's tpm or tpmrm
+/// class owns (/sys/dev/char/MAJ:MIN/subsystem), whatever its name.
+fn is_tpm_device(p: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("tpm")) {
+        return true;
+    }
+    let Ok(md) = std::fs::metadata(p) else { return false };
+    if !md.file_type().is_char_device() {
+        return false;
+    }
+    let (maj, min) = (nix::sys::stat::major(md.rdev()), nix::sys::stat::minor(md.rdev()));
+    std::fs::read_link(format!("/sys/dev/char/{maj}:{min}/subsystem"))
+        .ok()
+        .and_then(|l| l.file_name().map(|n| n == "tpm" || n == "tpmrm"))
+        .unwrap_or(false)
+}
+
 fn default_ak_handle() -> u32 {
     crate::tpm::DEFAULT_AK_HANDLE
 }
 
 impl TpmConfig {
+    /// A software TPM on loopback: its command and control ports (the swtpm and mssim TCTIs
+    /// reach the control channel at port + 1).
+    pub fn loopback_ports(&self) -> Option<[u16; 2]> {
+        let conf = self.tcti.strip_prefix("swtpm:").or_else(|| self.tcti.strip_prefix("mssim:"))?;
+        let port = conf.split(',').rev().find_map(|kv| kv.strip_prefix("port="))?.parse::<u16>().ok()?;
+        Some([port, port.wrapping_add(1)])
+    }
+
     pub fn target(&self) -> crate::tpm::Target {
         crate::tpm::Target { tcti: self.tcti.clone(), ak_handle: self.ak_handle }
     }
@@ -752,7 +778,26 @@ impl Config {
         }
         loaded.complete = true;
         cfg.loaded = loaded;
+        cfg.check_no_role_tpm()?;
         Ok(cfg)
+    }
+
+    /// With `cell.tpm`, no role gets a TPM device (by `devices` or a CDI spec): with it a role
+    /// could reset PCR 23 and quote with the attestation key (found by review).
+    fn check_no_role_tpm(&self) -> Result<()> {
+        if self.cell.tpm.is_none() {
+            return Ok(());
+        }
+        for role in Role::ALL {
+            if let Some(d) = self.devices(role).into_iter().find(|d| is_tpm_device(d)) {
+                let field = if self.role(role).devices.iter().any(|x| x == d) { "devices" } else { "devices_from" };
+                return Err(self.err(
+                    format!("{role}.{field}"),
+                    format!("{} is a TPM: with cell.tpm set, a role with it could reset PCR 23 and quote with the attestation key", d.display()),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The role's policy files as loaded: (seccomp, landlock). An error for a config that was
@@ -1017,6 +1062,19 @@ impl Config {
         self.abs("cell.runtime_dir", &self.cell.runtime_dir)?;
         if let Some(t) = &self.cell.tpm {
             t.check().map_err(|(field, why)| self.err(field, why))?;
+            // A software TPM's ports are the TPM: a role that can connect to them can reset
+            // PCR 23, quote with the attestation key, or evict it (found by review).
+            if let Some(ports) = t.loopback_ports() {
+                for (i, e) in self.node.egress.iter().enumerate() {
+                    let to = e.connect.as_deref().and_then(|c| c.parse::<std::net::SocketAddr>().ok());
+                    if let Some(a) = to.filter(|a| a.ip().is_loopback() && ports.contains(&a.port())) {
+                        return Err(self.err(
+                            format!("node.egress[{i}].connect"),
+                            format!("{a} is the TPM of cell.tpm ({}): a role that reaches it can reset PCR 23 and quote with the attestation key", t.tcti),
+                        ));
+                    }
+                }
+            }
         }
         if let Some(u) = &self.cell.rootful {
             parse_user_spec(&u.engine).map_err(|r| self.err("cell.rootful.engine", r))?;

@@ -213,16 +213,16 @@ fn tpm_for(
             ))
         })?;
     let tools = crate::attest::tpm_tools(&cfg.cell.state_dir, inv.uid, t.target()).map_err(|e| bad(e.to_string()))?;
-    let ak = tools.read_ak().map_err(|e| bad(format!("the TPM ({}): {e}", t.tcti)))?;
-    if ak != stored {
+    let (_, ak) = tools.read_ak().map_err(|e| bad(format!("the TPM ({}): {e}", t.tcti)))?;
+    if ak.key != stored {
         return Err(bad(format!(
             "the key at handle {:#010x} is not the one `attest tpm-init` stored ({}): run tpm-init again and enrol the new key",
             t.ak_handle,
             crate::tpm::AK_FILE
         )));
     }
-    tracing::info!(ak = %crate::tpm::ak_id(&ak), tcti = %t.tcti, "TPM attestation key checked");
-    Ok(Some((tools, ak)))
+    tracing::info!(ak = %crate::tpm::ak_id(&ak.key), name = %hex::encode(&ak.name), tcti = %t.tcti, "TPM attestation key checked");
+    Ok(Some((tools, ak.key)))
 }
 
 /// Tell the service manager (if any), never blocking the event loop: sd_notify's send
@@ -748,7 +748,8 @@ impl Supervisor {
         if let Some((tools, ak)) = &self.tpm {
             let body = crate::attest::statement_bytes(&st);
             let nonce = st.predicate.nonce.as_deref().map(hex::decode).transpose().map_err(|e| e.to_string())?;
-            env.tpm_quote = Some(tools.quote(ak, &body, nonce.as_deref()).map_err(|e| format!("TPM: {e}"))?);
+            env.tpm_quote =
+                Some(tools.quote(ak, &body, nonce.as_deref(), &stop_pending).map_err(|e| format!("TPM: {e}"))?);
         }
         Ok(env)
     }

@@ -37,12 +37,12 @@ pub const TOOLS: &str = "/usr/bin";
 /// The tools a statement needs; `tpm-init` needs the others too.
 pub const QUOTE_TOOLS: &[&str] = &["tpm2_pcrreset", "tpm2_pcrextend", "tpm2_quote", "tpm2_readpublic"];
 pub const INIT_TOOLS: &[&str] = &["tpm2_createek", "tpm2_createak", "tpm2_evictcontrol", "tpm2_flushcontext"];
-/// In the state dir's attest/: the attestation key's and the endorsement key's public halves.
+/// In the state dir's attest/: the attestation key's public key (SPKI PEM), its public area
+/// (TPM2B_PUBLIC) and name (hex), and the endorsement key's public key, for enrolment.
 pub const AK_FILE: &str = "tpm-ak.pem";
+pub const AK_PUBLIC_FILE: &str = "tpm-ak.pub";
+pub const AK_NAME_FILE: &str = "tpm-ak.name";
 pub const EK_FILE: &str = "tpm-ek.pem";
-/// A tool that takes longer is killed and the statement refused (a hung TPM must not hang
-/// the supervisor).
-const TOOL_TIMEOUT: Duration = Duration::from_secs(20);
 
 const TPM_GENERATED: u32 = 0xff54_4347;
 const ST_ATTEST_QUOTE: u16 = 0x8018;
@@ -283,35 +283,144 @@ pub fn verify(
     ])
 }
 
+/// TPMA_OBJECT bits an attestation key must have: made in this TPM and never to leave it
+/// (fixedTPM, fixedParent, sensitiveDataOrigin), signing only what the TPM itself produced
+/// (restricted, sign). And must not have: decrypt.
+const AK_MUST: u32 = 0x2 | 0x10 | 0x20 | 0x1_0000 | 0x4_0000;
+const AK_MUST_NOT: u32 = 0x2_0000;
+const ALG_ECC: u16 = 0x0023;
+const ALG_NULL: u16 = 0x0010;
+const CURVE_NIST_P256: u16 = 0x0003;
+
+/// An attestation key's public area (TPMT_PUBLIC), checked to be a restricted ECDSA P-256
+/// signing key made in the TPM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AkPublic {
+    pub key: p256::ecdsa::VerifyingKey,
+    /// nameAlg (sha256) || sha256(TPMT_PUBLIC): what the TPM calls the key, and what a
+    /// gateway's credential activation (`tpm2_makecredential`) is made for.
+    pub name: Vec<u8>,
+    pub attributes: u32,
+}
+
+/// Parse a TPM2B_PUBLIC (as `tpm2_readpublic -o` writes it) and check it is an attestation key
+/// fit to quote: refused otherwise, saying which attribute or parameter is wrong.
+pub fn parse_ak_public(b: &[u8]) -> Result<AkPublic, String> {
+    let mut outer = Reader(b, "TPM2B_PUBLIC");
+    let area = outer.tpm2b("publicArea")?;
+    if !outer.0.is_empty() {
+        return Err(format!("{} bytes follow the TPM2B_PUBLIC", outer.0.len()));
+    }
+    let mut r = Reader(area, "TPMT_PUBLIC");
+    let kind = r.u16("type")?;
+    let name_alg = r.u16("nameAlg")?;
+    let attributes = r.u32("objectAttributes")?;
+    r.tpm2b("authPolicy")?;
+    if kind != ALG_ECC || name_alg != ALG_SHA256 {
+        return Err(format!(
+            "type {kind:#06x} / nameAlg {name_alg:#06x}: an attestation key here is ECC with sha256 names"
+        ));
+    }
+    if attributes & AK_MUST != AK_MUST || attributes & AK_MUST_NOT != 0 {
+        return Err(format!(
+            "attributes {attributes:#010x}: an attestation key must be fixedtpm|fixedparent|sensitivedataorigin|restricted|sign and not decrypt (a key without `restricted` signs anything, so its quotes prove nothing)"
+        ));
+    }
+    let sym = r.u16("symmetric.algorithm")?;
+    if sym != ALG_NULL {
+        return Err(format!("symmetric {sym:#06x}: a signing key has none"));
+    }
+    let scheme = r.u16("scheme")?;
+    let hash = if scheme != ALG_NULL { r.u16("scheme.hashAlg")? } else { ALG_NULL };
+    if scheme != ALG_ECDSA || hash != ALG_SHA256 {
+        return Err(format!("scheme {scheme:#06x}/{hash:#06x}: the attestation key must sign with ECDSA/sha256"));
+    }
+    let curve = r.u16("curveID")?;
+    if curve != CURVE_NIST_P256 {
+        return Err(format!("curve {curve:#06x} is not NIST P-256"));
+    }
+    let kdf = r.u16("kdf")?;
+    if kdf != ALG_NULL {
+        r.u16("kdf.hashAlg")?;
+    }
+    let x = r.tpm2b("unique.x")?;
+    let y = r.tpm2b("unique.y")?;
+    if !r.0.is_empty() || x.len() > 32 || y.len() > 32 {
+        return Err("the public point is not a P-256 point".into());
+    }
+    let pad = |v: &[u8]| {
+        let mut a = [0u8; 32];
+        a[32 - v.len()..].copy_from_slice(v);
+        a
+    };
+    let (x, y) = (pad(x), pad(y));
+    let point = p256::EncodedPoint::from_affine_coordinates(&x.into(), &y.into(), false);
+    let key = p256::ecdsa::VerifyingKey::from_encoded_point(&point)
+        .map_err(|_| "the public point is not on P-256".to_string())?;
+    let mut name = ALG_SHA256.to_be_bytes().to_vec();
+    name.extend(Sha256::digest(area));
+    Ok(AkPublic { key, name, attributes })
+}
+
+/// How long one statement's TPM work may take, all tools and tries together; the supervisor
+/// answers nothing else meanwhile.
+pub const QUOTE_DEADLINE: Duration = Duration::from_secs(10);
+/// After a TPM did not answer in time, statements fail at once for this long instead of each
+/// waiting out the deadline again.
+pub const UNRESPONSIVE_BACKOFF: Duration = Duration::from_secs(30);
+/// `tpm-init` and the start's key check: slower TPMs make keys in seconds.
+const SETUP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Why a tool run ended without a result.
+#[derive(Debug)]
+enum ToolError {
+    /// The tool failed (its status and last stderr lines): worth another try.
+    Failed(String),
+    /// The deadline passed (the tool was killed) or a stop was requested: no further try.
+    Abandoned(String),
+}
+
+impl From<ToolError> for String {
+    fn from(e: ToolError) -> String {
+        match e {
+            ToolError::Failed(s) | ToolError::Abandoned(s) => s,
+        }
+    }
+}
+
 /// Runs the tpm2-tools for one TPM, with files in a dir only the launcher can reach.
 #[derive(Debug)]
 pub struct Tools {
     target: Target,
     /// The work dir: the tools run in it (entered by fd) and write their files there.
     work_fd: OwnedFd,
+    /// Until when statements fail at once: the TPM last did not answer in time.
+    unresponsive_until: std::cell::Cell<Option<Instant>>,
 }
 
 impl Tools {
     /// `work_fd`: a dir only the launcher can write ([`work_dir`]).
     pub fn new(target: Target, work_fd: OwnedFd) -> Self {
-        Tools { target, work_fd }
+        Tools { target, work_fd, unresponsive_until: std::cell::Cell::new(None) }
     }
 
-    /// Run one tool to its end (at most [`TOOL_TIMEOUT`]): its stdout, or why it failed with
-    /// the last of its stderr. The environment is explicit and no fd of ours is inherited.
-    pub fn run(&self, tool: &str, args: &[String]) -> Result<Vec<u8>, String> {
+    /// Run one tool to its end, by `until` at the latest, and sooner if `stop()` (checked every
+    /// few ms): its stdout, or why it failed with the last of its stderr. The environment is
+    /// explicit and no fd of ours is inherited.
+    fn run(&self, tool: &str, args: &[String], until: Instant, stop: &dyn Fn() -> bool) -> Result<Vec<u8>, ToolError> {
         use std::os::unix::process::CommandExt as _;
+        let failed = |e: String| ToolError::Failed(format!("{tool}: {e}"));
         let path = Path::new(TOOLS).join(tool);
-        let out = self.unnamed().map_err(|e| format!("{tool}: output file: {e}"))?;
-        let err = self.unnamed().map_err(|e| format!("{tool}: output file: {e}"))?;
+        let out = self.unnamed().map_err(|e| failed(format!("output file: {e}")))?;
+        let err = self.unnamed().map_err(|e| failed(format!("output file: {e}")))?;
         let mut cmd = Command::new(&path);
         cmd.args(args)
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("TPM2TOOLS_TCTI", &self.target.tcti)
             .stdin(Stdio::null())
-            .stdout(out.try_clone().map_err(|e| format!("{tool}: {e}"))?)
-            .stderr(err.try_clone().map_err(|e| format!("{tool}: {e}"))?);
+            .stdout(out.try_clone().map_err(|e| failed(e.to_string()))?)
+            .stderr(err.try_clone().map_err(|e| failed(e.to_string()))?);
         let dir = std::os::fd::AsRawFd::as_raw_fd(&self.work_fd);
         // SAFETY: between fork and exec only fchdir and close_range run (async-signal-safe,
         // allocating nothing): the tool starts in the work dir, entered by the fd we checked,
@@ -323,16 +432,22 @@ impl Tools {
                 crate::sys::cloexec_from(3).map_err(std::io::Error::from)
             });
         }
-        let mut child = cmd.spawn().map_err(|e| format!("{}: {e} (install tpm2-tools)", path.display()))?;
-        let start = Instant::now();
+        let mut child = cmd.spawn().map_err(|e| failed(format!("{}: {e} (install tpm2-tools)", path.display())))?;
         let status = loop {
             match child.try_wait() {
                 Ok(Some(s)) => break s,
-                Ok(None) if start.elapsed() < TOOL_TIMEOUT => std::thread::sleep(Duration::from_millis(2)),
+                Ok(None) if Instant::now() < until && !stop() => std::thread::sleep(Duration::from_millis(2)),
                 Ok(None) | Err(_) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(format!("{tool} did not finish within {} s: killed", TOOL_TIMEOUT.as_secs()));
+                    if stop() {
+                        return Err(ToolError::Abandoned(format!("{tool}: a stop was requested")));
+                    }
+                    self.unresponsive_until.set(Some(Instant::now() + UNRESPONSIVE_BACKOFF));
+                    return Err(ToolError::Abandoned(format!(
+                        "the TPM did not answer in time ({tool} killed); statements fail at once for the next {} s",
+                        UNRESPONSIVE_BACKOFF.as_secs()
+                    )));
                 }
             }
         };
@@ -346,9 +461,15 @@ impl Tools {
             let e = String::from_utf8_lossy(&read(err)).into_owned();
             let last: Vec<&str> = e.lines().filter(|l| !l.trim().is_empty()).collect();
             let tail = last[last.len().saturating_sub(3)..].join(" | ");
-            return Err(format!("{tool} failed ({status}): {tail}"));
+            return Err(failed(format!("failed ({status}): {tail}")));
         }
         Ok(read(out))
+    }
+
+    /// A setup step (`tpm-init`, the start's key check): one try within [`SETUP_DEADLINE`].
+    fn setup(&self, tool: &str, args: &[&str]) -> Result<Vec<u8>, String> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        self.run(tool, &args, Instant::now() + SETUP_DEADLINE, &|| false).map_err(String::from)
     }
 
     /// An unnamed file in the work dir, for a tool's output.
@@ -390,89 +511,126 @@ impl Tools {
         format!("{:#010x}", self.target.ak_handle)
     }
 
-    /// The public key of the persisted attestation key, read from the TPM.
-    pub fn read_ak(&self) -> Result<p256::ecdsa::VerifyingKey, String> {
-        self.clear(&["ak-read.pem"]);
-        let args = ["-c", &self.handle(), "-f", "pem", "-o", "ak-read.pem"].map(String::from);
-        self.run("tpm2_readpublic", &args)?;
-        let pem = self.take_file("ak-read.pem")?;
-        parse_ak(&pem).map_err(|e| format!("the key at {}: {e}", self.handle()))
+    /// The persisted attestation key's public area, read from the TPM and checked
+    /// ([`parse_ak_public`]): as TPM2B_PUBLIC bytes and parsed.
+    pub fn read_ak(&self) -> Result<(Vec<u8>, AkPublic), String> {
+        self.clear(&["ak-read.pub"]);
+        self.setup("tpm2_readpublic", &["-c", &self.handle(), "-o", "ak-read.pub"])?;
+        let raw = self.take_file("ak-read.pub")?;
+        let ak = parse_ak_public(&raw).map_err(|e| format!("the key at {}: {e}", self.handle()))?;
+        Ok((raw, ak))
     }
 
     /// Extend PCR 23 with the payload's digest (after a reset) and quote it: checked with
-    /// [`verify`] before it is returned. PCR 23 changed by someone else in between makes the
-    /// check fail; that is retried twice, then refused.
-    pub fn quote(&self, ak: &p256::ecdsa::VerifyingKey, payload: &[u8], nonce: Option<&[u8]>) -> Result<Quote, String> {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let files = ["quote.msg", "quote.sig", "quote.pcrs"];
+    /// [`verify`] before it is returned. Any failure of a try (PCR 23 changed by someone else
+    /// in between, a tool's error) is tried again, three tries within [`QUOTE_DEADLINE`]; a
+    /// TPM that does not answer in time, or a stop, ends it.
+    pub fn quote(
+        &self,
+        ak: &p256::ecdsa::VerifyingKey,
+        payload: &[u8],
+        nonce: Option<&[u8]>,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Quote, String> {
+        if let Some(t) = self.unresponsive_until.get() {
+            if Instant::now() < t {
+                return Err(format!(
+                    "the TPM did not answer in time {} s ago; not asked again for {} s",
+                    (UNRESPONSIVE_BACKOFF - t.saturating_duration_since(Instant::now())).as_secs(),
+                    t.saturating_duration_since(Instant::now()).as_secs() + 1
+                ));
+            }
+            self.unresponsive_until.set(None);
+        }
+        let until = Instant::now() + QUOTE_DEADLINE;
         let mut last = String::new();
         for _ in 0..3 {
-            self.clear(&files);
-            self.run("tpm2_pcrreset", &[PCR.to_string()])?;
-            self.run("tpm2_pcrextend", &[format!("{PCR}:sha256={}", hex::encode(Sha256::digest(payload)))])?;
-            let list: Vec<String> = selected().iter().map(u32::to_string).collect();
-            let mut args: Vec<String> = ["-c", &self.handle(), "-g", "sha256", "-l"].map(String::from).to_vec();
-            args.push(format!("sha256:{}", list.join(",")));
-            let q = qualifying_data(nonce);
-            if !q.is_empty() {
-                args.extend(["-q".into(), hex::encode(&q)]);
-            }
-            args.extend(["-m", "quote.msg", "-s", "quote.sig", "-o", "quote.pcrs", "-F", "values"].map(String::from));
-            self.run("tpm2_quote", &args)?;
-            let msg = self.take_file("quote.msg")?;
-            let sig = self.take_file("quote.sig")?;
-            let values = self.take_file("quote.pcrs")?;
-            let sel = selected();
-            if values.len() != 32 * sel.len() {
-                return Err(format!("tpm2_quote wrote {} bytes of PCR values, not {}", values.len(), 32 * sel.len()));
-            }
-            let pcrs = sel.iter().zip(values.chunks(32)).map(|(n, v)| (n.to_string(), hex::encode(v))).collect();
-            let q = Quote { ak: ak_id(ak), pcrs, attest: b64.encode(&msg), signature: b64.encode(&sig) };
-            match verify(&q, ak, payload, nonce) {
-                Ok(_) => return Ok(q),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the TPM quote does not check; quoting again");
+            match self.quote_once(ak, payload, nonce, until, stop) {
+                Ok(q) => return Ok(q),
+                Err(ToolError::Abandoned(e)) => return Err(e),
+                Err(ToolError::Failed(e)) => {
+                    tracing::warn!(error = %e, "a TPM quote failed; quoting again");
                     last = e;
                 }
             }
         }
-        Err(format!("the TPM quote did not check three times: {last}"))
+        Err(format!("the TPM quote failed three times: {last}"))
+    }
+
+    fn quote_once(
+        &self,
+        ak: &p256::ecdsa::VerifyingKey,
+        payload: &[u8],
+        nonce: Option<&[u8]>,
+        until: Instant,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Quote, ToolError> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let files = ["quote.msg", "quote.sig", "quote.pcrs"];
+        self.clear(&files);
+        self.run("tpm2_pcrreset", &[PCR.to_string()], until, stop)?;
+        self.run("tpm2_pcrextend", &[format!("{PCR}:sha256={}", hex::encode(Sha256::digest(payload)))], until, stop)?;
+        let list: Vec<String> = selected().iter().map(u32::to_string).collect();
+        let mut args: Vec<String> = ["-c", &self.handle(), "-g", "sha256", "-l"].map(String::from).to_vec();
+        args.push(format!("sha256:{}", list.join(",")));
+        let q = qualifying_data(nonce);
+        if !q.is_empty() {
+            args.extend(["-q".into(), hex::encode(&q)]);
+        }
+        args.extend(["-m", "quote.msg", "-s", "quote.sig", "-o", "quote.pcrs", "-F", "values"].map(String::from));
+        self.run("tpm2_quote", &args, until, stop)?;
+        let msg = self.take_file("quote.msg").map_err(ToolError::Failed)?;
+        let sig = self.take_file("quote.sig").map_err(ToolError::Failed)?;
+        let values = self.take_file("quote.pcrs").map_err(ToolError::Failed)?;
+        let sel = selected();
+        if values.len() != 32 * sel.len() {
+            return Err(ToolError::Failed(format!(
+                "tpm2_quote wrote {} bytes of PCR values, not {}",
+                values.len(),
+                32 * sel.len()
+            )));
+        }
+        let pcrs = sel.iter().zip(values.chunks(32)).map(|(n, v)| (n.to_string(), hex::encode(v))).collect();
+        let q = Quote { ak: ak_id(ak), pcrs, attest: b64.encode(&msg), signature: b64.encode(&sig) };
+        verify(&q, ak, payload, nonce).map_err(|e| ToolError::Failed(format!("the quote does not check: {e}")))?;
+        Ok(q)
     }
 
     /// `attest tpm-init`: an ECC endorsement key, an ECDSA P-256 attestation key under it,
     /// the latter persisted at the handle (an existing one there is evicted only if `force`).
-    /// Returns (AK public, EK public) as PEM.
-    pub fn init(&self, force: bool) -> Result<(Vec<u8>, Vec<u8>), String> {
-        if self.read_ak().is_ok() {
+    /// Returns the AK's TPM2B_PUBLIC, parsed, and the EK's public key as PEM.
+    pub fn init(&self, force: bool) -> Result<(Vec<u8>, AkPublic, Vec<u8>), String> {
+        // Anything at the handle counts, a key fit to quote or not.
+        if self.setup("tpm2_readpublic", &["-c", &self.handle()]).is_ok() {
             if !force {
                 return Err(format!(
                     "handle {} holds a key already; keep it, or replace it with --force (verifiers then need the new key)",
                     self.handle()
                 ));
             }
-            self.run("tpm2_evictcontrol", &["-C", "o", "-c", &self.handle()].map(String::from))?;
+            self.setup("tpm2_evictcontrol", &["-C", "o", "-c", &self.handle()])?;
         }
-        self.clear(&["ek.ctx", "ek.pem", "ak.ctx", "ak.pem", "ak.name"]);
-        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-        self.run("tpm2_createek", &s(&["-G", "ecc", "-c", "ek.ctx", "-u", "ek.pem", "-f", "pem"]))?;
-        self.run(
+        self.clear(&["ek.ctx", "ek.pem", "ak.ctx", "ak.pub", "ak.name"]);
+        self.setup("tpm2_createek", &["-G", "ecc", "-c", "ek.ctx", "-u", "ek.pem", "-f", "pem"])?;
+        self.setup(
             "tpm2_createak",
-            &s(&[
-                "-C", "ek.ctx", "-G", "ecc", "-g", "sha256", "-s", "ecdsa", "-c", "ak.ctx", "-u", "ak.pem", "-f",
-                "pem", "-n", "ak.name",
-            ]),
+            &[
+                "-C", "ek.ctx", "-G", "ecc", "-g", "sha256", "-s", "ecdsa", "-c", "ak.ctx", "-u", "ak.pub", "-n",
+                "ak.name",
+            ],
         )?;
-        self.run("tpm2_flushcontext", &s(&["-t"]))?;
-        self.run("tpm2_evictcontrol", &s(&["-C", "o", "-c", "ak.ctx", &self.handle()]))?;
-        self.run("tpm2_flushcontext", &s(&["-t"]))?;
-        let ak = self.take_file("ak.pem")?;
+        self.setup("tpm2_flushcontext", &["-t"])?;
+        self.setup("tpm2_evictcontrol", &["-C", "o", "-c", "ak.ctx", &self.handle()])?;
+        self.setup("tpm2_flushcontext", &["-t"])?;
         let ek = self.take_file("ek.pem")?;
+        let made =
+            parse_ak_public(&self.take_file("ak.pub")?).map_err(|e| format!("the key tpm2_createak made: {e}"))?;
         self.clear(&["ek.ctx", "ak.ctx", "ak.name"]);
-        let persisted = self.read_ak()?;
-        if parse_ak(&ak)? != persisted {
+        let (raw, persisted) = self.read_ak()?;
+        if made != persisted {
             return Err(format!("the key persisted at {} is not the one just made", self.handle()));
         }
-        Ok((ak, ek))
+        Ok((raw, persisted, ek))
     }
 }
 
@@ -600,5 +758,43 @@ mod tests {
         not_tpm[0] = 0;
         assert!(parse_attest(&not_tpm).expect_err("magic").contains("TPM_GENERATED"));
         assert!(parse_signature(&[0, 0x14, 0, 0x0b]).expect_err("rsa").contains("not ECDSA"));
+    }
+
+    /// An attestation key's public area as swtpm and tpm2_createak made it (tpm2_readpublic
+    /// -o), and the name tpm2-tools printed for it.
+    const REAL_AK: &str = "00580023000b00050072000000100018000b00030010002089a3c0cbda4626947a7a636ebc5608d353f86cbf697c7d95ce542975076311c9002050080ea301a8521ce1cbbf8f90d4e445ba5a0ec8bcb34a599d76bb9d39d459d2";
+    const REAL_NAME: &str = "000bd24f3be85bdb75f1efa8dc1ae6f9992b7919fd3535a1b7f2b1dac0458d45edb4";
+
+    #[test]
+    fn only_a_restricted_p256_signing_key_made_in_the_tpm_is_an_attestation_key() {
+        let raw = hex::decode(REAL_AK).expect("hex");
+        let ak = parse_ak_public(&raw).expect("a real AK");
+        assert_eq!(hex::encode(&ak.name), REAL_NAME);
+        assert_eq!(ak.attributes, 0x0005_0072);
+        // The same key with one attribute changed: each refused (the name changes too).
+        let attrs_at = 2 + 2 + 2;
+        for (attrs, why) in [
+            (0x0004_0072u32, "restricted"), // not restricted: signs anything
+            (0x0005_0070, "restricted"),    // not fixedTPM
+            (0x0007_0072, "not decrypt"),   // decrypt as well
+            (0x0001_0072, "sign"),          // not sign
+        ] {
+            let mut b = raw.clone();
+            b[attrs_at..attrs_at + 4].copy_from_slice(&attrs.to_be_bytes());
+            let e = parse_ak_public(&b).expect_err("refused");
+            assert!(e.contains("attributes") && e.contains(why), "{attrs:#x}: {e}");
+        }
+        // Another curve, scheme, or trailing bytes.
+        let curve_at = raw.len() - 2 - 32 - 2 - 32 - 2 - 2;
+        let mut b = raw.clone();
+        b[curve_at..curve_at + 2].copy_from_slice(&0x0004u16.to_be_bytes());
+        assert!(parse_ak_public(&b).expect_err("P-384").contains("not NIST P-256"));
+        let mut b = raw.clone();
+        b[14..16].copy_from_slice(&0x001au16.to_be_bytes());
+        assert!(parse_ak_public(&b).expect_err("ECDAA").contains("ECDSA/sha256"));
+        let mut b = raw.clone();
+        b.push(0);
+        assert!(parse_ak_public(&b).expect_err("trailing").contains("follow"));
+        assert!(parse_ak_public(&raw[..40]).expect_err("short").contains("ends inside"));
     }
 }

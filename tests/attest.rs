@@ -509,14 +509,138 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         pcr["tpmQuote"]["pcrs"]["0"] = "11".repeat(32).into();
         std::fs::write(&forged, pcr.to_string()).expect("write");
         verify_both(&f, &forged, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], 14, &ctx);
-        // A TPM that stops answering: the request fails, with the reason, and nothing unbound
-        // is returned in its place.
-        drop(tpm);
+        // Inputs the two verifiers once read differently (found by review), each edited into
+        // the real envelope's unsigned parts: the same status from both.
+        let edit = |f_: &dyn Fn(&mut serde_json::Value)| {
+            let mut v: serde_json::Value = serde_json::from_str(&env1).expect("json");
+            f_(&mut v);
+            v.to_string()
+        };
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let padded_r = edit(&|v| {
+            let sig = b64.decode(v["tpmQuote"]["signature"].as_str().expect("sig")).expect("b64");
+            let (r_len, rest) = (u16::from_be_bytes([sig[4], sig[5]]) as usize, &sig[6..]);
+            let mut s2 = sig[..4].to_vec();
+            s2.extend(((r_len + 1) as u16).to_be_bytes());
+            s2.push(0);
+            s2.extend(rest);
+            v["tpmQuote"]["signature"] = b64.encode(&s2).into();
+        });
+        let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+        for (text, args, want) in [
+            (padded_r, vec!["--tpm-ak", &ak_s], 14),
+            (edit(&|v| v["tpmQuote"]["pcrs"]["0"] = vec!["00"; 32].join(" ").into()), vec!["--tpm-ak", &ak_s], 14),
+            (edit(&|v| v["tpmQuote"]["pcrs"]["0"] = "zz".repeat(32).into()), vec!["--tpm-ak", &ak_s], 14),
+            (
+                edit(&|v| {
+                    let a = v["tpmQuote"]["attest"].as_str().expect("attest").to_string();
+                    v["tpmQuote"]["attest"] = format!("{}\n{}", &a[..10], &a[10..]).into();
+                }),
+                vec!["--tpm-ak", &ak_s],
+                14,
+            ),
+            (edit(&|v| v["tpmQuote"]["x"] = 1.into()), vec![], 13),
+            (edit(&|v| v["tpmQuote"] = "x".into()), vec!["--tpm-ak", &ak_s], 13),
+            (edit(&|v| v["signatures"][0]["x"] = 1.into()), vec![], 13),
+            (env1.replacen('{', &format!("{{\"x\": {deep},"), 1), vec![], 13),
+        ] {
+            std::fs::write(&forged, &text).expect("write");
+            let mut a = vec!["--nonce", n1];
+            a.extend(args);
+            verify_both(&f, &forged, &key_pem, &a, want, &ctx);
+        }
+        let nothing = f.p("no-such-ak.pem").display().to_string();
+        verify_both(&f, &f1, &key_pem, &["--nonce", n1, "--tpm-ak", &nothing], 125, &ctx);
+        verify_both(&f, &f1, &key_pem, &["--nonce", n1, "--tpm-ak", &key_pem.display().to_string()], 125, &ctx);
+        // Signed statements of the wrong types, or naming another PCR: refused alike.
+        let uid = if mode == Mode::Rootful { 0 } else { NOBODY };
+        let key = sealnode::attest::load_signing(&f.p("state"), uid).expect("key").expect("a key");
+        for (path, value, want) in [
+            ("/predicate/tpm/present", serde_json::json!(1), 13),
+            ("/predicate/generation", serde_json::json!(true), 13),
+            ("/predicate/tpm/note", serde_json::json!(5), 13),
+            ("/predicate/tpm/pcr", serde_json::json!(7), 14),
+        ] {
+            let mut st = statement(&env1);
+            *st.pointer_mut(path).expect("member") = value;
+            let body = serde_json::to_vec(&st).expect("json");
+            let sig = ed25519_dalek::Signer::sign(&key, &sealnode::attest::pae(sealnode::attest::PAYLOAD_TYPE, &body));
+            let mut e: serde_json::Value = serde_json::from_str(&env1).expect("json");
+            e["payload"] = b64.encode(&body).into();
+            e["signatures"][0]["sig"] = b64.encode(sig.to_bytes()).into();
+            std::fs::write(&forged, e.to_string()).expect("write");
+            verify_both(&f, &forged, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], want, &format!("{ctx} {path}"));
+        }
+        // Without --tpm-ak the Python verifier, too, says the quote was not checked.
+        let said = verify_both(&f, &f1, &key_pem, &["--nonce", n1], 0, &ctx);
+        assert!(said.contains("present (quote not checked)"), "{ctx}: {said}");
+
+        // A TPM that stops answering: the request fails within the quote's deadline, with the
+        // reason, and nothing unbound is returned in its place; the next fails at once instead
+        // of holding the supervisor again (found by review: 20 s per request, unbounded).
+        use nix::sys::signal::{kill, Signal};
+        let swtpm = nix::unistd::Pid::from_raw(tpm.child.id() as i32);
+        kill(swtpm, Signal::SIGSTOP).expect("SIGSTOP swtpm");
+        let t = std::time::Instant::now();
         let (code, printed, err) = out(&f, &["attest", "--nonce", n1, "--config", &cfg]);
+        let took = t.elapsed();
         assert_eq!(code, 1, "{ctx}: {printed}{err}");
-        assert!(err.contains("TPM") && !printed.contains("payload"), "{ctx}: {printed}{err}");
+        assert!(err.contains("did not answer in time") && !printed.contains("payload"), "{ctx}: {printed}{err}");
+        assert!(took < Duration::from_secs(30), "{ctx}: a hung TPM held the request {took:?}");
+        let t = std::time::Instant::now();
+        let (code, _, err) = out(&f, &["attest", "--nonce", n1, "--config", &cfg]);
+        assert_eq!(code, 1, "{ctx}: {err}");
+        assert!(err.contains("not asked again"), "{ctx}: {err}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{ctx}: the second request waited {:?}", t.elapsed());
+        kill(swtpm, Signal::SIGCONT).expect("SIGCONT swtpm");
         let (st, err) = run.stop();
         assert_eq!(st.code(), Some(0), "{ctx}: {err}");
+        // A stop while the TPM hangs is not held up by it.
+        let (run, lines) = f.start_run_with_output();
+        next_line(&lines, 60, |l| l.contains("payloadType"));
+        kill(swtpm, Signal::SIGSTOP).expect("SIGSTOP swtpm");
+        let mut cmd = f.command(&["attest", "--nonce", n1, "--config", &cfg]);
+        let asker = std::thread::spawn(move || cmd.output_within(COMMAND_LIMIT));
+        std::thread::sleep(Duration::from_secs(1));
+        let t = std::time::Instant::now();
+        let (st, err) = run.stop();
+        assert!(t.elapsed() < Duration::from_secs(8), "{ctx}: the stop waited {:?} for a hung TPM", t.elapsed());
+        assert_eq!(st.code(), Some(0), "{ctx}: {err}");
+        let _ = asker.join();
+        kill(swtpm, Signal::SIGCONT).expect("SIGCONT swtpm");
+
+        // A key at the handle that is not restricted (it would sign any digest as a "quote"):
+        // the start is refused (found by review).
+        let tools = |args: &[&str]| {
+            let o = std::process::Command::new(format!("/usr/bin/{}", args[0]))
+                .args(&args[1..])
+                .env("TPM2TOOLS_TCTI", tpm.tcti())
+                .current_dir(f.p("."))
+                .output_within(COMMAND_LIMIT);
+            assert!(o.status.success(), "{ctx}: {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        };
+        tools(&["tpm2_evictcontrol", "-C", "o", "-c", "0x81010002"]);
+        tools(&[
+            "tpm2_createprimary",
+            "-C",
+            "o",
+            "-G",
+            "ecc256:ecdsa-sha256",
+            "-a",
+            "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|sign",
+            "-c",
+            "loose.ctx",
+        ]);
+        tools(&["tpm2_evictcontrol", "-C", "o", "-c", "loose.ctx", "0x81010002"]);
+        tools(&["tpm2_readpublic", "-c", "0x81010002", "-f", "pem", "-o", "loose.pem"]);
+        std::fs::copy(f.p("loose.pem"), f.p("state/attest/tpm-ak.pem")).expect("copy");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(f.p("state/attest/tpm-ak.pem"), std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+        let (code, _, err) = out(&f, &["run", "--config", &cfg]);
+        assert_eq!(code, 125, "{ctx}: {err}");
+        assert!(err.contains("cell.tpm") && err.contains("restricted"), "{ctx}: {err}");
+        drop(tpm);
 
         // A statement without a TPM, offered as TPM-bound: 14.
         let (code, _, err) = out(&f, &["attest", "--nonce", n1, "--config", &cfg]);
@@ -535,4 +659,36 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         let said = verify_both(&f, &forged, &key_pem, &["--nonce", n1, "--tpm-ak", &ak_s], 14, &ctx);
         assert!(said.contains("no TPM"), "{ctx}: {said}");
     }
+}
+
+/// With cell.tpm no role is given a TPM device, by any name (found by review: a role with the
+/// TPM could reset PCR 23 and quote with the attestation key).
+#[test]
+fn with_a_tpm_no_role_gets_a_tpm_device() {
+    if !is_root() {
+        return unavailable("rootful", "the test makes a device node (mknod)");
+    }
+    let mut f = Fixture::new(Mode::Rootful, "attest-tpmdev");
+    // A stand-in TPM node: /dev/full's numbers under a tpm* name.
+    let node = format!("/dev/tpm-sealnode-test-{}", std::process::id());
+    let c = std::ffi::CString::new(node.clone()).expect("path");
+    let dev = nix::sys::stat::makedev(1, 7);
+    nix::sys::stat::mknod(
+        c.as_c_str(),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        dev,
+    )
+    .expect("mknod");
+    f.cell_extra = "tpm = { tcti = \"swtpm:host=127.0.0.1,port=2321\" }".into();
+    f.engine_extra = format!("devices = [\"{node}\"]");
+    f.write_config();
+    let cfg = f.config.display().to_string();
+    let (code, said, err) = out(&f, &["check", "--config", &cfg]);
+    let (run_code, _, run_err) = out(&f, &["run", "--config", &cfg]);
+    let _ = std::fs::remove_file(&node);
+    assert_eq!(code, 125, "{said}{err}");
+    assert!(said.contains("engine.devices") && said.contains("is a TPM"), "{said}{err}");
+    assert_eq!(run_code, 125, "{run_err}");
+    assert!(run_err.contains("engine.devices") && run_err.contains("is a TPM"), "{run_err}");
 }

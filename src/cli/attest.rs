@@ -44,7 +44,7 @@ pub fn tpm_init(config: &Path, force: bool) -> Outcome {
         return Err(Failure::setup(format!("{}/{tool} is missing: install Debian's tpm2-tools", sealnode::tpm::TOOLS)));
     }
     let ak = attest::tpm_init(&cfg.cell.state_dir, inv.uid, t.target(), force).map_err(Failure::general)?;
-    print_ak(&ak);
+    print_ak(&ak.key, Some(&hex::encode(&ak.name)));
     let dir = cfg.cell.state_dir.join(attest::KEY_DIR);
     println!(
         "persisted at handle {:#010x}; endorsement key: {}",
@@ -62,14 +62,17 @@ pub fn tpm_pubkey(config: &Path) -> Outcome {
     let ak = attest::load_tpm_ak(&cfg.cell.state_dir, inv.uid)
         .map_err(Failure::general)?
         .ok_or_else(|| Failure::general("no TPM attestation key: run `sealnode attest tpm-init` first".to_string()))?;
-    print_ak(&ak);
+    print_ak(&ak, attest::load_tpm_ak_name(&cfg.cell.state_dir, inv.uid).as_deref());
     Ok(exit::OK)
 }
 
-fn print_ak(ak: &p256::ecdsa::VerifyingKey) {
+fn print_ak(ak: &p256::ecdsa::VerifyingKey, name: Option<&str>) {
     use p256::pkcs8::EncodePublicKey as _;
     println!("{}", ak.to_public_key_pem(Default::default()).unwrap_or_default().trim_end());
     println!("id: sha256:{}", sealnode::tpm::ak_id(ak));
+    if let Some(n) = name {
+        println!("name: {n} (the TPM's name of the key: its public area is attest/{})", sealnode::tpm::AK_PUBLIC_FILE);
+    }
 }
 
 /// `attest subjects`: the subjects a statement of this config carries, as `NAME=SHA256`

@@ -474,4 +474,20 @@ fn a_tpm_is_a_local_device_or_a_loopback_software_tpm() {
     }
     let (f, r) = bad(&tpm("{ tcti = \"device:/dev/tpmrm0\", pcr = 16 }"));
     assert!(f.contains("pcr") && r.contains("unknown field"), "{f}: {r}");
+    // The node's egress may not lead to a software TPM's command or control port.
+    let sw = "{ tcti = \"swtpm:host=127.0.0.1,port=2321\" }";
+    let egress = |to: &str| {
+        tpm(sw).replacen(
+            "credential = \"/etc/sealnode/credential\"",
+            &format!("credential = \"/etc/sealnode/credential\"\negress = [{{ host = \"gw.example\", port = 443, connect = \"{to}\" }}]"),
+            1,
+        )
+    };
+    for to in ["127.0.0.1:2321", "127.0.0.1:2322", "[::1]:2322", "127.0.0.2:2321"] {
+        let (f, r) = bad(&egress(to));
+        assert_eq!(f, "node.egress[0].connect", "{to}: {r}");
+        assert!(r.contains("is the TPM of cell.tpm"), "{to}: {r}");
+    }
+    parse(&egress("127.0.0.1:2323")).expect("another port");
+    parse(&egress("192.0.2.7:2321")).expect("not loopback");
 }
