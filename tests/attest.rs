@@ -417,6 +417,7 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
             )
             .expect("json")
         );
+        f.engine_extra = "restart = \"on-failure\"".into();
         f.cell_extra = format!("stop_timeout_s = 1\ntpm = {{ tcti = \"{}\" }}", tpm.tcti());
         f.write_config();
         let cfg = f.config.display().to_string();
@@ -592,6 +593,21 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         assert_eq!(code, 1, "{ctx}: {err}");
         assert!(err.contains("not asked again"), "{ctx}: {err}");
         assert!(t.elapsed() < Duration::from_secs(5), "{ctx}: the second request waited {:?}", t.elapsed());
+        // A start while the TPM fails (an engine restart): the node finds no statement rather
+        // than the older generation's.
+        let statement_file = f.p("run/attest/statement.json");
+        assert!(statement_file.exists(), "{ctx}: no statement before the restart");
+        let (_, status, _) = out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&status).expect("status");
+        let engine = v["roles"].as_array().expect("roles").iter().find(|r| r["role"] == "engine").expect("engine")
+            ["pid"]
+            .as_i64()
+            .expect("pid");
+        kill(nix::unistd::Pid::from_raw(engine as i32), Signal::SIGKILL).expect("kill the engine");
+        assert!(
+            wait_until(Duration::from_secs(25), || !statement_file.exists()),
+            "{ctx}: the older generation's statement stayed after a start without one"
+        );
         kill(swtpm, Signal::SIGCONT).expect("SIGCONT swtpm");
         let (st, err) = run.stop();
         assert_eq!(st.code(), Some(0), "{ctx}: {err}");
