@@ -221,13 +221,21 @@ impl TpmConfig {
                 format!("{:?}: expected device:/dev/tpmrm0, or swtpm:host=127.0.0.1,port=N", self.tcti),
             ));
         };
-        let mut host = None;
+        let (mut host, mut port) = (None, None);
         for kv in conf.split(',') {
             match kv.split_once('=') {
                 Some(("host", h)) => host = Some(h),
-                Some(("port", n)) if n.parse::<u16>().is_ok() => {}
+                Some(("port", n)) if n.parse::<u16>().is_ok_and(|p| p < u16::MAX) => port = Some(n),
                 _ => return Err(("cell.tpm.tcti", format!("{kind}: {kv:?} is not host=ADDRESS or port=N"))),
             }
+        }
+        // The port is explicit: the config's egress check needs to know it (libtss2's default
+        // would otherwise be an unseen 2321).
+        if port.is_none() {
+            return Err((
+                "cell.tpm.tcti",
+                format!("{kind}: give port=N (the TPM's command port; N + 1 is its control port)"),
+            ));
         }
         match host {
             Some("127.0.0.1" | "localhost" | "::1") => Ok(()),
@@ -1063,11 +1071,13 @@ impl Config {
         if let Some(t) = &self.cell.tpm {
             t.check().map_err(|(field, why)| self.err(field, why))?;
             // A software TPM's ports are the TPM: a role that can connect to them can reset
-            // PCR 23, quote with the attestation key, or evict it (found by review).
+            // PCR 23, quote with the attestation key, or evict it (found by review). Any
+            // address: 0.0.0.0, v4-mapped and the host's own addresses reach loopback too
+            // (found by the second review).
             if let Some(ports) = t.loopback_ports() {
                 for (i, e) in self.node.egress.iter().enumerate() {
                     let to = e.connect.as_deref().and_then(|c| c.parse::<std::net::SocketAddr>().ok());
-                    if let Some(a) = to.filter(|a| a.ip().is_loopback() && ports.contains(&a.port())) {
+                    if let Some(a) = to.filter(|a| ports.contains(&a.port())) {
                         return Err(self.err(
                             format!("node.egress[{i}].connect"),
                             format!("{a} is the TPM of cell.tpm ({}): a role that reaches it can reset PCR 23 and quote with the attestation key", t.tcti),

@@ -170,6 +170,34 @@ pub struct Supervisor {
     models: Vec<(String, String)>,
     /// With `cell.tpm`: the tools and the attestation key every statement is quoted by.
     tpm: Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>,
+    /// Signed statements waiting for their quote, in order; the first is being quoted by
+    /// `quote_job`. The TPM's tools run as children the loop reaps: quoting never holds the
+    /// loop (found by review: a hung TPM held control and forwarding for seconds).
+    quoting: std::collections::VecDeque<Quoting>,
+    quote_job: Option<crate::tpm::QuoteJob>,
+    /// The current generation's start statement could not be made: why, and when to try again.
+    statement_missing: Option<String>,
+    republish_at: Option<Instant>,
+}
+
+/// At most this many control requests wait for the TPM; more are answered "busy".
+const MAX_QUOTING: usize = 4;
+
+/// A signed statement waiting for the TPM's quote, and who gets it.
+#[derive(Debug)]
+struct Quoting {
+    env: crate::attest::Envelope,
+    payload: Vec<u8>,
+    nonce: Option<Vec<u8>>,
+    purpose: Purpose,
+}
+
+#[derive(Debug)]
+enum Purpose {
+    /// An `attest` request: the client waits for the envelope.
+    Control(std::os::unix::net::UnixStream),
+    /// The start statement of this generation, for the node.
+    Publish(u64),
 }
 
 /// What `run` would sign its statements with, checked as at a start (for `sealnode check`).
@@ -213,7 +241,7 @@ fn tpm_for(
             ))
         })?;
     let tools = crate::attest::tpm_tools(&cfg.cell.state_dir, inv.uid, t.target()).map_err(|e| bad(e.to_string()))?;
-    let (_, ak) = tools.read_ak().map_err(|e| bad(format!("the TPM ({}): {e}", t.tcti)))?;
+    let (_, ak) = tools.read_ak(&stop_pending).map_err(|e| bad(format!("the TPM ({}): {e}", t.tcti)))?;
     if ak.key != stored {
         return Err(bad(format!(
             "the key at handle {:#010x} is not the one `attest tpm-init` stored ({}): run tpm-init again and enrol the new key",
@@ -221,6 +249,11 @@ fn tpm_for(
             crate::tpm::AK_FILE
         )));
     }
+    // One quote now, of a throwaway payload: a key that needs a password, or a TPM in lockout,
+    // refuses the start instead of every statement (found by review).
+    tools
+        .quote(&ak.key, b"sealnode: the start's check of the TPM", None, &stop_pending)
+        .map_err(|e| bad(format!("the TPM cannot quote with the key at {:#010x}: {e}", t.ak_handle)))?;
     tracing::info!(ak = %crate::tpm::ak_id(&ak.key), name = %hex::encode(&ak.name), tcti = %t.tcti, "TPM attestation key checked");
     Ok(Some((tools, ak.key)))
 }
@@ -401,6 +434,10 @@ impl Supervisor {
             attest_dir,
             models: Vec::new(),
             tpm,
+            quoting: std::collections::VecDeque::new(),
+            quote_job: None,
+            statement_missing: None,
+            republish_at: None,
         })
     }
 
@@ -455,6 +492,7 @@ impl Supervisor {
                     self.stopping = None;
                     match after {
                         After::Exit => {
+                            self.abandon_quotes();
                             for s in self.fwd.stats() {
                                 tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
                             }
@@ -662,8 +700,21 @@ impl Supervisor {
                 crate::control::respond(&mut stream, &v);
             }
             Ok(crate::control::Request::Attest { nonce }) => {
-                let v = match self.statement(Some(nonce)) {
-                    Ok(env) => serde_json::json!({ "ok": true, "envelope": env }),
+                let v = match self.statement(Some(nonce.clone())) {
+                    Ok((env, _)) if self.tpm.is_none() => serde_json::json!({ "ok": true, "envelope": env }),
+                    Ok((env, payload)) => {
+                        let waiting = self.quoting.iter().filter(|q| matches!(q.purpose, Purpose::Control(_))).count();
+                        if waiting >= MAX_QUOTING {
+                            crate::control::error(format!(
+                                "busy: {waiting} statements wait for the TPM's quote; try again"
+                            ))
+                        } else {
+                            let nonce = hex::decode(&nonce).ok();
+                            self.quoting.push_back(Quoting { env, payload, nonce, purpose: Purpose::Control(stream) });
+                            self.pump_quotes();
+                            return;
+                        }
+                    }
                     Err(e) => crate::control::error(e),
                 };
                 crate::control::respond(&mut stream, &v);
@@ -717,8 +768,9 @@ impl Supervisor {
         Ok(())
     }
 
-    /// A signed statement over the current generation (docs/attestation.md).
-    fn statement(&self, nonce: Option<String>) -> std::result::Result<crate::attest::Envelope, String> {
+    /// A signed statement over the current generation (docs/attestation.md), and its payload's
+    /// bytes; with `cell.tpm` it still needs its quote ([`Supervisor::pump_quotes`]).
+    fn statement(&self, nonce: Option<String>) -> std::result::Result<(crate::attest::Envelope, Vec<u8>), String> {
         let Some(public) = &self.attest_key else {
             return Err(format!(
                 "no attestation key: run `sealnode attest init --config {}` and restart",
@@ -744,39 +796,39 @@ impl Supervisor {
             restarts,
             tpm_ak: self.tpm.as_ref().map(|(_, ak)| crate::tpm::ak_id(ak)),
         });
-        let mut env = crate::attest::sign(&key, &st);
-        if let Some((tools, ak)) = &self.tpm {
-            let body = crate::attest::statement_bytes(&st);
-            let nonce = st.predicate.nonce.as_deref().map(hex::decode).transpose().map_err(|e| e.to_string())?;
-            env.tpm_quote =
-                Some(tools.quote(ak, &body, nonce.as_deref(), &stop_pending).map_err(|e| format!("TPM: {e}"))?);
-        }
-        Ok(env)
+        Ok((crate::attest::sign(&key, &st), crate::attest::statement_bytes(&st)))
     }
 
     /// After a gate (a start of either role): the generation's statement (no nonce) replaces
     /// the one in the runtime dir's `attest/`, which the running node sees at once
-    /// (config::INSIDE_ATTESTATION_DIR). Without a key there is none.
+    /// (config::INSIDE_ATTESTATION_DIR). Without a key there is none. With `cell.tpm` the older
+    /// generation's goes now and this one once quoted; one that cannot be made is tried again
+    /// later ([`Supervisor::on_timers`]), and the node finds none meanwhile.
     fn publish_statement(&mut self) -> std::result::Result<(), i32> {
         if self.attest_key.is_none() {
             return Ok(());
         }
-        let env = match self.statement(None) {
-            Ok(env) => env,
+        self.republish_at = None;
+        let generation = self.receipt.as_ref().map(|r| r.generation).unwrap_or(0);
+        let (env, payload) = match self.statement(None) {
+            Ok(x) => x,
             Err(e) => {
-                // The cell keeps running, but the node forwards no statement of an earlier
-                // generation: the old one is removed.
-                tracing::error!(error = %e, "no statement for this generation");
-                crate::log::say(&format!("no statement for this generation: {e}"));
-                let _ = nix::unistd::unlinkat(
-                    &self.attest_dir,
-                    crate::config::STATEMENT_FILE,
-                    nix::unistd::UnlinkatFlags::NoRemoveDir,
-                );
+                self.statement_failed(e);
                 return Ok(());
             }
         };
-        let mut bytes = serde_json::to_vec(&env).unwrap_or_default();
+        if self.tpm.is_none() {
+            return self.write_statement(&env);
+        }
+        self.remove_statement();
+        self.quoting.retain(|q| !matches!(q.purpose, Purpose::Publish(_)));
+        self.quoting.push_back(Quoting { env, payload, nonce: None, purpose: Purpose::Publish(generation) });
+        self.pump_quotes();
+        Ok(())
+    }
+
+    fn write_statement(&mut self, env: &crate::attest::Envelope) -> std::result::Result<(), i32> {
+        let mut bytes = serde_json::to_vec(env).unwrap_or_default();
         bytes.push(b'\n');
         let file = crate::config::STATEMENT_FILE;
         let shown = self.cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR).join(file);
@@ -785,7 +837,100 @@ impl Supervisor {
             crate::log::say(&format!("{e}"));
             return Err(exit::FAILED);
         }
+        self.statement_missing = None;
         Ok(())
+    }
+
+    fn remove_statement(&self) {
+        let _ = nix::unistd::unlinkat(
+            &self.attest_dir,
+            crate::config::STATEMENT_FILE,
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+    }
+
+    /// The start statement could not be made: the node finds none (not an older
+    /// generation's), `ctl status` says why, and it is tried again after the TPM's backoff.
+    fn statement_failed(&mut self, e: String) {
+        tracing::error!(error = %e, "no statement for this generation");
+        crate::log::say(&format!("no statement for this generation: {e}"));
+        self.remove_statement();
+        self.statement_missing = Some(e);
+        self.republish_at = Some(Instant::now() + crate::tpm::UNRESPONSIVE_BACKOFF + Duration::from_secs(1));
+    }
+
+    /// Start quoting the first waiting statement unless one is being quoted; those the TPM
+    /// refuses at once are answered at once.
+    fn pump_quotes(&mut self) {
+        while self.quote_job.is_none() {
+            let Some((tools, ak)) = &self.tpm else { return };
+            let Some(q) = self.quoting.front() else { return };
+            match tools.begin_quote(*ak, q.payload.clone(), q.nonce.clone()) {
+                Ok(job) => self.quote_job = Some(job),
+                Err(e) => {
+                    if let Some(q) = self.quoting.pop_front() {
+                        self.quoted(q, Err(e));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The quote's tool exited (reaped by [`Supervisor::reap`]), or its deadline passed.
+    fn quote_progress(&mut self, exit: Option<i32>) {
+        let Some(mut job) = self.quote_job.take() else { return };
+        let Some((tools, _)) = &self.tpm else { return };
+        let progress = match exit {
+            Some(code) => tools.on_exit(&mut job, code == 0, &format!("exit status {code}")),
+            None => crate::tpm::Progress::Done(Err(tools.expire(&mut job))),
+        };
+        match progress {
+            crate::tpm::Progress::Running => self.quote_job = Some(job),
+            crate::tpm::Progress::Done(r) => {
+                if let Some(q) = self.quoting.pop_front() {
+                    self.quoted(q, r);
+                }
+                self.pump_quotes();
+            }
+        }
+    }
+
+    /// A statement's quote came, or failed: to the client that asked, or into the node's view
+    /// when it is still this generation's.
+    fn quoted(&mut self, q: Quoting, r: std::result::Result<crate::tpm::Quote, String>) {
+        let Quoting { mut env, purpose, .. } = q;
+        match (purpose, r) {
+            (Purpose::Control(mut stream), Ok(quote)) => {
+                env.tpm_quote = Some(quote);
+                crate::control::respond(&mut stream, &serde_json::json!({ "ok": true, "envelope": env }));
+            }
+            (Purpose::Control(mut stream), Err(e)) => {
+                crate::control::respond(&mut stream, &crate::control::error(format!("TPM: {e}")));
+            }
+            (Purpose::Publish(g), r) if self.receipt.as_ref().is_some_and(|x| x.generation == g) => match r {
+                Ok(quote) => {
+                    env.tpm_quote = Some(quote);
+                    if self.write_statement(&env).is_err() {
+                        self.begin_stop(exit::FAILED, After::Exit);
+                    }
+                }
+                Err(e) => self.statement_failed(format!("TPM: {e}")),
+            },
+            (Purpose::Publish(_), _) => {}
+        }
+    }
+
+    /// Stopping for good: the quote in progress is abandoned, and the clients still waiting
+    /// are told so.
+    fn abandon_quotes(&mut self) {
+        if let (Some(mut job), Some((tools, _))) = (self.quote_job.take(), &self.tpm) {
+            tools.abandon(&mut job);
+        }
+        for q in std::mem::take(&mut self.quoting) {
+            if let Purpose::Control(mut stream) = q.purpose {
+                crate::control::respond(&mut stream, &crate::control::error("sealnode is stopping"));
+            }
+        }
     }
 
     /// Control clients that did not send a whole request in time get an error and are closed.
@@ -839,6 +984,14 @@ impl Supervisor {
                 "journal": crate::journal::dropped(),
             },
             "roles": roles,
+            "statement": match (&self.attest_key, &self.statement_missing) {
+                (None, _) => serde_json::json!({ "state": "none", "why": "no attestation key" }),
+                (Some(_), Some(why)) => serde_json::json!({ "state": "missing", "why": why }),
+                (Some(_), None) if self.quoting.iter().any(|q| matches!(q.purpose, Purpose::Publish(_))) => {
+                    serde_json::json!({ "state": "quoting" })
+                }
+                (Some(_), None) => serde_json::json!({ "state": "published" }),
+            },
             "egress": self.fwd.stats(),
             "engine_forwarding": self.fwd.engine_stats(),
             "reload": self.last_reload,
@@ -871,6 +1024,8 @@ impl Supervisor {
         d.extend(self.fwd.next_sweep());
         d.extend(self.clients.values().map(|(_, _, deadline)| *deadline));
         d.extend(self.fwd.next_lookup_deadline());
+        d.extend(self.quote_job.as_ref().map(|j| j.deadline()));
+        d.extend(self.republish_at);
         d.into_iter().min()
     }
 
@@ -1259,6 +1414,10 @@ impl Supervisor {
                 Ok(ws) => ws,
             };
             let (Some(pid), Some(code)) = (ws.pid(), status_code(ws)) else { continue };
+            if self.quote_job.as_ref().and_then(|j| j.pid()) == Some(pid.as_raw()) {
+                self.quote_progress(Some(code));
+                continue;
+            }
             if pid == self.cell.pid {
                 tracing::error!(code, "the cell init died; stopping");
                 self.begin_stop(exit::FAILED, After::Exit);
@@ -1386,6 +1545,15 @@ impl Supervisor {
     fn on_timers(&mut self) {
         let now = Instant::now();
         self.expire_clients();
+        if self.quote_job.as_ref().is_some_and(|j| j.deadline() <= now) {
+            self.quote_progress(None);
+        }
+        if self.republish_at.is_some_and(|t| t <= now) && self.stopping.is_none() {
+            self.republish_at = None;
+            if self.statement_missing.is_some() && self.publish_statement().is_err() {
+                self.begin_stop(exit::FAILED, After::Exit);
+            }
+        }
         if self.stopping.is_some() {
             self.stop_next();
         }

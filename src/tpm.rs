@@ -369,7 +369,7 @@ pub const QUOTE_DEADLINE: Duration = Duration::from_secs(10);
 /// waiting out the deadline again.
 pub const UNRESPONSIVE_BACKOFF: Duration = Duration::from_secs(30);
 /// `tpm-init` and the start's key check: slower TPMs make keys in seconds.
-const SETUP_DEADLINE: Duration = Duration::from_secs(60);
+const SETUP_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Why a tool run ended without a result.
 #[derive(Debug)]
@@ -388,6 +388,48 @@ impl From<ToolError> for String {
     }
 }
 
+/// A tool started and not yet waited for.
+#[derive(Debug)]
+struct Spawned {
+    tool: String,
+    child: std::process::Child,
+    out: std::fs::File,
+    err: std::fs::File,
+}
+
+/// A statement being quoted: PCR 23 reset, extended, quoted, one tool at a time.
+#[derive(Debug)]
+pub struct QuoteJob {
+    ak: p256::ecdsa::VerifyingKey,
+    payload: Vec<u8>,
+    nonce: Option<Vec<u8>>,
+    until: Instant,
+    tries: u32,
+    /// 0 reset, 1 extend, 2 quote.
+    step: u8,
+    last: String,
+    running: Option<Spawned>,
+}
+
+impl QuoteJob {
+    /// The running tool's pid, for the caller's reaping.
+    pub fn pid(&self) -> Option<i32> {
+        self.running.as_ref().map(|s| s.child.id() as i32)
+    }
+    /// When the job is given up ([`Tools::expire`]).
+    pub fn deadline(&self) -> Instant {
+        self.until
+    }
+}
+
+/// What a job's step came to.
+#[derive(Debug)]
+pub enum Progress {
+    /// The next tool runs.
+    Running,
+    Done(Result<Quote, String>),
+}
+
 /// Runs the tpm2-tools for one TPM, with files in a dir only the launcher can reach.
 #[derive(Debug)]
 pub struct Tools {
@@ -404,10 +446,9 @@ impl Tools {
         Tools { target, work_fd, unresponsive_until: std::cell::Cell::new(None) }
     }
 
-    /// Run one tool to its end, by `until` at the latest, and sooner if `stop()` (checked every
-    /// few ms): its stdout, or why it failed with the last of its stderr. The environment is
-    /// explicit and no fd of ours is inherited.
-    fn run(&self, tool: &str, args: &[String], until: Instant, stop: &dyn Fn() -> bool) -> Result<Vec<u8>, ToolError> {
+    /// Start one tool: the environment is explicit, it starts in the work dir, and no fd of
+    /// ours is inherited. Its stdout and stderr go to unnamed files [`Tools::finish`] reads.
+    fn spawn(&self, tool: &str, args: &[String]) -> Result<Spawned, ToolError> {
         use std::os::unix::process::CommandExt as _;
         let failed = |e: String| ToolError::Failed(format!("{tool}: {e}"));
         let path = Path::new(TOOLS).join(tool);
@@ -432,44 +473,75 @@ impl Tools {
                 crate::sys::cloexec_from(3).map_err(std::io::Error::from)
             });
         }
-        let mut child = cmd.spawn().map_err(|e| failed(format!("{}: {e} (install tpm2-tools)", path.display())))?;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < until && !stop() => std::thread::sleep(Duration::from_millis(2)),
-                Ok(None) | Err(_) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    if stop() {
-                        return Err(ToolError::Abandoned(format!("{tool}: a stop was requested")));
-                    }
-                    self.unresponsive_until.set(Some(Instant::now() + UNRESPONSIVE_BACKOFF));
-                    return Err(ToolError::Abandoned(format!(
-                        "the TPM did not answer in time ({tool} killed); statements fail at once for the next {} s",
-                        UNRESPONSIVE_BACKOFF.as_secs()
-                    )));
-                }
-            }
-        };
-        let read = |mut f: std::fs::File| {
-            use std::io::{Read, Seek};
-            let mut v = Vec::new();
-            let _ = f.rewind().and_then(|_| (&mut f).take(1 << 20).read_to_end(&mut v));
-            v
-        };
-        if !status.success() {
-            let e = String::from_utf8_lossy(&read(err)).into_owned();
-            let last: Vec<&str> = e.lines().filter(|l| !l.trim().is_empty()).collect();
-            let tail = last[last.len().saturating_sub(3)..].join(" | ");
-            return Err(failed(format!("failed ({status}): {tail}")));
-        }
-        Ok(read(out))
+        let child = cmd.spawn().map_err(|e| failed(format!("{}: {e} (install tpm2-tools)", path.display())))?;
+        Ok(Spawned { tool: tool.to_string(), child, out, err })
     }
 
-    /// A setup step (`tpm-init`, the start's key check): one try within [`SETUP_DEADLINE`].
-    fn setup(&self, tool: &str, args: &[&str]) -> Result<Vec<u8>, String> {
+    /// A tool exited (`ok`: with status 0; `how`: its status, for the message): its stdout,
+    /// or why it failed with the last of its stderr. The TPM refusing the key's authorization
+    /// or being in lockout is not worth another try: each try would raise its
+    /// dictionary-attack counter (found by review: three tries locked the TPM out).
+    fn finish(&self, s: Spawned, ok: bool, how: &str) -> Result<Vec<u8>, ToolError> {
+        let read = |mut f: &std::fs::File| {
+            use std::io::{Read, Seek};
+            let mut v = Vec::new();
+            let _ = f.rewind().and_then(|_| f.take(1 << 20).read_to_end(&mut v));
+            v
+        };
+        if ok {
+            return Ok(read(&s.out));
+        }
+        let e = String::from_utf8_lossy(&read(&s.err)).into_owned();
+        let last: Vec<&str> = e.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = last[last.len().saturating_sub(3)..].join(" | ");
+        let lower = e.to_ascii_lowercase();
+        if ["0x98e", "0x921", "0x9a2", "lockout", "authorization hmac check failed", "da counter"]
+            .iter()
+            .any(|m| lower.contains(m))
+        {
+            return Err(ToolError::Abandoned(format!(
+                "{}: the TPM refused the key's authorization or is in lockout ({tail}); not tried again",
+                s.tool
+            )));
+        }
+        Err(ToolError::Failed(format!("{} failed ({how}): {tail}", s.tool)))
+    }
+
+    /// Run one tool to its end, by `until` at the latest, and sooner if `stop()` (checked every
+    /// few ms). For the steps before the event loop (`tpm-init`, the start's checks).
+    fn run(&self, tool: &str, args: &[String], until: Instant, stop: &dyn Fn() -> bool) -> Result<Vec<u8>, ToolError> {
+        let mut s = self.spawn(tool, args)?;
+        loop {
+            match s.child.try_wait() {
+                Ok(Some(st)) => return self.finish(s, st.success(), &st.to_string()),
+                Ok(None) if Instant::now() < until && !stop() => std::thread::sleep(Duration::from_millis(2)),
+                Ok(None) | Err(_) => {
+                    let _ = s.child.kill();
+                    let _ = s.child.wait();
+                    return Err(self.gave_up(tool, stop()));
+                }
+            }
+        }
+    }
+
+    /// A tool killed: for a stop, or because the TPM did not answer in time (then statements
+    /// fail at once for a while).
+    fn gave_up(&self, tool: &str, stopped: bool) -> ToolError {
+        if stopped {
+            return ToolError::Abandoned(format!("{tool}: a stop was requested"));
+        }
+        self.unresponsive_until.set(Some(Instant::now() + UNRESPONSIVE_BACKOFF));
+        ToolError::Abandoned(format!(
+            "the TPM did not answer in time ({tool} killed); statements fail at once for the next {} s",
+            UNRESPONSIVE_BACKOFF.as_secs()
+        ))
+    }
+
+    /// A setup step (`tpm-init`, the start's key check): one try within [`SETUP_DEADLINE`],
+    /// ended early by `stop()`.
+    fn setup(&self, tool: &str, args: &[&str], stop: &dyn Fn() -> bool) -> Result<Vec<u8>, String> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        self.run(tool, &args, Instant::now() + SETUP_DEADLINE, &|| false).map_err(String::from)
+        self.run(tool, &args, Instant::now() + SETUP_DEADLINE, stop).map_err(String::from)
     }
 
     /// An unnamed file in the work dir, for a tool's output.
@@ -513,72 +585,136 @@ impl Tools {
 
     /// The persisted attestation key's public area, read from the TPM and checked
     /// ([`parse_ak_public`]): as TPM2B_PUBLIC bytes and parsed.
-    pub fn read_ak(&self) -> Result<(Vec<u8>, AkPublic), String> {
+    pub fn read_ak(&self, stop: &dyn Fn() -> bool) -> Result<(Vec<u8>, AkPublic), String> {
         self.clear(&["ak-read.pub"]);
-        self.setup("tpm2_readpublic", &["-c", &self.handle(), "-o", "ak-read.pub"])?;
+        self.setup("tpm2_readpublic", &["-c", &self.handle(), "-o", "ak-read.pub"], stop)?;
         let raw = self.take_file("ak-read.pub")?;
         let ak = parse_ak_public(&raw).map_err(|e| format!("the key at {}: {e}", self.handle()))?;
         Ok((raw, ak))
     }
 
-    /// Extend PCR 23 with the payload's digest (after a reset) and quote it: checked with
-    /// [`verify`] before it is returned. Any failure of a try (PCR 23 changed by someone else
-    /// in between, a tool's error) is tried again, three tries within [`QUOTE_DEADLINE`]; a
-    /// TPM that does not answer in time, or a stop, ends it.
-    pub fn quote(
+    /// Start quoting `payload` for `nonce` ([`Tools::quote`] says how), without waiting: the
+    /// caller reaps the job's tool ([`QuoteJob::pid`]) and hands its exit to
+    /// [`Tools::on_exit`], or [`Tools::expire`]s it at [`QuoteJob::deadline`]. Refused at
+    /// once while the TPM is held unresponsive.
+    pub fn begin_quote(
         &self,
-        ak: &p256::ecdsa::VerifyingKey,
-        payload: &[u8],
-        nonce: Option<&[u8]>,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Quote, String> {
+        ak: p256::ecdsa::VerifyingKey,
+        payload: Vec<u8>,
+        nonce: Option<Vec<u8>>,
+    ) -> Result<QuoteJob, String> {
         if let Some(t) = self.unresponsive_until.get() {
-            if Instant::now() < t {
+            let left = t.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
                 return Err(format!(
                     "the TPM did not answer in time {} s ago; not asked again for {} s",
-                    (UNRESPONSIVE_BACKOFF - t.saturating_duration_since(Instant::now())).as_secs(),
-                    t.saturating_duration_since(Instant::now()).as_secs() + 1
+                    (UNRESPONSIVE_BACKOFF - left).as_secs(),
+                    left.as_secs() + 1
                 ));
             }
             self.unresponsive_until.set(None);
         }
-        let until = Instant::now() + QUOTE_DEADLINE;
-        let mut last = String::new();
-        for _ in 0..3 {
-            match self.quote_once(ak, payload, nonce, until, stop) {
-                Ok(q) => return Ok(q),
-                Err(ToolError::Abandoned(e)) => return Err(e),
-                Err(ToolError::Failed(e)) => {
-                    tracing::warn!(error = %e, "a TPM quote failed; quoting again");
-                    last = e;
-                }
-            }
+        let mut job = QuoteJob {
+            ak,
+            payload,
+            nonce,
+            until: Instant::now() + QUOTE_DEADLINE,
+            tries: 0,
+            step: 0,
+            last: String::new(),
+            running: None,
+        };
+        match self.spawn_step(&mut job) {
+            Ok(()) => Ok(job),
+            Err(e) => match self.retry(&mut job, e) {
+                Progress::Done(r) => r.map(|_| job).map_err(|e| e.to_string()),
+                Progress::Running => Ok(job),
+            },
         }
-        Err(format!("the TPM quote failed three times: {last}"))
     }
 
-    fn quote_once(
-        &self,
-        ak: &p256::ecdsa::VerifyingKey,
-        payload: &[u8],
-        nonce: Option<&[u8]>,
-        until: Instant,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Quote, ToolError> {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let files = ["quote.msg", "quote.sig", "quote.pcrs"];
-        self.clear(&files);
-        self.run("tpm2_pcrreset", &[PCR.to_string()], until, stop)?;
-        self.run("tpm2_pcrextend", &[format!("{PCR}:sha256={}", hex::encode(Sha256::digest(payload)))], until, stop)?;
-        let list: Vec<String> = selected().iter().map(u32::to_string).collect();
-        let mut args: Vec<String> = ["-c", &self.handle(), "-g", "sha256", "-l"].map(String::from).to_vec();
-        args.push(format!("sha256:{}", list.join(",")));
-        let q = qualifying_data(nonce);
-        if !q.is_empty() {
-            args.extend(["-q".into(), hex::encode(&q)]);
+    /// The job's tool exited (the caller reaped it; `ok`: status 0): the next step, a retry,
+    /// or the result.
+    pub fn on_exit(&self, job: &mut QuoteJob, ok: bool, how: &str) -> Progress {
+        let Some(s) = job.running.take() else { return Progress::Done(Err("no TPM tool was running".into())) };
+        if let Err(e) = self.finish(s, ok, how) {
+            return self.retry(job, e);
         }
-        args.extend(["-m", "quote.msg", "-s", "quote.sig", "-o", "quote.pcrs", "-F", "values"].map(String::from));
-        self.run("tpm2_quote", &args, until, stop)?;
+        if job.step < 2 {
+            job.step += 1;
+            return match self.spawn_step(job) {
+                Ok(()) => Progress::Running,
+                Err(e) => self.retry(job, e),
+            };
+        }
+        match self.collect(job) {
+            Ok(q) => Progress::Done(Ok(q)),
+            Err(e) => self.retry(job, e),
+        }
+    }
+
+    /// The job's deadline passed: its tool is killed (the caller still reaps it) and the TPM
+    /// held unresponsive for a while.
+    pub fn expire(&self, job: &mut QuoteJob) -> String {
+        let tool = job.running.as_ref().map(|s| s.tool.clone()).unwrap_or_default();
+        self.abandon(job);
+        self.gave_up(&tool, false).into()
+    }
+
+    /// Kill the job's tool, if one runs (a stop; the caller still reaps it).
+    pub fn abandon(&self, job: &mut QuoteJob) {
+        if let Some(mut s) = job.running.take() {
+            let _ = s.child.kill();
+        }
+    }
+
+    fn retry(&self, job: &mut QuoteJob, e: ToolError) -> Progress {
+        let e = match e {
+            ToolError::Abandoned(e) => return Progress::Done(Err(e)),
+            ToolError::Failed(e) => e,
+        };
+        job.tries += 1;
+        if job.tries >= 3 || Instant::now() >= job.until {
+            return Progress::Done(Err(format!("the TPM quote failed {} times: {e}", job.tries)));
+        }
+        tracing::warn!(error = %e, "a TPM quote failed; quoting again");
+        job.last = e;
+        job.step = 0;
+        match self.spawn_step(job) {
+            Ok(()) => Progress::Running,
+            Err(e) => self.retry(job, e),
+        }
+    }
+
+    /// Start the job's current step: reset PCR 23, extend it, quote.
+    fn spawn_step(&self, job: &mut QuoteJob) -> Result<(), ToolError> {
+        let (tool, args): (&str, Vec<String>) = match job.step {
+            0 => {
+                self.clear(&["quote.msg", "quote.sig", "quote.pcrs"]);
+                ("tpm2_pcrreset", vec![PCR.to_string()])
+            }
+            1 => ("tpm2_pcrextend", vec![format!("{PCR}:sha256={}", hex::encode(Sha256::digest(&job.payload)))]),
+            _ => {
+                let list: Vec<String> = selected().iter().map(u32::to_string).collect();
+                let mut args: Vec<String> = ["-c", &self.handle(), "-g", "sha256", "-l"].map(String::from).to_vec();
+                args.push(format!("sha256:{}", list.join(",")));
+                let q = qualifying_data(job.nonce.as_deref());
+                if !q.is_empty() {
+                    args.extend(["-q".into(), hex::encode(&q)]);
+                }
+                args.extend(
+                    ["-m", "quote.msg", "-s", "quote.sig", "-o", "quote.pcrs", "-F", "values"].map(String::from),
+                );
+                ("tpm2_quote", args)
+            }
+        };
+        job.running = Some(self.spawn(tool, &args)?);
+        Ok(())
+    }
+
+    /// The quote's files, as a [`Quote`] checked with [`verify`].
+    fn collect(&self, job: &QuoteJob) -> Result<Quote, ToolError> {
+        let b64 = base64::engine::general_purpose::STANDARD;
         let msg = self.take_file("quote.msg").map_err(ToolError::Failed)?;
         let sig = self.take_file("quote.sig").map_err(ToolError::Failed)?;
         let values = self.take_file("quote.pcrs").map_err(ToolError::Failed)?;
@@ -591,9 +727,49 @@ impl Tools {
             )));
         }
         let pcrs = sel.iter().zip(values.chunks(32)).map(|(n, v)| (n.to_string(), hex::encode(v))).collect();
-        let q = Quote { ak: ak_id(ak), pcrs, attest: b64.encode(&msg), signature: b64.encode(&sig) };
-        verify(&q, ak, payload, nonce).map_err(|e| ToolError::Failed(format!("the quote does not check: {e}")))?;
+        let q = Quote { ak: ak_id(&job.ak), pcrs, attest: b64.encode(&msg), signature: b64.encode(&sig) };
+        verify(&q, &job.ak, &job.payload, job.nonce.as_deref())
+            .map_err(|e| ToolError::Failed(format!("the quote does not check: {e}")))?;
         Ok(q)
+    }
+
+    /// Extend PCR 23 with the payload's digest (after a reset) and quote it, checked with
+    /// [`verify`] before it is returned, waiting for it (for the start's check; `run` quotes
+    /// through [`Tools::begin_quote`]). A try that fails (PCR 23 changed by someone else in
+    /// between, a tool's error) is made again, three tries within [`QUOTE_DEADLINE`]; a TPM
+    /// that does not answer in time, refuses the key's authorization, or a stop, ends it.
+    pub fn quote(
+        &self,
+        ak: &p256::ecdsa::VerifyingKey,
+        payload: &[u8],
+        nonce: Option<&[u8]>,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Quote, String> {
+        let mut job = self.begin_quote(*ak, payload.to_vec(), nonce.map(<[u8]>::to_vec))?;
+        loop {
+            let Some(s) = job.running.as_mut() else { return Err("no TPM tool is running".into()) };
+            match s.child.try_wait() {
+                Ok(Some(st)) => {
+                    if let Progress::Done(r) = self.on_exit(&mut job, st.success(), &st.to_string()) {
+                        return r;
+                    }
+                }
+                Ok(None) if Instant::now() < job.until && !stop() => std::thread::sleep(Duration::from_millis(2)),
+                Ok(None) | Err(_) => {
+                    if stop() {
+                        self.abandon(&mut job);
+                        return Err("a stop was requested".into());
+                    }
+                    let e = self.expire(&mut job);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// A step of `tpm-init` (a command an operator runs: no stop to watch for).
+    fn init_step(&self, tool: &str, args: &[&str]) -> Result<Vec<u8>, String> {
+        self.setup(tool, args, &|| false)
     }
 
     /// `attest tpm-init`: an ECC endorsement key, an ECDSA P-256 attestation key under it,
@@ -601,32 +777,32 @@ impl Tools {
     /// Returns the AK's TPM2B_PUBLIC, parsed, and the EK's public key as PEM.
     pub fn init(&self, force: bool) -> Result<(Vec<u8>, AkPublic, Vec<u8>), String> {
         // Anything at the handle counts, a key fit to quote or not.
-        if self.setup("tpm2_readpublic", &["-c", &self.handle()]).is_ok() {
+        if self.init_step("tpm2_readpublic", &["-c", &self.handle()]).is_ok() {
             if !force {
                 return Err(format!(
                     "handle {} holds a key already; keep it, or replace it with --force (verifiers then need the new key)",
                     self.handle()
                 ));
             }
-            self.setup("tpm2_evictcontrol", &["-C", "o", "-c", &self.handle()])?;
+            self.init_step("tpm2_evictcontrol", &["-C", "o", "-c", &self.handle()])?;
         }
         self.clear(&["ek.ctx", "ek.pem", "ak.ctx", "ak.pub", "ak.name"]);
-        self.setup("tpm2_createek", &["-G", "ecc", "-c", "ek.ctx", "-u", "ek.pem", "-f", "pem"])?;
-        self.setup(
+        self.init_step("tpm2_createek", &["-G", "ecc", "-c", "ek.ctx", "-u", "ek.pem", "-f", "pem"])?;
+        self.init_step(
             "tpm2_createak",
             &[
                 "-C", "ek.ctx", "-G", "ecc", "-g", "sha256", "-s", "ecdsa", "-c", "ak.ctx", "-u", "ak.pub", "-n",
                 "ak.name",
             ],
         )?;
-        self.setup("tpm2_flushcontext", &["-t"])?;
-        self.setup("tpm2_evictcontrol", &["-C", "o", "-c", "ak.ctx", &self.handle()])?;
-        self.setup("tpm2_flushcontext", &["-t"])?;
+        self.init_step("tpm2_flushcontext", &["-t"])?;
+        self.init_step("tpm2_evictcontrol", &["-C", "o", "-c", "ak.ctx", &self.handle()])?;
+        self.init_step("tpm2_flushcontext", &["-t"])?;
         let ek = self.take_file("ek.pem")?;
         let made =
             parse_ak_public(&self.take_file("ak.pub")?).map_err(|e| format!("the key tpm2_createak made: {e}"))?;
         self.clear(&["ek.ctx", "ak.ctx", "ak.name"]);
-        let (raw, persisted) = self.read_ak()?;
+        let (raw, persisted) = self.read_ak(&|| false)?;
         if made != persisted {
             return Err(format!("the key persisted at {} is not the one just made", self.handle()));
         }

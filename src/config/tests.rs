@@ -483,11 +483,22 @@ fn a_tpm_is_a_local_device_or_a_loopback_software_tpm() {
             1,
         )
     };
-    for to in ["127.0.0.1:2321", "127.0.0.1:2322", "[::1]:2322", "127.0.0.2:2321"] {
+    for to in [
+        "127.0.0.1:2321",
+        "127.0.0.1:2322",
+        "[::1]:2322",
+        "127.0.0.2:2321",
+        "0.0.0.0:2321",
+        "[::ffff:127.0.0.1]:2322",
+        "192.0.2.7:2321",
+    ] {
         let (f, r) = bad(&egress(to));
         assert_eq!(f, "node.egress[0].connect", "{to}: {r}");
         assert!(r.contains("is the TPM of cell.tpm"), "{to}: {r}");
     }
     parse(&egress("127.0.0.1:2323")).expect("another port");
-    parse(&egress("192.0.2.7:2321")).expect("not loopback");
+    // The port is explicit (libtss2's default would be unseen).
+    let (f, r) = bad(&tpm("{ tcti = \"swtpm:host=127.0.0.1\" }"));
+    assert_eq!(f, "cell.tpm.tcti");
+    assert!(r.contains("give port=N"), "{r}");
 }
