@@ -43,7 +43,8 @@ class Malformed(Exception):
 
 
 def strict_json(data: bytes):
-    """UTF-8 JSON, no BOM, no duplicate keys: what sealnode's (serde) parser accepts."""
+    """UTF-8 JSON, no BOM, no duplicate keys, no lone surrogate escapes, -0 a float: what
+    sealnode's (serde) parser accepts."""
 
     def pairs(kv):
         d = {}
@@ -53,12 +54,30 @@ def strict_json(data: bytes):
             d[k] = v
         return d
 
+    def scan(x):
+        if isinstance(x, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in x):
+            raise Malformed("a string holds a lone surrogate")
+        if isinstance(x, dict):
+            for k, v in x.items():
+                scan(k)
+                scan(v)
+        elif isinstance(x, list):
+            for v in x:
+                scan(v)
+
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=pairs)
+        v = json.loads(data.decode("utf-8"), object_pairs_hook=pairs, parse_int=lambda t: float(t) if t == "-0" else int(t))
+        scan(v)
+        return v
     except (UnicodeDecodeError, ValueError) as e:
         raise Malformed(f"not UTF-8 JSON: {e}") from e
     except RecursionError:
         raise Malformed("JSON nested too deep") from None
+
+
+def same(a: str, b: str) -> bool:
+    """Equal but for ASCII case, as Rust's eq_ignore_ascii_case (str.lower() folds more)."""
+    return a.encode().lower() == b.encode().lower()
 
 
 def b64(text) -> bytes:
@@ -191,16 +210,16 @@ def verify_tpm(envelope, p, body: bytes, ak: ec.EllipticCurvePublicKey):
         raise TpmFailure("the statement says no TPM: it is bound to the signing key only")
     if t.get("pcr") != PCR:
         raise TpmFailure(f"the statement names PCR {t.get('pcr')}; sealnode's quotes hold the statement in PCR {PCR}")
-    if (t.get("ak") or "").encode().lower() != ak_id.encode():
+    if not same(t.get("ak") or "", ak_id):
         raise TpmFailure(f"the statement names attestation key {t.get('ak')}, not the given one ({ak_id})")
     q = envelope.get("tpmQuote")
     if q is None:
         raise TpmFailure("the envelope carries no tpmQuote")
-    if q["ak"].encode().lower() != ak_id.encode():
+    if not same(q["ak"], ak_id):
         raise TpmFailure(f"the quote names attestation key {q['ak']}, not the given one ({ak_id})")
     try:
         attest, sig = b64(q["attest"]), b64(q["signature"])
-    except binascii.Error:
+    except (binascii.Error, ValueError):
         raise TpmFailure("tpmQuote.attest or .signature is not base64") from None
     if len(sig) < 4 or struct.unpack_from(">HH", sig, 0) != (0x0018, 0x000B):
         raise TpmFailure("the quote's signature is not ECDSA/sha256")
@@ -230,7 +249,8 @@ def verify_tpm(envelope, p, body: bytes, ak: ec.EllipticCurvePublicKey):
         raise TpmFailure(f"PCR {PCR} does not hold this statement's digest: the quote is not over this statement")
     return [
         f"TPM: quote by attestation key {ak_id}, PCR {PCR} holds this statement's digest",
-        f"TPM: reset count {resets}; boot PCRs " + " ".join(f"{n}={raw[n].hex()}" for n in range(8)),
+        f"TPM: reset count {resets} (its boot cycles, if the key is in the endorsement hierarchy); boot PCRs "
+        + " ".join(f"{n}={raw[n].hex()}" for n in range(8)),
     ]
 
 
@@ -281,7 +301,7 @@ def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generat
         if got is not None:
             return 11, [f"the statement answers nonce {got}; --no-nonce accepts only the start-time one"]
         said.append("nonce: none (the statement written at start: not fresh)")
-    elif got is None or got.lower() != nonce.lower():
+    elif got is None or not same(got, nonce):
         return 11, [f"the statement answers nonce {got}, not {nonce}"]
     else:
         said.append(f"nonce: {got}")
@@ -296,7 +316,7 @@ def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generat
     for name, digest in expect:
         if name not in subjects:
             bad.append(f"{name}: no such subject in the statement")
-        elif (subjects[name] or "").lower() != digest.lower():
+        elif not same(subjects[name] or "", digest):
             bad.append(f"{name}: sha256 {subjects[name]}, expected {digest}")
         else:
             said.append(f"{name}: sha256 {digest} as expected")
@@ -310,16 +330,41 @@ def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generat
     return 0, said
 
 
+class Once(argparse.Action):
+    """An option given at most once, as sealnode's command line takes it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, "_seen_" + self.dest, False):
+            parser.error(f"{option_string} given more than once")
+        setattr(namespace, "_seen_" + self.dest, True)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def u64(text):
+    """A u64 as Rust parses one: an optional +, ASCII digits, in range."""
+    if not re.fullmatch(r"\+?[0-9]+", text) or int(text) > U64[1]:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number from 0 to {U64[1]}")
+    return int(text)
+
+
+def pem_only(data: bytes) -> bytes:
+    """One PEM public key block and nothing else around it (sealnode's parser is strict)."""
+    text = data.decode("ascii", "strict").strip()
+    if not (text.startswith("-----BEGIN PUBLIC KEY-----") and text.endswith("-----END PUBLIC KEY-----")) or text.count("-----BEGIN") != 1:
+        raise ValueError("not one PEM public key block")
+    return text.encode()
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("envelope")
-    ap.add_argument("--pubkey", required=True)
+    ap.add_argument("--pubkey", required=True, action=Once)
     g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--nonce")
-    g.add_argument("--no-nonce", action="store_true")
+    g.add_argument("--nonce", action=Once)
+    g.add_argument("--no-nonce", action=Once, nargs=0, default=False)
     ap.add_argument("--expect", action="append", default=[], metavar="NAME=SHA256")
-    ap.add_argument("--min-generation", type=int)
-    ap.add_argument("--tpm-ak", help="the TPM attestation key the gateway enrolled (PEM)")
+    ap.add_argument("--min-generation", type=u64, action=Once)
+    ap.add_argument("--tpm-ak", action=Once, help="the TPM attestation key the gateway enrolled (PEM)")
     a = ap.parse_args()
     # As sealnode's: a bad nonce or --expect is a usage error (2), a file or key that cannot be
     # read is 125.
@@ -328,21 +373,32 @@ def main():
     if any("=" not in e for e in a.expect):
         ap.error("--expect: expected NAME=SHA256")
 
-    def load(path, what, ok):
+    def read(path):
         try:
             with open(path, "rb") as f:
-                data = f.read()
-            k = load_pem_public_key(data) if what else data
-        except (OSError, ValueError) as e:
+                return f.read()
+        except OSError as e:
             print(f"{path}: {e}", file=sys.stderr)
             sys.exit(125)
-        if what and not ok(k):
+
+    def load(path, what, ok, raw_hex=False):
+        data = read(path)
+        try:
+            text = data.decode("ascii").strip()
+            if raw_hex and re.fullmatch(r"[0-9a-fA-F]{64}", text):
+                k = Ed25519PublicKey.from_public_bytes(bytes.fromhex(text))
+            else:
+                k = load_pem_public_key(pem_only(data))
+        except ValueError as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            sys.exit(125)
+        if not ok(k):
             print(f"{path}: not an {what} public key", file=sys.stderr)
             sys.exit(125)
         return k
 
-    key = load(a.pubkey, "ed25519", lambda k: isinstance(k, Ed25519PublicKey))
-    data = load(a.envelope, None, None)
+    key = load(a.pubkey, "ed25519", lambda k: isinstance(k, Ed25519PublicKey), raw_hex=True)
+    data = read(a.envelope)
     ak = None
     if a.tpm_ak:
         ak = load(a.tpm_ak, "ECDSA P-256", lambda k: isinstance(k, ec.EllipticCurvePublicKey) and k.curve.name == "secp256r1")

@@ -370,6 +370,111 @@ pub fn parse_nonce(hex_nonce: &str) -> std::result::Result<String, String> {
     Ok(hex::encode(b))
 }
 
+/// JSON read as strictly as the Python verifier reads it (found by review: serde keeps the
+/// last of duplicate keys in a map, and takes an array for a struct): no key twice in any
+/// object, and an object at each of `objects` (JSON pointers; `*` for every member or element).
+fn strict_parse<T: serde::de::DeserializeOwned>(bytes: &[u8], objects: &[&str]) -> std::result::Result<T, String> {
+    use serde::de::DeserializeSeed as _;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    NoDuplicates.deserialize(&mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    for p in objects {
+        for (at, found) in pointed(&v, p, String::new()) {
+            if !found.is_object() && !found.is_null() {
+                return Err(format!("{at}: an object is expected, not {found}"));
+            }
+        }
+    }
+    if !v.is_object() {
+        return Err("an object is expected".into());
+    }
+    serde_json::from_value(v).map_err(|e| e.to_string())
+}
+
+/// Where structs are, in an envelope and in a statement (null: an absent Option).
+const ENVELOPE_OBJECTS: &[&str] = &["/signatures/*", "/tpmQuote", "/tpmQuote/pcrs"];
+const STATEMENT_OBJECTS: &[&str] = &[
+    "/subject/*",
+    "/subject/*/digest",
+    "/predicate",
+    "/predicate/host",
+    "/predicate/roles",
+    "/predicate/roles/*",
+    "/predicate/roles/*/rlimits",
+    "/predicate/preflight",
+    "/predicate/preflight/roles",
+    "/predicate/preflight/roles/*",
+    "/predicate/preflight/roles/*/refused_by",
+    "/predicate/limits",
+    "/predicate/limits/*",
+    "/predicate/limits/*/files",
+    "/predicate/tpm",
+];
+
+/// The values at a pointer whose segments may be `*`, with their paths.
+fn pointed<'a>(v: &'a serde_json::Value, pointer: &str, at: String) -> Vec<(String, &'a serde_json::Value)> {
+    let Some(rest) = pointer.strip_prefix('/') else { return vec![(at, v)] };
+    let (seg, tail) = rest.split_once('/').map_or((rest, ""), |(a, b)| (a, b));
+    let tail = if tail.is_empty() { String::new() } else { format!("/{tail}") };
+    let next: Vec<(String, &serde_json::Value)> = match (seg, v) {
+        ("*", serde_json::Value::Object(m)) => m.iter().map(|(k, x)| (format!("{at}/{k}"), x)).collect(),
+        ("*", serde_json::Value::Array(a)) => a.iter().enumerate().map(|(i, x)| (format!("{at}/{i}"), x)).collect(),
+        (k, serde_json::Value::Object(m)) => m.get(k).map(|x| vec![(format!("{at}/{k}"), x)]).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    next.into_iter().flat_map(|(p, x)| pointed(x, &tail, p)).collect()
+}
+
+/// Walks any JSON value, refusing an object with a key twice.
+struct NoDuplicates;
+
+impl<'de> serde::de::DeserializeSeed<'de> for NoDuplicates {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicates {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> std::result::Result<(), A::Error> {
+        while a.next_element_seed(NoDuplicates)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> std::result::Result<(), A::Error> {
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(k) = a.next_key::<String>()? {
+            if !seen.insert(k.clone()) {
+                return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
+            }
+            a.next_value_seed(NoDuplicates)?;
+        }
+        Ok(())
+    }
+}
+
 /// Why a verification failed, each its own exit status (`exit::ATTEST_*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
@@ -407,7 +512,7 @@ pub fn verify(
     expect: &Expect,
 ) -> std::result::Result<(Statement, Vec<String>), Failure> {
     let env: Envelope =
-        serde_json::from_slice(bytes).map_err(|e| Failure::Malformed(format!("not a DSSE envelope: {e}")))?;
+        strict_parse(bytes, ENVELOPE_OBJECTS).map_err(|e| Failure::Malformed(format!("not a DSSE envelope: {e}")))?;
     if env.payload_type != PAYLOAD_TYPE {
         return Err(Failure::Malformed(format!("payloadType {:?} is not {PAYLOAD_TYPE:?}", env.payload_type)));
     }
@@ -432,7 +537,7 @@ pub fn verify(
             )
         }));
     }
-    let st: Statement = serde_json::from_slice(&body)
+    let st: Statement = strict_parse(&body, STATEMENT_OBJECTS)
         .map_err(|e| Failure::Malformed(format!("the payload is not a sealnode statement: {e}")))?;
     let mut names = std::collections::BTreeSet::new();
     if let Some(dup) = st.subject.iter().find(|s| !names.insert(s.name.as_str())) {

@@ -81,8 +81,11 @@ pub fn ak_id(ak: &p256::ecdsa::VerifyingKey) -> String {
 
 /// A P-256 public key in SPKI PEM (what tpm2-tools write with `-f pem`).
 pub fn parse_ak(bytes: &[u8]) -> Result<p256::ecdsa::VerifyingKey, String> {
-    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?;
-    p256::ecdsa::VerifyingKey::from_public_key_pem(text.trim())
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?.trim();
+    if !text.starts_with("-----BEGIN") {
+        return Err("not a PEM block (nothing may come before it)".into());
+    }
+    p256::ecdsa::VerifyingKey::from_public_key_pem(text)
         .map_err(|e| format!("not an ECDSA P-256 public key in PEM: {e}"))
 }
 
@@ -278,7 +281,10 @@ pub fn verify(
             "TPM: PCR {PCR} holds this statement's digest{}",
             if nonce.is_some() { ", extraData = sha256(nonce)" } else { "" }
         ),
-        format!("TPM: reset count {}, restart count {} (boot cycles of that TPM)", a.reset_count, a.restart_count),
+        format!(
+            "TPM: reset count {}, restart count {} (its boot cycles, if the key is in the endorsement hierarchy: enrolment tells)",
+            a.reset_count, a.restart_count
+        ),
         format!("TPM: boot PCRs (sha256) {}", boot.join(" ")),
     ])
 }

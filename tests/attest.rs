@@ -550,6 +550,45 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
             a.extend(args);
             verify_both(&f, &forged, &key_pem, &a, want, &ctx);
         }
+        // And those of the second review: duplicate keys, arrays for objects, lone surrogates,
+        // non-ASCII base64, and the command lines' edges.
+        let compact = serde_json::from_str::<serde_json::Value>(&env1).expect("json").to_string();
+        let dup_pcr = compact.replacen("\"pcrs\":{", "\"pcrs\":{\"0\":\"00\",", 1);
+        let quote_array = edit(&|v| {
+            let q = v["tpmQuote"].clone();
+            v["tpmQuote"] = serde_json::json!([q["ak"], q["pcrs"], q["attest"], q["signature"]]);
+        });
+        let surrogate =
+            compact.replacen("\"signatures\":[", "\"signatures\":[{\"keyid\":\"\\ud800\",\"sig\":\"\"},", 1);
+        let non_ascii = edit(&|v| v["tpmQuote"]["attest"] = "é".into());
+        assert!(dup_pcr != compact && surrogate != compact, "{ctx}: the edits must apply");
+        for (text, args, want) in [
+            (dup_pcr, vec![], 13),
+            (quote_array, vec![], 13),
+            (format!("[{env1}]"), vec![], 13),
+            (surrogate, vec![], 13),
+            (non_ascii, vec!["--tpm-ak", &ak_s], 14),
+        ] {
+            std::fs::write(&forged, &text).expect("write");
+            let mut a = vec!["--nonce", n1];
+            a.extend(args);
+            verify_both(&f, &forged, &key_pem, &a, want, &ctx);
+        }
+        for (args, want) in [
+            (vec!["--nonce", n1, "--min-gen", "1"], 2),
+            (vec!["--nonce", n1, "--min-generation", "-1"], 2),
+            (vec!["--nonce", n1, "--nonce", n1], 2),
+            (vec!["--nonce", n1, "--min-generation", "+1"], 0),
+        ] {
+            verify_both(&f, &f1, &key_pem, &args, want, &format!("{ctx} {args:?}"));
+        }
+        let raw = f.p("pubkey.hex");
+        let vk = sealnode::attest::parse_public(&std::fs::read(&key_pem).expect("pem")).expect("key");
+        std::fs::write(&raw, hex::encode(vk.as_bytes())).expect("write");
+        verify_both(&f, &f1, &raw, &["--nonce", n1], 0, &ctx);
+        let led = f.p("ak-led.pem");
+        std::fs::write(&led, format!("the node's key\n{}", std::fs::read_to_string(&ak).expect("ak"))).expect("write");
+        verify_both(&f, &f1, &key_pem, &["--nonce", n1, "--tpm-ak", &led.display().to_string()], 125, &ctx);
         let nothing = f.p("no-such-ak.pem").display().to_string();
         verify_both(&f, &f1, &key_pem, &["--nonce", n1, "--tpm-ak", &nothing], 125, &ctx);
         verify_both(&f, &f1, &key_pem, &["--nonce", n1, "--tpm-ak", &key_pem.display().to_string()], 125, &ctx);
