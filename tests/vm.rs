@@ -17,6 +17,17 @@ use common::*;
 const LIMIT: Duration = Duration::from_secs(1500);
 
 fn run_vm(script: &str, kernel: &str, deb: &Path, cache: &Path, out: &Path) -> (bool, String) {
+    run_vm_with(script, kernel, deb, cache, out, &[])
+}
+
+fn run_vm_with(
+    script: &str,
+    kernel: &str,
+    deb: &Path,
+    cache: &Path,
+    out: &Path,
+    env: &[(&str, &str)],
+) -> (bool, String) {
     let repo = repo();
     let deb_dir = deb.parent().expect("deb dir");
     let share = format!("{}:{}:{}", repo.display(), cache.display(), deb_dir.display());
@@ -30,6 +41,7 @@ fn run_vm(script: &str, kernel: &str, deb: &Path, cache: &Path, out: &Path) -> (
         .env("SEALNODE_VM_KERNEL", kernel)
         .env("SEALNODE_VM_OUT", out)
         .env("SEALNODE_VM_TIMEOUT", "600")
+        .envs(env.iter().copied())
         .output_within(LIMIT);
     let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
     eprintln!("--- {script} on the {kernel} kernel:\n{text}");
@@ -113,7 +125,68 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
     ];
     passed(ok, &text, &needed, "limits");
 
+    // Statements bound to a TPM under the unit: a software TPM attached as a tpm-tis device.
+    let tpm_out = out.path().join("tpm");
+    let (ok, text) = run_vm_with("tests/vm/tpm.sh", "trixie", &deb, &cache, &tpm_out, &[("SEALNODE_VM_TPM", "1")]);
+    let needed = [
+        "ok: the guest has a TPM: /dev/tpmrm0",
+        "ok: attest tpm-init makes the attestation key in the TPM",
+        "ok: without the drop-in the start is refused",
+        "ok: and the journal says cell.tpm",
+        "ok: systemctl start with the TPM returns (after READY)",
+        "ok: the guest's own verifier: a1 verifies with the TPM key",
+        "ok: the start-time statement is quoted too",
+        "ok: systemctl stop returns",
+    ];
+    passed(ok, &text, &needed, "the TPM");
+    tpm_statements_verify_here(&tpm_out);
+
     let (ok, text) = run_vm("tests/vm/old-kernel.sh", "bookworm", &deb, &cache, &out.path().join("old"));
     assert!(text.contains("guest: 6.1."), "not the 6.1 kernel:\n{text}");
     assert!(ok && !text.contains("FAIL:"), "6.1 kernel:\n{text}");
+}
+
+/// The guest's TPM-bound statements, verified on the host by both verifiers: the fresh one with
+/// the enrolled attestation key; a replayed quote (the one made for the other nonce) and another
+/// key (the TPM's endorsement key) fail with 14.
+fn tpm_statements_verify_here(out: &Path) {
+    let read = |n: &str| std::fs::read_to_string(out.join(n)).unwrap_or_else(|e| panic!("{n} from the guest: {e}"));
+    let (n0, n1) = (read("n0").trim().to_string(), read("n1").trim().to_string());
+    let py = std::env::var("SEALNODE_TEST_VENV").map(|v| format!("{v}/bin/python")).expect("venv");
+    let verify = |file: &Path, ak: &str, nonce: &str, want: i32| {
+        let args = ["--pubkey", &out.join("pubkey.pem").display().to_string(), "--tpm-ak", ak, "--nonce", nonce]
+            .map(String::from);
+        let o = Command::new(env!("CARGO_BIN_EXE_sealnode"))
+            .arg("verify-attestation")
+            .args(&args)
+            .arg(file)
+            .output_within(Duration::from_secs(60));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(want), "sealnode verify-attestation {args:?} {}: {text}", file.display());
+        let p = Command::new(&py)
+            .arg(repo().join("examples/verify-attestation.py"))
+            .args(&args)
+            .arg(file)
+            .output_within(Duration::from_secs(60));
+        assert_eq!(
+            p.status.code(),
+            Some(want),
+            "the Python verifier {args:?} {}: {}{}",
+            file.display(),
+            String::from_utf8_lossy(&p.stdout),
+            String::from_utf8_lossy(&p.stderr)
+        );
+        text
+    };
+    let ak = out.join("ak.pem").display().to_string();
+    let said = verify(&out.join("a1.json"), &ak, &n1, 0);
+    assert!(said.contains("PCR 23 holds this statement's digest"), "{said}");
+    verify(&out.join("a0.json"), &ak, &n0, 0);
+    let mut e1: serde_json::Value = serde_json::from_str(&read("a1.json")).expect("a1");
+    let e0: serde_json::Value = serde_json::from_str(&read("a0.json")).expect("a0");
+    e1["tpmQuote"] = e0["tpmQuote"].clone();
+    let replayed = out.join("replayed.json");
+    std::fs::write(&replayed, e1.to_string()).expect("write");
+    verify(&replayed, &ak, &n1, 14);
+    verify(&out.join("a1.json"), &out.join("ek.pem").display().to_string(), &n1, 14);
 }

@@ -8,10 +8,8 @@
 set -u
 REPO=$1 CACHE=$2 DEB=$3
 SEALNODE_VM_SETUP_ONLY=1 sh "$REPO/tests/vm/unit.sh" "$REPO" "$CACHE" "$DEB" >/dev/null || { echo "FAIL: setup"; exit 1; }
-failed=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; failed=1; }
-check() { what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+# shellcheck source=tests/vm/checks.sh
+. "$REPO/tests/vm/checks.sh"
 # shellcheck disable=SC1091
 . "$CACHE/env"
 VENV=/opt/sealnode-test${SEALNODE_TEST_VENV#"$CACHE"}

@@ -5,9 +5,8 @@
 #
 #   tests/vm/old-kernel.sh REPO CACHE DEB
 set -u
-failed=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; failed=1; }
+# shellcheck source=tests/vm/checks.sh
+. "$1/tests/vm/checks.sh"
 echo "guest: $(uname -r), $(cat /proc/1/comm) as PID 1"
 SEALNODE_VM_SETUP_ONLY=1 sh "$1/tests/vm/unit.sh" "$@" | grep -v "^Creating"
 out=$(/usr/bin/sealnode doctor 2>&1); rc=$?

@@ -7,19 +7,8 @@
 #   tests/vm/unit.sh REPO CACHE DEB
 set -u
 REPO=$1 CACHE=$2 DEB=$3
-failed=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; failed=1; }
-check() { what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
-# A step the rest depends on: on failure, show why and stop here.
-must() {
-  what=$1; shift
-  if "$@"; then ok "$what"; return 0; fi
-  bad "$what"
-  echo "--- systemctl status sealnode"; systemctl status --no-pager -l sealnode.service 2>&1 | tail -20
-  echo "--- journal of sealnode"; journalctl -u sealnode --no-pager 2>&1 | tail -60
-  exit 1
-}
+# shellcheck source=tests/vm/checks.sh
+. "$REPO/tests/vm/checks.sh"
 # shellcheck disable=SC1091
 . "$CACHE/env"
 # The shared Python and venv live in the host's test cache under /var/tmp, which the unit's
