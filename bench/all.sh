@@ -16,5 +16,6 @@ taskset -c "${SEALNODE_BENCH_CPU:-1}" ./engine-hop.sh | sed 's/^### node -> engi
 echo
 ./footprint.sh
 ./digests.sh
+./attest.sh
 ./inference.sh
 ./job.sh

@@ -108,3 +108,17 @@ start_bare_llama() {
   bare_pid=$!
   for _ in $(seq 1 300); do curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:18181/health 2>/dev/null | grep -q 200 && break; sleep 0.1; done
 }
+
+# $1 = hyperfine's --export-json file, $2 = the anchor's name (its first command): a markdown
+# table of medians, min, max and each command's ratio to the anchor.
+hyperfine_table() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+base = r[0]["median"]
+print(f"| command | median | min | max | vs {sys.argv[2]} |")
+print("|---|---:|---:|---:|---:|")
+for x in r:
+    print(f"| {x['command']} | {x['median']*1000:.1f} ms | {x['min']*1000:.1f} ms | {x['max']*1000:.1f} ms | {x['median']/base:.3f}x |")
+PY
+}

@@ -21,12 +21,4 @@ hyperfine -N --warmup 1 --runs "${RUNS:-5}" --export-json "$BENCH/digests.json" 
   --prepare "true" -n "sha256sum (anchor)" "sha256sum $MODEL" \
   --prepare "rm -f $CACHE" -n "attest subjects, nothing cached" "$SN attest subjects --config $CFG" \
   --prepare "true" -n "attest subjects, cached" "$SN attest subjects --config $CFG" >/dev/null
-python3 - "$BENCH/digests.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))["results"]
-base = r[0]["median"]
-print("| command | median | min | max | vs sha256sum |")
-print("|---|---:|---:|---:|---:|")
-for x in r:
-    print(f"| {x['command']} | {x['median']*1000:.1f} ms | {x['min']*1000:.1f} ms | {x['max']*1000:.1f} ms | {x['median']/base:.3f}x |")
-PY
+hyperfine_table "$BENCH/digests.json" sha256sum
