@@ -170,11 +170,14 @@ pub struct Supervisor {
     models: Vec<(String, String)>,
     /// With `cell.tpm`: the tools and the attestation key every statement is quoted by.
     tpm: Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>,
-    /// Signed statements waiting for their quote, in order; the first is being quoted by
-    /// `quote_job`. The TPM's tools run as children the loop reaps: quoting never holds the
-    /// loop (found by review: a hung TPM held control and forwarding for seconds).
+    /// Signed statements waiting for their quote, in order. The TPM's tools run as children
+    /// the loop reaps: quoting never holds the loop (found by review: a hung TPM held control
+    /// and forwarding for seconds).
     quoting: std::collections::VecDeque<Quoting>,
-    quote_job: Option<crate::tpm::QuoteJob>,
+    /// The statement being quoted, with its job: out of the queue, so that nothing done to
+    /// the queue meanwhile can give its quote to another (found by review: a gate's removal of
+    /// the older start statement shifted every later quote onto the wrong statement).
+    quote_job: Option<(crate::tpm::QuoteJob, Quoting)>,
     /// The current generation's start statement could not be made: why, and when to try again.
     statement_missing: Option<String>,
     republish_at: Option<Instant>,
@@ -703,7 +706,12 @@ impl Supervisor {
                 let v = match self.statement(Some(nonce.clone())) {
                     Ok((env, _)) if self.tpm.is_none() => serde_json::json!({ "ok": true, "envelope": env }),
                     Ok((env, payload)) => {
-                        let waiting = self.quoting.iter().filter(|q| matches!(q.purpose, Purpose::Control(_))).count();
+                        let waiting = self
+                            .quoting
+                            .iter()
+                            .chain(self.quote_job.as_ref().map(|(_, q)| q))
+                            .filter(|q| matches!(q.purpose, Purpose::Control(_)))
+                            .count();
                         if waiting >= MAX_QUOTING {
                             crate::control::error(format!(
                                 "busy: {waiting} statements wait for the TPM's quote; try again"
@@ -864,32 +872,26 @@ impl Supervisor {
     fn pump_quotes(&mut self) {
         while self.quote_job.is_none() {
             let Some((tools, ak)) = &self.tpm else { return };
-            let Some(q) = self.quoting.front() else { return };
+            let Some(q) = self.quoting.pop_front() else { return };
             match tools.begin_quote(*ak, q.payload.clone(), q.nonce.clone()) {
-                Ok(job) => self.quote_job = Some(job),
-                Err(e) => {
-                    if let Some(q) = self.quoting.pop_front() {
-                        self.quoted(q, Err(e));
-                    }
-                }
+                Ok(job) => self.quote_job = Some((job, q)),
+                Err(e) => self.quoted(q, Err(e)),
             }
         }
     }
 
     /// The quote's tool exited (reaped by [`Supervisor::reap`]), or its deadline passed.
     fn quote_progress(&mut self, exit: Option<i32>) {
-        let Some(mut job) = self.quote_job.take() else { return };
+        let Some((mut job, q)) = self.quote_job.take() else { return };
         let Some((tools, _)) = &self.tpm else { return };
         let progress = match exit {
             Some(code) => tools.on_exit(&mut job, code == 0, &format!("exit status {code}")),
             None => crate::tpm::Progress::Done(Err(tools.expire(&mut job))),
         };
         match progress {
-            crate::tpm::Progress::Running => self.quote_job = Some(job),
+            crate::tpm::Progress::Running => self.quote_job = Some((job, q)),
             crate::tpm::Progress::Done(r) => {
-                if let Some(q) = self.quoting.pop_front() {
-                    self.quoted(q, r);
-                }
+                self.quoted(q, r);
                 self.pump_quotes();
             }
         }
@@ -898,7 +900,13 @@ impl Supervisor {
     /// A statement's quote came, or failed: to the client that asked, or into the node's view
     /// when it is still this generation's.
     fn quoted(&mut self, q: Quoting, r: std::result::Result<crate::tpm::Quote, String>) {
-        let Quoting { mut env, purpose, .. } = q;
+        let Quoting { mut env, purpose, payload, nonce } = q;
+        // The quote is this statement's, or it is not used: checked again here, where it is
+        // attached (cheap; the job checked it against the payload it was given).
+        let r = r.and_then(|quote| match &self.tpm {
+            Some((_, ak)) => crate::tpm::verify(&quote, ak, &payload, nonce.as_deref()).map(|_| quote),
+            None => Err("no TPM".into()),
+        });
         match (purpose, r) {
             (Purpose::Control(mut stream), Ok(quote)) => {
                 env.tpm_quote = Some(quote);
@@ -923,10 +931,14 @@ impl Supervisor {
     /// Stopping for good: the quote in progress is abandoned, and the clients still waiting
     /// are told so.
     fn abandon_quotes(&mut self) {
-        if let (Some(mut job), Some((tools, _))) = (self.quote_job.take(), &self.tpm) {
-            tools.abandon(&mut job);
+        let mut waiting: Vec<Quoting> = std::mem::take(&mut self.quoting).into();
+        if let Some((mut job, q)) = self.quote_job.take() {
+            if let Some((tools, _)) = &self.tpm {
+                tools.abandon(&mut job);
+            }
+            waiting.push(q);
         }
-        for q in std::mem::take(&mut self.quoting) {
+        for q in waiting {
             if let Purpose::Control(mut stream) = q.purpose {
                 crate::control::respond(&mut stream, &crate::control::error("sealnode is stopping"));
             }
@@ -987,7 +999,9 @@ impl Supervisor {
             "statement": match (&self.attest_key, &self.statement_missing) {
                 (None, _) => serde_json::json!({ "state": "none", "why": "no attestation key" }),
                 (Some(_), Some(why)) => serde_json::json!({ "state": "missing", "why": why }),
-                (Some(_), None) if self.quoting.iter().any(|q| matches!(q.purpose, Purpose::Publish(_))) => {
+                (Some(_), None)
+                    if self.quoting.iter().chain(self.quote_job.as_ref().map(|(_, q)| q)).any(|q| matches!(q.purpose, Purpose::Publish(_))) =>
+                {
                     serde_json::json!({ "state": "quoting" })
                 }
                 (Some(_), None) => serde_json::json!({ "state": "published" }),
@@ -1024,7 +1038,7 @@ impl Supervisor {
         d.extend(self.fwd.next_sweep());
         d.extend(self.clients.values().map(|(_, _, deadline)| *deadline));
         d.extend(self.fwd.next_lookup_deadline());
-        d.extend(self.quote_job.as_ref().map(|j| j.deadline()));
+        d.extend(self.quote_job.as_ref().map(|(j, _)| j.deadline()));
         d.extend(self.republish_at);
         d.into_iter().min()
     }
@@ -1414,7 +1428,7 @@ impl Supervisor {
                 Ok(ws) => ws,
             };
             let (Some(pid), Some(code)) = (ws.pid(), status_code(ws)) else { continue };
-            if self.quote_job.as_ref().and_then(|j| j.pid()) == Some(pid.as_raw()) {
+            if self.quote_job.as_ref().and_then(|(j, _)| j.pid()) == Some(pid.as_raw()) {
                 self.quote_progress(Some(code));
                 continue;
             }
@@ -1545,7 +1559,7 @@ impl Supervisor {
     fn on_timers(&mut self) {
         let now = Instant::now();
         self.expire_clients();
-        if self.quote_job.as_ref().is_some_and(|j| j.deadline() <= now) {
+        if self.quote_job.as_ref().is_some_and(|(j, _)| j.deadline() <= now) {
             self.quote_progress(None);
         }
         if self.republish_at.is_some_and(|t| t <= now) && self.stopping.is_none() {

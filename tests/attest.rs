@@ -615,11 +615,55 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         let said = verify_both(&f, &f1, &key_pem, &["--nonce", n1], 0, &ctx);
         assert!(said.contains("present (quote not checked)"), "{ctx}: {said}");
 
+        // A gate while the start statement is being quoted, and a request behind it (found by
+        // review: the gate's removal of the older start statement shifted each later quote onto
+        // the wrong statement): each answer still verifies for its own statement.
+        use nix::sys::signal::{kill, Signal};
+        let swtpm = nix::unistd::Pid::from_raw(tpm.child.id() as i32);
+        let status = || -> serde_json::Value {
+            let (_, text, _) = out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+            serde_json::from_str(&text).expect("status")
+        };
+        let engine = |v: &serde_json::Value| {
+            v["roles"].as_array().and_then(|r| r.iter().find(|r| r["role"] == "engine")).and_then(|e| e["pid"].as_i64())
+        };
+        let restarted = |before: i64| {
+            wait_until(Duration::from_secs(20), || {
+                let v = status();
+                engine(&v).is_some_and(|p| p != before) && v["statement"]["state"] == "quoting"
+            })
+        };
+        let e0 = engine(&status()).expect("engine pid");
+        kill(swtpm, Signal::SIGSTOP).expect("SIGSTOP swtpm");
+        kill(nix::unistd::Pid::from_raw(e0 as i32), Signal::SIGKILL).expect("kill the engine");
+        assert!(restarted(e0), "{ctx}: no restart with its statement being quoted");
+        let n2 = "2222222222222222aaaaaaaaaaaaaaaa";
+        let mut cmd = f.command(&["attest", "--nonce", n2, "--config", &cfg]);
+        let asker = std::thread::spawn(move || cmd.output_within(COMMAND_LIMIT));
+        std::thread::sleep(Duration::from_millis(300));
+        let e1 = engine(&status()).expect("engine pid");
+        kill(nix::unistd::Pid::from_raw(e1 as i32), Signal::SIGKILL).expect("kill the engine again");
+        assert!(restarted(e1), "{ctx}: no second restart");
+        kill(swtpm, Signal::SIGCONT).expect("SIGCONT swtpm");
+        let o = asker.join().expect("asker");
+        assert_eq!(o.status.code(), Some(0), "{ctx}: {}", String::from_utf8_lossy(&o.stderr));
+        let answered = f.p("raced.json");
+        std::fs::write(&answered, &o.stdout).expect("write");
+        verify_both(&f, &answered, &key_pem, &["--nonce", n2, "--tpm-ak", &ak_s], 0, &ctx);
+        let statement_file = f.p("run/attest/statement.json");
+        assert!(
+            wait_until(Duration::from_secs(30), || status()["statement"]["state"] == "published"
+                && statement_file.exists()),
+            "{ctx}: the start statement was not published: {}",
+            status()
+        );
+        let now = f.p("raced-start.json");
+        std::fs::copy(&statement_file, &now).expect("copy");
+        verify_both(&f, &now, &key_pem, &["--no-nonce", "--tpm-ak", &ak_s], 0, &ctx);
+
         // A TPM that stops answering: the request fails within the quote's deadline, with the
         // reason, and nothing unbound is returned in its place; the next fails at once instead
         // of holding the supervisor again (found by review: 20 s per request, unbounded).
-        use nix::sys::signal::{kill, Signal};
-        let swtpm = nix::unistd::Pid::from_raw(tpm.child.id() as i32);
         kill(swtpm, Signal::SIGSTOP).expect("SIGSTOP swtpm");
         let t = std::time::Instant::now();
         let mut cmd = f.command(&["attest", "--nonce", n1, "--config", &cfg]);

@@ -107,6 +107,19 @@ pub fn request(config: &Path, nonce: &str) -> Outcome {
     if v["ok"] != true {
         return Err(Failure::general(v["error"].as_str().unwrap_or("the supervisor refused").to_string()));
     }
+    // What came back answers this request's nonce, or nothing is printed (a check, not a
+    // verification: that is verify-attestation's, with the key).
+    let answered = serde_json::from_value::<attest::Envelope>(v["envelope"].clone())
+        .ok()
+        .and_then(|e| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, e.payload).ok())
+        .and_then(|b| serde_json::from_slice::<attest::Statement>(&b).ok())
+        .and_then(|st| st.predicate.nonce);
+    if answered.as_deref() != Some(nonce.as_str()) {
+        return Err(Failure::general(format!(
+            "the supervisor answered a statement for nonce {}, not {nonce}",
+            answered.as_deref().unwrap_or("none")
+        )));
+    }
     println!("{}", serde_json::to_string_pretty(&v["envelope"]).unwrap_or_default());
     Ok(exit::OK)
 }
