@@ -747,50 +747,45 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
                 .output_within(COMMAND_LIMIT);
             assert!(o.status.success(), "{ctx}: {args:?}: {}", String::from_utf8_lossy(&o.stderr));
         };
-        tools(&["tpm2_evictcontrol", "-C", "o", "-c", "0x81010002"]);
-        tools(&[
-            "tpm2_createprimary",
-            "-C",
-            "o",
-            "-G",
-            "ecc256:ecdsa-sha256",
-            "-a",
-            "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|sign",
-            "-c",
-            "loose.ctx",
-        ]);
-        tools(&["tpm2_evictcontrol", "-C", "o", "-c", "loose.ctx", "0x81010002"]);
-        tools(&["tpm2_readpublic", "-c", "0x81010002", "-f", "pem", "-o", "loose.pem"]);
-        std::fs::copy(f.p("loose.pem"), f.p("state/attest/tpm-ak.pem")).expect("copy");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(f.p("state/attest/tpm-ak.pem"), std::fs::Permissions::from_mode(0o644))
-            .expect("chmod");
+        // Replace the key at the handle with a primary key of the owner hierarchy made with
+        // `create` (tpm2_createprimary's options), and store its PEM as tpm-init would have.
+        let swap_ak = |name: &str, create: &[&str]| {
+            tools(&["tpm2_evictcontrol", "-C", "o", "-c", "0x81010002"]);
+            tools(&["tpm2_flushcontext", "-t"]);
+            let ctx_file = format!("{name}.ctx");
+            let mut args = vec!["tpm2_createprimary", "-C", "o"];
+            args.extend_from_slice(create);
+            args.extend(["-c", ctx_file.as_str()]);
+            tools(&args);
+            tools(&["tpm2_evictcontrol", "-C", "o", "-c", &ctx_file, "0x81010002"]);
+            let pem = format!("{name}.pem");
+            tools(&["tpm2_readpublic", "-c", "0x81010002", "-f", "pem", "-o", &pem]);
+            std::fs::copy(f.p(&pem), f.p("state/attest/tpm-ak.pem")).expect("copy");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(f.p("state/attest/tpm-ak.pem"), std::fs::Permissions::from_mode(0o644))
+                .expect("chmod");
+        };
+        swap_ak(
+            "loose",
+            &["-G", "ecc256:ecdsa-sha256", "-a", "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|sign"],
+        );
         let (code, _, err) = out(&f, &["run", "--config", &cfg]);
         assert_eq!(code, 125, "{ctx}: {err}");
         assert!(err.contains("cell.tpm") && err.contains("restricted"), "{ctx}: {err}");
         // A restricted key that needs a password: the start's one quote fails, once, and the
         // start is refused (found by review: every statement failed, and the retries locked
         // the TPM out).
-        tools(&["tpm2_evictcontrol", "-C", "o", "-c", "0x81010002"]);
-        tools(&["tpm2_flushcontext", "-t"]);
-        tools(&[
-            "tpm2_createprimary",
-            "-C",
-            "o",
-            "-G",
-            "ecc256:ecdsa-sha256:null",
-            "-a",
-            "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|restricted|sign",
-            "-p",
-            "secret",
-            "-c",
-            "pw.ctx",
-        ]);
-        tools(&["tpm2_evictcontrol", "-C", "o", "-c", "pw.ctx", "0x81010002"]);
-        tools(&["tpm2_readpublic", "-c", "0x81010002", "-f", "pem", "-o", "pw.pem"]);
-        std::fs::copy(f.p("pw.pem"), f.p("state/attest/tpm-ak.pem")).expect("copy");
-        std::fs::set_permissions(f.p("state/attest/tpm-ak.pem"), std::fs::Permissions::from_mode(0o644))
-            .expect("chmod");
+        swap_ak(
+            "pw",
+            &[
+                "-G",
+                "ecc256:ecdsa-sha256:null",
+                "-a",
+                "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|restricted|sign",
+                "-p",
+                "secret",
+            ],
+        );
         let (code, _, err) = out(&f, &["run", "--config", &cfg]);
         assert_eq!(code, 125, "{ctx}: {err}");
         assert!(err.contains("cannot quote") && err.contains("not tried again"), "{ctx}: {err}");
