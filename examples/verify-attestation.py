@@ -5,7 +5,7 @@
                           [--min-generation N] [--tpm-ak AK.pem] ENVELOPE.json
 
 The envelope is DSSE (payloadType application/vnd.in-toto+json) holding an in-toto Statement
-v1 with predicateType urn:sealnode:seal:v1, signed with ed25519 (docs/attestation.md). The exit
+v1 with predicateType urn:sealnode:seal:v2, signed with ed25519 (docs/attestation.md). The exit
 status is sealnode verify-attestation's: 0 verified, 10 bad signature, 11 wrong or missing
 nonce, 12 an expectation not met, 13 not a sealnode attestation, 14 (with --tpm-ak) the TPM
 quote is missing or does not bind the statement.
@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat,
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "urn:sealnode:seal:v1"
+PREDICATE_TYPE = "urn:sealnode:seal:v2"
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
@@ -90,15 +90,16 @@ def b64(text) -> bytes:
     return raw
 
 
-# The statement's schema (urn:sealnode:seal:v1), with the types sealnode's (serde) parser
+# The statement's schema (urn:sealnode:seal:v2), with the types sealnode's (serde) parser
 # demands: exactly these members, none missing, none extra; "?" marks one that may be absent
 # or null. Integers are JSON integers in the Rust type's range (never true/false).
 U64, U32, I32 = (0, 2**64 - 1), (0, 2**32 - 1), (-(2**31), 2**31 - 1)
 STR, BOOL = "str", "bool"
 HOST = {"kernel_release": STR, "landlock_abi": I32, "userns_mode": STR, "sealnode_version": STR}
 ROLE = {
-    "program": STR, "layers": [STR], "seccomp_instructions": U64, "refused_syscalls_logged": BOOL,
+    "generation": U64, "program": STR, "layers": [STR], "seccomp_instructions": U64, "refused_syscalls_logged": BOOL,
     "rlimits": {"*": U64}, "devices": [STR], "restarts": U32, "restarts_since_preflight": U32,
+    "models_binding": "?bool",
 }
 PREFLIGHT_ROLE = {"attempts": U64, "refused": U64, "succeeded": U64, "refused_by": {"*": U64}}
 PREDICATE = {
@@ -313,8 +314,11 @@ def verify_strict(data: bytes, key: Ed25519PublicKey, nonce, expect, min_generat
     if min_generation is not None and p["generation"] < min_generation:
         bad.append(f"generation {p['generation']} is older than {min_generation} (--min-generation)")
     subjects = {s["name"]: s["digest"].get("sha256") for s in st["subject"]}
+    models_bind = p["roles"].get("engine", {}).get("models_binding") is not False
     for name, digest in expect:
-        if name not in subjects:
+        if not models_bind and (name.startswith("model:") or name.startswith("model-hex:")):
+            bad.append(f"{name}: the statement says the engine's model digests do not bind (models_writable: the engine may change them)")
+        elif name not in subjects:
             bad.append(f"{name}: no such subject in the statement")
         elif not same(subjects[name] or "", digest):
             bad.append(f"{name}: sha256 {subjects[name]}, expected {digest}")

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// The predicate's type and version: a change to its fields is a new version.
-pub const PREDICATE_TYPE: &str = "urn:sealnode:seal:v1";
+pub const PREDICATE_TYPE: &str = "urn:sealnode:seal:v2";
 /// In the state dir: the key pair (the dir 0700, the private key 0600, never in a role's view).
 pub const KEY_DIR: &str = crate::config::ATTEST_KEY_DIR;
 pub const KEY_FILE: &str = crate::config::ATTEST_KEY_FILE;
@@ -76,7 +76,7 @@ pub struct Subject {
     pub digest: BTreeMap<String, String>,
 }
 
-/// `urn:sealnode:seal:v1`: how what the subjects name is sealed, at which generation.
+/// `urn:sealnode:seal:v2`: how what the subjects name is sealed, at which generation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Predicate {
@@ -109,6 +109,10 @@ pub struct Host {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoleSeal {
+    /// The generation whose gate this role's running process passed: the subjects named after
+    /// this role are what that process was started from (a role that did not restart keeps
+    /// its own generation and digests).
+    pub generation: u64,
     /// The program as configured (command[0], as the role sees it).
     pub program: String,
     /// The layers in force, by the canary's names.
@@ -122,6 +126,11 @@ pub struct RoleSeal {
     /// (every restart passes a new preflight and gets a new generation, so the second is 0).
     pub restarts: u32,
     pub restarts_since_preflight: u32,
+    /// The engine with a model dir: whether its `model:` subjects bind (false with
+    /// `models_writable`, where the engine itself may change them, or when they could not be
+    /// hashed: then there are none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models_binding: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,8 +199,6 @@ pub struct Inputs<'a> {
     /// The latest preflight of each role (the receipt summarises it).
     pub report: Option<&'a crate::canary::Report>,
     pub nonce: Option<String>,
-    /// (subject name `model:<path under the model dir>`, sha256) of the engine's model files.
-    pub models: &'a [(String, String)],
     /// Restarts of each role since `run` started, by role name.
     pub restarts: BTreeMap<String, u32>,
     /// With `cell.tpm`: the attestation key's id ([`crate::tpm::ak_id`]).
@@ -203,14 +210,14 @@ pub struct Inputs<'a> {
 const LAYERS: &[&str] = &["namespaces", "landlock", "seccomp", "credentials", "rlimits", "launcher"];
 
 /// The subjects, in a fixed order: sealnode, the config, each role's program, policies
-/// (the loaded files and the compiled seccomp program) and CDI spec, then the model files by
-/// path. `attest subjects` prints the same list for a config, so a gateway knows what to expect.
+/// (the loaded files and the compiled seccomp program) and CDI spec, then the engine's model
+/// files by path. Each role's are its process's (`roles`, from the receipt). `attest subjects`
+/// prints the same list for a config, so a gateway knows what to expect.
 pub fn subjects(
     cfg: &crate::config::Config,
     sealnode: &str,
     config: &str,
     roles: &BTreeMap<String, crate::receipt::RoleDigests>,
-    models: &[(String, String)],
 ) -> Vec<Subject> {
     let sha = |d: &str| -> BTreeMap<String, String> { [("sha256".to_string(), d.to_string())].into() };
     let mut subject = vec![
@@ -232,7 +239,7 @@ pub fn subjects(
             subject.push(Subject { name: format!("{name}.cdi"), digest: sha(&c.cdi_sha256) });
         }
     }
-    for (name, digest) in models {
+    for (name, digest) in roles.get(crate::config::Role::Engine.name()).map(|d| &d.models).into_iter().flatten() {
         subject.push(Subject { name: name.clone(), digest: sha(digest) });
     }
     subject
@@ -242,7 +249,7 @@ pub fn subjects(
 pub fn build(i: &Inputs) -> Statement {
     use crate::config::Role;
     let r = i.receipt;
-    let subject = subjects(i.cfg, &r.sealnode.sha256, &r.config.sha256, &r.roles, i.models);
+    let subject = subjects(i.cfg, &r.sealnode.sha256, &r.config.sha256, &r.roles);
     let mut roles = BTreeMap::new();
     for role in Role::ALL {
         let name = role.name();
@@ -256,6 +263,7 @@ pub fn build(i: &Inputs) -> Statement {
         roles.insert(
             name.to_string(),
             RoleSeal {
+                generation: d.generation,
                 program: d.program.clone(),
                 layers,
                 seccomp_instructions: d.seccomp_instructions,
@@ -271,6 +279,7 @@ pub fn build(i: &Inputs) -> Statement {
                 devices: i.cfg.devices(role).iter().map(|p| p.display().to_string()).collect(),
                 restarts: i.restarts.get(name).copied().unwrap_or(0),
                 restarts_since_preflight: 0,
+                models_binding: d.models_binding,
             },
         );
     }
@@ -337,7 +346,7 @@ pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
 
 /// hex sha256 of the raw public key: the envelope's keyid and the key's fingerprint.
 pub fn keyid(vk: &VerifyingKey) -> String {
-    crate::receipt::sha256_hex(vk.as_bytes())
+    crate::atomic::sha256_hex(vk.as_bytes())
 }
 
 /// The statement's bytes, as signed.
@@ -612,7 +621,14 @@ pub fn verify(
             said.push(format!("generation: {} (>= {min})", st.predicate.generation));
         }
     }
+    let models_bind = st.predicate.roles.get("engine").and_then(|r| r.models_binding) != Some(false);
     for (name, digest) in &expect.subjects {
+        if !models_bind && (name.starts_with("model:") || name.starts_with("model-hex:")) {
+            bad.push(format!(
+                "{name}: the statement says the engine's model digests do not bind (models_writable: the engine may change them)"
+            ));
+            continue;
+        }
         match st.subject.iter().find(|s| &s.name == name) {
             None => bad.push(format!("{name}: no such subject in the statement")),
             Some(s) => match s.digest.get("sha256") {
@@ -677,12 +693,12 @@ pub fn init(state_dir: &Path, uid: u32, force: bool) -> Result<VerifyingKey> {
         .to_pkcs8_pem(Default::default())
         .map_err(|e| Error::io("encode the private key", std::io::Error::other(e.to_string())))?;
     zeroize::Zeroize::zeroize(&mut seed);
-    crate::receipt::write_atomic_at(&dir, KEY_FILE, pem.as_bytes(), 0o600, &shown)?;
+    crate::atomic::write_atomic_at(&dir, KEY_FILE, pem.as_bytes(), 0o600, &shown)?;
     let vk = key.verifying_key();
     let public = vk
         .to_public_key_pem(Default::default())
         .map_err(|e| Error::io("encode the public key", std::io::Error::other(e.to_string())))?;
-    crate::receipt::write_atomic_at(&dir, PUB_FILE, public.as_bytes(), 0o644, &state_dir.join(KEY_DIR).join(PUB_FILE))?;
+    crate::atomic::write_atomic_at(&dir, PUB_FILE, public.as_bytes(), 0o644, &state_dir.join(KEY_DIR).join(PUB_FILE))?;
     Ok(vk)
 }
 
@@ -794,7 +810,7 @@ pub fn tpm_init(state_dir: &Path, uid: u32, target: crate::tpm::Target, force: b
         (crate::tpm::AK_NAME_FILE, name.as_bytes()),
         (crate::tpm::AK_FILE, pem.as_bytes()),
     ] {
-        crate::receipt::write_atomic_at(&dir, file, bytes, 0o644, &p.join(file))?;
+        crate::atomic::write_atomic_at(&dir, file, bytes, 0o644, &p.join(file))?;
     }
     Ok(ak)
 }

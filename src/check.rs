@@ -40,20 +40,38 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
             Role::Node => "node sandbox",
         };
         // The plan `run` builds at every start: seccomp compiled, Landlock rules resolved, every
-        // bind checked, the program found (and a sha256 pin verified).
-        let plan = crate::supervisor::run_plan(&cfg, role, inv)
-            .map_err(|e| e.to_string())
-            .and_then(|p| program_visible(&cfg, role).map(|()| p))
-            .map(|p| {
-                let program = p.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
-                let pin = if p.program_sha256.is_some() { ", sha256 pin verified" } else { "" };
-                format!(
-                    "{program} as uid {}, {} mounts, {} seccomp instructions{pin}",
-                    p.ids.uid,
-                    p.mounts.len(),
-                    p.seccomp.len()
-                )
-            });
+        // bind checked, the program found in the role's view, copied, sealed and hashed (a pin
+        // verified), and the trees the role sees walked, as the gate's measurement does.
+        let plan = crate::sandbox::Plan::for_run(&cfg, role, inv).map_err(|e| e.to_string()).and_then(|p| {
+            let m = crate::measure::run(&crate::measure::job_for(&cfg, inv, &[(role, &p)]), None);
+            match m.error(&cfg.file) {
+                Some(e) => Err(e.to_string()),
+                None => Ok((p, m)),
+            }
+        });
+        let plan = plan.map(|(p, m)| {
+            let program = match (p.sealed_program(), m.program(role)) {
+                (Some(sp), Some(d)) => {
+                    let configured = cfg.role(role).command[0].as_str();
+                    let shown = if sp.inside.as_os_str() == configured {
+                        configured.to_string()
+                    } else {
+                        format!("{configured} -> {}", sp.inside.display())
+                    };
+                    let host =
+                        if sp.host == sp.inside { String::new() } else { format!(" (host {})", sp.host.display()) };
+                    let pin = if sp.pin.is_some() { ", pin verified" } else { "" };
+                    format!("{shown}{host} sha256 {}{pin}", &d.sha256[..16])
+                }
+                _ => p.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default(),
+            };
+            format!(
+                "{program} as uid {}, {} mounts, {} seccomp instructions",
+                p.ids.uid,
+                p.mounts.len(),
+                p.seccomp.len()
+            )
+        });
         add(&mut v, name, plan, "the sandbox `run` builds: policies, binds, program, user");
         if let Some(c) = cfg.cdi(role) {
             let left = match c.left_out.len() {
@@ -178,22 +196,4 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
         "what `sealnode doctor` requires; run it for the details and fixes",
     );
     v
-}
-
-/// The role's program is a file with an execute bit where the sandbox will look for it (a
-/// system path, or an extra bind's source): else `run` would fail at the role's execve.
-fn program_visible(cfg: &Config, role: Role) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    let inside = Path::new(&cfg.role(role).command[0]);
-    let host = crate::sandbox::plan::host_path(cfg, role, inside);
-    let shown = if host == inside {
-        inside.display().to_string()
-    } else {
-        format!("{} (host {})", inside.display(), host.display())
-    };
-    match std::fs::metadata(&host) {
-        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
-        Ok(_) => Err(format!("{}: {role}.command[0] {shown} is not an executable file", cfg.file.display())),
-        Err(e) => Err(format!("{}: {role}.command[0] {shown}: {e}", cfg.file.display())),
-    }
 }

@@ -9,6 +9,7 @@
 //! [`receipt`], [`control`] (the control socket's protocol), [`ratelimit`], [`egress`] (the
 //! forwarder), [`supervisor`] (`sealnode run`), [`doctor`] (kernel facts).
 
+pub mod atomic;
 pub mod attest;
 pub mod canary;
 pub mod cdi;
@@ -28,6 +29,7 @@ pub mod fuzzing;
 pub mod journal;
 pub mod log;
 pub mod logsink;
+pub mod measure;
 pub mod metrics;
 pub mod output;
 pub mod policy;
@@ -35,6 +37,7 @@ pub mod probe;
 pub mod ratelimit;
 pub mod receipt;
 pub mod sandbox;
+pub mod sealed;
 pub mod supervisor;
 pub mod sys;
 pub mod tpm;

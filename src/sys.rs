@@ -632,6 +632,20 @@ pub fn seccomp_notif_fail(listener: RawFd, id: u64, errno: i32) -> Result<(), Er
     Errno::result(r).map(drop)
 }
 
+/// What a file's type is, in words ("a FIFO").
+pub fn file_kind(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFSOCK => "a unix socket",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFLNK => "a symlink",
+        _ => "not a file",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::ffi::CString;

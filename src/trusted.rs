@@ -128,6 +128,41 @@ pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, Stri
     Ok(fd)
 }
 
+/// Every directory from `/` down to `path`'s parent is one sealnode trusts (trusted owner, not
+/// writable by group or others unless sticky), reached without following a symlink: no other
+/// user can replace `path` or anything on the way to it.
+pub fn check_dirs_to(path: &Path, launcher_uid: u32) -> std::result::Result<(), String> {
+    let names = components(path)?;
+    let dirs = names.split_last().map(|(_, d)| d).unwrap_or_default();
+    let walk = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut here = std::path::PathBuf::from("/");
+    let mut dir = nix::fcntl::open("/", walk, Mode::empty()).map_err(|e| format!("open /: {e}"))?;
+    check_dir(&dir, &here, launcher_uid)?;
+    for name in dirs {
+        here.push(name);
+        dir = openat(&dir, *name, walk, Mode::empty()).map_err(|e| component_error(&here, e))?;
+        check_dir(&dir, &here, launcher_uid)?;
+    }
+    Ok(())
+}
+
+/// Why a file or directory in a tree sealnode hashes or runs from is not one it can trust:
+/// another owner than root or the launcher, or writable by group or others (a sticky
+/// directory included: anyone could add to it).
+pub fn entry_problem(st: &FileStat, launcher_uid: u32) -> Option<String> {
+    if !trusted_owner(st.st_uid, launcher_uid) {
+        return Some(format!(
+            "is owned by another user ({}); it must belong to root{}",
+            describe(st),
+            owner_hint(launcher_uid)
+        ));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Some(format!("is writable by group or others ({}): fix with chmod go-w", describe(st)));
+    }
+    None
+}
+
 /// sealnode's own directory (state_dir, runtime_dir), race-free: the parents are walked as
 /// for [`open`] (trusted owners, no symlinks), a missing component is created with `mkdirat`
 /// (the last one with `mode`, others 0755), and the directory itself must belong to the

@@ -241,8 +241,9 @@ fn cell_isolation_egress_and_clean_stop() {
         refused(&n, &format!("connect:127.0.0.1:{up_port}"), &[libc::ECONNREFUSED]);
         // An undeclared port: Landlock.
         refused(&n, &format!("connect:127.0.0.1:{other_port}"), &[libc::EACCES]);
-        // The host's abstract unix sockets live in the host's netns.
-        refused(&n, &format!("connect-abstract:{abs_name}"), &[libc::ECONNREFUSED]);
+        // No role creates an AF_UNIX socket at all (seccomp: only connected stream pairs); the
+        // host's abstract sockets would also be in the host's netns, and Landlock-scoped.
+        refused(&n, &format!("connect-abstract:{abs_name}"), &[libc::ENOSYS]);
         // The node filter has no bind (seccomp); Landlock grants it no port either.
         refused(&n, "bind:127.0.0.1:18081", &[libc::ENOSYS]);
         // Neither sees the other's processes: each pid namespace holds init, sh and the probe.

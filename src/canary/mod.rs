@@ -149,6 +149,15 @@ pub const SPECS: &[Spec] = &[
         READ,
     ),
     a("read_foreign_paths", "filesystem", "read the other role's dirs and files", &[N, L], READ),
+    // Before pivot_root: with every layer off (the matrix's baseline) a successful one moves
+    // the probe's root, and the host's socket would then look absent.
+    a(
+        "unix_socket_in_view",
+        "filesystem",
+        "connect to a pathname unix socket (or open a FIFO) a host process listens on: any in the role's view, and one on the host",
+        &[S, N],
+        &[(ENOSYS, S), (ENOENT, N)],
+    ),
     a("write_usr", "filesystem", "create a file in /usr (/usr/local/src)", &[N, L, C], WRITE),
     a("write_etc", "filesystem", "create a file in /etc (/etc/opt)", &[N, L, C], WRITE),
     only(a("write_models", "filesystem", "create a file in the model dir", &[N, L], WRITE), Roles::Engine),
@@ -407,7 +416,8 @@ fn classify(role: Role, raw: &BTreeMap<String, Outcome>) -> RoleReport {
 }
 
 /// Host-side fixtures the attempts aim at: a loopback listener and an abstract socket.
-struct Targets {
+#[derive(Debug)]
+pub struct Targets {
     _tcp: std::net::TcpListener,
     _abs: std::os::unix::net::UnixListener,
     /// Host listeners where the engine's egress attempt aims (each egress forwarder's address,
@@ -417,9 +427,57 @@ struct Targets {
     _egress: Vec<std::net::TcpListener>,
     port: u16,
     name: String,
+    /// A pathname unix socket listening on the host, outside every role's view.
+    unix: HostSocket,
 }
 
-fn targets(cfg: &Config) -> Result<Targets> {
+/// A listening pathname socket in a directory of its own under /tmp, removed on drop.
+#[derive(Debug)]
+struct HostSocket {
+    dir: std::path::PathBuf,
+    _listener: std::os::unix::net::UnixListener,
+}
+
+impl HostSocket {
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.join("sock")
+    }
+}
+
+impl Drop for HostSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.path());
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The host socket the `unix_socket_in_view` attempt aims at: reachable by any uid once the
+/// namespaces and seccomp layers are off (mode 0777 in a 0755 dir), so those layers are what
+/// the matrix shows stopping it.
+fn host_socket(r: u64) -> Result<HostSocket> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = std::path::PathBuf::from(format!("/tmp/sealnode-canary-{r:016x}"));
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&dir)
+        .map_err(|e| Error::io(format!("canary: mkdir {}", dir.display()), e))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| Error::io(format!("canary: chmod {}", dir.display()), e))?;
+    let path = dir.join("sock");
+    let listener = match std::os::unix::net::UnixListener::bind(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(Error::io(format!("canary: bind {}", path.display()), e));
+        }
+    };
+    let socket = HostSocket { dir, _listener: listener };
+    std::fs::set_permissions(socket.path(), std::fs::Permissions::from_mode(0o777))
+        .map_err(|e| Error::io(format!("canary: chmod {}", socket.path().display()), e))?;
+    Ok(socket)
+}
+
+pub fn targets(cfg: &Config) -> Result<Targets> {
     use std::os::linux::net::SocketAddrExt;
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("canary: host listener", e))?;
     let port = tcp.local_addr().map_err(|e| Error::io("canary: host listener", e))?.port();
@@ -437,7 +495,19 @@ fn targets(cfg: &Config) -> Result<Targets> {
         aims.push(format!("127.0.0.2:{port}"));
     }
     let egress = aims.iter().filter_map(|a| std::net::TcpListener::bind(a.as_str()).ok()).collect();
-    Ok(Targets { _tcp: tcp, _abs: abs, _egress: egress, port, name })
+    let unix = host_socket(r)?;
+    Ok(Targets { _tcp: tcp, _abs: abs, _egress: egress, port, name, unix })
+}
+
+/// The parts of a role's view the `unix_socket_in_view` attempt walks for sockets and FIFOs.
+fn view_roots(cfg: &Config, role: Role) -> Vec<String> {
+    let mut v: Vec<String> =
+        ["/etc", "/run", "/tmp", "/dev/shm", crate::config::INSIDE_SCRATCH].iter().map(|s| s.to_string()).collect();
+    if cfg.role(role).models.is_some() {
+        v.push(crate::config::INSIDE_MODELS.into());
+    }
+    v.extend(cfg.binds(role).iter().map(|(_, b)| b.inside().display().to_string()));
+    v
 }
 
 fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers) -> Ctx {
@@ -469,6 +539,11 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers)
         },
         host_port: t.port,
         host_abstract: t.name.clone(),
+        host_unix: t.unix.path().display().to_string(),
+        // Where the role's view shows the host's files beyond the system trees: its binds,
+        // /etc and /run (generated and sealnode's), its own dirs. Only with the namespaces
+        // layer: without it the view is the host's, whose daemons' sockets are not targets.
+        view_roots: if layers.namespaces { view_roots(cfg, role) } else { Vec::new() },
         foreign_paths: foreign,
         config_path: cfg.file.display().to_string(),
         // The key once `attest init` made it; before, the state dir that will hold it.
@@ -484,17 +559,29 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers)
     }
 }
 
-/// Run the battery for `role` once: in `cell` (preflight, `canary`) or standalone with
-/// `layers` (the matrix). Returns the raw outcomes.
-fn run_battery(
+/// One role's battery, started: its probe runs in the role's sandbox and writes its outcomes
+/// to `out`, which the caller reads to its end ([`finish`] then classifies them). `run`'s
+/// event loop watches `out` and reaps the probe like any child; the commands wait for it.
+#[derive(Debug)]
+pub struct Probe {
+    pub role: Role,
+    pub sandbox: sandbox::spawn::Sandbox,
+    /// The probe's stdout: its JSON outcomes, then EOF when it exits.
+    pub out: OwnedFd,
+    /// The other end of the probe's stdin, a pty (TIOCSTI has a real target).
+    _pty: OwnedFd,
+}
+
+/// Start the battery for `role`: in `cell` (preflight, `canary`) or standalone with `layers`
+/// (the matrix).
+pub fn start(
     cfg: &Config,
     role: Role,
     inv: &Invoker,
     cell: Option<&Cell>,
     layers: Layers,
     t: &Targets,
-    stop: StopRequested,
-) -> Result<BTreeMap<String, Outcome>> {
+) -> Result<Probe> {
     let ctx = ctx_for(cfg, role, t, inv, layers);
     let ctx_json = serde_json::to_string(&ctx).map_err(|e| Error::io("canary context", std::io::Error::other(e)))?;
     let mut argv = vec!["sealnode-canary".to_string(), "__canary-inside".to_string(), ctx_json];
@@ -520,14 +607,44 @@ fn run_battery(
     let spawned = sandbox::spawn_in(&plan, cell);
     // Our copies of the role's stdio close now: EOF on the pipe is then the probe's exit.
     plan.stdio = None;
-    let sb = spawned?;
-    // Bounded: `run` runs the battery inside its event loop, so an attempt that blocked
-    // would stall the supervisor. A battery takes well under a second.
-    let out = match read_until_eof(out_r, BATTERY_DEADLINE, stop) {
+    Ok(Probe { role, sandbox: spawned?, out: out_r, _pty: pty.master })
+}
+
+/// Classify what a probe wrote (`out`, read to its end) and how it exited (`code`).
+pub fn finish(role: Role, out: &[u8], code: i32) -> Result<RoleReport> {
+    if code != 0 {
+        return Err(Error::errno(
+            format!("canary probe in the {role} role exited with {code}"),
+            nix::errno::Errno::EIO,
+        ));
+    }
+    Ok(classify(role, &outcomes(role, out)?))
+}
+
+/// A probe's JSON outcomes, by attempt id.
+fn outcomes(role: Role, out: &[u8]) -> Result<BTreeMap<String, Outcome>> {
+    serde_json::from_slice(out).map_err(|e| {
+        let shown = String::from_utf8_lossy(&out[..out.len().min(300)]).into_owned();
+        Error::io(format!("canary output of the {role} role ({shown:?})"), std::io::Error::other(e))
+    })
+}
+
+/// Run the battery for `role` once and wait for it (`canary`, the matrix, `check`).
+fn run_battery(
+    cfg: &Config,
+    role: Role,
+    inv: &Invoker,
+    cell: Option<&Cell>,
+    layers: Layers,
+    t: &Targets,
+    stop: StopRequested,
+) -> Result<BTreeMap<String, Outcome>> {
+    let p = start(cfg, role, inv, cell, layers, t)?;
+    let out = match read_until_eof(p.out, BATTERY_DEADLINE, stop) {
         Ok(out) => out,
         Err(e) => {
-            let _ = nix::sys::signal::kill(sb.pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = sandbox::spawn::wait_exit(sb);
+            let _ = nix::sys::signal::kill(p.sandbox.pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = sandbox::spawn::wait_exit(p.sandbox);
             let what = format!("canary probe in the {role} role");
             return Err(if e == nix::errno::Errno::ECANCELED {
                 Error::Stopped { what }
@@ -536,24 +653,19 @@ fn run_battery(
             });
         }
     };
-    // Never sigwait here: `run` runs the battery between its own signal handling, and a
-    // SIGTERM taken (and forwarded) here would be lost to it.
-    let code = sandbox::spawn::wait_exit(sb);
-    drop(pty.master);
+    // Never sigwait here: a caller with its own signal handling would lose a SIGTERM to it.
+    let code = sandbox::spawn::wait_exit(p.sandbox);
     if code != 0 {
         return Err(Error::errno(
             format!("canary probe in the {role} role exited with {code}"),
             nix::errno::Errno::EIO,
         ));
     }
-    serde_json::from_slice(&out).map_err(|e| {
-        let shown = String::from_utf8_lossy(&out[..out.len().min(300)]).into_owned();
-        Error::io(format!("canary output of the {role} role ({shown:?})"), std::io::Error::other(e))
-    })
+    outcomes(role, &out)
 }
 
 /// How long one role's battery may take before it counts as hung.
-const BATTERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+pub const BATTERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Asked at least every [`STOP_CHECK`] while a battery waits for its probe: true once the
 /// caller wants to stop (the supervisor: a stop signal pending on its signalfd).

@@ -81,14 +81,15 @@ fn print_ak(ak: &p256::ecdsa::VerifyingKey, name: Option<&str>) {
 pub fn subjects(config: &Path) -> Outcome {
     let inv = Invoker::current();
     let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
-    let (sealnode, conf, roles) = sealnode::receipt::current_digests(&cfg).map_err(Failure::general)?;
+    let (sealnode, conf, mut roles) = sealnode::receipt::current_digests(&cfg, &inv).map_err(Failure::general)?;
     let state = sealnode::trusted::own_dir(&cfg.cell.state_dir, inv.uid, 0o750)
         .map_err(|e| Failure::setup(format!("cell.state_dir: {e}")))?;
-    let models = match &cfg.engine.models {
-        Some(d) => sealnode::digests::models(d, &state, &cfg.cell.state_dir, &|| false).map_err(Failure::general)?.0,
-        None => Vec::new(),
-    };
-    for s in attest::subjects(&cfg, &sealnode.sha256, &conf.sha256, &roles, &models) {
+    if let (Some(d), Some(engine)) = (&cfg.engine.models, roles.get_mut("engine")) {
+        let (files, _) =
+            sealnode::digests::models(d, &state, &cfg.cell.state_dir, &|| false).map_err(Failure::general)?;
+        engine.models = files.into_iter().collect();
+    }
+    for s in attest::subjects(&cfg, &sealnode.sha256, &conf.sha256, &roles) {
         println!("{}={}", s.name, s.digest.get("sha256").map(String::as_str).unwrap_or(""));
     }
     Ok(exit::OK)

@@ -63,7 +63,7 @@ fn write_ci_reports(r: &Report, junit: Option<&Path>, tap: Option<&Path>) -> Res
             print!("{text}");
         } else {
             // New file then rename: never follows a planted symlink, never leaves half a report.
-            sealnode::receipt::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| format!("canary: {e}"))?;
+            sealnode::atomic::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| format!("canary: {e}"))?;
         }
     }
     Ok(())

@@ -75,7 +75,7 @@ fn write_textfile(path: &Path, text: &str) -> Result<(), String> {
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| format!("open {}: {}", dir.display(), e.desc()))?;
-    sealnode::receipt::write_atomic_at(&dirfd, name, text.as_bytes(), 0o644, &abs).map_err(|e| e.to_string())
+    sealnode::atomic::write_atomic_at(&dirfd, name, text.as_bytes(), 0o644, &abs).map_err(|e| e.to_string())
 }
 
 fn duration(secs: u64) -> String {

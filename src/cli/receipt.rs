@@ -12,7 +12,7 @@ pub fn verify(file: Option<PathBuf>, config: &Path) -> Outcome {
     let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
     let path = file.unwrap_or_else(|| receipt::path(&cfg));
     let r = receipt::load(&path).map_err(Failure::general)?;
-    let bad = receipt::verify(&r, &cfg).map_err(Failure::general)?;
+    let bad = receipt::verify(&r, &cfg, &inv).map_err(Failure::general)?;
     let generation = r.generation;
     if bad.is_empty() {
         println!("{}: generation {generation} matches the current config, policies and binaries", path.display());

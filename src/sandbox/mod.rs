@@ -10,6 +10,8 @@ pub mod plan;
 pub mod protocol;
 pub mod spawn;
 pub mod stage;
+pub mod table;
+pub mod view;
 
 pub use plan::{Layers, Plan, Program};
 pub use protocol::SETUP_FAILED;

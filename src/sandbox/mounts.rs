@@ -192,6 +192,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             use std::os::fd::AsRawFd;
             sys::write_all(fd.as_raw_fd(), value)
         }
+        Mount::SealedProgram { dst, fd } => sealed_program(dst, *fd),
         Mount::ReadOnly { dst } => {
             if !exists(dst) {
                 return Ok(());
@@ -206,6 +207,57 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, true)
         }
     }
+}
+
+/// Where the program's copy is staged, in the new root's tmpfs; removed once bound.
+const STAGING: &CStr = c"/tmp/.sealnode-program";
+const STAGED: &CStr = c"/tmp/.sealnode-program/program";
+
+/// The role's program over `dst`: a tmpfs of its own (sized to the copy) receives the sealed
+/// memfd `fd` byte for byte, is made read-only for good (the superblock, not only this mount),
+/// and its one file is bound over `dst`, read-only, nosuid, nodev; the tmpfs then leaves the
+/// tree (the bind holds it) and the memfd is closed: the sandbox init would otherwise hold a
+/// second copy for the role's lifetime.
+fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd) -> R {
+    use std::os::fd::BorrowedFd;
+    // SAFETY: the plan's memfd, which the child inherited and keeps until this step.
+    let src = unsafe { BorrowedFd::borrow_raw(fd) };
+    let len = fstat(src)?.st_size as u64;
+    mkdir(STAGING, Mode::from_bits_truncate(0o700))?;
+    let opts =
+        CString::new(format!("size={}k,nr_inodes=4,mode=0700", len.div_ceil(1024) + 4)).map_err(|_| Errno::EINVAL)?;
+    mount(Some("tmpfs"), STAGING, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_c_str()))?;
+    let out = nix::fcntl::open(
+        STAGED,
+        nix::fcntl::OFlag::O_CREAT
+            | nix::fcntl::OFlag::O_EXCL
+            | nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o555),
+    )?;
+    let mut off: libc::off_t = 0;
+    while (off as u64) < len {
+        let left = (len - off as u64) as usize;
+        let n = nix::sys::sendfile::sendfile(&out, src, Some(&mut off), left)?;
+        if n == 0 {
+            return Err(Errno::EIO);
+        }
+    }
+    nix::sys::stat::fchmod(&out, Mode::from_bits_truncate(0o555))?;
+    drop(out);
+    // Read-only at the superblock: no mount of it, present or future, can write the copy.
+    mount(
+        None::<&str>,
+        STAGING,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
+    )?;
+    mount(Some(STAGED), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+    sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
+    umount2(STAGING, MntFlags::MNT_DETACH)?;
+    nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, STAGING, nix::unistd::UnlinkatFlags::RemoveDir)?;
+    nix::unistd::close(fd)
 }
 
 fn owned(raw: std::os::fd::RawFd) -> OwnedFd {

@@ -17,10 +17,6 @@ use crate::config::{
 use crate::error::{Error, Result};
 use crate::policy::{landlock, seccomp};
 
-/// Where the child assembles the new root inside its private mount namespace.
-/// The host's /tmp is only overmounted in the child's own mount namespace.
-pub const NEWROOT: &str = "/tmp";
-
 pub use crate::config::SYSTEM_RO;
 
 /// System directories the canary tries to create files in (empty on Debian). With the
@@ -56,73 +52,7 @@ use crate::sys::{
     MOUNT_ATTR_NODEV as NODEV, MOUNT_ATTR_NOEXEC as NOEXEC, MOUNT_ATTR_NOSUID as NOSUID, MOUNT_ATTR_RDONLY as RDONLY,
 };
 
-/// One step of building the root, in order.
-#[derive(Debug, Clone)]
-pub enum Mount {
-    /// tmpfs at `dst` (absolute, under NEWROOT).
-    Tmpfs { dst: CString, opts: CString, attrs: u64 },
-    /// Bind host `src` on `dst`; `check`: what the child must find there ([`Check`]);
-    /// `nofollow` refuses symlinks in any component (role paths).
-    Bind { src: CString, dst: CString, dir: bool, attrs: u64, check: Check, nofollow: bool },
-    /// Symlink `dst` -> `target`.
-    Symlink { target: CString, dst: CString },
-    /// Regular file with generated contents.
-    File { dst: CString, contents: Vec<u8> },
-    /// Fresh procfs (from inside the new pid namespace).
-    Proc { dst: CString },
-    /// Hide a /proc file behind /dev/null (skipped if absent).
-    MaskFile { dst: CString },
-    /// Hide a /proc dir behind an empty read-only tmpfs (skipped if absent).
-    MaskDir { dst: CString },
-    /// Make an existing subtree read-only (skipped if absent).
-    ReadOnly { dst: CString },
-    /// Make one mount read-only once populated (not its submounts).
-    Freeze { dst: CString },
-    /// Write a value to a (namespaced) sysctl file under the new /proc before it is frozen
-    /// (`optional`: skipped when the kernel lacks it).
-    Sysctl { dst: CString, value: &'static [u8], optional: bool },
-}
-
-/// What the child checks a bind's source is, once it has opened it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Check {
-    /// Nothing (system paths).
-    None,
-    /// The (dev, ino) the parent validated: a path swapped since is refused (ESTALE).
-    Identity(u64, u64),
-    /// A capped scratch: the root of a tmpfs of exactly this many bytes (the cell's, mounted
-    /// over the scratch dir in the cell's mount namespace; `exec`'s own).
-    Tmpfs(u64),
-}
-
-impl Mount {
-    pub fn describe(&self) -> String {
-        // The path as the role sees it: the new root's prefix removed once (a role's /tmp is
-        // NEWROOT + "/tmp", which must not lose both).
-        let s = |c: &CString| {
-            let p = c.to_string_lossy();
-            match p.strip_prefix(NEWROOT) {
-                Some("") => "/".to_string(),
-                Some(rest) if rest.starts_with('/') => rest.to_string(),
-                _ => p.into_owned(),
-            }
-        };
-        match self {
-            Mount::Tmpfs { dst, .. } => format!("tmpfs on {}", s(dst)),
-            Mount::Bind { src, dst, .. } => format!("bind {} -> {}", src.to_string_lossy(), s(dst)),
-            Mount::Symlink { target, dst } => {
-                format!("symlink {} -> {}", s(dst), target.to_string_lossy())
-            }
-            Mount::File { dst, .. } => format!("write {}", s(dst)),
-            Mount::Proc { dst } => format!("proc on {}", s(dst)),
-            Mount::MaskFile { dst } => format!("mask {}", s(dst)),
-            Mount::MaskDir { dst } => format!("mask {}", s(dst)),
-            Mount::ReadOnly { dst } => format!("read-only {}", s(dst)),
-            Mount::Freeze { dst } => format!("freeze {}", s(dst)),
-            Mount::Sysctl { dst, .. } => format!("sysctl {}", s(dst)),
-        }
-    }
-}
+pub use super::table::{Check, Mount, NEWROOT};
 
 /// What to execute at the end.
 #[derive(Debug)]
@@ -131,9 +61,25 @@ pub enum Program {
     Path(CString),
     /// sealnode's own sealed copy (memfd), for probes; executed via /proc/self/fd.
     SealedSelf(std::os::fd::OwnedFd),
-    /// The role's program, opened and its sha256 verified by the parent; executed from this
-    /// very fd via /proc/self/fd, so there is no window to swap the file.
-    Verified(std::os::fd::OwnedFd),
+    /// The role's own program ([`SealedProgram`]): bound over its path in the view from a sealed
+    /// copy, so there is no window to swap the file between hashing and exec.
+    Sealed(SealedProgram),
+}
+
+/// A role's program as the gate measures it: the file its `command[0]` resolves to in the
+/// role's view (sandbox::view), to be copied into `fd` (a sealable memfd), sealed and hashed
+/// off the event loop (crate::measure). The copy is what the role runs.
+#[derive(Debug)]
+pub struct SealedProgram {
+    pub fd: std::os::fd::OwnedFd,
+    /// The config field that names it (`engine.command[0]`) and its pin (`engine.sha256`).
+    pub field: String,
+    pub pin: Option<String>,
+    /// Where the view shows it (symlinks resolved) and the host file behind that.
+    pub inside: PathBuf,
+    pub host: PathBuf,
+    /// The sha256 of the sealed copy, once measured: only a measured plan starts.
+    pub sha256: Option<String>,
 }
 
 /// Which confinement layers a sandbox gets. Every real sandbox gets all of them; the canary's
@@ -176,10 +122,8 @@ pub struct Plan {
     pub exec_paths: Vec<CString>,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
-    // Keeps the sealed self copy open until the child has exec'd it.
+    // Keeps the sealed copy open until the child has copied or exec'd it.
     pub program: Program,
-    /// For a pinned program: the sha256 of the sealed copy that will run (the receipt's).
-    pub program_sha256: Option<String>,
     /// The role's stdin and stdout when they are not the launcher's own (the canary's pty and
     /// report pipe; `run`'s /dev/null and output pipe); the child puts them on fds 0 and 1, and
     /// a stderr of its own (`run`'s second pipe) on fd 2.
@@ -207,13 +151,34 @@ impl Plan {
         Ok(())
     }
 
-    /// The fd the workload is executed from, if any (-1 otherwise).
+    /// The fd the workload is executed or copied from, if any (-1 otherwise).
     pub fn program_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         match &self.program {
-            Program::SealedSelf(fd) | Program::Verified(fd) => fd.as_raw_fd(),
+            Program::SealedSelf(fd) => fd.as_raw_fd(),
+            Program::Sealed(p) => p.fd.as_raw_fd(),
             Program::Path(_) => -1,
         }
+    }
+
+    /// The role's own program, when this plan runs it (not `exec`'s command or a probe).
+    pub fn sealed_program(&self) -> Option<&SealedProgram> {
+        match &self.program {
+            Program::Sealed(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    pub fn sealed_program_mut(&mut self) -> Option<&mut SealedProgram> {
+        match &mut self.program {
+            Program::Sealed(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The sha256 of the sealed copy this plan runs, once measured.
+    pub fn program_sha256(&self) -> Option<&str> {
+        self.sealed_program().and_then(|p| p.sha256.as_deref())
     }
 }
 
@@ -290,6 +255,17 @@ impl Plan {
         Plan::build_layers(cfg, role, inv, argv, program, Layers::ALL)
     }
 
+    /// The plan a role of `run` starts with: the role's own command (its program resolved in
+    /// its view, a memfd for the sealed copy), with its denial log when it has
+    /// `log_refused_syscalls` (the preflight's own sandboxes refuse in the kernel, as always).
+    pub fn for_run(cfg: &Config, role: Role, inv: &Invoker) -> Result<Plan> {
+        let mut plan = Plan::build(cfg, role, inv, None, None)?;
+        if cfg.role(role).log_refused_syscalls {
+            plan.log_refusals(cfg)?;
+        }
+        Ok(plan)
+    }
+
     /// `run`, for a role with `log_refused_syscalls`: its refusals go to a listener the
     /// supervisor serves (and logs) instead of failing in the kernel; the answer is the same.
     pub fn log_refusals(&mut self, cfg: &Config) -> Result<()> {
@@ -330,12 +306,12 @@ impl Plan {
         let r = cfg.role(role);
         let ids = cfg.role_ids(role, inv)?;
         let (landlock, seccomp) = policies(cfg, role)?;
-        let (mounts, workdir) = if layers.namespaces {
+        let (mut mounts, workdir) = if layers.namespaces {
             (mount_table(cfg, role, inv, ids)?, cstr(INSIDE_SCRATCH)?)
         } else {
             (matrix_mounts(r)?, cstr("/")?)
         };
-        let exec = Exec::resolve(cfg, role, inv, argv, program)?;
+        let exec = Exec::resolve(cfg, role, argv, program, &mut mounts)?;
         let l = &r.rlimits;
         Ok(Plan {
             layers,
@@ -358,7 +334,6 @@ impl Plan {
             argv: exec.argv,
             envp: exec.envp,
             program: exec.program,
-            program_sha256: exec.sha256,
             stdio: None,
             refusal_log: None,
         })
@@ -600,32 +575,27 @@ fn exec_candidates(prog0: &str, env: &[(String, String)]) -> Result<Vec<CString>
 /// What the child executes, and with what arguments and environment.
 struct Exec {
     program: Program,
-    sha256: Option<String>,
-    /// Where the child tries to exec, in order (a PATH search, or the memfd).
+    /// Where the child tries to exec, in order (a PATH search, or one path).
     paths: Vec<CString>,
     argv: Vec<CString>,
     envp: Vec<CString>,
 }
 
 impl Exec {
+    /// The role's own command (no `argv`, no `program`) runs its program from a sealed copy:
+    /// `command[0]` is resolved through `mounts` as the sandbox will resolve it, a memfd is
+    /// made for the copy, and the copy is mounted over the resolved path (the last step of
+    /// `mounts`), which is what the child executes. Anything else (`exec`'s command, a probe)
+    /// runs as given.
     fn resolve(
         cfg: &Config,
         role: Role,
-        inv: &Invoker,
         argv: Option<Vec<String>>,
         program: Option<Program>,
+        mounts: &mut Vec<Mount>,
     ) -> Result<Exec> {
         let r = cfg.role(role);
-        // The role's own program with a pin: copied into a sealed memfd, the memfd hashed and
-        // executed (before every start), so what runs is exactly what was hashed. `exec` runs
-        // another command, so the pin does not apply there.
-        let (program, program_sha256) = match (&program, &argv, &r.sha256) {
-            (None, None, Some(want)) => {
-                let (fd, digest) = verify_pinned(cfg, role, want, inv)?;
-                (Some(Program::Verified(fd)), Some(digest))
-            }
-            _ => (program, None),
-        };
+        let own = argv.is_none() && program.is_none();
         let argv = argv.unwrap_or_else(|| r.command.clone());
         let Some(prog0) = argv.first() else {
             return Err(Error::config(&cfg.file, format!("{role}.command"), "empty command"));
@@ -633,166 +603,89 @@ impl Exec {
         let launcher_env: Vec<(String, String)> =
             std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
         let env = build_env(cfg, role, &launcher_env);
-        let exec_paths = match &program {
-            Some(Program::SealedSelf(fd)) | Some(Program::Verified(fd)) => {
+        let program = match program {
+            Some(p) => p,
+            None if own => Program::Sealed(sealed_program(cfg, role, prog0, mounts)?),
+            None => Program::Path(cstr(prog0)?),
+        };
+        let paths = match &program {
+            Program::SealedSelf(fd) => {
                 use std::os::fd::AsRawFd;
                 vec![cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()))?]
             }
-            _ => exec_candidates(prog0, &env)?,
+            Program::Sealed(p) => vec![cstr(&p.inside)?],
+            Program::Path(_) => exec_candidates(prog0, &env)?,
         };
         Ok(Exec {
-            program: program.unwrap_or(Program::Path(cstr(prog0)?)),
-            sha256: program_sha256,
-            paths: exec_paths,
+            program,
+            paths,
             argv: argv.iter().map(cstr).collect::<Result<_>>()?,
             envp: env.iter().map(|(k, v)| cstr(format!("{k}={v}"))).collect::<Result<_>>()?,
         })
     }
 }
 
-/// The host path of a path inside the sandbox: through an extra bind, or the same path
-/// (system binds keep their paths).
-pub fn host_path(cfg: &Config, role: Role, inside: &Path) -> PathBuf {
-    for (_, b) in cfg.binds(role) {
-        if let Ok(rest) = inside.strip_prefix(b.inside()) {
-            return b.src.join(rest);
-        }
-    }
-    inside.to_path_buf()
-}
-
-/// The pinned program, as it will run: the host file copied into a memfd, the memfd sealed
-/// against writes, growing and shrinking, then hashed and compared with the pin. A writer
-/// rewriting the file in place while (or after) it is read changes nothing that runs: the
-/// copy either matches the pin or the start is refused. The file itself must not be writable
-/// by anyone but root or the launcher.
-fn verify_pinned(cfg: &Config, role: Role, want: &str, inv: &Invoker) -> Result<(std::os::fd::OwnedFd, String)> {
-    use sha2::{Digest, Sha256};
-    use std::io::{Read, Seek};
-    use std::os::unix::fs::MetadataExt;
-    let inside = Path::new(&cfg.role(role).command[0]);
-    let path = host_path(cfg, role, inside);
-    let field = format!("{role}.sha256");
-    let mut f = std::fs::File::open(&path)
-        .map_err(|e| Error::config(&cfg.file, &field, format!("cannot open {} to verify it: {e}", path.display())))?;
-    let md = f.metadata().map_err(|e| Error::io(format!("fstat {}", path.display()), e))?;
-    if !md.is_file() {
-        return Err(Error::config(&cfg.file, &field, format!("{} is not a regular file", path.display())));
-    }
-    if (md.uid() != 0 && md.uid() != inv.uid) || md.mode() & 0o022 != 0 {
+/// The role's program found in its view (`mounts`), a memfd made for its sealed copy, and the
+/// copy's mount added as the table's last step.
+fn sealed_program(cfg: &Config, role: Role, prog0: &str, mounts: &mut Vec<Mount>) -> Result<SealedProgram> {
+    use std::os::fd::AsRawFd;
+    let field = format!("{role}.command[0]");
+    let found = super::view::resolve(mounts, Path::new(prog0)).map_err(|e| Error::config(&cfg.file, &field, e))?;
+    if found.mode & libc::S_IFMT != libc::S_IFREG {
         return Err(Error::config(
             &cfg.file,
             &field,
             format!(
-                "{} can be rewritten by a user other than root or the launcher (owner uid {}, mode {:o}); a pin on it proves nothing: chown root and chmod go-w",
-                path.display(),
-                md.uid(),
-                md.mode() & 0o7777
+                "{prog0} resolves to {} (host {}), which is {}, not a regular file",
+                found.inside.display(),
+                found.host.display(),
+                crate::sys::file_kind(found.mode)
             ),
         ));
     }
-    let mut copy = std::fs::File::from(sealable_memfd(&format!("sealnode-{role}"))?);
-    std::io::copy(&mut f, &mut copy).map_err(|e| Error::io(format!("copy {} into memory", path.display()), e))?;
-    let fd: std::os::fd::OwnedFd = copy.into();
-    seal(&fd)?;
-    let mut copy = std::fs::File::from(fd);
-    copy.rewind().map_err(|e| Error::io("rewind the memfd", e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut head = Vec::new();
-    loop {
-        let n = copy.read(&mut buf).map_err(|e| Error::io("read the memfd", e))?;
-        if n == 0 {
-            break;
-        }
-        if head.len() < 4 {
-            head.extend_from_slice(&buf[..n.min(4 - head.len())]);
-        }
-        h.update(&buf[..n]);
-    }
-    // Executed from the memfd, a #! script would have its interpreter open the script by a
-    // /proc/self/fd path that is closed by then: only a binary can be pinned (found by review:
-    // a pinned script passed the gate and then failed at every start).
-    if head != b"\x7fELF" {
+    if found.attrs & NOEXEC != 0 {
         return Err(Error::config(
             &cfg.file,
             &field,
             format!(
-                "{} is not an ELF executable; a pin must name the binary that runs (for a #! script, pin its interpreter and bind the script read-only)",
-                path.display()
+                "{prog0} resolves to {} (host {}), which the role's view mounts noexec (the model dir, scratch, a \
+                 credential or an extra bind with exec = false): bind the program's directory with exec = true",
+                found.inside.display(),
+                found.host.display()
             ),
         ));
     }
-    let found = hex::encode(h.finalize());
-    if !found.eq_ignore_ascii_case(want) {
-        return Err(Error::config(
-            &cfg.file,
-            field,
-            format!(
-                "{} does not match its pin: expected sha256 {}, found {found}; refusing to start",
-                path.display(),
-                want.to_ascii_lowercase()
-            ),
-        ));
-    }
-    Ok((copy.into(), found))
-}
-
-/// A memfd that can be sealed (close-on-exec: the child execs it through /proc/self/fd).
-fn sealable_memfd(name: &str) -> Result<std::os::fd::OwnedFd> {
-    use nix::sys::memfd::{memfd_create, MFdFlags};
-    memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).map_err(|e| Error::errno("memfd_create", e))
-}
-
-/// How long a seal waits out pages the kernel holds, on top of the kernel's own ~150 ms.
-const SEAL_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Seal a memfd for good: no write, grow, shrink, and no further seal changes.
-///
-/// `F_SEAL_WRITE` answers EBUSY while any page of the file holds an extra reference (the
-/// kernel waits ~150 ms for it first). Nothing maps these copies, but on a loaded machine the
-/// kernel itself can hold a fresh page longer (migration, compaction): seen once in CI, as a
-/// preflight that could not run. The seal is retried with a doubling pause for up to
-/// [`SEAL_BUSY_WAIT`], then refused; an unsealed copy is never used.
-fn seal(fd: &std::os::fd::OwnedFd) -> Result<()> {
-    seal_within(fd, SEAL_BUSY_WAIT)
-}
-
-fn seal_within(fd: &std::os::fd::OwnedFd, budget: std::time::Duration) -> Result<()> {
-    use nix::errno::Errno;
-    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-    let seals = SealFlag::F_SEAL_SEAL | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE;
-    let start = std::time::Instant::now();
-    let mut pause = std::time::Duration::from_millis(20);
-    loop {
-        match fcntl(fd, FcntlArg::F_ADD_SEALS(seals)) {
-            Ok(_) => return Ok(()),
-            Err(Errno::EBUSY) if start.elapsed() + pause <= budget => {
-                tracing::debug!(?pause, "memfd pages still held; retrying the seal");
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(std::time::Duration::from_millis(500));
-            }
-            Err(Errno::EBUSY) => {
-                return Err(Error::errno(
-                    format!("seal memfd (pages still held after {} ms)", start.elapsed().as_millis()),
-                    Errno::EBUSY,
-                ))
-            }
-            Err(e) => return Err(Error::errno("seal memfd", e)),
-        }
-    }
+    let fd = crate::sealed::memfd(&format!("sealnode-{role}"))?;
+    mounts.push(Mount::SealedProgram { dst: under_root(&found.inside)?, fd: fd.as_raw_fd() });
+    Ok(SealedProgram {
+        fd,
+        field,
+        pin: cfg.role(role).sha256.clone(),
+        inside: found.inside,
+        host: found.host,
+        sha256: None,
+    })
 }
 
 /// A sealed, read-only in-memory copy of the running sealnode binary, for probes: nothing in
-/// the sandbox can modify it, and it needs no path inside the sandbox.
+/// the sandbox can modify it, and it needs no path inside the sandbox. Made once per process
+/// (the running binary cannot change under it; a debug build is ~100 MB, and every gate runs a
+/// probe per role) and handed out as a new descriptor of that one copy.
 pub fn sealed_self() -> Result<std::os::fd::OwnedFd> {
-    let fd = sealable_memfd("sealnode-probe")?;
-    let mut src = std::fs::File::open("/proc/self/exe").map_err(|e| Error::io("open /proc/self/exe", e))?;
-    let mut dst = std::fs::File::from(fd);
-    std::io::copy(&mut src, &mut dst).map_err(|e| Error::io("copy sealnode into memfd", e))?;
-    let fd: std::os::fd::OwnedFd = dst.into();
-    seal(&fd)?;
-    Ok(fd)
+    static COPY: std::sync::OnceLock<std::os::fd::OwnedFd> = std::sync::OnceLock::new();
+    let copy = match COPY.get() {
+        Some(c) => c,
+        None => {
+            let fd = crate::sealed::memfd("sealnode-probe")?;
+            let mut src = std::fs::File::open("/proc/self/exe").map_err(|e| Error::io("open /proc/self/exe", e))?;
+            let mut dst = std::fs::File::from(fd);
+            std::io::copy(&mut src, &mut dst).map_err(|e| Error::io("copy sealnode into memfd", e))?;
+            let fd: std::os::fd::OwnedFd = dst.into();
+            crate::sealed::seal(&fd)?;
+            COPY.get_or_init(|| fd)
+        }
+    };
+    copy.try_clone().map_err(|e| Error::io("dup the sealed copy of sealnode", e))
 }
 
 #[cfg(test)]
@@ -915,46 +808,5 @@ mod tests {
         assert_eq!(got("python3", &env("/venv/bin:relative:/usr/bin")), vec!["/venv/bin/python3", "/usr/bin/python3"]);
         assert_eq!(got("true", &[]), vec!["/usr/bin/true", "/bin/true"]);
         assert!(exec_candidates("a\0b", &[]).is_err());
-    }
-
-    /// A writable shared mapping makes `F_SEAL_WRITE` answer EBUSY, as a page the kernel holds
-    /// does: the seal waits it out within its budget, and past it refuses, saying why.
-    #[test]
-    fn a_busy_seal_is_retried_then_refused() {
-        use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
-        use std::io::Write;
-        use std::num::NonZeroUsize;
-        let mapped = |name: &str| {
-            let fd = sealable_memfd(name).expect("memfd");
-            let mut f = std::fs::File::from(fd);
-            f.write_all(&[7u8; 4096]).expect("fill the memfd");
-            let fd: std::os::fd::OwnedFd = f.into();
-            let len = NonZeroUsize::new(4096).expect("nonzero");
-            // SAFETY: a fresh shared mapping of a file this test owns, at an address the
-            // kernel picks; nothing dereferences it, and only munmap below ends it.
-            let addr =
-                unsafe { mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, &fd, 0) }
-                    .expect("mmap the memfd");
-            (fd, addr.as_ptr() as usize, len)
-        };
-
-        let (fd, addr, len) = mapped("busy-then-free");
-        let unmapper = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            // SAFETY: the mapping made above, unmapped once, and never touched again.
-            unsafe { munmap(std::ptr::NonNull::new(addr as *mut libc::c_void).expect("mapped address"), len.get()) }
-                .expect("munmap");
-        });
-        seal_within(&fd, std::time::Duration::from_secs(5)).expect("the seal waits out the mapping");
-        unmapper.join().expect("unmapper");
-        let seals = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GET_SEALS).expect("F_GET_SEALS");
-        assert_ne!(seals & libc::F_SEAL_WRITE, 0, "sealed for write");
-
-        let (fd, addr, len) = mapped("busy-for-good");
-        let err = seal_within(&fd, std::time::Duration::from_millis(100)).expect_err("still mapped: refused");
-        assert!(err.to_string().contains("pages still held"), "{err}");
-        // SAFETY: the second mapping, unmapped once at the end of the test.
-        unsafe { munmap(std::ptr::NonNull::new(addr as *mut libc::c_void).expect("mapped address"), len.get()) }
-            .expect("munmap");
     }
 }

@@ -674,3 +674,110 @@ impl Fixture {
         self.write_config();
     }
 }
+
+/// Lines a process wrote, each with when it arrived.
+pub type Lines = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, String)>>>;
+
+/// A `sealnode run` whose stdout and stderr lines are collected as they come (`start`).
+pub struct LoggedRun {
+    pub child: std::process::Child,
+    pub out: Lines,
+    pub err: Lines,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for LoggedRun {
+    /// A test that fails while sealnode runs must not leave it running (its roles die with it).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn collect(pipe: impl std::io::Read + Send + 'static) -> (Lines, std::thread::JoinHandle<()>) {
+    let lines: Lines = std::sync::Arc::default();
+    let l2 = lines.clone();
+    let t = std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(pipe)).map_while(Result::ok) {
+            l2.lock().expect("lock").push((std::time::Instant::now(), untag(&l)));
+        }
+    });
+    (lines, t)
+}
+
+/// `sealnode run` with `envs`, its output collected.
+pub fn start_logged(f: &Fixture, envs: &[(&str, &str)]) -> LoggedRun {
+    start_logged_in_shell(f, envs, "")
+}
+
+/// [`start_logged`] through `/bin/sh -c '<prefix>exec …'` (a prefix sets what the process must
+/// have from its first instruction, e.g. `export WATCHDOG_PID=$$; `).
+pub fn start_logged_in_shell(f: &Fixture, envs: &[(&str, &str)], prefix: &str) -> LoggedRun {
+    let cfg = f.config.display().to_string();
+    let mut cmd = f.command(&["run", "--config", &cfg]);
+    if !prefix.is_empty() {
+        let prog = cmd.get_program().to_owned();
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+        let mut sh = Command::new("/bin/sh");
+        sh.arg("-c").arg(format!("{prefix}exec \"$@\"")).arg("sh").arg(prog).args(args).current_dir(&f.dir);
+        cmd = sh;
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn run");
+    let (out, t1) = collect(child.stdout.take().expect("stdout"));
+    let (err, t2) = collect(child.stderr.take().expect("stderr"));
+    LoggedRun { child, out, err, readers: vec![t1, t2] }
+}
+
+impl LoggedRun {
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+    pub fn text(lines: &Lines) -> String {
+        lines.lock().expect("lock").iter().map(|(_, l)| format!("{l}\n")).collect()
+    }
+    pub fn stderr(&self) -> String {
+        Self::text(&self.err)
+    }
+    /// When the first stdout (or stderr) line matching `pred` arrived, waiting up to `secs`.
+    pub fn wait(&self, lines: &Lines, secs: u64, pred: impl Fn(&str) -> bool) -> std::time::Instant {
+        let mut at = None;
+        let found = wait_until(std::time::Duration::from_secs(secs), || {
+            at = lines.lock().expect("lock").iter().find(|(_, l)| pred(l)).map(|(t, _)| *t);
+            at.is_some()
+        });
+        assert!(
+            found,
+            "no matching line within {secs}s; stdout:\n{}\nstderr:\n{}",
+            Self::text(&self.out),
+            self.stderr()
+        );
+        at.expect("found")
+    }
+    pub fn out_line(&self, secs: u64, pred: impl Fn(&str) -> bool) -> std::time::Instant {
+        self.wait(&self.out, secs, pred)
+    }
+    pub fn err_line(&self, secs: u64, pred: impl Fn(&str) -> bool) -> std::time::Instant {
+        self.wait(&self.err, secs, pred)
+    }
+    /// Wait for sealnode to exit by itself; (exit code, stderr).
+    pub fn exited(mut self, secs: u64) -> (Option<i32>, String) {
+        let st = wait_within(&mut self.child, std::time::Duration::from_secs(secs), "sealnode run");
+        for t in self.readers.drain(..) {
+            assert!(wait_until(READ_LIMIT, || t.is_finished()), "sealnode's output still open after it exited");
+        }
+        (st.code(), self.stderr())
+    }
+    /// SIGTERM; (exit code, seconds it took, stderr).
+    pub fn stop(self) -> (Option<i32>, f64, String) {
+        let t = std::time::Instant::now();
+        let _ = nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGTERM);
+        let (code, err) = self.exited(30);
+        (code, t.elapsed().as_secs_f64(), err)
+    }
+}

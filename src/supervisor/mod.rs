@@ -1,10 +1,16 @@
 //! `sealnode run`: the cell, both roles, egress, readiness, restarts and shutdown, driven by
 //! one single-threaded epoll loop (signals arrive through a signalfd).
 //!
-//! Order: create the cell (netns + egress listeners), start the engine, wait until it is
-//! ready (TCP accept or HTTP 200 on loopback inside the cell), start the node, tell systemd
-//! READY=1. Stop: node first, then engine, each SIGTERM then SIGKILL after the grace period;
-//! scratch is wiped; the model dir is never touched.
+//! Order: create the cell (netns + egress listeners), pass both roles through the gate
+//! ([`gate`]: their programs measured, their sandboxes preflighted, off the loop), write the
+//! receipt and the statement, start the engine, wait until it is ready (TCP accept or HTTP 200
+//! on loopback inside the cell), start the node, tell systemd READY=1. Every later start of a
+//! role (crash restart, SIGHUP, recycle) passes the gate again. Stop: node first, then engine,
+//! each SIGTERM then SIGKILL after the grace period; scratch is wiped; the model dir is never
+//! touched.
+
+mod gate;
+mod reload;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -24,7 +30,7 @@ use crate::cell::Cell;
 use crate::config::{Config, Invoker, Restart, Role};
 use crate::egress::{Forwarder, Upstream, TOKEN_KIND};
 use crate::error::{Error, Result};
-use crate::sandbox::{self, Plan};
+use crate::sandbox;
 
 const TOKEN_SIGNAL: u64 = 1 << 56;
 const TOKEN_READY: u64 = 4 << 56;
@@ -49,6 +55,8 @@ use crate::exit;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Down,
+    /// Passing the gate: measured and preflighted, then started.
+    Starting,
     Running(Pid),
     Stopping(Pid, Instant),
     /// Restart scheduled at this time.
@@ -67,7 +75,10 @@ struct Slot {
     /// When this role was restarted within its restart_limit interval.
     recent: std::collections::VecDeque<Instant>,
     /// The gate this role's current (or next) start passed.
-    gate: Option<Gate>,
+    passed: Option<GatePass>,
+    /// What this role's current (or next) process is started from, as the gate measured it:
+    /// every receipt and statement carries it unchanged while that process lives.
+    digests: Option<crate::receipt::RoleDigests>,
     /// OOM kills seen in the role's cgroup leaf so far (memory.events oom_kill).
     oom_kills: u64,
     /// The role's scratch dir, opened once (no symlinks, owner checked): every wipe works on
@@ -77,7 +88,7 @@ struct Slot {
 
 /// One pass through the gate: the role's preflight and the receipt it produced.
 #[derive(Debug, Clone, Copy)]
-struct Gate {
+struct GatePass {
     generation: u64,
     preflight_ms: u64,
     attempts: usize,
@@ -134,9 +145,13 @@ pub struct Supervisor {
     receipt: Option<crate::receipt::Receipt>,
     /// The latest preflight result of each role, which the receipt summarises.
     report: Option<crate::canary::Report>,
-    /// Each role's plan as the gate built and checked it (pin verified into a sealed copy):
-    /// the next start of that role runs exactly this.
-    prepared: [Option<Plan>; 2],
+    /// Each role's plan as the gate admitted it (its program's sealed copy measured): the
+    /// next start of that role runs exactly this.
+    prepared: [Option<gate::Admitted>; 2],
+    /// The gate: one pass at a time, off the loop's back (gate.rs).
+    gate: gate::Gate,
+    /// A config a SIGHUP loaded, while its dry run passes the gate.
+    reload_candidate: Option<Config>,
     /// A config a SIGHUP loaded, applied once both roles are down.
     next_cfg: Option<Config>,
     /// A reload is under way: READY=1 again once the node runs.
@@ -166,8 +181,6 @@ pub struct Supervisor {
     attest_key: Option<ed25519_dalek::VerifyingKey>,
     /// The runtime dir's `attest/`, which the node sees read-only: the statement of each gate.
     attest_dir: OwnedFd,
-    /// The engine's model files as `(model:<path>, sha256)`, hashed (cached) at its last gate.
-    models: Vec<(String, String)>,
     /// With `cell.tpm`: the tools and the attestation key every statement is quoted by.
     tpm: Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>,
     /// Signed statements waiting for their quote, in order. The TPM's tools run as children
@@ -396,7 +409,8 @@ impl Supervisor {
             starts: 0,
             backoff: BACKOFF_MIN,
             recent: std::collections::VecDeque::new(),
-            gate: None,
+            passed: None,
+            digests: None,
             oom_kills: 0,
             scratch: scratch.next().expect("one scratch per role"),
         };
@@ -420,6 +434,8 @@ impl Supervisor {
             receipt: None,
             report: None,
             prepared: [None, None],
+            gate: gate::Gate::default(),
+            reload_candidate: None,
             next_cfg: None,
             reloading: false,
             last_reload: None,
@@ -435,7 +451,6 @@ impl Supervisor {
             refused_before: [Default::default(), Default::default()],
             attest_key,
             attest_dir,
-            models: Vec::new(),
             tpm,
             quoting: std::collections::VecDeque::new(),
             quote_job: None,
@@ -450,7 +465,7 @@ impl Supervisor {
 
     /// Run until stopped. Returns the exit code (0 after SIGTERM/SIGINT, 1 after a failure).
     pub fn run(mut self) -> i32 {
-        if let Err(code) = self.provision().and_then(|()| self.start(Role::Engine)) {
+        if let Err(code) = self.provision() {
             return stopped_early(code);
         }
         let mut events = vec![EpollEvent::empty(); 64];
@@ -478,9 +493,11 @@ impl Supervisor {
                     TOKEN_CLIENT => self.on_client(token & !TOKEN_KIND),
                     TOKEN_OUTPUT => self.on_output(token & !TOKEN_KIND),
                     TOKEN_REFUSED => self.on_refused((token & !TOKEN_KIND) as usize),
+                    gate::TOKEN_GATE => self.gate.handle(token),
                     _ => self.fwd.handle(&self.epoll, token, ev.events()),
                 }
             }
+            self.poll_gate();
             self.on_timers();
             self.report_dropped_output();
             // Lines held back while a reader of sealnode's stdout or stderr was not reading.
@@ -517,7 +534,7 @@ impl Supervisor {
                                 self.cfg = new;
                             }
                             tracing::info!(recycle = after == After::Recycle, "re-provisioning both roles");
-                            if let Err(code) = self.provision().and_then(|()| self.start(Role::Engine)) {
+                            if let Err(code) = self.provision() {
                                 if let Some(mut c) = self.pending.take() {
                                     crate::control::respond(
                                         &mut c,
@@ -534,7 +551,7 @@ impl Supervisor {
     }
 
     /// Before both roles start (first start, SIGHUP, recycle): wipe both scratch dirs, then
-    /// the gate for both.
+    /// both enter the gate; the engine starts once they pass ([`Supervisor::admit`]).
     fn provision(&mut self) -> std::result::Result<(), i32> {
         for role in Role::ALL {
             // Fail closed: a role must never start on what an earlier run left behind.
@@ -552,56 +569,90 @@ impl Supervisor {
                 return Err(sandbox::SETUP_FAILED);
             }
         }
-        self.gate(&Role::ALL)
+        self.enter_gate(&Role::ALL)
     }
 
     /// The gate every start passes, whatever started it (first start, crash restart, SIGHUP,
-    /// recycle): the roles' preflight in their exact sandboxes inside this cell (refuse to start
-    /// if any attempt succeeds), then a new receipt with the next generation. Its digests are
-    /// those of the bytes loaded once; the canary summary holds each role's latest preflight.
-    fn gate(&mut self, roles: &[Role]) -> std::result::Result<(), i32> {
-        // The plans first: what the receipt then describes is what will run (a pinned program
-        // is verified into its sealed copy here, before any receipt is written).
-        let mut plans = Vec::new();
-        for role in roles {
-            match run_plan(&self.cfg, *role, &self.inv) {
-                Ok(p) => plans.push((*role, p)),
-                Err(e) => {
-                    tracing::error!(role = %role, error = %e, "cannot prepare the role");
-                    crate::log::say(&format!("{e}"));
-                    return Err(sandbox::SETUP_FAILED);
-                }
-            }
-        }
-        let t = Instant::now();
-        let fresh = match crate::canary::battery_until(&self.cfg, &self.inv, roles, Some(&self.cell), &stop_pending) {
-            Ok(r) => r,
-            Err(Error::Stopped { what }) => {
-                tracing::info!(what, "preflight abandoned: a stop was requested");
-                return Err(exit::OK);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "preflight canary could not run");
-                crate::log::say(&format!("preflight could not run: {e}"));
-                return Err(exit::PREFLIGHT_ERROR);
-            }
+    /// recycle): the roles' programs measured and their preflight run in their exact
+    /// sandboxes inside this cell, off the loop ([`gate`]); once they pass, a receipt with the
+    /// next generation, the statement, and the start ([`Supervisor::admit`]). What is refused
+    /// before anything runs is refused here, with the exit status.
+    fn enter_gate(&mut self, roles: &[Role]) -> std::result::Result<(), i32> {
+        let ctx = gate::Ctx {
+            cfg: &self.cfg,
+            inv: &self.inv,
+            cell: &self.cell,
+            state: &self.state_dir,
+            epoll: &self.epoll,
+            hash_models: self.attest_key.is_some(),
         };
-        let ms = t.elapsed().as_millis() as u64;
-        if !fresh.passed {
-            for r in &fresh.roles {
-                for a in r.attempts.iter().filter(|a| a.refused_by.is_none()) {
-                    tracing::error!(role = %r.role, attempt = a.id, what = a.description, "preflight: escape attempt SUCCEEDED");
-                    crate::log::say(&format!("preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description));
+        match self.gate.begin(&ctx, roles, gate::Purpose::Start) {
+            Ok(()) => {
+                for role in roles {
+                    self.slot(*role).state = State::Starting;
+                }
+                Ok(())
+            }
+            Err(outcome) => Err(self.refused_start(outcome)),
+        }
+    }
+
+    /// A pass the gate refused: say why; the exit status for it.
+    fn refused_start(&mut self, outcome: gate::Outcome) -> i32 {
+        let gate::Outcome::Refused { code, message, details } = outcome else { return exit::FAILED };
+        for d in &details {
+            crate::log::say(d);
+        }
+        match code {
+            exit::PREFLIGHT_ERROR => tracing::error!(error = %message, "preflight canary could not run"),
+            exit::PREFLIGHT_FAILED => tracing::error!("preflight found an escape; not starting"),
+            _ => tracing::error!(error = %message, "cannot prepare the role"),
+        }
+        crate::log::say(&message);
+        for s in self.slots.iter_mut() {
+            if s.state == State::Starting {
+                s.state = State::Down;
+            }
+        }
+        code
+    }
+
+    /// The gate answered: start what passed, stop on what did not; a reload's dry run goes on
+    /// to the reload or is refused.
+    fn poll_gate(&mut self) {
+        let outcome = match self.gate.purpose() {
+            Some(gate::Purpose::DryRun) => {
+                let Some(new) = self.reload_candidate.as_ref() else { return };
+                self.gate.poll(new, &self.epoll)
+            }
+            Some(gate::Purpose::Start) => self.gate.poll(&self.cfg, &self.epoll),
+            None => None,
+        };
+        match outcome {
+            None => {}
+            Some(gate::Outcome::Passed(p)) if p.purpose == gate::Purpose::DryRun => self.reload_passed(),
+            Some(o @ gate::Outcome::Refused { .. }) if self.reload_candidate.is_some() => self.reload_refused(o),
+            Some(gate::Outcome::Passed(p)) => {
+                if let Err(code) = self.admit(*p) {
+                    self.begin_stop(code, After::Exit);
                 }
             }
-            crate::log::say("refusing to start: the sandbox does not hold (see above)");
-            return Err(exit::PREFLIGHT_FAILED);
+            Some(o) => {
+                if let Some(mut c) = self.pending.take() {
+                    crate::control::respond(&mut c, &crate::control::error("recycle failed; sealnode stops"));
+                }
+                let code = self.refused_start(o);
+                self.begin_stop(code, After::Exit);
+            }
         }
-        // The engine's model files, for the statements' subjects, before the receipt.
-        if roles.contains(&Role::Engine) {
-            self.hash_models()?;
-        }
+    }
+
+    /// The roles passed: a new receipt (the passed roles' digests fresh, the others' those of
+    /// their running processes), the statement, then the start: the engine when it passed,
+    /// else the node.
+    fn admit(&mut self, p: gate::Passed) -> std::result::Result<(), i32> {
         // Each role's latest result: the fresh ones replace theirs, the others stay.
+        let fresh = p.report;
         let mut report = self.report.take().unwrap_or_else(|| fresh.clone());
         for r in &fresh.roles {
             match report.roles.iter_mut().find(|x| x.role == r.role) {
@@ -611,9 +662,17 @@ impl Supervisor {
         }
         report.roles.sort_by_key(|r| r.role as usize);
         report.passed = report.roles.iter().all(|r| r.succeeded == 0);
-        let attempts: usize = fresh.roles.iter().map(|r| r.attempts.len()).sum();
-        let programs =
-            plans.iter().filter_map(|(r, p)| Some((r.name().to_string(), p.program_sha256.clone()?))).collect();
+        let mut roles = std::collections::BTreeMap::new();
+        for (role, a) in &p.admitted {
+            roles.insert(role.name().to_string(), a.digests.clone());
+        }
+        for s in &self.slots {
+            if !p.roles.contains(&s.role) {
+                if let Some(d) = &s.digests {
+                    roles.insert(s.role.name().to_string(), d.clone());
+                }
+            }
+        }
         let resources = Role::ALL
             .iter()
             .filter_map(|r| {
@@ -621,27 +680,30 @@ impl Supervisor {
                 Some((r.name().to_string(), crate::receipt::Resources { cgroup, files }))
             })
             .collect();
-        let written = crate::receipt::write(&self.cfg, &self.inv, &self.state_dir, &report, &programs, resources);
+        let written = crate::receipt::write(&self.cfg, &self.inv, &self.state_dir, &report, roles, &p.roles, resources);
         self.report = Some(report);
-        match written {
-            Ok(r) => {
-                let names: Vec<&str> = roles.iter().map(|r| r.name()).collect();
-                tracing::info!(roles = %names.join(","), attempts, ms, generation = r.generation, path = %crate::receipt::path(&self.cfg).display(), "preflight passed; receipt written");
-                for role in roles {
-                    self.slot(*role).gate = Some(Gate { generation: r.generation, preflight_ms: ms, attempts });
-                }
-                for (role, plan) in plans {
-                    self.prepared[role as usize] = Some(plan);
-                }
-                self.receipt = Some(r);
-                self.publish_statement()
-            }
+        let r = match written {
+            Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the receipt");
                 crate::log::say(&format!("{e}"));
-                Err(exit::FAILED)
+                return Err(exit::FAILED);
             }
+        };
+        let names: Vec<&str> = p.roles.iter().map(|r| r.name()).collect();
+        tracing::info!(roles = %names.join(","), attempts = p.attempts, ms = p.ms, generation = r.generation, path = %crate::receipt::path(&self.cfg).display(), "preflight passed; receipt written");
+        for (role, mut a) in p.admitted {
+            a.digests.generation = r.generation;
+            let s = self.slot(role);
+            s.passed = Some(GatePass { generation: r.generation, preflight_ms: p.ms, attempts: p.attempts });
+            s.digests = Some(a.digests.clone());
+            s.state = State::Down;
+            self.prepared[role as usize] = Some(a);
         }
+        self.receipt = Some(r);
+        self.publish_statement()?;
+        let first = if p.roles.contains(&Role::Engine) { Role::Engine } else { Role::Node };
+        self.start(first)
     }
 
     /// Accept control connections: check the peer's uid at once, then read its request
@@ -728,7 +790,7 @@ impl Supervisor {
                 crate::control::respond(&mut stream, &v);
             }
             Ok(crate::control::Request::Recycle) => {
-                if self.stopping.is_some() || self.pending.is_some() || self.ready_check.is_some() {
+                if self.stopping.is_some() || self.pending.is_some() || self.ready_check.is_some() || self.gate.busy() {
                     crate::control::respond(
                         &mut stream,
                         &crate::control::error("busy: a start, stop or recycle is in progress; try again"),
@@ -740,40 +802,6 @@ impl Supervisor {
                 }
             }
         }
-    }
-
-    /// The engine's model files as the statements' subjects (cached: a stat per file unless one
-    /// changed), only where statements are signed. A stop abandons it; a file that cannot be
-    /// hashed leaves the statements without model subjects (a verifier expecting one fails) and
-    /// the cell running: with models_writable the engine could otherwise stop it at will
-    /// (found by review: a mode-000 file, too many files).
-    fn hash_models(&mut self) -> std::result::Result<(), i32> {
-        let Some(dir) = self.cfg.engine.models.clone().filter(|_| self.attest_key.is_some()) else { return Ok(()) };
-        let t = Instant::now();
-        match crate::digests::models(&dir, &self.state_dir, &self.cfg.cell.state_dir, &stop_pending) {
-            Ok((d, st)) => {
-                tracing::info!(
-                    files = st.files,
-                    hashed = st.hashed,
-                    hashed_bytes = st.hashed_bytes,
-                    cached = st.cached,
-                    skipped = st.skipped,
-                    ms = t.elapsed().as_millis() as u64,
-                    "model digests"
-                );
-                self.models = d;
-            }
-            Err(Error::Stopped { what }) => {
-                tracing::info!(what, "model digests abandoned: a stop was requested");
-                return Err(exit::OK);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot hash the model files: statements list none");
-                crate::log::say(&format!("cannot hash the model files (statements list none): {e}"));
-                self.models.clear();
-            }
-        }
-        Ok(())
     }
 
     /// A signed statement over the current generation (docs/attestation.md), and its payload's
@@ -800,7 +828,6 @@ impl Supervisor {
             receipt,
             report: self.report.as_ref(),
             nonce,
-            models: &self.models,
             restarts,
             tpm_ak: self.tpm.as_ref().map(|(_, ak)| crate::tpm::ak_id(ak)),
         });
@@ -840,7 +867,7 @@ impl Supervisor {
         bytes.push(b'\n');
         let file = crate::config::STATEMENT_FILE;
         let shown = self.cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR).join(file);
-        if let Err(e) = crate::receipt::write_atomic_at(&self.attest_dir, file, &bytes, 0o644, &shown) {
+        if let Err(e) = crate::atomic::write_atomic_at(&self.attest_dir, file, &bytes, 0o644, &shown) {
             tracing::error!(error = %e, "cannot write the statement");
             crate::log::say(&format!("{e}"));
             return Err(exit::FAILED);
@@ -965,6 +992,7 @@ impl Supervisor {
             .map(|s| {
                 let (state, pid) = match s.state {
                     State::Down => ("down", None),
+                    State::Starting => ("starting", None),
                     State::Running(p) => ("running", Some(p.as_raw())),
                     State::Stopping(p, _) => ("stopping", Some(p.as_raw())),
                     State::Waiting(_) => ("restarting", None),
@@ -978,8 +1006,8 @@ impl Supervisor {
                     "starts": s.starts,
                     "output_dropped_lines": self.buckets[s.role as usize].dropped_total,
                     "refused_syscalls": self.refused_counts(s.role),
-                    "generation": s.gate.map(|g| g.generation),
-                    "preflight": s.gate.map(|g| serde_json::json!({ "passed": true, "ms": g.preflight_ms, "attempts": g.attempts })),
+                    "generation": s.passed.map(|g| g.generation),
+                    "preflight": s.passed.map(|g| serde_json::json!({ "passed": true, "ms": g.preflight_ms, "attempts": g.attempts })),
                     "resources": self.cell.cgroups.as_ref().map(|t| t.usage(s.role)),
                 })
             })
@@ -996,6 +1024,11 @@ impl Supervisor {
                 "journal": crate::journal::dropped(),
             },
             "roles": roles,
+            "gate": self.gate.progress().map(|(purpose, roles, t)| serde_json::json!({
+                "purpose": match purpose { gate::Purpose::Start => "start", gate::Purpose::DryRun => "reload" },
+                "roles": roles.iter().map(|r| r.name()).collect::<Vec<_>>(),
+                "ms": t.as_millis() as u64,
+            })),
             "statement": match (&self.attest_key, &self.statement_missing) {
                 (None, _) => serde_json::json!({ "state": "none", "why": "no attestation key" }),
                 (Some(_), Some(why)) => serde_json::json!({ "state": "missing", "why": why }),
@@ -1040,6 +1073,7 @@ impl Supervisor {
         d.extend(self.fwd.next_lookup_deadline());
         d.extend(self.quote_job.as_ref().map(|(j, _)| j.deadline()));
         d.extend(self.republish_at);
+        d.extend(self.gate.next_deadline());
         d.into_iter().min()
     }
 
@@ -1069,10 +1103,10 @@ impl Supervisor {
 
     /// Start a role. Errors stop the cell (returned as the exit code when nothing runs yet).
     fn start(&mut self, role: Role) -> std::result::Result<(), i32> {
-        // Only what a gate prepared starts: fail closed if there is none.
+        // Only what the gate admitted starts: fail closed if there is none.
         let mut pipes = None;
-        let errno = self.prepared[role as usize].as_ref().and_then(|p| p.refusal_log);
-        let started = match self.prepared[role as usize].take() {
+        let errno = self.prepared[role as usize].as_ref().and_then(|a| a.plan().refusal_log);
+        let started = match self.prepared[role as usize].take().map(gate::Admitted::into_plan) {
             Some(mut plan) => match output_pipes() {
                 Ok((stdio, out, err)) => {
                     plan.stdio = Some(stdio);
@@ -1106,7 +1140,8 @@ impl Supervisor {
             Err(e) => {
                 tracing::error!(role = %role, error = %e, "role failed to start");
                 crate::log::say(&format!("{e}"));
-                let nothing_running = self.slots.iter().all(|s| matches!(s.state, State::Down | State::Waiting(_)));
+                let nothing_running =
+                    self.slots.iter().all(|s| matches!(s.state, State::Down | State::Waiting(_) | State::Starting));
                 self.begin_stop(exit::FAILED, After::Exit);
                 if nothing_running {
                     Err(sandbox::SETUP_FAILED)
@@ -1283,7 +1318,8 @@ impl Supervisor {
                     if line.split_whitespace().nth(1) == Some("200") {
                         return self.engine_ready();
                     }
-                    tracing::debug!(status = %line, "engine not ready yet");
+                    // The engine's words, escaped like its own output (it could forge a line).
+                    tracing::debug!(status = %crate::log::clean(line.as_bytes()), "engine not ready yet");
                     p.last = format!("answered {:?}", line.chars().take(120).collect::<String>());
                     return self.ready_check_failed();
                 }
@@ -1341,84 +1377,89 @@ impl Supervisor {
     }
 
     /// SIGHUP: read the config and its policies again through the checked path. Invalid, or a
-    /// change only a new cell could apply: keep running as is, log why, show it in `ctl
-    /// status`. Valid: both roles are stopped and started again through the gate with it.
+    /// change only a new cell could apply (reload.rs): keep running as is, log why, show it in
+    /// `ctl status`. Valid: the new config passes the gate first, in a throwaway cell of its
+    /// own (its programs measured, its preflight; in this cell the running engine listens, and
+    /// an engine allowed to connect would reach it and look like an escape), while the old
+    /// roles keep running; then both roles are stopped and started again through the gate.
     fn reload(&mut self) {
-        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        if self.stopping.is_some() || self.pending.is_some() {
-            tracing::warn!("SIGHUP ignored: a stop, restart or recycle is in progress");
-            self.last_reload = Some(
-                serde_json::json!({ "ok": false, "at": at, "error": "a stop, restart or recycle was in progress" }),
-            );
+        if self.stopping.is_some() || self.pending.is_some() || self.gate.busy() {
+            tracing::warn!("SIGHUP ignored: a start, stop, restart, recycle or reload is in progress");
+            self.last_reload = Some(serde_json::json!({
+                "ok": false,
+                "at": unix_now(),
+                "error": "a start, stop, restart, recycle or reload was in progress",
+            }));
             return;
         }
-        let loaded = Config::load(&self.cfg.file, &self.inv).and_then(|new| match cell_changes(&self.cfg, &new) {
+        let loaded = Config::load(&self.cfg.file, &self.inv).and_then(|new| match reload::refused(&self.cfg, &new) {
             changed if changed.is_empty() => Ok(new),
             changed => Err(Error::config(
                 &self.cfg.file,
                 changed.join(", "),
-                "changed, but the running cell (its network, listeners, users and dirs) was built with the old value; restart sealnode to apply it",
+                "changed, but the running cell (its network, listeners, users, dirs and TPM) was built with the old value; restart sealnode to apply it",
             )),
         });
-        match loaded {
-            Err(e) => {
-                tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
-                crate::log::say(&format!("reload refused: {e}"));
-                notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
-                self.last_reload = Some(serde_json::json!({ "ok": false, "at": at, "error": e.to_string() }));
+        let new = match loaded {
+            Ok(new) => new,
+            Err(e) => return self.reload_failed(e.to_string()),
+        };
+        log_devices_from(&new);
+        let ctx = gate::Ctx {
+            cfg: &new,
+            inv: &self.inv,
+            cell: &self.cell,
+            state: &self.state_dir,
+            epoll: &self.epoll,
+            hash_models: false,
+        };
+        match self.gate.begin(&ctx, &Role::ALL, gate::Purpose::DryRun) {
+            Ok(()) => {
+                tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: the new config passes the gate first (a throwaway cell); the running roles are untouched meanwhile");
+                self.reload_candidate = Some(new);
             }
-            Ok(new) => {
-                log_devices_from(&new);
-                // Fail before anything stops: both roles' plans (pins included) and a preflight
-                // of the new policies, while the old roles keep running. The preflight runs in
-                // a throwaway cell of its own: in this one the running engine listens, and an
-                // engine allowed to connect would reach it and look like an escape (found by
-                // review).
-                let dry = Role::ALL
-                    .iter()
-                    .try_for_each(|r| run_plan(&new, *r, &self.inv).map(drop))
-                    .and_then(|()| crate::canary::battery_until(&new, &self.inv, &Role::ALL, None, &stop_pending))
-                    .and_then(|rep| {
-                        let escaped: Vec<String> = rep
-                            .roles
-                            .iter()
-                            .flat_map(|r| {
-                                r.attempts
-                                    .iter()
-                                    .filter(|a| a.refused_by.is_none())
-                                    .map(move |a| format!("{} {}", r.role, a.id))
-                            })
-                            .collect();
-                        if escaped.is_empty() {
-                            Ok(())
-                        } else {
-                            Err(Error::config(
-                                &new.file,
-                                "(policies)",
-                                format!("the new config's preflight found escapes: {}", escaped.join(", ")),
-                            ))
-                        }
-                    });
-                if let Err(e) = dry {
-                    tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
-                    crate::log::say(&format!("reload refused: {e}"));
-                    notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
-                    self.last_reload = Some(serde_json::json!({ "ok": false, "at": at, "error": e.to_string() }));
-                    return;
-                }
-                tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: config reloaded; restarting both roles through the gate (the cell's network stays)");
-                let mut states = vec![NotifyState::Reloading, NotifyState::Status("reloading")];
-                if let Ok(usec) = NotifyState::monotonic_usec_now() {
-                    states.push(usec);
-                }
-                notify(&states);
-                self.last_reload =
-                    Some(serde_json::json!({ "ok": true, "at": at, "config_sha256": new.loaded.config.sha256 }));
-                self.next_cfg = Some(new);
-                self.reloading = true;
-                self.begin_stop(exit::OK, After::Restart);
-            }
+            Err(o) => self.reload_refused(o),
         }
+    }
+
+    /// The new config's dry run failed: nothing changes.
+    fn reload_refused(&mut self, o: gate::Outcome) {
+        let file = self.reload_candidate.take().map(|c| c.file).unwrap_or_else(|| self.cfg.file.clone());
+        let gate::Outcome::Refused { code, message, details } = o else { return };
+        let why = match code {
+            exit::PREFLIGHT_FAILED => Error::config(
+                &file,
+                "(policies)",
+                format!("the new config's preflight found escapes: {}", details.join("; ")),
+            )
+            .to_string(),
+            _ => message,
+        };
+        self.reload_failed(why);
+    }
+
+    fn reload_failed(&mut self, e: String) {
+        tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
+        crate::log::say(&format!("reload refused: {e}"));
+        notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
+        self.last_reload = Some(serde_json::json!({ "ok": false, "at": unix_now(), "error": e }));
+    }
+
+    /// The new config passed its dry run: both roles stop and start again through the gate
+    /// with it (the cell's network stays).
+    fn reload_passed(&mut self) {
+        let Some(new) = self.reload_candidate.take() else { return };
+        tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: config reloaded; restarting both roles through the gate (the cell's network stays)");
+        let mut states = vec![NotifyState::Reloading, NotifyState::Status("reloading")];
+        if let Ok(usec) = NotifyState::monotonic_usec_now() {
+            states.push(usec);
+        }
+        notify(&states);
+        self.last_reload =
+            Some(serde_json::json!({ "ok": true, "at": unix_now(), "config_sha256": new.loaded.config.sha256 }));
+        self.next_cfg = Some(new);
+        self.reloading = true;
+        self.begin_stop(exit::OK, After::Restart);
     }
 
     fn reap(&mut self) {
@@ -1428,6 +1469,9 @@ impl Supervisor {
                 Ok(ws) => ws,
             };
             let (Some(pid), Some(code)) = (ws.pid(), status_code(ws)) else { continue };
+            if self.gate.exited(pid, code) {
+                continue;
+            }
             if self.quote_job.as_ref().and_then(|(j, _)| j.pid()) == Some(pid.as_raw()) {
                 self.quote_progress(Some(code));
                 continue;
@@ -1530,8 +1574,18 @@ impl Supervisor {
         }
         self.ready_check_failed();
         self.ready_check = None;
+        // A pass in progress is given up (its processes are killed and reaped later); a
+        // reload's dry run with it.
+        if self.gate.busy() {
+            tracing::info!("preflight abandoned: a stop was requested (the gate's measurement and probes are killed)");
+            self.gate.abandon(&self.epoll);
+        }
+        if self.reload_candidate.take().is_some() {
+            self.last_reload =
+                Some(serde_json::json!({ "ok": false, "at": unix_now(), "error": "abandoned: the cell stopped" }));
+        }
         for s in self.slots.iter_mut() {
-            if let State::Waiting(_) = s.state {
+            if matches!(s.state, State::Waiting(_) | State::Starting) {
                 s.state = State::Down;
             }
         }
@@ -1580,19 +1634,15 @@ impl Supervisor {
                 }
                 State::Waiting(at) if at <= now && self.stopping.is_none() => {
                     let role = self.slots[i].role;
-                    self.slots[i].state = State::Down;
-                    // The node restarts only once the engine is ready again. Either passes the
-                    // gate first: its preflight, a new receipt.
+                    // The node restarts only once the engine is ready again, and one pass
+                    // through the gate runs at a time. Either passes the gate first: its
+                    // program measured, its preflight, a new receipt; then it starts.
                     let engine_ready = self.ready_check.is_none()
                         && matches!(self.slots[Role::Engine as usize].state, State::Running(_));
-                    if role == Role::Engine || engine_ready {
-                        match self.gate(&[role]) {
-                            Ok(()) => {
-                                let _ = self.start(role);
-                            }
-                            // A stop signal is pending: the loop takes it next and stops.
-                            Err(exit::OK) => {}
-                            Err(code) => self.begin_stop(code, After::Exit),
+                    if (role == Role::Engine || engine_ready) && !self.gate.busy() {
+                        self.slots[i].state = State::Down;
+                        if let Err(code) = self.enter_gate(&[role]) {
+                            self.begin_stop(code, After::Exit);
                         }
                     } else {
                         self.slots[i].state = State::Waiting(now + READY_INTERVAL);
@@ -1633,6 +1683,11 @@ impl Supervisor {
         self.fwd.sweep(&self.epoll);
         self.fwd.expire_lookups(&self.epoll);
     }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// The cell stops before (or while) both roles start: say so to the log and to systemd, as a
@@ -1695,16 +1750,6 @@ fn lock_dir(
         )),
         Err((_, e)) => Err(Error::errno(format!("lock {}", shown.display()), e)),
     }
-}
-
-/// The plan a role of `run` starts with: the role's sandbox, with its denial log when it has
-/// `log_refused_syscalls` (the preflight's own sandboxes refuse in the kernel, as always).
-pub fn run_plan(cfg: &Config, role: Role, inv: &Invoker) -> Result<Plan> {
-    let mut plan = Plan::build(cfg, role, inv, None, None)?;
-    if cfg.role(role).log_refused_syscalls {
-        plan.log_refusals(cfg)?;
-    }
-    Ok(plan)
 }
 
 /// A role's stdio for `run`: stdin /dev/null, stdout and stderr each a pipe whose read end
@@ -1772,38 +1817,6 @@ pub fn open_scratch(cfg: &Config, inv: &Invoker, role: Role) -> Result<std::os::
         ));
     }
     Ok(fd)
-}
-
-/// What changed between `old` and `new` that only a new cell can apply (its netns and egress
-/// listeners, the role users it maps, its dirs and control socket), as config field names.
-fn cell_changes(old: &Config, new: &Config) -> Vec<String> {
-    let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
-    let mut changed = Vec::new();
-    let fields: [(&str, String, String); 11] = [
-        ("cell.hostname", d(&old.cell.hostname), d(&new.cell.hostname)),
-        ("cell.state_dir", d(&old.cell.state_dir), d(&new.cell.state_dir)),
-        ("cell.runtime_dir", d(&old.cell.runtime_dir), d(&new.cell.runtime_dir)),
-        ("cell.rootful", d(&old.cell.rootful), d(&new.cell.rootful)),
-        (
-            "cell.egress_max_connections",
-            d(&(old.cell.egress_max_connections, old.cell.egress_idle_timeout_s, old.cell.egress_connect_timeout_s)),
-            d(&(new.cell.egress_max_connections, new.cell.egress_idle_timeout_s, new.cell.egress_connect_timeout_s)),
-        ),
-        ("node.egress", d(&old.node.egress), d(&new.node.egress)),
-        // The node's listener for the engine is the cell's (found by review: a new port passed).
-        ("engine.port", d(&old.engine.port), d(&new.engine.port)),
-        // The limits are written into the leaves when the cell is made.
-        ("cell.cgroup", d(&old.cell.cgroup), d(&new.cell.cgroup)),
-        ("cell.limits", d(&old.cell.limits), d(&new.cell.limits)),
-        ("engine.limits", d(&old.engine.limits), d(&new.engine.limits)),
-        ("node.limits", d(&old.node.limits), d(&new.node.limits)),
-    ];
-    for (name, a, b) in fields {
-        if a != b {
-            changed.push(name.to_string());
-        }
-    }
-    changed
 }
 
 /// Bind the control socket (mode 0666: access is decided per connection by SO_PEERCRED) in

@@ -1,0 +1,698 @@
+//! Measuring what runs, before a start and off the event loop (docs/attestation.md, "What the
+//! digests are of"): each role's program copied into its sealed memfd and hashed there (the
+//! copy is what the role executes), the engine's model files hashed, and every tree a role
+//! sees through its binds walked for what must not be in it.
+//!
+//! One rule for everything hashed or run: it belongs to root or sealnode's own user and no
+//! one else can write it, nor any directory above it, all the way down; no unix socket or FIFO
+//! (a way to a host process) is in a role's view. The engine's model dir with
+//! `models_writable` is the one exception the operator can ask for: its digests are then
+//! declared not binding.
+//!
+//! [`run`] does the work in the calling process (`sealnode check`); [`Worker`] does it in a
+//! forked child that the supervisor's event loop reaps, so a file of any size or type (a FIFO,
+//! `/dev/zero`, a sparse 16 GiB model) never holds the loop: it keeps serving signals, control
+//! requests, forwarding and the watchdog meanwhile.
+
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstat, fstatat, FileStat, Mode};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::Role;
+use crate::error::{Error, Result};
+
+/// The largest program sealnode copies into memory to run.
+pub const MAX_PROGRAM_BYTES: u64 = 1 << 30;
+/// Entries walked at most in the trees of one measurement (a venv and an interpreter are a
+/// few thousand; a home dir or a whole disk is a config mistake).
+pub const MAX_ENTRIES: usize = 200_000;
+/// Deepest nesting walked.
+const MAX_DEPTH: usize = 64;
+/// Problems reported at most (then how many more).
+const MAX_PROBLEMS: usize = 20;
+/// The worker's answer is at most this big (the model digests dominate).
+const MAX_ANSWER: usize = 64 << 20;
+
+/// A role's program to copy into its sealed memfd and hash.
+#[derive(Debug, Clone)]
+pub struct ProgramJob {
+    pub role: Role,
+    /// The config fields that name it and pin it (`engine.command[0]`, `engine.sha256`).
+    pub field: String,
+    pub pin_field: String,
+    pub pin: Option<String>,
+    /// The host file the role's view shows at its program's path (sandbox::view).
+    pub host: PathBuf,
+    /// The plan's memfd (sandbox::plan::SealedProgram), empty and unsealed.
+    pub memfd: RawFd,
+}
+
+/// A tree a role sees through a bind, walked for what must not be in it.
+#[derive(Debug, Clone)]
+pub struct TreeJob {
+    pub field: String,
+    pub root: PathBuf,
+}
+
+/// The engine's model dir, hashed for the statements' subjects.
+#[derive(Debug, Clone)]
+pub struct ModelsJob {
+    pub dir: PathBuf,
+    /// False with `models_writable`: the engine may change them; a failure to hash them is
+    /// then not a reason to refuse the start (the engine could cause it at will).
+    pub binding: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Job {
+    /// Root and this uid are the trusted owners.
+    pub launcher_uid: u32,
+    pub programs: Vec<ProgramJob>,
+    pub trees: Vec<TreeJob>,
+    pub models: Option<ModelsJob>,
+}
+
+/// Something that refuses the start, with the config field it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    pub field: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgramDigest {
+    /// The role's name.
+    pub role: String,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+/// The engine's model files as `(model:<path under the dir>, sha256)`, and what it cost.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Models {
+    pub files: Vec<(String, String)>,
+    pub hashed: usize,
+    pub hashed_bytes: u64,
+    pub cached: usize,
+    pub skipped: usize,
+    pub ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Measured {
+    pub programs: Vec<ProgramDigest>,
+    pub problems: Vec<Problem>,
+    /// Problems beyond the ones listed.
+    pub more_problems: usize,
+    pub models: Option<Models>,
+    /// Why the (non-binding) model files could not be hashed.
+    pub models_error: Option<String>,
+}
+
+impl Measured {
+    fn problem(&mut self, field: &str, reason: String) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(Problem { field: field.to_string(), reason });
+        } else {
+            self.more_problems += 1;
+        }
+    }
+
+    /// The problems as one config error (the first one's field; every reason listed).
+    pub fn error(&self, file: &Path) -> Option<Error> {
+        let first = self.problems.first()?;
+        if self.problems.len() == 1 && self.more_problems == 0 {
+            return Some(Error::config(file, &first.field, &first.reason));
+        }
+        let mut all: Vec<String> = self.problems.iter().map(|p| format!("{}: {}", p.field, p.reason)).collect();
+        if self.more_problems > 0 {
+            all.push(format!("and {} more", self.more_problems));
+        }
+        Some(Error::config(file, &first.field, format!("{} problems:\n  {}", all.len(), all.join("\n  "))))
+    }
+
+    pub fn program(&self, role: Role) -> Option<&ProgramDigest> {
+        self.programs.iter().find(|p| p.role == role.name())
+    }
+}
+
+/// What the gate measures for `plans` (and `sealnode check` with it): each plan's program into
+/// its sealed copy, and the trees its role sees: its extra binds, the CDI spec's files, the
+/// engine's model dir unless it is writable (no model files: the gate adds them).
+pub fn job_for(
+    cfg: &crate::config::Config,
+    inv: &crate::config::Invoker,
+    plans: &[(Role, &crate::sandbox::Plan)],
+) -> Job {
+    let mut trees = Vec::new();
+    for (role, _) in plans {
+        for (field, b) in cfg.binds(*role) {
+            trees.push(TreeJob { field, root: b.src.clone() });
+        }
+        let r = cfg.role(*role);
+        if let (Some(m), false) = (&r.models, r.models_writable) {
+            trees.push(TreeJob { field: format!("{role}.models"), root: m.clone() });
+        }
+    }
+    Job {
+        launcher_uid: inv.uid,
+        programs: plans
+            .iter()
+            .filter_map(|(role, plan)| {
+                let p = plan.sealed_program()?;
+                Some(ProgramJob {
+                    role: *role,
+                    field: p.field.clone(),
+                    pin_field: format!("{role}.sha256"),
+                    pin: p.pin.clone(),
+                    host: p.host.clone(),
+                    memfd: p.fd.as_raw_fd(),
+                })
+            })
+            .collect(),
+        trees,
+        models: None,
+    }
+}
+
+/// Measure everything `job` names, in this process. `state`: the state dir's descriptor and
+/// path, for the model digests' cache.
+pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
+    let mut m = Measured::default();
+    for p in &job.programs {
+        match program(p, job.launcher_uid) {
+            Ok(d) => m.programs.push(d),
+            Err((field, reason)) => m.problem(&field, reason),
+        }
+    }
+    let mut budget = MAX_ENTRIES;
+    for t in &job.trees {
+        scan_tree(t, job.launcher_uid, &mut budget, &mut m);
+    }
+    if let (Some(mj), Some((state, shown))) = (&job.models, state) {
+        let t = std::time::Instant::now();
+        match crate::digests::models(&mj.dir, state, shown, &|| false) {
+            Ok((files, st)) => {
+                m.models = Some(Models {
+                    files,
+                    hashed: st.hashed,
+                    hashed_bytes: st.hashed_bytes,
+                    cached: st.cached,
+                    skipped: st.skipped,
+                    ms: t.elapsed().as_millis() as u64,
+                })
+            }
+            Err(e) if mj.binding => m.problem("engine.models", format!("cannot hash the model files: {e}")),
+            Err(e) => m.models_error = Some(e.to_string()),
+        }
+    }
+    m
+}
+
+/// Copy the program into its memfd, seal it, hash the sealed bytes. Errors name the field.
+fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (String, String)> {
+    let shown = p.host.display();
+    let bad = |why: String| (p.field.clone(), why);
+    // O_PATH first: nothing about the file is opened for reading until it is known to be a
+    // regular file (a FIFO would block, a device would be opened).
+    let at = crate::sys::open_path_no_symlinks(&p.host).map_err(|e| match e {
+        Errno::ELOOP => bad(format!("{shown}: a symlink on the way (the view had none: changed since?)")),
+        e => bad(format!("{shown}: {}", e.desc())),
+    })?;
+    let st = fstat(&at).map_err(|e| bad(format!("fstat {shown}: {}", e.desc())))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(bad(format!("{shown} is {}, not a regular file", crate::sys::file_kind(st.st_mode))));
+    }
+    crate::trusted::check_dirs_to(&p.host, uid)
+        .map_err(|e| bad(format!("{e}: what runs would not be what was measured")))?;
+    if let Some(why) = crate::trusted::entry_problem(&st, uid) {
+        return Err(bad(format!(
+            "{shown} can be rewritten by a user other than root or sealnode's user: it {why}; what runs would not be what was measured"
+        )));
+    }
+    let size = st.st_size as u64;
+    if size > MAX_PROGRAM_BYTES {
+        return Err(bad(format!(
+            "{shown} is {size} bytes: sealnode copies a program into memory to run it, at most {MAX_PROGRAM_BYTES}"
+        )));
+    }
+    let fd = nix::fcntl::open(
+        format!("/proc/self/fd/{}", at.as_raw_fd()).as_str(),
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| bad(format!("open {shown}: {}", e.desc())))?;
+    let again = fstat(&fd).map_err(|e| bad(format!("fstat {shown}: {}", e.desc())))?;
+    if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+        return Err(bad(format!("{shown} changed while it was opened")));
+    }
+    // SAFETY: the plan's memfd, open in this process for as long as the plan lives; wrapped
+    // without taking ownership (ManuallyDrop: never closed here).
+    let mut copy = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(p.memfd) });
+    let mut src = std::fs::File::from(fd).take(size + 1);
+    let copied = std::io::copy(&mut src, &mut *copy).map_err(|e| bad(format!("copy {shown} into memory: {e}")))?;
+    if copied != size {
+        return Err(bad(format!("{shown} changed size while it was copied ({size} bytes, then {copied})")));
+    }
+    // SAFETY: as above: the memfd outlives this borrow.
+    let memfd = unsafe { BorrowedFd::borrow_raw(p.memfd) };
+    crate::sealed::seal(&memfd).map_err(|e| bad(e.to_string()))?;
+    let (sha256, head) = hash_at(memfd, size).map_err(|e| bad(format!("read the sealed copy of {shown}: {e}")))?;
+    if head.starts_with(b"#!") {
+        return Err(bad(format!(
+            "{shown} is a #! script: name its interpreter as {} and the script as an argument (the \
+             interpreter a script names would run unmeasured)",
+            p.field
+        )));
+    }
+    if head != b"\x7fELF" {
+        return Err(bad(format!("{shown} is not an ELF executable")));
+    }
+    if let Some(want) = &p.pin {
+        if !sha256.eq_ignore_ascii_case(want) {
+            return Err((
+                p.pin_field.clone(),
+                format!(
+                    "{shown} does not match its pin: expected sha256 {}, found {sha256}; refusing to start",
+                    want.to_ascii_lowercase()
+                ),
+            ));
+        }
+    }
+    Ok(ProgramDigest { role: p.role.name().to_string(), sha256, bytes: size })
+}
+
+/// sha256 of the first `len` bytes of `fd` read with pread (the offset is left alone), and
+/// its first four bytes.
+fn hash_at(fd: BorrowedFd, len: u64) -> std::result::Result<(String, Vec<u8>), Errno> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    let mut head = Vec::new();
+    while off < len {
+        let want = buf.len().min((len - off) as usize);
+        let n = nix::sys::uio::pread(fd, &mut buf[..want], off as libc::off_t)?;
+        if n == 0 {
+            return Err(Errno::EIO);
+        }
+        if head.len() < 4 {
+            head.extend_from_slice(&buf[..n.min(4 - head.len())]);
+        }
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok((hex::encode(h.finalize()), head))
+}
+
+/// sha256 of a file that should be a program, read safely (a CLI's check against the receipt:
+/// no symlink, a regular file, at most [`MAX_PROGRAM_BYTES`]). Never on the event loop.
+pub fn file_sha256(path: &Path) -> std::result::Result<String, String> {
+    let shown = path.display();
+    let at = crate::sys::open_path_no_symlinks(path).map_err(|e| format!("{shown}: {}", e.desc()))?;
+    let st = fstat(&at).map_err(|e| format!("fstat {shown}: {}", e.desc()))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("{shown} is {}, not a regular file", crate::sys::file_kind(st.st_mode)));
+    }
+    if st.st_size as u64 > MAX_PROGRAM_BYTES {
+        return Err(format!("{shown} is larger than {MAX_PROGRAM_BYTES} bytes"));
+    }
+    let fd = nix::fcntl::open(
+        format!("/proc/self/fd/{}", at.as_raw_fd()).as_str(),
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("open {shown}: {}", e.desc()))?;
+    hash_at(fd.as_fd(), st.st_size as u64).map(|(h, _)| h).map_err(|e| format!("read {shown}: {}", e.desc()))
+}
+
+/// Walk `t.root` (and check every directory above it) for what must not be in a role's view.
+fn scan_tree(t: &TreeJob, uid: u32, budget: &mut usize, m: &mut Measured) {
+    let shown = t.root.display();
+    if let Err(e) = crate::trusted::check_dirs_to(&t.root, uid) {
+        m.problem(&t.field, e);
+        return;
+    }
+    let root = match crate::sys::open_path_no_symlinks(&t.root) {
+        Ok(fd) => fd,
+        Err(e) => return m.problem(&t.field, format!("{shown}: {}", e.desc())),
+    };
+    let st = match fstat(&root) {
+        Ok(st) => st,
+        Err(e) => return m.problem(&t.field, format!("fstat {shown}: {}", e.desc())),
+    };
+    if !entry(t, &t.root, &st, uid, m) {
+        return;
+    }
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        match nix::fcntl::open(
+            format!("/proc/self/fd/{}", root.as_raw_fd()).as_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(dir) => walk(t, &dir, &t.root, st.st_dev, 0, uid, budget, m),
+            Err(e) => m.problem(&t.field, format!("list {shown}: {}", e.desc())),
+        }
+    }
+}
+
+/// Judge one entry; true when a directory should be walked into.
+fn entry(t: &TreeJob, path: &Path, st: &FileStat, uid: u32, m: &mut Measured) -> bool {
+    match st.st_mode & libc::S_IFMT {
+        // Not followed: the view resolves it, to something judged on its own.
+        libc::S_IFLNK => false,
+        libc::S_IFSOCK | libc::S_IFIFO => {
+            m.problem(
+                &t.field,
+                format!(
+                    "{} is {} in the role's view: a way to whatever host process has it open; remove it",
+                    path.display(),
+                    crate::sys::file_kind(st.st_mode)
+                ),
+            );
+            false
+        }
+        // Device nodes do nothing there: every bind is nodev.
+        libc::S_IFCHR | libc::S_IFBLK => false,
+        _ => match crate::trusted::entry_problem(st, uid) {
+            Some(why) => {
+                m.problem(&t.field, format!("{} {why}", path.display()));
+                false
+            }
+            None => st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+        },
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk(
+    t: &TreeJob,
+    dir: &OwnedFd,
+    here: &Path,
+    dev: u64,
+    depth: usize,
+    uid: u32,
+    budget: &mut usize,
+    m: &mut Measured,
+) {
+    if depth > MAX_DEPTH {
+        return m.problem(&t.field, format!("{}: nested more than {MAX_DEPTH} deep", here.display()));
+    }
+    let listing =
+        match nix::dir::Dir::openat(dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) {
+            Ok(l) => l,
+            Err(e) => return m.problem(&t.field, format!("list {}: {}", here.display(), e.desc())),
+        };
+    let mut names = Vec::new();
+    for e in listing {
+        match e {
+            Ok(e) => {
+                let n = e.file_name().to_bytes();
+                if n != b"." && n != b".." {
+                    names.push(std::ffi::OsStr::from_bytes(n).to_os_string());
+                }
+            }
+            Err(e) => return m.problem(&t.field, format!("list {}: {}", here.display(), e.desc())),
+        }
+    }
+    for name in names {
+        if *budget == 0 {
+            if m.problems.iter().all(|p| !p.reason.contains("entries under")) {
+                m.problem(
+                    &t.field,
+                    format!("more than {MAX_ENTRIES} entries under the roles' binds: bind only what the role needs"),
+                );
+            }
+            return;
+        }
+        *budget -= 1;
+        let path = here.join(&name);
+        let st = match fstatat(dir, name.as_os_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => {
+                m.problem(&t.field, format!("stat {}: {}", path.display(), e.desc()));
+                continue;
+            }
+        };
+        if !entry(t, &path, &st, uid, m) {
+            continue;
+        }
+        let _ = dev;
+        match openat(
+            dir,
+            name.as_os_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(sub) => walk(t, &sub, &path, st.st_dev, depth + 1, uid, budget, m),
+            Err(e) => m.problem(&t.field, format!("list {}: {}", path.display(), e.desc())),
+        }
+    }
+}
+
+/// A measurement running in a forked child of the supervisor, whose answer arrives on a pipe
+/// the event loop watches; the loop reaps it like any child.
+#[derive(Debug)]
+pub struct Worker {
+    pub pid: nix::unistd::Pid,
+    /// The answer's read end (non-blocking).
+    pub out: OwnedFd,
+    buf: Vec<u8>,
+    eof: bool,
+    status: Option<i32>,
+    pub started: std::time::Instant,
+}
+
+impl Worker {
+    /// Fork the measurement of `job`. The child keeps only its pipe, the state dir and the
+    /// programs' memfds, runs at a lower CPU priority than the supervisor, and dies with it.
+    pub fn spawn(job: &Job, state: &OwnedFd, shown: &Path) -> Result<Worker> {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2 (measure)", e))?;
+        nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+            .map_err(|e| Error::errno("fcntl (measure)", e))?;
+        let parent = nix::unistd::getpid();
+        // SAFETY: the supervisor is single-threaded, so the child may allocate and run Rust code.
+        match unsafe { nix::unistd::fork() }.map_err(|e| Error::errno("fork (measure)", e))? {
+            nix::unistd::ForkResult::Child => {
+                drop(r);
+                let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                if nix::unistd::getppid() != parent {
+                    crate::sys::exit_now(1);
+                }
+                // SAFETY: setpriority takes plain integers and affects only this process.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+                let mut keep = vec![w.as_raw_fd(), state.as_raw_fd()];
+                keep.extend(job.programs.iter().map(|p| p.memfd));
+                if crate::sys::close_all_except(&keep).is_err() {
+                    crate::sys::exit_now(1);
+                }
+                let m = run(job, Some((state, shown)));
+                let bytes = serde_json::to_vec(&m).unwrap_or_default();
+                let code = if crate::sys::write_all(w.as_raw_fd(), &bytes).is_ok() { 0 } else { 1 };
+                crate::sys::exit_now(code)
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(w);
+                Ok(Worker {
+                    pid: child,
+                    out: r,
+                    buf: Vec::new(),
+                    eof: false,
+                    status: None,
+                    started: std::time::Instant::now(),
+                })
+            }
+        }
+    }
+
+    /// Take what the pipe holds now (without blocking).
+    pub fn pump(&mut self) {
+        let mut chunk = [0u8; 65536];
+        while !self.eof {
+            match nix::unistd::read(&self.out, &mut chunk) {
+                Ok(0) => self.eof = true,
+                Ok(n) if self.buf.len() + n <= MAX_ANSWER => self.buf.extend_from_slice(&chunk[..n]),
+                // Too big an answer: kept at the limit, and refused when it is read.
+                Ok(_) => self.buf.resize(MAX_ANSWER + 1, 0),
+                Err(Errno::EINTR) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// The worker exited with `code` (the loop reaped it).
+    pub fn exited(&mut self, code: i32) {
+        self.status = Some(code);
+        self.pump();
+        // Nothing writes any more: whatever is not there now never comes.
+        self.eof = true;
+    }
+
+    pub fn done(&self) -> bool {
+        self.status.is_some()
+    }
+
+    /// Its answer, once it exited.
+    pub fn answer(&self) -> std::result::Result<Measured, String> {
+        match self.status {
+            Some(0) if self.buf.len() <= MAX_ANSWER => {
+                serde_json::from_slice(&self.buf).map_err(|e| format!("the measurement's answer: {e}"))
+            }
+            Some(0) => Err(format!("the measurement's answer is over {MAX_ANSWER} bytes")),
+            Some(code) => Err(format!("the measurement exited with status {code}")),
+            None => Err("the measurement has not finished".into()),
+        }
+    }
+
+    /// Stop it (a stop or a reload came first); the loop still reaps it.
+    pub fn abandon(&self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn me() -> u32 {
+        nix::unistd::geteuid().as_raw()
+    }
+
+    fn tree() -> tempfile::TempDir {
+        let d = tempfile::Builder::new().prefix("measure-").tempdir_in("/var/tmp").expect("tmp");
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        d
+    }
+
+    fn job_for(host: &Path, memfd: RawFd, pin: Option<String>) -> Job {
+        Job {
+            launcher_uid: me(),
+            programs: vec![ProgramJob {
+                role: Role::Engine,
+                field: "engine.command[0]".into(),
+                pin_field: "engine.sha256".into(),
+                pin,
+                host: host.to_path_buf(),
+                memfd,
+            }],
+            ..Job::default()
+        }
+    }
+
+    #[test]
+    fn the_program_is_copied_sealed_and_hashed_from_the_copy() {
+        let d = tree();
+        let prog = d.path().join("prog");
+        let bytes = std::fs::read("/usr/bin/true").expect("read true");
+        std::fs::write(&prog, &bytes).expect("write");
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let memfd = crate::sealed::memfd("t").expect("memfd");
+        let want = hex::encode(Sha256::digest(&bytes));
+        let m = run(&job_for(&prog, memfd.as_raw_fd(), Some(want.to_uppercase())), None);
+        assert!(m.problems.is_empty(), "{m:?}");
+        assert_eq!(
+            m.programs,
+            vec![ProgramDigest { role: "engine".into(), sha256: want.clone(), bytes: bytes.len() as u64 }]
+        );
+        assert!(crate::sealed::is_sealed(&memfd), "the copy is sealed");
+        let (copied, head) = hash_at(memfd.as_fd(), bytes.len() as u64).expect("read the copy");
+        assert!(copied == want && head == b"\x7fELF", "the memfd holds the program");
+        // A wrong pin names the pin's field.
+        let memfd = crate::sealed::memfd("t").expect("memfd");
+        let m = run(&job_for(&prog, memfd.as_raw_fd(), Some("0".repeat(64))), None);
+        assert_eq!(m.problems[0].field, "engine.sha256");
+        assert!(m.problems[0].reason.contains("does not match its pin"), "{m:?}");
+    }
+
+    /// What is not a regular ELF file of a trusted owner is refused, without blocking on it
+    /// (a FIFO) or reading it (a device).
+    #[test]
+    fn fifos_devices_scripts_and_writable_files_are_refused() {
+        let d = tree();
+        let fifo = d.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o755)).expect("mkfifo");
+        let script = d.path().join("script");
+        std::fs::write(&script, "#!/bin/sh\necho hi\n").expect("write");
+        let writable = d.path().join("writable");
+        std::fs::copy("/usr/bin/true", &writable).expect("copy");
+        std::fs::set_permissions(&writable, std::fs::Permissions::from_mode(0o757)).expect("chmod");
+        let text = d.path().join("text");
+        std::fs::write(&text, "not a program").expect("write");
+        for (path, want) in [
+            (fifo.as_path(), "is a FIFO, not a regular file"),
+            (Path::new("/dev/zero"), "is a character device, not a regular file"),
+            (script.as_path(), "is a #! script: name its interpreter as engine.command[0]"),
+            (writable.as_path(), "can be rewritten by a user other than root or sealnode's user"),
+            (text.as_path(), "is not an ELF executable"),
+        ] {
+            let memfd = crate::sealed::memfd("t").expect("memfd");
+            let t = std::time::Instant::now();
+            let m = run(&job_for(path, memfd.as_raw_fd(), None), None);
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "{} took {:?}", path.display(), t.elapsed());
+            assert_eq!(m.problems.len(), 1, "{}: {m:?}", path.display());
+            assert_eq!(m.problems[0].field, "engine.command[0]");
+            assert!(m.problems[0].reason.contains(want), "{}: {m:?}", path.display());
+        }
+    }
+
+    #[test]
+    fn trees_refuse_sockets_fifos_foreign_and_writable_entries() {
+        let d = tree();
+        let root = d.path().join("venv");
+        std::fs::create_dir_all(root.join("lib/deep")).expect("mkdir");
+        std::fs::write(root.join("lib/ok.py"), "x").expect("write");
+        std::os::unix::fs::symlink("/etc/passwd", root.join("lib/link")).expect("symlink");
+        let ok = Job {
+            launcher_uid: me(),
+            trees: vec![TreeJob { field: "node.ro_binds[0].src".into(), root: root.clone() }],
+            ..Job::default()
+        };
+        assert_eq!(run(&ok, None).problems, vec![], "a clean tree passes");
+        let _l = std::os::unix::net::UnixListener::bind(root.join("lib/deep/sock")).expect("bind");
+        nix::unistd::mkfifo(&root.join("lib/fifo"), Mode::from_bits_truncate(0o644)).expect("mkfifo");
+        std::fs::write(root.join("lib/open.py"), "x").expect("write");
+        std::fs::set_permissions(root.join("lib/open.py"), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let m = run(&ok, None);
+        let reasons: Vec<&str> = m.problems.iter().map(|p| p.reason.as_str()).collect();
+        assert_eq!(m.problems.len(), 3, "{reasons:?}");
+        assert!(m.problems.iter().all(|p| p.field == "node.ro_binds[0].src"));
+        assert!(reasons.iter().any(|r| r.contains("deep/sock is a unix socket in the role's view")), "{reasons:?}");
+        assert!(reasons.iter().any(|r| r.contains("lib/fifo is a FIFO")), "{reasons:?}");
+        assert!(reasons.iter().any(|r| r.contains("open.py is writable by group or others")), "{reasons:?}");
+        let e = m.error(Path::new("/etc/x.toml")).expect("an error").to_string();
+        assert!(e.contains("3 problems") && e.contains("node.ro_binds[0].src"), "{e}");
+        // A directory above the tree writable by others refuses the tree.
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let m = run(&ok, None);
+        assert!(m.problems[0].reason.contains("is writable by group or others"), "{m:?}");
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+
+    /// The worker answers through its pipe what `run` would have said.
+    #[test]
+    fn the_worker_answers_like_run() {
+        let d = tree();
+        let prog = d.path().join("prog");
+        std::fs::copy("/usr/bin/true", &prog).expect("copy");
+        let memfd = crate::sealed::memfd("t").expect("memfd");
+        let state: OwnedFd = std::fs::File::open(d.path()).expect("open").into();
+        let mut w = Worker::spawn(&job_for(&prog, memfd.as_raw_fd(), None), &state, d.path()).expect("spawn");
+        let code = match nix::sys::wait::waitpid(w.pid, None).expect("wait") {
+            nix::sys::wait::WaitStatus::Exited(_, c) => c,
+            other => panic!("{other:?}"),
+        };
+        w.exited(code);
+        let m = w.answer().expect("answer");
+        assert_eq!(m.programs.len(), 1, "{m:?}");
+        assert_eq!(m.programs[0].sha256, hex::encode(Sha256::digest(std::fs::read("/usr/bin/true").expect("read"))));
+        assert!(crate::sealed::is_sealed(&memfd), "sealed by the worker");
+    }
+}

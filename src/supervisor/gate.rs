@@ -1,0 +1,411 @@
+//! The gate every start passes (first start, crash restart, reload, recycle), as a component
+//! of the event loop: it owns its processes and pipes, offers `handle(token)`, a next deadline
+//! and `poll`, and answers with an [`Outcome`] the supervisor acts on.
+//!
+//! One pass, for the roles about to start:
+//! 1. each role's plan (its sandbox; its program resolved in its view, a memfd for the copy);
+//! 2. the measurement, forked (crate::measure): programs copied into their memfds, sealed and
+//!    hashed, every bind walked for what must not be in a role's view, the engine's models
+//!    hashed; it runs beside
+//! 3. the preflight: sealnode's canary probe in each role's exact sandbox, in the cell.
+//!
+//! The loop meanwhile keeps serving signals, control requests, forwarding and the watchdog:
+//! nothing here reads a file of untrusted size or type or waits on a process. The plans that
+//! pass are [`Admitted`]: measured and preflighted, the only plans a role starts from.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
+use nix::unistd::Pid;
+
+use crate::canary::{self, Probe, Report};
+use crate::cell::Cell;
+use crate::config::{Config, Invoker, Role};
+use crate::error::Error;
+use crate::exit;
+use crate::measure::{self, Measured};
+use crate::receipt::RoleDigests;
+use crate::sandbox::{self, Plan};
+
+/// The gate's pipes: the measurement's (low bits 0) and each probe's (1 + its index).
+pub(super) const TOKEN_GATE: u64 = 10 << 56;
+
+/// A role's plan as the gate admitted it: its program's sealed copy measured (and its pin
+/// checked), its sandbox preflighted, and the digests a receipt records for it. Only the gate
+/// makes one, and only an admitted plan starts a role.
+#[derive(Debug)]
+pub(super) struct Admitted {
+    plan: Plan,
+    pub digests: RoleDigests,
+}
+
+impl Admitted {
+    pub(super) fn into_plan(self) -> Plan {
+        self.plan
+    }
+
+    pub(super) fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Purpose {
+    /// Roles about to start in the running cell.
+    Start,
+    /// A reload's check of a new config in a throwaway cell, before anything stops.
+    DryRun,
+}
+
+/// A pass through the gate.
+#[derive(Debug)]
+pub(super) struct Passed {
+    pub purpose: Purpose,
+    pub roles: Vec<Role>,
+    pub admitted: Vec<(Role, Admitted)>,
+    /// The fresh preflight of `roles`.
+    pub report: Report,
+    pub ms: u64,
+    pub attempts: usize,
+}
+
+#[derive(Debug)]
+pub(super) enum Outcome {
+    Passed(Box<Passed>),
+    /// Refused with this exit status (125: what the config names cannot run; 6: the
+    /// preflight could not run; 3: an escape succeeded) and why; `details` are said first.
+    Refused {
+        code: i32,
+        message: String,
+        details: Vec<String>,
+    },
+}
+
+#[derive(Debug)]
+struct ProbeRun {
+    probe: Probe,
+    buf: Vec<u8>,
+    eof: bool,
+    status: Option<i32>,
+}
+
+#[derive(Debug)]
+struct Job {
+    purpose: Purpose,
+    roles: Vec<Role>,
+    plans: Vec<(Role, Plan)>,
+    worker: measure::Worker,
+    /// The engine's model dir is hashed (statements are signed), and whether it binds.
+    models: Option<bool>,
+    probes: Vec<ProbeRun>,
+    _targets: canary::Targets,
+    /// A dry run's own cell (the running one holds a live engine a probe could reach).
+    _throwaway: Option<Cell>,
+    began: Instant,
+    deadline: Instant,
+}
+
+/// What a pass needs from the supervisor.
+pub(super) struct Ctx<'a> {
+    pub cfg: &'a Config,
+    pub inv: &'a Invoker,
+    /// The running cell (a dry run makes its own).
+    pub cell: &'a Cell,
+    pub state: &'a OwnedFd,
+    pub epoll: &'a Epoll,
+    /// Statements are signed: the engine's model files are hashed for them.
+    pub hash_models: bool,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Gate {
+    job: Option<Job>,
+    /// Processes of abandoned passes, reaped later like any child: ours to ignore.
+    abandoned: Vec<Pid>,
+}
+
+impl Gate {
+    pub fn busy(&self) -> bool {
+        self.job.is_some()
+    }
+
+    pub fn purpose(&self) -> Option<Purpose> {
+        self.job.as_ref().map(|j| j.purpose)
+    }
+
+    /// Start a pass for `roles`. What fails before anything runs is refused at once.
+    pub fn begin(&mut self, ctx: &Ctx, roles: &[Role], purpose: Purpose) -> Result<(), Outcome> {
+        let refuse = |code: i32, e: Error| Outcome::Refused { code, message: e.to_string(), details: Vec::new() };
+        let targets = canary::targets(ctx.cfg).map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
+        let mut plans = Vec::new();
+        for role in roles {
+            let plan = Plan::for_run(ctx.cfg, *role, ctx.inv).map_err(|e| refuse(sandbox::SETUP_FAILED, e))?;
+            plans.push((*role, plan));
+        }
+        let models = match (&ctx.cfg.engine.models, roles.contains(&Role::Engine) && ctx.hash_models) {
+            (Some(dir), true) => {
+                Some(measure::ModelsJob { dir: dir.clone(), binding: !ctx.cfg.engine.models_writable })
+            }
+            _ => None,
+        };
+        let planned: Vec<(Role, &Plan)> = plans.iter().map(|(r, p)| (*r, p)).collect();
+        let mut job = measure::job_for(ctx.cfg, ctx.inv, &planned);
+        job.models = models.clone();
+        let worker = measure::Worker::spawn(&job, ctx.state, &ctx.cfg.cell.state_dir)
+            .map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
+        let watch = |fd: &OwnedFd, token: u64| {
+            ctx.epoll
+                .add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_GATE | token))
+                .map_err(|e| Error::errno("epoll_ctl (gate)", e))
+        };
+        if let Err(e) = watch(&worker.out, 0) {
+            worker.abandon();
+            self.abandoned.push(worker.pid);
+            return Err(refuse(exit::PREFLIGHT_ERROR, e));
+        }
+        let mut job = Job {
+            purpose,
+            roles: roles.to_vec(),
+            plans,
+            worker,
+            models: models.map(|m| m.binding),
+            probes: Vec::new(),
+            _targets: targets,
+            _throwaway: None,
+            began: Instant::now(),
+            deadline: Instant::now() + canary::BATTERY_DEADLINE,
+        };
+        let started = (|| -> crate::error::Result<()> {
+            if purpose == Purpose::DryRun {
+                job._throwaway = Some(Cell::for_config(ctx.cfg, ctx.inv)?);
+            }
+            let cell = job._throwaway.as_ref().unwrap_or(ctx.cell);
+            for (i, role) in roles.iter().enumerate() {
+                let probe = canary::start(ctx.cfg, *role, ctx.inv, Some(cell), sandbox::Layers::ALL, &job._targets)?;
+                nix::fcntl::fcntl(&probe.out, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))
+                    .map_err(|e| Error::errno("fcntl (probe)", e))?;
+                let token = 1 + i as u64;
+                let run = ProbeRun { probe, buf: Vec::new(), eof: false, status: None };
+                job.probes.push(run);
+                watch(&job.probes[i].probe.out, token)?;
+            }
+            Ok(())
+        })();
+        self.job = Some(job);
+        if let Err(e) = started {
+            self.abandon(ctx.epoll);
+            return Err(Outcome::Refused {
+                code: exit::PREFLIGHT_ERROR,
+                message: format!("preflight could not run: {e}"),
+                details: Vec::new(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A gate pipe is readable (or hung up).
+    pub fn handle(&mut self, token: u64) {
+        let Some(job) = self.job.as_mut() else { return };
+        match (token & !crate::egress::TOKEN_KIND) as usize {
+            0 => job.worker.pump(),
+            i => {
+                if let Some(p) = job.probes.get_mut(i - 1) {
+                    pump(p);
+                }
+            }
+        }
+    }
+
+    /// A child exited: one of ours? (true: taken.)
+    pub fn exited(&mut self, pid: Pid, code: i32) -> bool {
+        if let Some(i) = self.abandoned.iter().position(|p| *p == pid) {
+            self.abandoned.swap_remove(i);
+            return true;
+        }
+        let Some(job) = self.job.as_mut() else { return false };
+        if job.worker.pid == pid {
+            job.worker.exited(code);
+            return true;
+        }
+        if let Some(p) = job.probes.iter_mut().find(|p| p.probe.sandbox.pid == pid) {
+            p.status = Some(code);
+            pump(p);
+            p.eof = true;
+            return true;
+        }
+        false
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.job.as_ref().filter(|j| j.probes.iter().any(|p| p.status.is_none())).map(|j| j.deadline)
+    }
+
+    /// The pass's outcome once everything answered, or once its probes ran out of time.
+    pub fn poll(&mut self, cfg: &Config, epoll: &Epoll) -> Option<Outcome> {
+        let job = self.job.as_ref()?;
+        let probes_done = job.probes.iter().all(|p| p.status.is_some() && p.eof);
+        if !probes_done && Instant::now() >= job.deadline {
+            let late: Vec<String> =
+                job.probes.iter().filter(|p| p.status.is_none()).map(|p| p.probe.role.to_string()).collect();
+            self.abandon(epoll);
+            return Some(Outcome::Refused {
+                code: exit::PREFLIGHT_ERROR,
+                message: format!(
+                    "preflight could not run: the canary probe in the {} role did not answer within {} s",
+                    late.join(" and "),
+                    canary::BATTERY_DEADLINE.as_secs()
+                ),
+                details: Vec::new(),
+            });
+        }
+        if !probes_done || !job.worker.done() {
+            return None;
+        }
+        let job = self.job.take()?;
+        unwatch(&job, epoll);
+        Some(finish(cfg, job))
+    }
+
+    /// Give up the pass in progress (a stop came): its processes are killed, reaped later.
+    pub fn abandon(&mut self, epoll: &Epoll) {
+        let Some(job) = self.job.take() else { return };
+        unwatch(&job, epoll);
+        if !job.worker.done() {
+            job.worker.abandon();
+            self.abandoned.push(job.worker.pid);
+        }
+        for p in &job.probes {
+            if p.status.is_none() {
+                let _ = nix::sys::signal::kill(p.probe.sandbox.pid, nix::sys::signal::Signal::SIGKILL);
+                self.abandoned.push(p.probe.sandbox.pid);
+            }
+        }
+    }
+
+    /// How long the pass in progress has run, and for which roles (for `ctl status`).
+    pub fn progress(&self) -> Option<(Purpose, Vec<Role>, Duration)> {
+        self.job.as_ref().map(|j| (j.purpose, j.roles.clone(), j.began.elapsed()))
+    }
+}
+
+fn pump(p: &mut ProbeRun) {
+    let mut chunk = [0u8; 16384];
+    while !p.eof {
+        match nix::unistd::read(&p.probe.out, &mut chunk) {
+            Ok(0) => p.eof = true,
+            // A probe writes a few KiB; more is not one (it is cut, and fails to parse).
+            Ok(n) if p.buf.len() < 1 << 20 => p.buf.extend_from_slice(&chunk[..n]),
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn unwatch(job: &Job, epoll: &Epoll) {
+    let _ = epoll.delete(job.worker.out.as_fd());
+    for p in &job.probes {
+        let _ = epoll.delete(p.probe.out.as_fd());
+    }
+}
+
+/// Everything answered: the plans admitted, or why not.
+fn finish(cfg: &Config, mut job: Job) -> Outcome {
+    let refused = |code: i32, message: String| Outcome::Refused { code, message, details: Vec::new() };
+    let measured: Measured = match job.worker.answer() {
+        Ok(m) => m,
+        Err(e) => return refused(exit::PREFLIGHT_ERROR, format!("measuring what runs: {e}")),
+    };
+    if let Some(e) = measured.error(&cfg.file) {
+        return refused(sandbox::SETUP_FAILED, e.to_string());
+    }
+    let mut reports = Vec::new();
+    for p in &job.probes {
+        match canary::finish(p.probe.role, &p.buf, p.status.unwrap_or(-1)) {
+            Ok(r) => reports.push(r),
+            Err(e) => return refused(exit::PREFLIGHT_ERROR, format!("preflight could not run: {e}")),
+        }
+    }
+    let passed = reports.iter().all(|r| r.succeeded == 0);
+    let report = Report { schema: canary::SCHEMA, sealnode_version: env!("CARGO_PKG_VERSION"), roles: reports, passed };
+    if !passed {
+        let mut details = Vec::new();
+        for r in &report.roles {
+            for a in r.attempts.iter().filter(|a| a.refused_by.is_none()) {
+                tracing::error!(role = %r.role, attempt = a.id, what = a.description, "preflight: escape attempt SUCCEEDED");
+                details.push(format!("preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description));
+            }
+        }
+        return Outcome::Refused {
+            code: exit::PREFLIGHT_FAILED,
+            message: "refusing to start: the sandbox does not hold (see above)".into(),
+            details,
+        };
+    }
+    if let Some(m) = &measured.models {
+        tracing::info!(
+            files = m.files.len(),
+            hashed = m.hashed,
+            hashed_bytes = m.hashed_bytes,
+            cached = m.cached,
+            skipped = m.skipped,
+            ms = m.ms,
+            "model digests"
+        );
+    }
+    if let Some(e) = &measured.models_error {
+        tracing::error!(error = %e, "cannot hash the model files: statements list none");
+        crate::log::say(&format!("cannot hash the model files (statements list none): {e}"));
+    }
+    let mut admitted = Vec::new();
+    for (role, mut plan) in std::mem::take(&mut job.plans) {
+        let mut digests = match crate::receipt::policy_digests(cfg, role) {
+            Ok(d) => d,
+            Err(e) => return refused(sandbox::SETUP_FAILED, e.to_string()),
+        };
+        if let Some(sp) = plan.sealed_program_mut() {
+            let Some(d) = measured.program(role) else {
+                return refused(
+                    exit::PREFLIGHT_ERROR,
+                    format!("measuring what runs: no digest of the {role}'s program"),
+                );
+            };
+            // The worker sealed the copy it hashed; a copy not sealed, or of another size,
+            // is not what was hashed.
+            let size = nix::sys::stat::fstat(&sp.fd).map(|st| st.st_size as u64).ok();
+            if !crate::sealed::is_sealed(&sp.fd) || size != Some(d.bytes) {
+                return refused(
+                    exit::PREFLIGHT_ERROR,
+                    format!("measuring what runs: the copy of {} is not the one hashed", sp.host.display()),
+                );
+            }
+            sp.sha256 = Some(d.sha256.clone());
+            digests.program_resolved = Some(sp.inside.display().to_string());
+            digests.program_host = Some(sp.host.display().to_string());
+            digests.program_sha256 = Some(d.sha256.clone());
+            tracing::debug!(role = %role, program = %sp.inside.display(), host = %sp.host.display(), sha256 = %d.sha256, bytes = d.bytes, "program measured");
+        }
+        if role == Role::Engine {
+            if let Some(binding) = job.models {
+                match &measured.models {
+                    Some(m) => {
+                        digests.models = m.files.iter().cloned().collect();
+                        digests.models_binding = Some(binding);
+                    }
+                    None => digests.models_binding = Some(false),
+                }
+            }
+        }
+        admitted.push((role, Admitted { plan, digests }));
+    }
+    let attempts = report.roles.iter().map(|r| r.attempts.len()).sum();
+    Outcome::Passed(Box::new(Passed {
+        purpose: job.purpose,
+        roles: job.roles.clone(),
+        admitted,
+        report,
+        ms: job.began.elapsed().as_millis() as u64,
+        attempts,
+    }))
+}

@@ -1,0 +1,137 @@
+//! What a SIGHUP may change. Every field of the config is named here, by exhaustive
+//! destructuring: a field added to the config does not compile until it is sorted into
+//! "applies at the next start" or "needs a new cell" (refused by name), so no field can be
+//! half-applied by a reload.
+
+use std::fmt::Debug;
+
+use crate::config::{CellConfig, Config, Role, RoleConfig};
+
+/// The fields that differ between `old` and `new` and that only a new cell can apply (its
+/// network namespaces and egress listeners, the users it maps, its dirs, its scratch tmpfs and
+/// cgroup limits, the TPM tools it checked at start), by config name.
+pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
+    let mut changed = Vec::new();
+    let mut cmp = |name: String, a: &dyn Debug, b: &dyn Debug| {
+        if format!("{a:?}") != format!("{b:?}") {
+            changed.push(name);
+        }
+    };
+    let Config { schema: _, cell, engine, node, file: _, loaded: _ } = new;
+    let CellConfig {
+        hostname,
+        state_dir,
+        runtime_dir,
+        rootful,
+        // Read at every stop.
+        stop_timeout_s: _,
+        egress_max_connections,
+        egress_idle_timeout_s,
+        egress_connect_timeout_s,
+        // Read for every control connection.
+        control_uids: _,
+        cgroup,
+        limits,
+        tpm,
+    } = cell;
+    let o = &old.cell;
+    // Set in the cell's namespaces when it was made (and refused by the first reloads too).
+    cmp("cell.hostname".into(), &o.hostname, hostname);
+    // Locked and opened once; the control socket and the statements live there.
+    cmp("cell.state_dir".into(), &o.state_dir, state_dir);
+    cmp("cell.runtime_dir".into(), &o.runtime_dir, runtime_dir);
+    // The user namespace maps these users.
+    cmp("cell.rootful".into(), &o.rootful, rootful);
+    // The forwarder was built with them.
+    cmp("cell.egress_max_connections".into(), &o.egress_max_connections, egress_max_connections);
+    cmp("cell.egress_idle_timeout_s".into(), &o.egress_idle_timeout_s, egress_idle_timeout_s);
+    cmp("cell.egress_connect_timeout_s".into(), &o.egress_connect_timeout_s, egress_connect_timeout_s);
+    // The limits are written into the leaves when the cell is made.
+    cmp("cell.cgroup".into(), &o.cgroup, cgroup);
+    cmp("cell.limits".into(), &o.limits, limits);
+    // The tools and the attestation key were checked at start; every statement is quoted with
+    // them, and the config in force must say so (and keep the TPM out of the roles).
+    cmp("cell.tpm".into(), &o.tpm, tpm);
+    for (role, r, o) in [(Role::Engine, engine, &old.engine), (Role::Node, node, &old.node)] {
+        let RoleConfig {
+            // The program, its pin and policies, binds, devices, environment, limits and
+            // restart policy: all read by the gate and the next start.
+            command: _,
+            sha256: _,
+            port,
+            seccomp: _,
+            landlock: _,
+            models: _,
+            models_writable: _,
+            scratch,
+            scratch_max_mb,
+            credential: _,
+            ro_binds: _,
+            devices: _,
+            devices_from: _,
+            tmp_size_mb: _,
+            env: _,
+            rlimits: _,
+            egress,
+            ready_set: _,
+            limits,
+            log_refused_syscalls: _,
+            restart: _,
+            restart_limit: _,
+        } = r;
+        // The node's listener for the engine is the cell's.
+        cmp(format!("{role}.port"), &o.port, port);
+        // Opened and checked once (every wipe works on that descriptor); a capped one is the
+        // cell's tmpfs.
+        cmp(format!("{role}.scratch"), &o.scratch, scratch);
+        cmp(format!("{role}.scratch_max_mb"), &o.scratch_max_mb, scratch_max_mb);
+        // The egress listeners are the cell's.
+        cmp(format!("{role}.egress"), &o.egress, egress);
+        cmp(format!("{role}.limits"), &o.limits, limits);
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra_cell: &str, extra_engine: &str) -> Config {
+        let text = format!(
+            "schema = 1\n[cell]\nstate_dir = \"/var/lib/s\"\nruntime_dir = \"/run/s\"\n{extra_cell}\n\
+             [engine]\ncommand = [\"/usr/bin/true\"]\nport = 8080\nseccomp = \"/p/e.json\"\nlandlock = \"/p/e.toml\"\n\
+             scratch = \"/srv/e\"\n{extra_engine}\n\
+             [node]\ncommand = [\"/usr/bin/true\"]\nseccomp = \"/p/n.json\"\nlandlock = \"/p/n.toml\"\nscratch = \"/srv/n\"\n"
+        );
+        Config::parse(&text, std::path::Path::new("/etc/sealnode/sealnode.toml")).expect("config")
+    }
+
+    #[test]
+    fn what_needs_a_new_cell_is_refused_by_name_and_the_rest_applies() {
+        let base = cfg("", "");
+        assert!(refused(&base, &base).is_empty());
+        for (cell, engine, want) in [
+            ("tpm = { tcti = \"device:/dev/tpmrm0\" }", "", "cell.tpm"),
+            ("hostname = \"other\"", "", "cell.hostname"),
+            ("egress_idle_timeout_s = 5", "", "cell.egress_idle_timeout_s"),
+            ("", "scratch_max_mb = 64", "engine.scratch_max_mb"),
+            ("", "limits = { memory_max_mb = 512 }", "engine.limits"),
+        ] {
+            assert_eq!(refused(&base, &cfg(cell, engine)), vec![want.to_string()], "{cell} {engine}");
+        }
+        let mut moved = cfg("", "");
+        moved.engine.scratch = "/srv/e2".into();
+        assert_eq!(refused(&base, &moved), vec!["engine.scratch".to_string()]);
+        // What the next start reads applies.
+        for (cell, engine) in [
+            ("stop_timeout_s = 3", ""),
+            ("control_uids = [0, 1000]", ""),
+            ("", "sha256 = \"0000000000000000000000000000000000000000000000000000000000000000\""),
+            ("", "restart = \"always\""),
+            ("", "tmp_size_mb = 16"),
+            ("", "log_refused_syscalls = true"),
+        ] {
+            assert!(refused(&base, &cfg(cell, engine)).is_empty(), "{cell} {engine}");
+        }
+    }
+}
