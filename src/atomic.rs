@@ -12,6 +12,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// sha256 of everything `r` yields, read 64 KiB at a time (never the whole file in memory).
+pub fn sha256_read(r: &mut impl std::io::Read) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return Ok(hex::encode(h.finalize())),
+            Ok(n) => h.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Write `bytes` to `path` atomically (see [`write_atomic_at`]), in the directory `path` names.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     use nix::fcntl::OFlag;

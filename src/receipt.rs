@@ -149,7 +149,9 @@ fn self_sha256() -> String {
     SELF_SHA256
         .get_or_init(|| {
             // The magic link is the running binary itself (no path lookup to race).
-            std::fs::read("/proc/self/exe").map(|b| crate::atomic::sha256_hex(&b)).unwrap_or_default()
+            std::fs::File::open("/proc/self/exe")
+                .and_then(|mut f| crate::atomic::sha256_read(&mut f))
+                .unwrap_or_default()
         })
         .clone()
 }

@@ -540,8 +540,22 @@ mod tests {
             // Limits of the calling process only.
             assert_eq!(call(libc::SYS_prlimit64, [0, 7, 0, 0, 0, 0]), RET_ALLOW, "{file}");
             assert_eq!(call(libc::SYS_prlimit64, [1, 7, 0, 0, 0, 0]), enosys, "{file} prlimit64 on pid 1");
-            let unix = call(libc::SYS_socket, [libc::AF_UNIX as u64, stream, 0, 0, 0, 0]);
-            assert_eq!(unix, if role == "node" { RET_ALLOW } else { enosys }, "{file} AF_UNIX");
+            // No AF_UNIX socket at all (Landlock does not cover connecting to a pathname one);
+            // only connected stream pairs, whatever the flags: a datagram pair can sendto any.
+            for ty in [libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_SEQPACKET] {
+                let t = ty as u64 | libc::SOCK_CLOEXEC as u64;
+                assert_eq!(
+                    call(libc::SYS_socket, [libc::AF_UNIX as u64, t, 0, 0, 0, 0]),
+                    enosys,
+                    "{file} AF_UNIX {ty}"
+                );
+                let pair =
+                    call(libc::SYS_socketpair, [libc::AF_UNIX as u64, t | libc::SOCK_NONBLOCK as u64, 0, 0, 0, 0]);
+                let want = if ty == libc::SOCK_STREAM { RET_ALLOW } else { enosys };
+                assert_eq!(pair, want, "{file} socketpair AF_UNIX {ty}");
+            }
+            let pair = call(libc::SYS_socketpair, [libc::AF_INET as u64, stream, 0, 0, 0, 0]);
+            assert_eq!(pair, enosys, "{file} socketpair AF_INET");
             // File-tree changes nobody traced made: rename, mkdir, links, mode changes.
             for nr in [libc::SYS_renameat2, libc::SYS_mkdirat, libc::SYS_linkat, libc::SYS_fchmod, libc::SYS_umask] {
                 assert_eq!(call(nr, [0; 6]), enosys, "{file} nr {nr}");
