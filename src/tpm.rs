@@ -328,8 +328,29 @@ pub fn parse_ak_public(b: &[u8]) -> Result<AkPublic, String> {
         ));
     }
     if attributes & AK_MUST != AK_MUST || attributes & AK_MUST_NOT != 0 {
+        // Each attribute that is wrong, by name: the operator fixes that one.
+        const NAMES: [(u32, &str); 6] = [
+            (0x0000_0002, "fixedtpm"),
+            (0x0000_0010, "fixedparent"),
+            (0x0000_0020, "sensitivedataorigin"),
+            (0x0001_0000, "restricted"),
+            (0x0004_0000, "sign"),
+            (0x0002_0000, "decrypt"),
+        ];
+        let lacks: Vec<&str> =
+            NAMES.iter().filter(|(b, _)| AK_MUST & b != 0 && attributes & b == 0).map(|(_, n)| *n).collect();
+        let has: Vec<&str> =
+            NAMES.iter().filter(|(b, _)| AK_MUST_NOT & b != 0 && attributes & b != 0).map(|(_, n)| *n).collect();
+        let mut wrong = Vec::new();
+        if !lacks.is_empty() {
+            wrong.push(format!("lacks {}", lacks.join(", ")));
+        }
+        if !has.is_empty() {
+            wrong.push(format!("has {}", has.join(", ")));
+        }
         return Err(format!(
-            "attributes {attributes:#010x}: an attestation key must be fixedtpm|fixedparent|sensitivedataorigin|restricted|sign and not decrypt (a key without `restricted` signs anything, so its quotes prove nothing)"
+            "attributes {attributes:#010x} {}: an attestation key must be fixedtpm|fixedparent|sensitivedataorigin|restricted|sign and not decrypt (a key without `restricted` signs anything, so its quotes prove nothing)",
+            wrong.join(" and ")
         ));
     }
     let sym = r.u16("symmetric.algorithm")?;
@@ -956,15 +977,15 @@ mod tests {
         // The same key with one attribute changed: each refused (the name changes too).
         let attrs_at = 2 + 2 + 2;
         for (attrs, why) in [
-            (0x0004_0072u32, "restricted"), // not restricted: signs anything
-            (0x0005_0070, "restricted"),    // not fixedTPM
-            (0x0007_0072, "not decrypt"),   // decrypt as well
-            (0x0001_0072, "sign"),          // not sign
+            (0x0004_0072u32, "lacks restricted:"), // signs anything
+            (0x0005_0070, "lacks fixedtpm:"),      // may leave the TPM
+            (0x0007_0072, "has decrypt:"),         // decrypt as well
+            (0x0001_0072, "lacks sign:"),          // cannot quote
         ] {
             let mut b = raw.clone();
             b[attrs_at..attrs_at + 4].copy_from_slice(&attrs.to_be_bytes());
             let e = parse_ak_public(&b).expect_err("refused");
-            assert!(e.contains("attributes") && e.contains(why), "{attrs:#x}: {e}");
+            assert!(e.contains(&format!("attributes {attrs:#010x} {why}")), "{attrs:#x}: {e}");
         }
         // Another curve, scheme, or trailing bytes.
         let curve_at = raw.len() - 2 - 32 - 2 - 32 - 2 - 2;

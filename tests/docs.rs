@@ -213,3 +213,49 @@ fn docs_name_only_files_that_exist() {
     }
     assert!(missing.is_empty(), "docs name Markdown files that are not in the repository: {missing:?}");
 }
+
+/// Every skip a test can take names a feature `scripts/test` documents (so
+/// `SEALNODE_TEST_REQUIRE` can turn it into a failure), and the list names no feature nothing
+/// skips: one list. Found by review: "python verifier" was not "python"; "mptcp" and
+/// "x86_64" were missing.
+#[test]
+fn every_skip_names_a_documented_feature() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = std::fs::read_to_string(root.join("scripts/test")).expect("scripts/test");
+    let listed: std::collections::BTreeSet<String> = script
+        .split("(features:")
+        .nth(1)
+        .and_then(|t| t.split("; or all)").next())
+        .expect("the feature list in scripts/test")
+        .split_whitespace()
+        .filter(|w| *w != "#")
+        .map(str::to_string)
+        .collect();
+    let mut used = std::collections::BTreeSet::new();
+    let mut files = vec![root.join("tests/common/mod.rs")];
+    files.extend(
+        std::fs::read_dir(root.join("tests"))
+            .expect("tests")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs")),
+    );
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read");
+        for call in ["unavailable(\"", "unavailable_then(\""] {
+            for part in text.split(call).skip(1) {
+                used.insert(part.split('"').next().expect("name").to_string());
+            }
+        }
+    }
+    // scripts/test's own skips (the package test) and the ones `unavailable` itself takes.
+    used.insert("deb".into());
+    used.remove("{feature}");
+    let undocumented: Vec<_> = used.difference(&listed).collect();
+    assert!(
+        undocumented.is_empty(),
+        "skipped features scripts/test does not list: {undocumented:?} (listed: {listed:?})"
+    );
+    let unused: Vec<_> = listed.difference(&used).collect();
+    assert!(unused.is_empty(), "scripts/test lists features no test skips: {unused:?}");
+}

@@ -372,6 +372,8 @@ fn the_pin_runs_what_it_hashed() {
                 }
                 let mut w = std::fs::OpenOptions::new().write(true).truncate(true).open(&p2).expect("open for rewrite");
                 std::io::Write::write_all(&mut w, &evil2).expect("rewrite");
+                // Whether the hash's reads were seen before the rewrite (else it only timed out).
+                last.is_some()
             });
             let run = start(&f, &[]);
             let decided = wait_until(Duration::from_secs(60), || {
@@ -392,8 +394,14 @@ fn the_pin_runs_what_it_hashed() {
                 assert!(err.contains("does not match its pin"), "{mode:?}: {err}");
             }
             assert!(wait_until(Duration::from_secs(10), || writer.is_finished()), "{mode:?}: the writer never ran");
+            // The writer's own failure fails the test; it must have seen the hash's reads and
+            // rewritten the file (the scenario ran), whatever then ran.
+            let saw_reads = writer.join().expect("the writer panicked");
+            assert!(saw_reads, "{mode:?}: the writer never saw sealnode read the program");
+            assert_eq!(std::fs::read(&prog).expect("read"), evil, "{mode:?}: the rewrite did not land");
         }
         eprintln!("{mode:?}: {outcomes:?}");
+        assert_eq!(outcomes.values().sum::<usize>(), 4, "{mode:?}: {outcomes:?}");
     }
 }
 
@@ -460,6 +468,66 @@ fn the_restart_limit_stops_the_cell_with_its_own_code() {
 }
 
 /// The engine: `contents` as /opt/engine/busybox (a dir the test owns), pinned to `pin`.
+/// The pin is checked at every start, not only the first: the engine's file replaced on disk
+/// while it runs, its crash restart is refused for the pin (exit 125, the field named), and
+/// nothing runs the replaced file.
+#[test]
+fn a_crash_restart_checks_the_pin_against_the_file_now() {
+    for mode in modes() {
+        let mut f = cell(mode, "pin-restart", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let good = std::fs::read("/usr/bin/busybox").expect("busybox");
+        let cmd = format!(
+            "[\"/opt/engine/busybox\", \"sh\", \"-c\", {}]",
+            serde_json::to_string(&crash_once_on_go("exec /opt/engine/busybox httpd -f -p 127.0.0.1:18080 -h /models"))
+                .expect("quote")
+        );
+        pinned_engine_running(&mut f, &good, &sha256_hex(&good), &cmd);
+        f.engine_extra.push_str("\nrestart = \"on-failure\"");
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        // Another ELF at the program's path (a new file renamed over it), then the crash.
+        let other = f.p("engine-bin/busybox.new");
+        let mut bytes = good.clone();
+        bytes.extend_from_slice(b"OTHER");
+        std::fs::write(&other, &bytes).expect("write");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::rename(&other, f.p("engine-bin/busybox")).expect("rename");
+        std::fs::write(f.p("models/go"), "").expect("go");
+        let (code, err) = run.exited(60);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("engine.sha256") && err.contains("does not match its pin"), "{mode:?}: {err}");
+        assert_eq!(err.matches("role started role=engine").count(), 1, "{mode:?}: the replaced file started: {err}");
+    }
+}
+
+/// Exit 6: the preflight could not run at all, a host-side failure (here: /tmp, where the
+/// canary's host socket lives, read-only in sealnode's mount namespace), not an escape; the
+/// message says so and nothing starts.
+#[test]
+fn a_preflight_that_cannot_run_exits_6() {
+    if !is_root() {
+        return unavailable("rootful", "a read-only /tmp for sealnode alone needs a mount namespace (root)");
+    }
+    let f = cell(Mode::Rootful, "preflight-6", HTTPD, "exec sleep 1000", "", "");
+    let cfg = f.config.display().to_string();
+    let o = std::process::Command::new("/usr/bin/unshare")
+        .args([
+            "-m",
+            "/bin/sh",
+            "-c",
+            "mount --bind /tmp /tmp && mount -o remount,ro,bind /tmp && exec \"$0\" run --config \"$1\"",
+        ])
+        .arg(&f.bin)
+        .arg(&cfg)
+        .output_within(COMMAND_LIMIT);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(6), "{err}");
+    assert!(err.contains("preflight could not run") && err.contains("Read-only file system"), "{err}");
+    assert!(!err.contains("role started"), "{err}");
+}
+
 fn pinned_engine(f: &mut Fixture, contents: &[u8], pin: &str) {
     pinned_engine_running(
         f,

@@ -262,7 +262,7 @@ fn cell_isolation_egress_and_clean_stop() {
             assert!(left.is_empty(), "{ctx}: {d} not wiped: {left:?}");
         }
         assert!(f.p("models/hello.txt").exists() && f.p("models/model.gguf").exists(), "{ctx}: model dir touched");
-        assert!(err.contains("egress totals") && err.contains(&format!("gw.test:{up_port}")), "{ctx}: {err}");
+        log_line_with(&err, "egress totals", "upstream", &format!("gw.test:{up_port}"));
     }
 }
 
@@ -620,7 +620,11 @@ fn the_wipe_holds_against_swaps_deep_trees_odd_groups_and_mounts() {
         let run = start_in_shell(&f, &[], "ulimit -n 300; ");
         run.wait_stderr(60, "role started role=node", &format!("{mode:?}: the deep tree stopped the start"));
         assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0, "{mode:?}: not wiped");
-        // Swap the dir for a symlink to a victim while the cell runs, then stop (a wipe).
+        // Something of the role's in scratch, then the dir swapped for a symlink to a victim
+        // while the cell runs, then a stop (a wipe): the wipe empties the dir it opened (now
+        // old-scratch), never the victim.
+        std::fs::write(scratch.join("left-by-the-role"), "x").expect("write");
+        chown(scratch.join("left-by-the-role"), Some(owner.0), Some(owner.1)).expect("chown");
         let victim = f.p("victim");
         std::fs::create_dir(&victim).expect("victim");
         std::fs::write(victim.join("precious"), "keep").expect("write");
@@ -629,6 +633,9 @@ fn the_wipe_holds_against_swaps_deep_trees_odd_groups_and_mounts() {
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert_eq!(std::fs::read_to_string(victim.join("precious")).expect("victim"), "keep", "{mode:?}: {err}");
+        let left: Vec<_> =
+            std::fs::read_dir(f.p("old-scratch")).expect("old-scratch").flatten().map(|e| e.file_name()).collect();
+        assert!(left.is_empty(), "{mode:?}: the swapped-out scratch dir was not wiped: {left:?}");
         std::fs::remove_file(&scratch).expect("unlink");
         std::fs::rename(f.p("old-scratch"), &scratch).expect("rename back");
         if mode != Mode::Rootful {
@@ -968,6 +975,8 @@ fn each_role_has_its_own_network() {
         );
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{ctx}: {err}");
-        assert!(err.contains("node-to-engine totals") && err.contains("accepted=1"), "{ctx}: {err}");
+        let totals = log_fields(&err, "node-to-engine totals");
+        assert_eq!(totals.len(), 1, "{ctx}: {err}");
+        assert_eq!(totals[0]["accepted"], "1", "{ctx}: {err}");
     }
 }

@@ -194,3 +194,25 @@ fn review_cases_are_counted() {
     assert_eq!((code, last_line(&out)), (1, "tests: 2 passed, 2 failed, 0 skipped"), "{out}");
     assert!(out.contains("cargo-fmt") && out.contains("d-00000000000000dd never ran"), "{out}");
 }
+
+/// scripts/test-budgets: a warm phase over its budget is a failed check (counted in the totals);
+/// a cold one (a fresh machine building its caches) and one within budget are only shown.
+#[test]
+fn a_warm_phase_over_its_budget_fails_and_a_cold_one_does_not() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let phases = dir.path().join("phases");
+    let checks = dir.path().join("checks");
+    std::fs::write(&phases, "apt 3 warm\ncargo test 9999 warm\nllama 9999 cold\nvm:tests/vm/unit.sh 10 warm\n")
+        .expect("phases");
+    std::fs::write(&checks, "passed cargo-fmt\n").expect("checks");
+    let o = Command::new(repo().join("scripts/test-budgets")).arg(&phases).arg(&checks).output_within(COMMAND_LIMIT);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.lines().any(|l| l.contains("cargo test") && l.contains("OVER")), "{out}");
+    assert!(out.lines().any(|l| l.contains("llama") && l.contains("cold") && !l.contains("OVER")), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(&checks).expect("checks"),
+        "passed cargo-fmt\nfailed budget:cargo-test\n",
+        "only the warm phase over its budget fails"
+    );
+}

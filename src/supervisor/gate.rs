@@ -137,7 +137,11 @@ impl Gate {
     /// Start a pass for `roles`. What fails before anything runs is refused at once.
     pub fn begin(&mut self, ctx: &Ctx, roles: &[Role], purpose: Purpose) -> Result<(), Outcome> {
         let refuse = |code: i32, e: Error| Outcome::Refused { code, message: e.to_string(), details: Vec::new() };
-        let targets = canary::targets(ctx.cfg).map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
+        let targets = canary::targets(ctx.cfg).map_err(|e| Outcome::Refused {
+            code: exit::PREFLIGHT_ERROR,
+            message: format!("preflight could not run: {e}"),
+            details: Vec::new(),
+        })?;
         let mut plans = Vec::new();
         for role in roles {
             let plan = Plan::for_run(ctx.cfg, *role, ctx.inv).map_err(|e| refuse(sandbox::SETUP_FAILED, e))?;

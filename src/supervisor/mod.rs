@@ -1024,6 +1024,13 @@ impl Supervisor {
                 "journal": crate::journal::dropped(),
             },
             "roles": roles,
+            // `attest` requests waiting for the TPM's quote (at most MAX_QUOTING).
+            "attest_waiting": self
+                .quoting
+                .iter()
+                .chain(self.quote_job.as_ref().map(|(_, q)| q))
+                .filter(|q| matches!(q.purpose, Purpose::Control(_)))
+                .count(),
             "gate": self.gate.progress().map(|(purpose, roles, t)| serde_json::json!({
                 "purpose": match purpose { gate::Purpose::Start => "start", gate::Purpose::DryRun => "reload" },
                 "roles": roles.iter().map(|r| r.name()).collect::<Vec<_>>(),

@@ -781,3 +781,72 @@ impl LoggedRun {
         (code, t.elapsed().as_secs_f64(), err)
     }
 }
+
+/// The fields of each line of sealnode's log (text format) whose message is exactly `msg`:
+/// `... INFO egress totals upstream=gw:443 accepted=1` gives `{upstream: gw:443, accepted: 1}`.
+/// A check then reads the field it means, not a substring another line or value also holds
+/// (`accepted=1` in `accepted=10`).
+pub fn log_fields(log: &str, msg: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    log.lines()
+        .filter_map(|l| {
+            // `<timestamp> <LEVEL> <message> <key=value ...>`
+            let (_, rest) = l.trim_start().split_once(' ')?;
+            let (level, after) = rest.trim_start().split_once(' ')?;
+            if !["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level) {
+                return None;
+            }
+            let rest = after.trim_start().strip_prefix(msg)?;
+            if !(rest.is_empty() || rest.starts_with(' ')) {
+                return None;
+            }
+            Some(
+                rest.split_whitespace()
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// The one log line with message `msg` whose field `key` is `value` (panics naming the log
+/// otherwise).
+pub fn log_line_with(log: &str, msg: &str, key: &str, value: &str) -> std::collections::BTreeMap<String, String> {
+    let hits: Vec<_> =
+        log_fields(log, msg).into_iter().filter(|f| f.get(key).map(String::as_str) == Some(value)).collect();
+    assert_eq!(hits.len(), 1, "exactly one {msg:?} line with {key}={value} expected in:\n{log}");
+    hits.into_iter().next().expect("one")
+}
+
+/// The lines `r` yields (a child's stdout, untagged), delivered through a channel by a thread,
+/// so every wait for one has a deadline ([`next_line`], [`try_next_line`], [`lines_until`]).
+pub fn line_channel(r: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(r)).map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Every line from `lines` up to and including the first that `pred` accepts, within `secs`;
+/// panics with the lines seen when the time passes or the writer closes first.
+pub fn lines_until(lines: &std::sync::mpsc::Receiver<String>, secs: u64, pred: impl Fn(&str) -> bool) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut seen = Vec::new();
+    loop {
+        match lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(l) => {
+                let done = pred(&l);
+                seen.push(l);
+                if done {
+                    return seen;
+                }
+            }
+            Err(e) => panic!("no matching line within {secs}s ({e}); seen:\n{}", seen.join("\n")),
+        }
+    }
+}

@@ -5,6 +5,14 @@ failed=0
 ok() { echo "ok: $*"; }
 bad() { echo "FAIL: $*"; failed=1; }
 check() { what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+not() { ! "$@"; }
+# Wait up to SECONDS for background PID to exit and set $code to its status; one that does not
+# exit is killed (SIGKILL) and counts as a failure, never a hang of the whole guest run.
+wait_exit() {  # PID SECONDS
+  for _ in $(seq 1 "$2"); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
+  if kill -0 "$1" 2>/dev/null; then kill -9 "$1"; wait "$1" 2>/dev/null; code=timeout; return 1; fi
+  wait "$1"; code=$?
+}
 must() {
   what=$1; shift
   if "$@"; then ok "$what"; return 0; fi

@@ -28,6 +28,37 @@ must "attest tpm-init makes the attestation key in the TPM" sh -c "/usr/bin/seal
 /usr/bin/sealnode attest pubkey --config "$CFG" | sed -n '1,/END PUBLIC KEY/p' > "$OUT/pubkey.pem"
 cp /var/lib/sealnode/attest/tpm-ek.pem "$OUT/ek.pem"
 
+# No role gets the TPM under another name: a device node with tpmrm0's numbers (the kernel's
+# tpmrm class, found through /sys/dev/char), by `devices` and by a CDI spec, is refused by
+# `check` and `run` (125), naming the field.
+mm=$(stat -c '%t %T' /dev/tpmrm0)
+mknod /dev/accel-x c $((0x${mm% *})) $((0x${mm#* })) && mknod /dev/accel-y c $((0x${mm% *})) $((0x${mm#* }))
+cp "$CFG" /tmp/sealnode.toml.orig
+sed -i '/^\[engine\]$/a devices = ["/dev/accel-x"]' "$CFG"
+/usr/bin/sealnode check --config "$CFG" > /tmp/tpmdev.txt 2>&1; code=$?
+check "a TPM under another name (devices): check refuses (exit $code)" sh -c "[ $code = 125 ] && grep -q 'engine.devices' /tmp/tpmdev.txt && grep -q 'is a TPM' /tmp/tpmdev.txt"
+timeout 120 /usr/bin/sealnode run --config "$CFG" > /tmp/tpmdev.txt 2>&1; code=$?
+check "a TPM under another name (devices): run refuses (exit $code)" sh -c "[ $code = 125 ] && grep -q 'engine.devices' /tmp/tpmdev.txt"
+mkdir -p /etc/cdi
+cat > /etc/cdi/tpmtest.yaml <<'YAML'
+cdiVersion: "0.6.0"
+kind: example.com/gpu
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - path: /dev/accel-y
+YAML
+chmod 0644 /etc/cdi/tpmtest.yaml
+cp /tmp/sealnode.toml.orig "$CFG"
+sed -i '/^\[engine\]$/a devices_from = { cdi = "/etc/cdi/tpmtest.yaml", devices = ["example.com/gpu=0"] }' "$CFG"
+/usr/bin/sealnode check --config "$CFG" > /tmp/tpmdev.txt 2>&1; code=$?
+check "a TPM under another name (a CDI spec): check refuses (exit $code)" sh -c "[ $code = 125 ] && grep -q 'engine.devices_from' /tmp/tpmdev.txt && grep -q 'is a TPM' /tmp/tpmdev.txt"
+timeout 120 /usr/bin/sealnode run --config "$CFG" > /tmp/tpmdev.txt 2>&1; code=$?
+check "a TPM under another name (a CDI spec): run refuses (exit $code)" sh -c "[ $code = 125 ] && grep -q 'engine.devices_from' /tmp/tpmdev.txt"
+cp /tmp/sealnode.toml.orig "$CFG"
+rm -f /dev/accel-x /dev/accel-y /etc/cdi/tpmtest.yaml
+
 # Without the drop-in the unit's private /dev has no TPM: the start is refused (125, no
 # restart loop), naming cell.tpm.
 systemctl reset-failed sealnode.service 2>/dev/null
