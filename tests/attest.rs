@@ -512,6 +512,39 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         assert_eq!(st["predicate"]["tpm"]["pcr"], 23, "{ctx}: {st}");
         let said = verify_both(&f, &start_file, &key_pem, &["--no-nonce", "--tpm-ak", &ak_s], 0, &ctx);
         assert!(said.contains("PCR 23 holds this statement's digest"), "{ctx}: {said}");
+        // A reload that removes cell.tpm is refused by name (issue #25 item 6: statements went
+        // on carrying a TPM quote while their config subject said no TPM): the cell keeps the
+        // config it started with, and statements keep matching it.
+        let text = std::fs::read_to_string(&f.config).expect("config");
+        let tpm_line = format!("tpm = {{ tcti = \"{}\" }}", tpm.tcti());
+        assert!(text.contains(&tpm_line), "{ctx}: {text}");
+        std::fs::write(&f.config, text.replace(&tpm_line, "")).expect("edit");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        let reload = |v: &serde_json::Value| v["reload"].clone();
+        let status_now = || -> serde_json::Value {
+            let (_, text, _) = out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+        };
+        assert!(wait_until(Duration::from_secs(30), || !reload(&status_now()).is_null()), "{ctx}: no reload outcome");
+        let r = reload(&status_now());
+        assert_eq!(r["ok"], false, "{ctx}: {r}");
+        assert!(
+            r["error"].as_str().is_some_and(|e| e.contains("cell.tpm") && e.contains("restart sealnode")),
+            "{ctx}: {r}"
+        );
+        std::fs::write(&f.config, &text).expect("restore");
+        let (code, env_after, err) =
+            out(&f, &["attest", "--nonce", "5555555555555555aaaaaaaaaaaaaaaa", "--config", &cfg]);
+        assert_eq!(code, 0, "{ctx}: {err}");
+        let after = statement(&env_after);
+        assert_eq!(after["predicate"]["tpm"]["present"], true, "{ctx}: {after}");
+        let config_subject = |st: &serde_json::Value| {
+            st["subject"]
+                .as_array()
+                .and_then(|s| s.iter().find(|x| x["name"] == "config"))
+                .map(|x| x["digest"]["sha256"].clone())
+        };
+        assert_eq!(config_subject(&after), config_subject(&st), "{ctx}: the config in force changed under the TPM");
 
         let n0 = "00000000000000000000000000000000";
         let n1 = "a1b2c3d4e5f60718293a4b5c6d7e8f90";

@@ -197,6 +197,29 @@ fn a_readiness_timeout_says_what_it_tried_and_saw() {
     }
 }
 
+/// The engine's readiness answer is logged escaped, like the engine's own output (issue #25
+/// item 8: a status line with a raw ESC could forge a line of sealnode's log).
+#[test]
+fn the_readiness_answer_is_logged_escaped() {
+    for mode in modes() {
+        let engine = "while true; do printf 'HTTP/1.1 503 \\033[31mforged\\r\\n\\r\\n' | busybox nc -l -p 18080; done";
+        let f = busybox_cell(
+            mode,
+            "ready-esc",
+            engine,
+            "sleep 600",
+            "ready = { kind = \"http\", path = \"/\", timeout_s = 3 }",
+        );
+        let cfg = f.config.display().to_string();
+        let o = f.command(&["run", "--config", &cfg]).env("SEALNODE_LOG", "debug").output_within(COMMAND_LIMIT);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(4), "{mode:?}: {err}");
+        let seen: Vec<&str> = err.lines().filter(|l| l.contains("engine not ready yet")).collect();
+        assert!(!seen.is_empty(), "{mode:?}: the engine's answer was never read: {err}");
+        assert!(seen.iter().all(|l| l.contains("\\u{1b}[31mforged") && !l.contains('\u{1b}')), "{mode:?}: {seen:?}");
+    }
+}
+
 /// A role's output reaches sealnode's own stdout/stderr line by line, tagged `engine[PID]: `,
 /// escaped, cut at 16 KiB, rate-limited; a flood (10 MB on one line, then 300,000 lines at once)
 /// neither stalls the supervisor (ctl answers at once) nor grows its memory.
