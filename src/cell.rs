@@ -422,9 +422,9 @@ impl Cell {
     /// namespace (and its mount namespace for a capped scratch) and becomes the role's own
     /// ids there: it can remove whatever the role could have left, and nothing else (a file
     /// of another host user, a mount point: EACCES, EBUSY). The supervisor needs no host
-    /// CAP_DAC_OVERRIDE. `tick` runs about once a second while a long wipe runs (the
-    /// watchdog).
-    pub fn wipe(&self, target: WipeTarget, ids: Ids, tick: &mut dyn FnMut()) -> std::result::Result<(), Errno> {
+    /// CAP_DAC_OVERRIDE. The child's pid is returned at once: what a role left is of any size,
+    /// so the supervisor's loop reaps it like any child ([`wipe_result`]) and keeps serving.
+    pub fn spawn_wipe(&self, target: WipeTarget, ids: Ids) -> std::result::Result<Pid, Errno> {
         // SAFETY: the supervisor is single-threaded; the child only joins namespaces, drops to
         // the role's ids, removes files and exits.
         match unsafe { nix::unistd::fork() }? {
@@ -435,24 +435,7 @@ impl Cell {
                 };
                 sys::exit_now(code)
             }
-            nix::unistd::ForkResult::Parent { child } => {
-                let mut last = std::time::Instant::now();
-                loop {
-                    match waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
-                        Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(Errno::EINTR) => {}
-                        Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => return Ok(()),
-                        Ok(nix::sys::wait::WaitStatus::Exited(_, e)) => return Err(Errno::from_raw(e)),
-                        // Killed (out of memory, a signal): say so, not EINTR.
-                        Ok(_) => return Err(Errno::ECHILD),
-                        Err(e) => return Err(e),
-                    }
-                    if last.elapsed() >= std::time::Duration::from_secs(1) {
-                        tick();
-                        last = std::time::Instant::now();
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-            }
+            nix::unistd::ForkResult::Parent { child } => Ok(child),
         }
     }
 
@@ -487,6 +470,16 @@ impl Cell {
             }
         };
         crate::wipe::empty(root)
+    }
+}
+
+/// What a wipe child's exit says: done, the errno it failed with, or ECHILD when it was killed
+/// (out of memory, a signal) rather than failing.
+pub fn wipe_result(ws: nix::sys::wait::WaitStatus) -> std::result::Result<(), Errno> {
+    match ws {
+        nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+        nix::sys::wait::WaitStatus::Exited(_, e) => Err(Errno::from_raw(e)),
+        _ => Err(Errno::ECHILD),
     }
 }
 

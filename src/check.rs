@@ -34,6 +34,13 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
         Ok(format!("{} (schema 1)", cfg.file.display())),
         "parsed; owned by root or sealnode's user and writable by no one else, as are the policies it names",
     );
+    let signing = matches!(crate::attest::load_signing(&cfg.cell.state_dir, inv.uid), Ok(Some(_)));
+    let state = nix::fcntl::open(
+        &cfg.cell.state_dir,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok();
     for role in Role::ALL {
         let name = match role {
             Role::Engine => "engine sandbox",
@@ -42,8 +49,15 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
         // The plan `run` builds at every start: seccomp compiled, Landlock rules resolved, every
         // bind checked, the program found in the role's view, copied, sealed and hashed (a pin
         // verified), and the trees the role sees walked, as the gate's measurement does.
+        // With a signing key, the engine's read-only model files are hashed as `run` hashes
+        // them (through the digests' cache, which check reads and never writes).
         let plan = crate::sandbox::Plan::for_run(&cfg, role, inv).map_err(|e| e.to_string()).and_then(|p| {
-            let m = crate::measure::run(&crate::measure::job_for(&cfg, inv, &[(role, &p)]), None);
+            let mut job = crate::measure::job_for(&cfg, inv, &[(role, &p)]);
+            let r = cfg.role(role);
+            if let (Some(dir), false, true) = (&r.models, r.models_writable, signing) {
+                job.models = Some(crate::measure::ModelsJob { dir: dir.clone(), keep_cache: false });
+            }
+            let m = crate::measure::run(&job, state.as_ref().map(|fd| (fd, cfg.cell.state_dir.as_path())));
             match m.error(&cfg.file) {
                 Some(e) => Err(e.to_string()),
                 None => Ok((p, m)),

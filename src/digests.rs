@@ -163,8 +163,20 @@ pub fn models(
     shown: &Path,
     stop: &dyn Fn() -> bool,
 ) -> Result<(Vec<(String, String)>, Stats)> {
+    models_with(dir, Some(state), true, shown, stop)
+}
+
+/// [`models`] with the cache optional (`state` None: none) and, with `keep` false, only read:
+/// `sealnode check` hashes what `run` would, writing nothing.
+pub fn models_with(
+    dir: &Path,
+    state: Option<&OwnedFd>,
+    keep: bool,
+    shown: &Path,
+    stop: &dyn Fn() -> bool,
+) -> Result<(Vec<(String, String)>, Stats)> {
     let mut stats = Stats::default();
-    let old: Cache = read_cache(state).unwrap_or_default();
+    let old: Cache = state.and_then(read_cache).unwrap_or_default();
     let mut new = Cache { version: CACHE_VERSION, files: BTreeMap::new() };
     let mut out = Vec::new();
     let root = nix::fcntl::open(
@@ -200,7 +212,8 @@ pub fn models(
         Ok(())
     })?;
     out.sort();
-    if stats.hashed > 0 || new.files.len() != old.files.len() {
+    let write = state.filter(|_| keep && (stats.hashed > 0 || new.files.len() != old.files.len()));
+    if let Some(state) = write {
         let mut bytes =
             serde_json::to_vec_pretty(&new).map_err(|e| Error::io("model digests", std::io::Error::other(e)))?;
         bytes.push(b'\n');

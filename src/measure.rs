@@ -30,8 +30,9 @@ use crate::error::{Error, Result};
 
 /// The largest program sealnode copies into memory to run.
 pub const MAX_PROGRAM_BYTES: u64 = 1 << 30;
-/// Entries walked at most in the trees of one measurement (a venv and an interpreter are a
-/// few thousand; a home dir or a whole disk is a config mistake).
+/// Entries walked at most in one role's trees (a venv and an interpreter are a few thousand; a
+/// home dir or a whole disk is a config mistake). Per role, so a check of one role and a start
+/// of both count alike.
 pub const MAX_ENTRIES: usize = 200_000;
 /// Deepest nesting walked.
 const MAX_DEPTH: usize = 64;
@@ -52,22 +53,29 @@ pub struct ProgramJob {
     pub host: PathBuf,
     /// The plan's memfd (sandbox::plan::SealedProgram), empty and unsealed.
     pub memfd: RawFd,
+    /// The role's ids (and, rootless, the supplementary groups it keeps): the copy grants the
+    /// role what the file's own bits grant it, and a file the role could not execute is refused.
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
 }
 
 /// A tree a role sees through a bind, walked for what must not be in it.
 #[derive(Debug, Clone)]
 pub struct TreeJob {
+    pub role: Role,
     pub field: String,
     pub root: PathBuf,
 }
 
-/// The engine's model dir, hashed for the statements' subjects.
+/// The engine's (read-only) model dir, hashed for the statements' subjects. With
+/// `models_writable` nothing is hashed: the engine could change the files, and make every one
+/// of its own starts hash gigabytes it wrote itself.
 #[derive(Debug, Clone)]
 pub struct ModelsJob {
     pub dir: PathBuf,
-    /// False with `models_writable`: the engine may change them; a failure to hash them is
-    /// then not a reason to refuse the start (the engine could cause it at will).
-    pub binding: bool,
+    /// Keep the digests' cache in the state dir (`run`); `check` only reads it.
+    pub keep_cache: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -92,6 +100,8 @@ pub struct ProgramDigest {
     pub role: String,
     pub sha256: String,
     pub bytes: u64,
+    /// The copy's mode: what the file's bits grant the role (read, execute), for every class.
+    pub mode: u32,
 }
 
 /// The engine's model files as `(model:<path under the dir>, sha256)`, and what it cost.
@@ -112,8 +122,6 @@ pub struct Measured {
     /// Problems beyond the ones listed.
     pub more_problems: usize,
     pub models: Option<Models>,
-    /// Why the (non-binding) model files could not be hashed.
-    pub models_error: Option<String>,
 }
 
 impl Measured {
@@ -154,13 +162,19 @@ pub fn job_for(
     let mut trees = Vec::new();
     for (role, _) in plans {
         for (field, b) in cfg.binds(*role) {
-            trees.push(TreeJob { field, root: b.src.clone() });
+            trees.push(TreeJob { role: *role, field, root: b.src.clone() });
         }
         let r = cfg.role(*role);
         if let (Some(m), false) = (&r.models, r.models_writable) {
-            trees.push(TreeJob { field: format!("{role}.models"), root: m.clone() });
+            trees.push(TreeJob { role: *role, field: format!("{role}.models"), root: m.clone() });
         }
     }
+    // Rootless, a role keeps the launcher's supplementary groups (unmapped, for DAC).
+    let groups: Vec<u32> = if inv.rootful() {
+        Vec::new()
+    } else {
+        nix::unistd::getgroups().map(|g| g.iter().map(|g| g.as_raw()).collect()).unwrap_or_default()
+    };
     Job {
         launcher_uid: inv.uid,
         programs: plans
@@ -174,6 +188,9 @@ pub fn job_for(
                     pin: p.pin.clone(),
                     host: p.host.clone(),
                     memfd: p.fd.as_raw_fd(),
+                    uid: plan.ids.uid,
+                    gid: plan.ids.gid,
+                    groups: groups.clone(),
                 })
             })
             .collect(),
@@ -192,13 +209,19 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
             Err((field, reason)) => m.problem(&field, reason),
         }
     }
-    let mut budget = MAX_ENTRIES;
+    let mut budgets = std::collections::BTreeMap::new();
     for t in &job.trees {
-        scan_tree(t, job.launcher_uid, &mut budget, &mut m);
+        let budget = budgets.entry(t.role).or_insert(MAX_ENTRIES);
+        scan_tree(t, job.launcher_uid, budget, &mut m);
     }
-    if let (Some(mj), Some((state, shown))) = (&job.models, state) {
+    // Gigabytes are hashed only for a start that can happen.
+    if let (Some(mj), true) = (&job.models, m.problems.is_empty()) {
         let t = std::time::Instant::now();
-        match crate::digests::models(&mj.dir, state, shown, &|| false) {
+        let (fd, state_shown) = match state {
+            Some((fd, shown)) => (Some(fd), shown),
+            None => (None, Path::new("-")),
+        };
+        match crate::digests::models_with(&mj.dir, fd, mj.keep_cache, state_shown, &|| false) {
             Ok((files, st)) => {
                 m.models = Some(Models {
                     files,
@@ -209,8 +232,7 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
                     ms: t.elapsed().as_millis() as u64,
                 })
             }
-            Err(e) if mj.binding => m.problem("engine.models", format!("cannot hash the model files: {e}")),
-            Err(e) => m.models_error = Some(e.to_string()),
+            Err(e) => m.problem("engine.models", format!("cannot hash the model files: {}", shown(e.to_string()))),
         }
     }
     m
@@ -218,7 +240,7 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
 
 /// Copy the program into its memfd, seal it, hash the sealed bytes. Errors name the field.
 fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (String, String)> {
-    let shown = p.host.display();
+    let shown = shown(p.host.display().to_string());
     let bad = |why: String| (p.field.clone(), why);
     // O_PATH first: nothing about the file is opened for reading until it is known to be a
     // regular file (a FIFO would block, a device would be opened).
@@ -237,6 +259,36 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
             "{shown} can be rewritten by a user other than root or sealnode's user: it {why}; what runs would not be what was measured"
         )));
     }
+    // What the file's own bits grant the role: it must be able to execute it, as it would have
+    // to without the copy, and the copy grants it no more than that (never read where the file
+    // gave execute only).
+    let class = if st.st_uid == p.uid {
+        (st.st_mode >> 6) & 7
+    } else if st.st_gid == p.gid || p.groups.contains(&st.st_gid) {
+        (st.st_mode >> 3) & 7
+    } else {
+        st.st_mode & 7
+    };
+    if class & 1 == 0 {
+        return Err(bad(format!(
+            "the {}'s user (uid {}) may not execute {shown} (owner uid {}, group {}, mode {:o})",
+            p.role,
+            p.uid,
+            st.st_uid,
+            st.st_gid,
+            st.st_mode & 0o7777
+        )));
+    }
+    let granted = class & 0o5;
+    let mode = granted << 6 | granted << 3 | granted;
+    // A file on a noexec mount cannot be executed where it is: neither from its copy.
+    match nix::sys::statvfs::fstatvfs(&at) {
+        Ok(v) if v.flags().contains(nix::sys::statvfs::FsFlags::ST_NOEXEC) => {
+            return Err(bad(format!("{shown} is on a mount without exec (noexec): it cannot run from there")));
+        }
+        Ok(_) => {}
+        Err(e) => return Err(bad(format!("statvfs {shown}: {}", e.desc()))),
+    }
     let size = st.st_size as u64;
     if size > MAX_PROGRAM_BYTES {
         return Err(bad(format!(
@@ -248,7 +300,14 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
         OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| bad(format!("open {shown}: {}", e.desc())))?;
+    .map_err(|e| match e {
+        Errno::EACCES => bad(format!(
+            "sealnode (uid {}) may not read {shown} (mode {:o}) to copy and hash it: a program must be readable by sealnode's user",
+            nix::unistd::geteuid(),
+            st.st_mode & 0o7777
+        )),
+        e => bad(format!("open {shown}: {}", e.desc())),
+    })?;
     let again = fstat(&fd).map_err(|e| bad(format!("fstat {shown}: {}", e.desc())))?;
     if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
         return Err(bad(format!("{shown} changed while it was opened")));
@@ -272,8 +331,19 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
             p.field
         )));
     }
-    if head != b"\x7fELF" {
+    if !head.starts_with(b"\x7fELF") {
         return Err(bad(format!("{shown} is not an ELF executable")));
+    }
+    // The kernel's own ELF loader runs it, not a binfmt_misc handler (qemu-user for another
+    // architecture would be an interpreter nothing measured): this machine's class and
+    // machine, an executable or position-independent one.
+    let (class64, machine) = (head.get(4) == Some(&2), head.get(18..20).map(|m| u16::from_le_bytes([m[0], m[1]])));
+    let etype = head.get(16..18).map(|t| u16::from_le_bytes([t[0], t[1]]));
+    let native = if cfg!(target_arch = "aarch64") { 183 } else { 62 };
+    if !class64 || machine != Some(native) || !matches!(etype, Some(2) | Some(3)) {
+        return Err(bad(format!(
+            "{shown} is not an executable for this machine (ELF class, type or machine {machine:?} differ): another architecture's binary would run under an interpreter nothing measured"
+        )));
     }
     if let Some(want) = &p.pin {
         if !sha256.eq_ignore_ascii_case(want) {
@@ -286,11 +356,11 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
             ));
         }
     }
-    Ok(ProgramDigest { role: p.role.name().to_string(), sha256, bytes: size })
+    Ok(ProgramDigest { role: p.role.name().to_string(), sha256, bytes: size, mode })
 }
 
 /// sha256 of the first `len` bytes of `fd` read with pread (the offset is left alone), and
-/// its first four bytes.
+/// its first 20 bytes (an ELF header's identification, type and machine).
 fn hash_at(fd: BorrowedFd, len: u64) -> std::result::Result<(String, Vec<u8>), Errno> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -302,8 +372,8 @@ fn hash_at(fd: BorrowedFd, len: u64) -> std::result::Result<(String, Vec<u8>), E
         if n == 0 {
             return Err(Errno::EIO);
         }
-        if head.len() < 4 {
-            head.extend_from_slice(&buf[..n.min(4 - head.len())]);
+        if head.len() < 20 {
+            head.extend_from_slice(&buf[..n.min(20 - head.len())]);
         }
         h.update(&buf[..n]);
         off += n as u64;
@@ -332,9 +402,15 @@ pub fn file_sha256(path: &Path) -> std::result::Result<String, String> {
     hash_at(fd.as_fd(), st.st_size as u64).map(|(h, _)| h).map_err(|e| format!("read {shown}: {}", e.desc()))
 }
 
+/// A path (or a message holding one) as sealnode may print it: a name a role or a local user
+/// chose could carry terminal escapes or a forged log line (crate::log::clean).
+fn shown(s: String) -> String {
+    crate::log::clean(s.as_bytes())
+}
+
 /// Walk `t.root` (and check every directory above it) for what must not be in a role's view.
 fn scan_tree(t: &TreeJob, uid: u32, budget: &mut usize, m: &mut Measured) {
-    let shown = t.root.display();
+    let shown = shown(t.root.display().to_string());
     if let Err(e) = crate::trusted::check_dirs_to(&t.root, uid) {
         m.problem(&t.field, e);
         return;
@@ -372,7 +448,7 @@ fn entry(t: &TreeJob, path: &Path, st: &FileStat, uid: u32, m: &mut Measured) ->
                 &t.field,
                 format!(
                     "{} is {} in the role's view: a way to whatever host process has it open; remove it",
-                    path.display(),
+                    shown(path.display().to_string()),
                     crate::sys::file_kind(st.st_mode)
                 ),
             );
@@ -382,7 +458,7 @@ fn entry(t: &TreeJob, path: &Path, st: &FileStat, uid: u32, m: &mut Measured) ->
         libc::S_IFCHR | libc::S_IFBLK => false,
         _ => match crate::trusted::entry_problem(st, uid) {
             Some(why) => {
-                m.problem(&t.field, format!("{} {why}", path.display()));
+                m.problem(&t.field, format!("{} {why}", shown(path.display().to_string())));
                 false
             }
             None => st.st_mode & libc::S_IFMT == libc::S_IFDIR,
@@ -402,12 +478,13 @@ fn walk(
     m: &mut Measured,
 ) {
     if depth > MAX_DEPTH {
-        return m.problem(&t.field, format!("{}: nested more than {MAX_DEPTH} deep", here.display()));
+        return m
+            .problem(&t.field, format!("{}: nested more than {MAX_DEPTH} deep", shown(here.display().to_string())));
     }
     let listing =
         match nix::dir::Dir::openat(dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) {
             Ok(l) => l,
-            Err(e) => return m.problem(&t.field, format!("list {}: {}", here.display(), e.desc())),
+            Err(e) => return m.problem(&t.field, format!("list {}: {}", shown(here.display().to_string()), e.desc())),
         };
     let mut names = Vec::new();
     for e in listing {
@@ -418,7 +495,7 @@ fn walk(
                     names.push(std::ffi::OsStr::from_bytes(n).to_os_string());
                 }
             }
-            Err(e) => return m.problem(&t.field, format!("list {}: {}", here.display(), e.desc())),
+            Err(e) => return m.problem(&t.field, format!("list {}: {}", shown(here.display().to_string()), e.desc())),
         }
     }
     for name in names {
@@ -426,7 +503,10 @@ fn walk(
             if m.problems.iter().all(|p| !p.reason.contains("entries under")) {
                 m.problem(
                     &t.field,
-                    format!("more than {MAX_ENTRIES} entries under the roles' binds: bind only what the role needs"),
+                    format!(
+                        "more than {MAX_ENTRIES} entries under the {}'s binds: bind only what the role needs",
+                        t.role
+                    ),
                 );
             }
             return;
@@ -437,7 +517,7 @@ fn walk(
             Ok(st) => st,
             Err(Errno::ENOENT) => continue,
             Err(e) => {
-                m.problem(&t.field, format!("stat {}: {}", path.display(), e.desc()));
+                m.problem(&t.field, format!("stat {}: {}", shown(path.display().to_string()), e.desc()));
                 continue;
             }
         };
@@ -452,7 +532,7 @@ fn walk(
             Mode::empty(),
         ) {
             Ok(sub) => walk(t, &sub, &path, st.st_dev, depth + 1, uid, budget, m),
-            Err(e) => m.problem(&t.field, format!("list {}: {}", path.display(), e.desc())),
+            Err(e) => m.problem(&t.field, format!("list {}: {}", shown(path.display().to_string()), e.desc())),
         }
     }
 }
@@ -486,6 +566,8 @@ impl Worker {
                 if nix::unistd::getppid() != parent {
                     crate::sys::exit_now(1);
                 }
+                // Named for `ps` (and the tests that find it): the gate's measurement (15 bytes at most).
+                let _ = nix::sys::prctl::set_name(c"sealnode-gate");
                 // SAFETY: setpriority takes plain integers and affects only this process.
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
                 let mut keep = vec![w.as_raw_fd(), state.as_raw_fd()];
@@ -582,6 +664,9 @@ mod tests {
                 pin,
                 host: host.to_path_buf(),
                 memfd,
+                uid: me(),
+                gid: nix::unistd::getegid().as_raw(),
+                groups: Vec::new(),
             }],
             ..Job::default()
         }
@@ -600,16 +685,51 @@ mod tests {
         assert!(m.problems.is_empty(), "{m:?}");
         assert_eq!(
             m.programs,
-            vec![ProgramDigest { role: "engine".into(), sha256: want.clone(), bytes: bytes.len() as u64 }]
+            vec![ProgramDigest { role: "engine".into(), sha256: want.clone(), bytes: bytes.len() as u64, mode: 0o555 }]
         );
         assert!(crate::sealed::is_sealed(&memfd), "the copy is sealed");
         let (copied, head) = hash_at(memfd.as_fd(), bytes.len() as u64).expect("read the copy");
-        assert!(copied == want && head == b"\x7fELF", "the memfd holds the program");
+        assert!(copied == want && head.starts_with(b"\x7fELF"), "the memfd holds the program");
         // A wrong pin names the pin's field.
         let memfd = crate::sealed::memfd("t").expect("memfd");
         let m = run(&job_for(&prog, memfd.as_raw_fd(), Some("0".repeat(64))), None);
         assert_eq!(m.problems[0].field, "engine.sha256");
         assert!(m.problems[0].reason.contains("does not match its pin"), "{m:?}");
+    }
+
+    /// The copy grants the role what the file's own bits grant it (its class: owner, group,
+    /// other), read and execute only; a file it may not execute is refused, naming its uid.
+    #[test]
+    fn the_copy_grants_the_role_what_the_file_grants_it() {
+        let d = tree();
+        let prog = d.path().join("prog");
+        std::fs::copy("/usr/bin/true", &prog).expect("copy");
+        let gid = nix::unistd::getegid().as_raw();
+        let other = me().wrapping_add(4242);
+        for (file_mode, uid, gid_, want) in [
+            (0o755, other, other, Ok(0o555)),
+            (0o711, other, other, Ok(0o111)),
+            (0o751, other, gid, Ok(0o555)),
+            (0o155, me(), other, Ok(0o111)),
+            (0o700, me(), gid, Ok(0o555)),
+            (0o700, other, gid, Err("may not execute")),
+            (0o750, other, other, Err("may not execute")),
+            (0o644, me(), gid, Err("may not execute")),
+        ] {
+            std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(file_mode)).expect("chmod");
+            let memfd = crate::sealed::memfd("t").expect("memfd");
+            let mut job = job_for(&prog, memfd.as_raw_fd(), None);
+            (job.programs[0].uid, job.programs[0].gid) = (uid, gid_);
+            let m = run(&job, None);
+            match want {
+                Ok(mode) => assert_eq!(m.programs.first().map(|p| p.mode), Some(mode), "{file_mode:o}: {m:?}"),
+                Err(why) => {
+                    let p = m.problems.first().unwrap_or_else(|| panic!("{file_mode:o} uid {uid}: {m:?}"));
+                    assert!(p.field == "engine.command[0]" && p.reason.contains(why), "{m:?}");
+                    assert!(p.reason.contains(&format!("(uid {uid})")), "{m:?}");
+                }
+            }
+        }
     }
 
     /// What is not a regular ELF file of a trusted owner is refused, without blocking on it
@@ -621,11 +741,13 @@ mod tests {
         nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o755)).expect("mkfifo");
         let script = d.path().join("script");
         std::fs::write(&script, "#!/bin/sh\necho hi\n").expect("write");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let writable = d.path().join("writable");
         std::fs::copy("/usr/bin/true", &writable).expect("copy");
         std::fs::set_permissions(&writable, std::fs::Permissions::from_mode(0o757)).expect("chmod");
         let text = d.path().join("text");
         std::fs::write(&text, "not a program").expect("write");
+        std::fs::set_permissions(&text, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         for (path, want) in [
             (fifo.as_path(), "is a FIFO, not a regular file"),
             (Path::new("/dev/zero"), "is a character device, not a regular file"),
@@ -652,7 +774,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", root.join("lib/link")).expect("symlink");
         let ok = Job {
             launcher_uid: me(),
-            trees: vec![TreeJob { field: "node.ro_binds[0].src".into(), root: root.clone() }],
+            trees: vec![TreeJob { role: Role::Node, field: "node.ro_binds[0].src".into(), root: root.clone() }],
             ..Job::default()
         };
         assert_eq!(run(&ok, None).problems, vec![], "a clean tree passes");

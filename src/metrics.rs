@@ -44,7 +44,7 @@ fn num(v: &Value) -> Option<f64> {
 }
 
 /// The states a role reports (`ctl status`), each a sample of `sealnode_role_state`.
-const STATES: [&str; 5] = ["running", "starting", "stopping", "restarting", "down"];
+const STATES: [&str; 6] = ["running", "starting", "stopping", "restarting", "wiping", "down"];
 
 /// The exposition when the supervisor does not answer: `sealnode_up 0`.
 pub fn down() -> String {

@@ -76,6 +76,47 @@ fn unavailable_then(what: &str, why: &str, out: String) -> String {
     out
 }
 
+/// The statement docs/attestation.md shows ("The statement that payload decodes to").
+fn documented_statement() -> serde_json::Value {
+    let doc = std::fs::read_to_string(repo().join("docs/attestation.md")).expect("docs/attestation.md");
+    let at = doc.find("The statement that payload decodes to:").expect("the statement's heading");
+    let block = doc[at..].split("```json\n").nth(1).and_then(|b| b.split("\n```").next()).expect("a json block");
+    serde_json::from_str(block).expect("the documented statement is JSON")
+}
+
+/// What a statement's layout is: every object's keys, each value's type, the first element of
+/// each array; the subjects' names without the model files' (the dir's own); maps keyed by data
+/// (refusals per layer) as "map". Values differ between runs, the layout must not.
+fn shape(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{json, Value};
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let s = match k.as_str() {
+                        "refused_by" => json!("map"),
+                        "subject" => json!(v
+                            .as_array()
+                            .map(|a| a
+                                .iter()
+                                .filter_map(|s| s["name"].as_str())
+                                .filter(|n| !n.starts_with("model:"))
+                                .collect::<Vec<_>>())
+                            .unwrap_or_default()),
+                        _ => shape(v),
+                    };
+                    (k.clone(), s)
+                })
+                .collect(),
+        ),
+        Value::Array(a) => json!(a.first().map(shape).into_iter().collect::<Vec<_>>()),
+        Value::String(_) => json!("string"),
+        Value::Number(_) => json!("number"),
+        Value::Bool(_) => json!("bool"),
+        Value::Null => json!("null"),
+    }
+}
+
 #[test]
 fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
     for mode in modes() {
@@ -136,6 +177,7 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         // The statement the node reads, written at its start: verifies with --no-nonce only.
         let start_file = f.p("start.json");
         std::fs::write(&start_file, &at_start).expect("write");
+
         verify_both(&f, &start_file, &key_pem, &["--no-nonce"], 0, &ctx);
         verify_both(&f, &start_file, &key_pem, &["--nonce", "00112233445566778899aabbccddeeff"], 11, &ctx);
 
@@ -144,6 +186,16 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         let (code, env1, err) = out(&f, &["attest", "--nonce", nonce, "--config", &cfg]);
         assert_eq!(code, 0, "{ctx}: {err}");
         let st = statement(&env1);
+        let f1 = f.p("a1.json");
+        std::fs::write(&f1, &env1).expect("write");
+        // docs/attestation.md shows such a statement: it has the layout of the real one.
+        let documented = documented_statement();
+        assert_eq!(documented["predicateType"], st["predicateType"], "{ctx}: docs/attestation.md");
+        assert_eq!(
+            shape(&documented),
+            shape(&st),
+            "{ctx}: docs/attestation.md's statement is not what sealnode writes: {st}"
+        );
         let g1 = st["predicate"]["generation"].as_u64().expect("generation");
         assert_eq!(st["predicate"]["nonce"], nonce, "{ctx}");
         assert_eq!(st["predicate"]["tpm"]["present"], false, "{ctx}");
@@ -173,8 +225,6 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
             .map(|s| format!("{}={}", s["name"].as_str().unwrap_or(""), s["digest"]["sha256"].as_str().unwrap_or("")))
             .collect();
         assert_eq!(listed.lines().collect::<Vec<_>>(), from_statement, "{ctx}");
-        let f1 = f.p("a1.json");
-        std::fs::write(&f1, &env1).expect("write");
         let exp_program = format!("engine.program={}", sha256_file(std::path::Path::new("/usr/bin/busybox")));
         let exp_model = format!("model:hello.txt={}", sha256_file(&f.p("models/hello.txt")));
         let exp_sealnode = format!("sealnode={}", sha256_file(&f.bin));

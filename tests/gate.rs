@@ -786,3 +786,76 @@ fn one_cell_per_runtime_dir() {
         assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }
+
+/// Found by review (#25): the node's own pass through the gate admitted it even when the
+/// engine went down while the pass ran, so the node started beside a dead engine. Here the
+/// node crashes, its pass is held (its measurement process stopped with SIGSTOP) while the
+/// engine crashes, then released: the node waits, and starts only after the engine passed the
+/// gate again and is ready.
+#[test]
+fn a_node_admitted_while_the_engine_went_down_waits_for_the_engine() {
+    for mode in modes() {
+        let engine = "/usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & \
+                      while [ ! -e /models/engine-die ]; do sleep 0.05; done; exit 1";
+        // The node has no /models: it asks the engine, through the launcher.
+        let node = "echo node-up; while ! /usr/bin/busybox wget -q -O /dev/null http://127.0.0.1:18080/node-die; \
+                    do sleep 0.05; done; exit 1";
+        let mut f = cell(mode, "engine-gone", engine, node, "restart = \"on-failure\"", "");
+        // A bind with 60,000 files: the node's measurement walks it for a while, long enough
+        // for the test to find that process and stop it.
+        let tree = f.p("tree");
+        std::fs::create_dir(&tree).expect("mkdir");
+        for i in 0..60_000 {
+            std::fs::File::create(tree.join(i.to_string())).expect("create");
+        }
+        f.node_extra = format!(
+            "ro_binds = [{{ src = \"{}\", dst = \"/opt/sealnode\" }}, {{ src = \"{}\", dst = \"/opt/tree\" }}]\nrestart = \"on-failure\"",
+            f.p("bin").display(),
+            tree.display()
+        );
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        // The node's pass: its measurement is sealnode's child named sealnode-gate.
+        let sealnode = run.pid().as_raw();
+        let measuring = || {
+            let kids =
+                std::fs::read_to_string(format!("/proc/{sealnode}/task/{sealnode}/children")).unwrap_or_default();
+            kids.split_whitespace()
+                .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sealnode-gate"))
+                .and_then(|p| p.parse::<i32>().ok())
+        };
+        std::fs::write(f.p("models/node-die"), "").expect("node-die");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let worker = loop {
+            if let Some(p) = measuring() {
+                break p;
+            }
+            assert!(Instant::now() < deadline, "{mode:?}: no measurement for the node's pass:\n{}", run.stderr());
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let worker = nix::unistd::Pid::from_raw(worker);
+        kill(worker, Signal::SIGSTOP).expect("stop the measurement");
+        std::fs::remove_file(f.p("models/node-die")).expect("rm");
+        std::fs::write(f.p("models/engine-die"), "").expect("engine-die");
+        run.err_line(60, |l| l.contains("role exited; restarting") && l.contains("role=engine"));
+        std::fs::remove_file(f.p("models/engine-die")).expect("rm");
+        let _ = kill(worker, Signal::SIGCONT);
+        run.err_line(60, |l| l.contains("the engine is not ready") && l.contains("the node waits"));
+        assert!(
+            wait_until(Duration::from_secs(120), || run.stderr().matches("role started role=node").count() >= 2),
+            "{mode:?}: the node did not start again:\n{}",
+            run.stderr()
+        );
+        let err = run.stderr();
+        // After the engine's exit: the engine started, then became ready, then the node.
+        let after = &err[err.rfind("role exited; restarting").expect("the engine's exit")..];
+        assert!(after.lines().next().is_some_and(|l| l.contains("role=engine")), "{mode:?}: {after}");
+        let engine_at = after.find("role started role=engine").expect("the engine started again");
+        let ready_at = after.find("engine ready").expect("the engine became ready");
+        let node_at = after.find("role started role=node").expect("the node started again");
+        assert!(engine_at < ready_at && ready_at < node_at, "{mode:?}: {after}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}

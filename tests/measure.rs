@@ -487,3 +487,198 @@ fn notify_listener(f: &Fixture) -> Notify {
     });
     Notify { path: path.display().to_string(), lines }
 }
+
+/// Found by review (#25): the sealed copy was mode 0555 whatever the file's own bits said, so a
+/// program the role could not read (or run) ran anyway, and one on a noexec mount ran from its
+/// copy. Now the copy grants the role what the file grants it, a file it may not execute is
+/// refused naming its uid, and a noexec mount is refused.
+#[test]
+fn the_copy_grants_what_the_file_grants_and_noexec_is_refused() {
+    if !is_root() {
+        return unavailable("rootful", "a root-owned program and a noexec mount need root");
+    }
+    for mode in modes() {
+        let mut f = cell(mode, "perm");
+        let nprog = program_dir(&f, "nprog", b"");
+        f.node_cmd = format!(
+            "[\"/opt/nprog/busybox\", \"sh\", \"-c\", {}]",
+            q("echo mode-$(/opt/nprog/busybox stat -c %a /opt/nprog/busybox); \
+               if /opt/nprog/busybox cat /opt/nprog/busybox > /dev/null 2>&1; then echo readable; else echo unreadable; fi; \
+               exec /opt/nprog/busybox sleep 1000")
+        );
+        f.node_extra = format!("ro_binds = [{}]", bind(&f, "nprog"));
+        f.write_config();
+        let uid = if mode == Mode::Rootful { NODE_IDS.0 } else { NOBODY };
+        let cfg = f.config.display().to_string();
+        std::fs::set_permissions(&nprog, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let (code, out, err) = sealnode(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, Some(125), "{mode:?}: check: {out}{err}");
+        let why = format!("the node's user (uid {uid}) may not execute {}", nprog.display());
+        assert!(out.contains("node.command[0]") && out.contains(&why), "{mode:?}: {out}");
+        let (code, _, err) = sealnode(&f, &["run", "--config", &cfg]);
+        assert_eq!(code, Some(125), "{mode:?}: run: {err}");
+        assert!(err.contains("node.command[0]") && err.contains(&why), "{mode:?}: {err}");
+
+        // Execute only: as root, it runs, and its copy is execute-only too. Rootless,
+        // sealnode is the node's user and cannot read it to copy it: refused, saying so.
+        std::fs::set_permissions(&nprog, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+        if mode == Mode::Rootful {
+            let run = start_logged(&f, &[]);
+            run.out_line(60, |l| l == "mode-111");
+            run.out_line(10, |l| l == "unreadable");
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?}: {err}");
+        } else {
+            let (code, _, err) = sealnode(&f, &["run", "--config", &cfg]);
+            assert_eq!(code, Some(125), "{mode:?}: run: {err}");
+            let why = format!("sealnode (uid {NOBODY}) may not read {} (mode 711)", nprog.display());
+            assert!(err.contains("node.command[0]") && err.contains(&why), "{mode:?}: {err}");
+        }
+
+        // On a noexec mount: refused by check and run, naming the field.
+        let nx = f.p("nx");
+        std::fs::create_dir(&nx).expect("mkdir");
+        nix::mount::mount(
+            Some("tmpfs"),
+            &nx,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOEXEC | nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("mode=0755,size=16m"),
+        )
+        .expect("mount a noexec tmpfs");
+        struct Unmount(std::path::PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _unmount = Unmount(nx.clone());
+        std::fs::copy("/usr/bin/busybox", nx.join("busybox")).expect("copy");
+        std::fs::set_permissions(nx.join("busybox"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        f.node_cmd = format!("[\"/opt/nx/busybox\", \"sh\", \"-c\", {}]", q("exec sleep 1000"));
+        f.node_extra =
+            format!("ro_binds = [{{ src = {}, dst = \"/opt/nx\", exec = true }}]", q(&nx.display().to_string()));
+        f.write_config();
+        let (code, out, err) = sealnode(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, Some(125), "{mode:?}: check: {out}{err}");
+        assert!(out.contains("node.command[0]") && out.contains("noexec"), "{mode:?}: {out}");
+        let (code, _, err) = sealnode(&f, &["run", "--config", &cfg]);
+        assert_eq!(code, Some(125), "{mode:?}: run: {err}");
+        assert!(err.contains("node.command[0]") && err.contains("noexec"), "{mode:?}: {err}");
+    }
+}
+
+/// Found by review (#25): a model dir the start could not hash (here more than 100,000 files)
+/// passed `check` and a reload's dry run, and the reload's real start then stopped the cell
+/// (125). Now both hash it as the start would: refused by name, the roles untouched. And a
+/// name under the dir, which whoever fills it chooses, is shown escaped.
+#[test]
+fn a_model_dir_the_start_could_not_hash_is_refused_by_check_and_by_a_reload() {
+    use nix::sys::signal::{kill, Signal};
+    for mode in modes() {
+        let f = cell(mode, "unhashable");
+        attest_init(&f);
+        let cfg = f.config.display().to_string();
+        let run = start_logged(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let many = f.p("models/many");
+        std::fs::create_dir(&many).expect("mkdir");
+        for i in 0..=100_000 {
+            std::fs::File::create(many.join(i.to_string())).expect("create");
+        }
+        let (code, out, err) = sealnode(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, Some(125), "{mode:?}: check: {out}{err}");
+        assert!(out.contains("engine.models") && out.contains("more than 100000 files"), "{mode:?}: {out}");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.err_line(300, |l| l.contains("reload refused"));
+        let st = ctl_status(&f);
+        assert!(st["reload"]["error"].as_str().is_some_and(|e| e.contains("more than 100000 files")), "{mode:?}: {st}");
+        assert_eq!(
+            (&st["roles"][0]["state"], &st["roles"][1]["state"]),
+            (&"running".into(), &"running".into()),
+            "{mode:?}: {st}"
+        );
+        std::fs::remove_dir_all(&many).expect("rm");
+
+        let evil = f.p("models/evil\u{1b}[31m\nname");
+        nix::unistd::mkfifo(&evil, nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("mkfifo");
+        let (code, out, err) = sealnode(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, Some(125), "{mode:?}: check: {out}{err}");
+        assert!(out.contains("evil\\u{1b}[31m\\u{a}name is a FIFO"), "{mode:?}: {out}");
+        assert!(!out.contains('\u{1b}') && !err.contains('\u{1b}'), "{mode:?}: a raw escape: {out}{err}");
+        std::fs::remove_file(&evil).expect("rm");
+
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(err.matches("role started role=engine").count(), 1, "{mode:?}: the engine restarted: {err}");
+    }
+}
+
+fn ctl_status(f: &Fixture) -> Value {
+    let cfg = f.config.display().to_string();
+    let (_, out, _) = sealnode(f, &["ctl", "--config", &cfg, "status", "--json"]);
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
+/// Found by review (#25): the scratch wipe ran on the event loop, so what a role left there (of
+/// any size) froze the supervisor during a recycle, reload or stop. Now each wipe is a child the
+/// loop reaps: while the node's 150,000 files are removed, `ctl status` answers within 100 ms
+/// and says `wiping`, and the recycle completes.
+#[test]
+fn a_large_scratch_is_wiped_while_the_loop_answers() {
+    for mode in modes() {
+        let mut f = cell(mode, "big-scratch");
+        std::fs::create_dir(f.p("trigger")).expect("mkdir");
+        std::fs::set_permissions(f.p("trigger"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::write(f.p("trigger/fill"), "").expect("fill");
+        f.node_cmd = format!(
+            "[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]",
+            q("if [ -e /opt/trigger/fill ]; then i=0; while [ $i -lt 150000 ]; do : > /scratch/f$i; i=$((i+1)); done; echo filled; fi; \
+               echo node-up; exec sleep 1000")
+        );
+        f.node_extra = format!("ro_binds = [{}]", bind(&f, "trigger"));
+        f.write_config();
+        let run = start_logged(&f, &[]);
+        run.out_line(300, |l| l == "filled");
+        std::fs::remove_file(f.p("trigger/fill")).expect("rm");
+        let cfg = f.config.display().to_string();
+        let recycle = {
+            let mut c = f.command(&["ctl", "--config", &cfg, "recycle"]);
+            c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            c.spawn().expect("ctl recycle")
+        };
+        let recycled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let recycled = recycled.clone();
+            std::thread::spawn(move || {
+                let o = recycle.wait_with_output().expect("recycle");
+                recycled.store(true, std::sync::atomic::Ordering::SeqCst);
+                o
+            })
+        };
+        let (mut wiping, mut slowest, mut n) = (0, Duration::ZERO, 0);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !recycled.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "{mode:?}: the recycle did not complete:\n{}", run.stderr());
+            let t = Instant::now();
+            let st = control_request(&f.p("run/control.sock"), b"{\"cmd\":\"status\"}\n");
+            let took = t.elapsed();
+            let v: Value = serde_json::from_str(&st).unwrap_or(Value::Null);
+            assert_eq!(v["ok"], true, "{mode:?}: status answered {st}");
+            n += 1;
+            slowest = slowest.max(took);
+            if v["roles"].as_array().is_some_and(|r| r.iter().any(|r| r["state"] == "wiping")) {
+                wiping += 1;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let o = watcher.join().expect("join");
+        assert!(o.status.success(), "{mode:?}: {}", String::from_utf8_lossy(&o.stderr));
+        eprintln!("{mode:?}: {n} status answers during the recycle, {wiping} saying wiping, the slowest {slowest:?}");
+        assert!(wiping > 0, "{mode:?}: no answer said wiping ({n} answers)");
+        assert!(slowest < Duration::from_millis(100), "{mode:?}: ctl status took {slowest:?} during the wipe");
+        assert_eq!(std::fs::read_dir(f.p("node-scratch")).expect("ls").count(), 0, "{mode:?}: scratch not emptied");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}

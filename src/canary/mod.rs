@@ -330,8 +330,13 @@ pub const SINGLE_LAYER: &[(&str, &str)] = &[
 ];
 
 impl Spec {
-    pub fn applies(&self, role: Role) -> bool {
-        matches!((self.roles, role), (Roles::Both, _) | (Roles::Engine, Role::Engine) | (Roles::Node, Role::Node))
+    /// Whether this attempt is an escape for `role` under `cfg`. With `models_writable` the
+    /// operator grants the engine its model dir (its statements then say the model digests do
+    /// not bind), so writing there is no escape and is not attempted.
+    pub fn applies(&self, cfg: &Config, role: Role) -> bool {
+        let for_role =
+            matches!((self.roles, role), (Roles::Both, _) | (Roles::Engine, Role::Engine) | (Roles::Node, Role::Node));
+        for_role && !(self.id == "write_models" && cfg.role(role).models_writable)
     }
 
     /// Which layer refused this outcome, if it was refused.
@@ -391,10 +396,10 @@ pub struct Report {
     pub passed: bool,
 }
 
-fn classify(role: Role, raw: &BTreeMap<String, Outcome>) -> RoleReport {
+fn classify(cfg: &Config, role: Role, raw: &BTreeMap<String, Outcome>) -> RoleReport {
     let attempts: Vec<AttemptResult> = SPECS
         .iter()
-        .filter(|s| s.applies(role))
+        .filter(|s| s.applies(cfg, role))
         .map(|s| {
             let o = raw.get(s.id).copied().unwrap_or(Outcome { ok: true, errno: None, signal: None });
             let by = s.refused_by(&o);
@@ -585,7 +590,7 @@ pub fn start(
     let ctx = ctx_for(cfg, role, t, inv, layers);
     let ctx_json = serde_json::to_string(&ctx).map_err(|e| Error::io("canary context", std::io::Error::other(e)))?;
     let mut argv = vec!["sealnode-canary".to_string(), "__canary-inside".to_string(), ctx_json];
-    argv.extend(SPECS.iter().filter(|s| s.applies(role)).map(|s| s.id.to_string()));
+    argv.extend(SPECS.iter().filter(|s| s.applies(cfg, role)).map(|s| s.id.to_string()));
     let plan = Plan::build_layers(
         cfg,
         role,
@@ -611,14 +616,14 @@ pub fn start(
 }
 
 /// Classify what a probe wrote (`out`, read to its end) and how it exited (`code`).
-pub fn finish(role: Role, out: &[u8], code: i32) -> Result<RoleReport> {
+pub fn finish(cfg: &Config, role: Role, out: &[u8], code: i32) -> Result<RoleReport> {
     if code != 0 {
         return Err(Error::errno(
             format!("canary probe in the {role} role exited with {code}"),
             nix::errno::Errno::EIO,
         ));
     }
-    Ok(classify(role, &outcomes(role, out)?))
+    Ok(classify(cfg, role, &outcomes(role, out)?))
 }
 
 /// A probe's JSON outcomes, by attempt id.
@@ -737,7 +742,7 @@ pub fn battery_until(
     let mut reports = Vec::new();
     for role in roles {
         let raw = run_battery(cfg, *role, inv, Some(cell), Layers::ALL, &t, stop)?;
-        reports.push(classify(*role, &raw));
+        reports.push(classify(cfg, *role, &raw));
     }
     let passed = reports.iter().all(|r| r.succeeded == 0);
     Ok(Report { schema: SCHEMA, sealnode_version: env!("CARGO_PKG_VERSION"), roles: reports, passed })
@@ -801,7 +806,7 @@ pub fn matrix(cfg: &Config, inv: &Invoker, roles: &[Role]) -> Result<Matrix> {
             let raw = run_battery(cfg, *role, inv, None, only_layer(l), &t, &|| false)?;
             cols.push((l, raw));
         }
-        for spec in SPECS.iter().filter(|s| s.applies(*role)) {
+        for spec in SPECS.iter().filter(|s| s.applies(cfg, *role)) {
             let baseline = base.get(spec.id).copied().unwrap_or_default();
             // Moot when the host itself lacks the feature or the target (not merely refuses it).
             let absent = [ENOSYS, libc::EAFNOSUPPORT, ENOENT, libc::ENODEV, libc::EOPNOTSUPP, libc::EPROTONOSUPPORT];

@@ -192,7 +192,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             use std::os::fd::AsRawFd;
             sys::write_all(fd.as_raw_fd(), value)
         }
-        Mount::SealedProgram { dst, fd } => sealed_program(dst, *fd),
+        Mount::SealedProgram { dst, fd, mode } => sealed_program(dst, *fd, *mode),
         Mount::ReadOnly { dst } => {
             if !exists(dst) {
                 return Ok(());
@@ -218,7 +218,7 @@ const STAGED: &CStr = c"/tmp/.sealnode-program/program";
 /// and its one file is bound over `dst`, read-only, nosuid, nodev; the tmpfs then leaves the
 /// tree (the bind holds it) and the memfd is closed: the sandbox init would otherwise hold a
 /// second copy for the role's lifetime.
-fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd) -> R {
+fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32) -> R {
     use std::os::fd::BorrowedFd;
     // SAFETY: the plan's memfd, which the child inherited and keeps until this step.
     let src = unsafe { BorrowedFd::borrow_raw(fd) };
@@ -233,7 +233,7 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd) -> R {
             | nix::fcntl::OFlag::O_EXCL
             | nix::fcntl::OFlag::O_WRONLY
             | nix::fcntl::OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o555),
+        Mode::from_bits_truncate(0o500),
     )?;
     let mut off: libc::off_t = 0;
     while (off as u64) < len {
@@ -243,7 +243,8 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd) -> R {
             return Err(Errno::EIO);
         }
     }
-    nix::sys::stat::fchmod(&out, Mode::from_bits_truncate(0o555))?;
+    // The bits the host file grants the role (measured; 0 until then): the copy grants no more.
+    nix::sys::stat::fchmod(&out, Mode::from_bits_truncate(mode & 0o555))?;
     drop(out);
     // Read-only at the superblock: no mount of it, present or future, can write the copy.
     mount(

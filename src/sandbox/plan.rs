@@ -169,11 +169,22 @@ impl Plan {
         }
     }
 
-    pub fn sealed_program_mut(&mut self) -> Option<&mut SealedProgram> {
-        match &mut self.program {
-            Program::Sealed(p) => Some(p),
-            _ => None,
+    /// Record the gate's measurement of the sealed copy: its digest, and the mode the copy
+    /// gets in the view (what the host file's bits grant the role). Only a measured plan runs.
+    pub fn measured(&mut self, sha256: String, mode: u32) -> bool {
+        use std::os::fd::AsRawFd;
+        let Program::Sealed(p) = &mut self.program else { return false };
+        p.sha256 = Some(sha256);
+        let fd = p.fd.as_raw_fd();
+        for mount in &mut self.mounts {
+            if let Mount::SealedProgram { fd: f, mode: m, .. } = mount {
+                if *f == fd {
+                    *m = mode;
+                    return true;
+                }
+            }
         }
+        false
     }
 
     /// The sha256 of the sealed copy this plan runs, once measured.
@@ -656,7 +667,8 @@ fn sealed_program(cfg: &Config, role: Role, prog0: &str, mounts: &mut Vec<Mount>
         ));
     }
     let fd = crate::sealed::memfd(&format!("sealnode-{role}"))?;
-    mounts.push(Mount::SealedProgram { dst: under_root(&found.inside)?, fd: fd.as_raw_fd() });
+    // Mode 0 until measured (Plan::measured): an unmeasured copy cannot be executed.
+    mounts.push(Mount::SealedProgram { dst: under_root(&found.inside)?, fd: fd.as_raw_fd(), mode: 0 });
     Ok(SealedProgram {
         fd,
         field,

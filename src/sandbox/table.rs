@@ -38,7 +38,7 @@ pub enum Mount {
     /// over `dst`, the program's path in the view with every symlink resolved. The role
     /// executes exactly the bytes that were hashed, at the path it expects (its
     /// `/proc/self/exe`, `$ORIGIN` and re-execs stay right).
-    SealedProgram { dst: CString, fd: std::os::fd::RawFd },
+    SealedProgram { dst: CString, fd: std::os::fd::RawFd, mode: u32 },
 }
 
 /// What the child checks a bind's source is, once it has opened it.

@@ -96,8 +96,9 @@ struct Job {
     roles: Vec<Role>,
     plans: Vec<(Role, Plan)>,
     worker: measure::Worker,
-    /// The engine's model dir is hashed (statements are signed), and whether it binds.
-    models: Option<bool>,
+    /// The engine has a model dir and statements are signed: the digests say what binds
+    /// (the files, read-only; none, writable).
+    hash_models: bool,
     probes: Vec<ProbeRun>,
     _targets: canary::Targets,
     /// A dry run's own cell (the running one holds a live engine a probe could reach).
@@ -147,15 +148,16 @@ impl Gate {
             let plan = Plan::for_run(ctx.cfg, *role, ctx.inv).map_err(|e| refuse(sandbox::SETUP_FAILED, e))?;
             plans.push((*role, plan));
         }
-        let models = match (&ctx.cfg.engine.models, roles.contains(&Role::Engine) && ctx.hash_models) {
-            (Some(dir), true) => {
-                Some(measure::ModelsJob { dir: dir.clone(), binding: !ctx.cfg.engine.models_writable })
-            }
+        // Model files are hashed for the statements (only with a key), and only from a
+        // read-only dir: a writable one binds nothing and would be rehashed at every start.
+        let hash_models = roles.contains(&Role::Engine) && ctx.hash_models && ctx.cfg.engine.models.is_some();
+        let models = match (&ctx.cfg.engine.models, hash_models && !ctx.cfg.engine.models_writable) {
+            (Some(dir), true) => Some(measure::ModelsJob { dir: dir.clone(), keep_cache: true }),
             _ => None,
         };
         let planned: Vec<(Role, &Plan)> = plans.iter().map(|(r, p)| (*r, p)).collect();
         let mut job = measure::job_for(ctx.cfg, ctx.inv, &planned);
-        job.models = models.clone();
+        job.models = models;
         let worker = measure::Worker::spawn(&job, ctx.state, &ctx.cfg.cell.state_dir)
             .map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
         let watch = |fd: &OwnedFd, token: u64| {
@@ -173,7 +175,7 @@ impl Gate {
             roles: roles.to_vec(),
             plans,
             worker,
-            models: models.map(|m| m.binding),
+            hash_models,
             probes: Vec::new(),
             _targets: targets,
             _throwaway: None,
@@ -326,7 +328,7 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
     }
     let mut reports = Vec::new();
     for p in &job.probes {
-        match canary::finish(p.probe.role, &p.buf, p.status.unwrap_or(-1)) {
+        match canary::finish(cfg, p.probe.role, &p.buf, p.status.unwrap_or(-1)) {
             Ok(r) => reports.push(r),
             Err(e) => return refused(exit::PREFLIGHT_ERROR, format!("preflight could not run: {e}")),
         }
@@ -358,17 +360,13 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
             "model digests"
         );
     }
-    if let Some(e) = &measured.models_error {
-        tracing::error!(error = %e, "cannot hash the model files: statements list none");
-        crate::log::say(&format!("cannot hash the model files (statements list none): {e}"));
-    }
     let mut admitted = Vec::new();
     for (role, mut plan) in std::mem::take(&mut job.plans) {
         let mut digests = match crate::receipt::policy_digests(cfg, role) {
             Ok(d) => d,
             Err(e) => return refused(sandbox::SETUP_FAILED, e.to_string()),
         };
-        if let Some(sp) = plan.sealed_program_mut() {
+        if let Some(sp) = plan.sealed_program() {
             let Some(d) = measured.program(role) else {
                 return refused(
                     exit::PREFLIGHT_ERROR,
@@ -384,21 +382,20 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
                     format!("measuring what runs: the copy of {} is not the one hashed", sp.host.display()),
                 );
             }
-            sp.sha256 = Some(d.sha256.clone());
             digests.program_resolved = Some(sp.inside.display().to_string());
             digests.program_host = Some(sp.host.display().to_string());
             digests.program_sha256 = Some(d.sha256.clone());
-            tracing::debug!(role = %role, program = %sp.inside.display(), host = %sp.host.display(), sha256 = %d.sha256, bytes = d.bytes, "program measured");
+            tracing::debug!(role = %role, program = %sp.inside.display(), host = %sp.host.display(), sha256 = %d.sha256, bytes = d.bytes, mode = format!("{:o}", d.mode), "program measured");
+            plan.measured(d.sha256.clone(), d.mode);
         }
-        if role == Role::Engine {
-            if let Some(binding) = job.models {
-                match &measured.models {
-                    Some(m) => {
-                        digests.models = m.files.iter().cloned().collect();
-                        digests.models_binding = Some(binding);
-                    }
-                    None => digests.models_binding = Some(false),
+        if role == Role::Engine && job.hash_models {
+            match &measured.models {
+                Some(m) => {
+                    digests.models = m.files.iter().cloned().collect();
+                    digests.models_binding = Some(true);
                 }
+                // Writable: the engine could change the files, so none are listed.
+                None => digests.models_binding = Some(false),
             }
         }
         admitted.push((role, Admitted { plan, digests }));

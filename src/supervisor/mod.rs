@@ -61,6 +61,17 @@ enum State {
     Stopping(Pid, Instant),
     /// Restart scheduled at this time.
     Waiting(Instant),
+    /// Its scratch being emptied by this child, off the loop (cell::Cell::spawn_wipe).
+    Wiping(Pid),
+}
+
+/// What follows the scratch wipes in progress, once both are done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WipeFor {
+    /// Both roles then pass the gate (first start).
+    Start,
+    /// The stop in progress completes: exit, or re-provision and pass the gate.
+    Stop,
 }
 
 #[derive(Debug)]
@@ -156,6 +167,9 @@ pub struct Supervisor {
     next_cfg: Option<Config>,
     /// A reload is under way: READY=1 again once the node runs.
     reloading: bool,
+    /// Scratch wipes in flight (slots in State::Wiping), and what follows them.
+    wipe_for: Option<WipeFor>,
+    wipe_failed: Vec<(Role, Errno)>,
     /// The outcome of the last SIGHUP, for `ctl status`.
     last_reload: Option<serde_json::Value>,
     /// Held for the supervisor's lifetime: one `sealnode run` per state dir and runtime dir.
@@ -438,6 +452,8 @@ impl Supervisor {
             reload_candidate: None,
             next_cfg: None,
             reloading: false,
+            wipe_for: None,
+            wipe_failed: Vec::new(),
             last_reload: None,
             _lock: lock,
             _runtime_lock: runtime_lock,
@@ -465,9 +481,7 @@ impl Supervisor {
 
     /// Run until stopped. Returns the exit code (0 after SIGTERM/SIGINT, 1 after a failure).
     pub fn run(mut self) -> i32 {
-        if let Err(code) = self.provision() {
-            return stopped_early(code);
-        }
+        self.provision();
         let mut events = vec![EpollEvent::empty(); 64];
         loop {
             let timeout = self.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
@@ -502,74 +516,127 @@ impl Supervisor {
             self.report_dropped_output();
             // Lines held back while a reader of sealnode's stdout or stderr was not reading.
             crate::logsink::pump();
-            if let Some((code, after)) = self.stopping {
-                if self.slots.iter().all(|s| s.state == State::Down) {
-                    for role in Role::ALL {
-                        self.wipe_scratch(role);
-                    }
-                    // Drain: no forwarded connection outlives the roles.
-                    self.fwd.close_all(&self.epoll);
-                    self.stopping = None;
-                    match after {
-                        After::Exit => {
-                            self.abandon_quotes();
-                            for s in self.fwd.stats() {
-                                tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
-                            }
-                            if let Some(s) = self.fwd.engine_stats() {
-                                tracing::info!(
-                                    accepted = s.accepted,
-                                    bytes_up = s.bytes_up,
-                                    bytes_down = s.bytes_down,
-                                    refused = s.refused_over_limit,
-                                    failed = s.connect_failed,
-                                    "node-to-engine totals"
-                                );
-                            }
-                            tracing::info!(code, "cell stopped");
-                            return code;
-                        }
-                        After::Restart | After::Recycle => {
-                            if let Some(new) = self.next_cfg.take() {
-                                self.cfg = new;
-                            }
-                            tracing::info!(recycle = after == After::Recycle, "re-provisioning both roles");
-                            if let Err(code) = self.provision() {
-                                if let Some(mut c) = self.pending.take() {
-                                    crate::control::respond(
-                                        &mut c,
-                                        &crate::control::error("recycle failed; sealnode stops"),
-                                    );
-                                }
-                                return stopped_early(code);
-                            }
-                        }
-                    }
-                }
+            // Once every role is down after a stop: both scratch dirs wiped (off the loop).
+            if self.stopping.is_some() && self.wipe_for.is_none() && self.slots.iter().all(|s| s.state == State::Down) {
+                self.begin_wipes(WipeFor::Stop);
+            }
+            if let Some(code) = self.after_wipes() {
+                return code;
             }
         }
     }
 
-    /// Before both roles start (first start, SIGHUP, recycle): wipe both scratch dirs, then
-    /// both enter the gate; the engine starts once they pass ([`Supervisor::admit`]).
-    fn provision(&mut self) -> std::result::Result<(), i32> {
+    /// Start emptying both roles' scratch dirs, each in a child of its own (cell::Cell::
+    /// spawn_wipe) that the loop reaps; [`Supervisor::after_wipes`] goes on once both are done.
+    fn begin_wipes(&mut self, then: WipeFor) {
+        self.wipe_for = Some(then);
+        self.wipe_failed.clear();
         for role in Role::ALL {
-            // Fail closed: a role must never start on what an earlier run left behind.
-            if let Err(e) = self.wipe(role) {
-                let dir = self.cfg.role(role).scratch.display().to_string();
-                let hint = match e {
-                    Errno::EACCES | Errno::EPERM => {
-                        " (it holds files the role cannot have left there: another host user's; remove them by hand)"
-                    }
-                    Errno::EBUSY => " (a mount point inside it: unmount it)",
-                    _ => "",
+            let spawned = self.cfg.role_ids(role, &self.inv).map_err(|_| Errno::EINVAL).and_then(|ids| {
+                let target = match self.cell.capped_scratch(role) {
+                    Some(path) => crate::cell::WipeTarget::Tmpfs(path),
+                    None => crate::cell::WipeTarget::Dir(self.slots[role as usize].scratch.as_fd()),
                 };
-                tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
-                crate::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
-                return Err(sandbox::SETUP_FAILED);
+                self.cell.spawn_wipe(target, ids)
+            });
+            match spawned {
+                Ok(pid) => self.slot(role).state = State::Wiping(pid),
+                Err(e) => self.wipe_failed.push((role, e)),
             }
         }
-        self.enter_gate(&Role::ALL)
+    }
+
+    /// A wipe child exited: its role is down, its result kept for [`Supervisor::after_wipes`].
+    fn wipe_exited(&mut self, pid: Pid, ws: WaitStatus) -> bool {
+        let Some(i) = self.slots.iter().position(|s| s.state == State::Wiping(pid)) else { return false };
+        self.slots[i].state = State::Down;
+        if let Err(e) = crate::cell::wipe_result(ws) {
+            self.wipe_failed.push((self.slots[i].role, e));
+        }
+        true
+    }
+
+    /// Both wipes done: what they were for. A role must never start on what an earlier run
+    /// left behind, so a failed wipe before a start stops the cell (fail closed); before an
+    /// exit it is only reported (the next start wipes again). Some(code): the loop ends.
+    fn after_wipes(&mut self) -> Option<i32> {
+        if self.wipe_for.is_none() || self.slots.iter().any(|s| matches!(s.state, State::Wiping(_))) {
+            return None;
+        }
+        self.wipe_for = None;
+        let failed = std::mem::take(&mut self.wipe_failed);
+        let next = match self.stopping {
+            // A stop that came during a start's wipes ends the loop like any stop.
+            Some((code, After::Exit)) => {
+                for (role, e) in &failed {
+                    let dir = self.cfg.role(*role).scratch.display().to_string();
+                    tracing::warn!(role = %role, dir, error = %e, "could not wipe scratch");
+                }
+                return Some(self.finish_stop(code));
+            }
+            Some((_, after)) => {
+                self.fwd.close_all(&self.epoll);
+                self.stopping = None;
+                if let Some(new) = self.next_cfg.take() {
+                    self.cfg = new;
+                }
+                tracing::info!(recycle = after == After::Recycle, "re-provisioning both roles");
+                "re-provision"
+            }
+            None => "start",
+        };
+        for (role, e) in &failed {
+            let dir = self.cfg.role(*role).scratch.display().to_string();
+            let hint = match e {
+                Errno::EACCES | Errno::EPERM => {
+                    " (it holds files the role cannot have left there: another host user's; remove them by hand)"
+                }
+                Errno::EBUSY => " (a mount point inside it: unmount it)",
+                _ => "",
+            };
+            tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
+            crate::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
+        }
+        let entered = if failed.is_empty() { self.enter_gate(&Role::ALL) } else { Err(sandbox::SETUP_FAILED) };
+        match entered {
+            Ok(()) => None,
+            Err(code) => {
+                if let Some(mut c) = self.pending.take() {
+                    crate::control::respond(&mut c, &crate::control::error(format!("{next} failed; sealnode stops")));
+                }
+                Some(stopped_early(code))
+            }
+        }
+    }
+
+    /// The cell's last words after a stop: forwarding drained, totals logged.
+    fn finish_stop(&mut self, code: i32) -> i32 {
+        // Drain: no forwarded connection outlives the roles.
+        self.fwd.close_all(&self.epoll);
+        self.stopping = None;
+        self.abandon_quotes();
+        for s in self.fwd.stats() {
+            tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
+        }
+        if let Some(s) = self.fwd.engine_stats() {
+            tracing::info!(
+                accepted = s.accepted,
+                bytes_up = s.bytes_up,
+                bytes_down = s.bytes_down,
+                refused = s.refused_over_limit,
+                failed = s.connect_failed,
+                "node-to-engine totals"
+            );
+        }
+        tracing::info!(code, "cell stopped");
+        code
+    }
+
+    /// Before both roles first start: wipe both scratch dirs (off the loop), then both enter
+    /// the gate ([`Supervisor::after_wipes`]); the engine starts once they pass
+    /// ([`Supervisor::admit`]). A SIGHUP or recycle takes the same way once its stop is done.
+    fn provision(&mut self) {
+        self.begin_wipes(WipeFor::Start);
     }
 
     /// The gate every start passes, whatever started it (first start, crash restart, SIGHUP,
@@ -651,6 +718,16 @@ impl Supervisor {
     /// their running processes), the statement, then the start: the engine when it passed,
     /// else the node.
     fn admit(&mut self, p: gate::Passed) -> std::result::Result<(), i32> {
+        // The node's own pass admits it only beside a ready engine: if the engine went down
+        // while the pass ran, the node waits for it (a pass again later), and no receipt says
+        // otherwise (found by review: the node started next to a dead engine).
+        if !p.roles.contains(&Role::Engine) && !self.engine_is_ready() {
+            tracing::info!("the engine is not ready (it went down while the node's preflight ran): the node waits for it and passes the gate again");
+            for role in &p.roles {
+                self.slot(*role).state = State::Waiting(Instant::now() + READY_INTERVAL);
+            }
+            return Ok(());
+        }
         // Each role's latest result: the fresh ones replace theirs, the others stay.
         let fresh = p.report;
         let mut report = self.report.take().unwrap_or_else(|| fresh.clone());
@@ -996,6 +1073,7 @@ impl Supervisor {
                     State::Running(p) => ("running", Some(p.as_raw())),
                     State::Stopping(p, _) => ("stopping", Some(p.as_raw())),
                     State::Waiting(_) => ("restarting", None),
+                    State::Wiping(p) => ("wiping", Some(p.as_raw())),
                 };
                 serde_json::json!({
                     "role": s.role.name(),
@@ -1084,28 +1162,9 @@ impl Supervisor {
         d.into_iter().min()
     }
 
-    fn wipe_scratch(&self, role: Role) {
-        let dir = &self.cfg.role(role).scratch;
-        if let Err(e) = self.wipe(role) {
-            tracing::warn!(role = %role, dir = %dir.display(), error = %e, "could not wipe scratch");
-        }
-    }
-
-    /// Empty `role`'s scratch as the role itself, inside the cell (cell::Cell::wipe).
-    fn wipe(&self, role: Role) -> std::result::Result<(), Errno> {
-        let ids = self.cfg.role_ids(role, &self.inv).map_err(|_| Errno::EINVAL)?;
-        let target = match self.cell.capped_scratch(role) {
-            Some(path) => crate::cell::WipeTarget::Tmpfs(path),
-            None => crate::cell::WipeTarget::Dir(self.slots[role as usize].scratch.as_fd()),
-        };
-        self.cell.wipe(target, ids, &mut || self.tick())
-    }
-
-    /// A long wipe keeps systemd's watchdog fed.
-    fn tick(&self) {
-        if self.watchdog.is_some() {
-            notify(&[NotifyState::Watchdog]);
-        }
+    /// The engine runs and answered its readiness check.
+    fn engine_is_ready(&self) -> bool {
+        self.ready_check.is_none() && matches!(self.slots[Role::Engine as usize].state, State::Running(_))
     }
 
     /// Start a role. Errors stop the cell (returned as the exit code when nothing runs yet).
@@ -1418,7 +1477,9 @@ impl Supervisor {
             cell: &self.cell,
             state: &self.state_dir,
             epoll: &self.epoll,
-            hash_models: false,
+            // The dry run hashes what the start will (its cache makes the start cheap): a
+            // model dir the start could not hash is refused now, with the roles untouched.
+            hash_models: self.attest_key.is_some(),
         };
         match self.gate.begin(&ctx, &Role::ALL, gate::Purpose::DryRun) {
             Ok(()) => {
@@ -1476,6 +1537,9 @@ impl Supervisor {
                 Ok(ws) => ws,
             };
             let (Some(pid), Some(code)) = (ws.pid(), status_code(ws)) else { continue };
+            if self.wipe_exited(pid, ws) {
+                continue;
+            }
             if self.gate.exited(pid, code) {
                 continue;
             }
@@ -1644,9 +1708,7 @@ impl Supervisor {
                     // The node restarts only once the engine is ready again, and one pass
                     // through the gate runs at a time. Either passes the gate first: its
                     // program measured, its preflight, a new receipt; then it starts.
-                    let engine_ready = self.ready_check.is_none()
-                        && matches!(self.slots[Role::Engine as usize].state, State::Running(_));
-                    if (role == Role::Engine || engine_ready) && !self.gate.busy() {
+                    if (role == Role::Engine || self.engine_is_ready()) && !self.gate.busy() {
                         self.slots[i].state = State::Down;
                         if let Err(code) = self.enter_gate(&[role]) {
                             self.begin_stop(code, After::Exit);
