@@ -16,6 +16,7 @@ taskset -c "${SEALNODE_BENCH_CPU:-1}" ./engine-hop.sh | sed 's/^### node -> engi
 echo
 ./footprint.sh
 ./digests.sh
+./gate.sh
 ./attest.sh
 ./inference.sh
 ./job.sh
