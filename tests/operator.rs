@@ -233,6 +233,7 @@ fn role_output_is_tagged_bounded_and_cannot_flood_the_supervisor() {
                       head -c 10000000 /dev/zero | tr '\\0' x; echo; yes flood-line | head -n 300000; \
                       sleep 3; echo done-flood; wait";
         let f = busybox_cell(mode, "flood", engine, "echo node-up; exec sleep 600", "");
+        let spawned = std::time::Instant::now();
         let mut child = spawn_run(&f, std::process::Stdio::piped(), std::process::Stdio::piped());
         let _kill = KillOnDrop(child.id());
         let drain = |mut r: Box<dyn Read + Send>| {
@@ -253,8 +254,8 @@ fn role_output_is_tagged_bounded_and_cannot_flood_the_supervisor() {
         let err = drain(Box::new(child.stderr.take().expect("stderr")));
         let text = |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().expect("lock")).into_owned();
         let pid = child.id();
-        // While the flood runs, the control socket answers at once. (Measured once both roles
-        // run: the gate before a start, the preflight included, holds the loop by design.)
+        // While the flood runs, the control socket answers at once (measured once both roles
+        // run: the flood starts with the engine).
         let node_up = wait_until(std::time::Duration::from_secs(120), || text(&out).contains("]: node-up"));
         assert!(node_up, "{mode:?}: no node; stderr:\n{}", text(&err));
         let mut slowest = std::time::Duration::ZERO;
@@ -263,6 +264,8 @@ fn role_output_is_tagged_bounded_and_cannot_flood_the_supervisor() {
             text(&out).contains("done-flood")
         });
         assert!(flood_done, "{mode:?}: no done-flood line; stderr:\n{}", text(&err));
+        // The flood lasted at most this long (it ends 3 s before done-flood).
+        let flood_secs = spawned.elapsed().as_secs_f64();
         assert!(slowest < std::time::Duration::from_secs(2), "{mode:?}: ctl status took {slowest:?} during the flood");
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
         let hwm_kb: u64 = status
@@ -296,8 +299,14 @@ fn role_output_is_tagged_bounded_and_cannot_flood_the_supervisor() {
         );
         assert_eq!(long.matches('x').count(), 16384);
         // The flood: rate-limited, and said so.
-        let flood = o.lines().filter(|l| l.ends_with("]: flood-line")).count();
-        assert!((1500..=6000).contains(&flood), "{mode:?}: {flood} flood lines passed");
+        // docs/operator-guide.md: 200 lines a second, bursts of 2000. The 300,000 lines come
+        // at once: the burst (less the few lines before) passes, then 200 a second at most.
+        let flood = o.lines().filter(|l| l.ends_with("]: flood-line")).count() as f64;
+        let most = 2000.0 + 200.0 * flood_secs;
+        assert!(
+            flood >= 1950.0 && flood <= most,
+            "{mode:?}: {flood} flood lines passed (1950 to {most:.0} in {flood_secs:.1} s)"
+        );
         assert!(e.contains("role output over its rate limit: lines dropped"), "{mode:?}: no drop report:\n{e}");
     }
 }

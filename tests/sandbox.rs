@@ -387,6 +387,12 @@ fn launcher_killed_during_setup_leaves_nothing() {
                     }
                 }
             }
+            // Held where it is (SIGSTOP) before the launcher dies, so whether it was still in
+            // setup is a fact, not a race: it resumes (SIGCONT) only once its launcher is gone.
+            let held = init.as_ref().map(|k| nix::unistd::Pid::from_raw(k.parse().unwrap_or(0)));
+            if let Some(p) = held {
+                let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGSTOP);
+            }
             let workload_ran = init.as_ref().is_some_and(|k| {
                 let kids = std::fs::read_to_string(format!("/proc/{k}/task/{k}/children")).unwrap_or_default();
                 kids.split_whitespace()
@@ -395,6 +401,9 @@ fn launcher_killed_during_setup_leaves_nothing() {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher as i32), nix::sys::signal::Signal::SIGKILL);
             let _ = child.wait();
+            if let Some(p) = held {
+                let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGCONT);
+            }
             let Some(init) = init else { continue };
             caught += 1;
             mid_setup += usize::from(!workload_ran);
@@ -422,7 +431,9 @@ fn launcher_killed_during_setup_leaves_nothing() {
             caught, 15,
             "{mode:?}: the sandbox init was found (id maps written) in only {caught} of 15 launches"
         );
-        assert!(mid_setup >= 1, "{mode:?}: no launch was killed during setup ({caught} caught after the workload ran)");
+        // Held at once when found, most are still in setup (15 of 15 rootful, 14 rootless,
+        // idle); a third is the floor on a loaded machine.
+        assert!(mid_setup >= 5, "{mode:?}: only {mid_setup} of {caught} launches were killed during setup");
         eprintln!("{mode:?}: {caught} launches killed, {mid_setup} of them during setup");
     }
 }

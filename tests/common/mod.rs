@@ -850,3 +850,24 @@ pub fn lines_until(lines: &std::sync::mpsc::Receiver<String>, secs: u64, pred: i
         }
     }
 }
+
+/// The gate's measurement process (named `sealnode-gate`), while one runs as a child of the
+/// supervisor `sealnode`: found and stopped with SIGSTOP, it holds a pass through the gate open
+/// for as long as a test needs (SIGCONT lets it finish; the supervisor's SIGKILL ends it).
+pub fn stop_gate_measurement(sealnode: i32, secs: u64) -> nix::unistd::Pid {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let kids = std::fs::read_to_string(format!("/proc/{sealnode}/task/{sealnode}/children")).unwrap_or_default();
+        let found = kids
+            .split_whitespace()
+            .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sealnode-gate"))
+            .and_then(|p| p.parse::<i32>().ok());
+        if let Some(p) = found {
+            let pid = nix::unistd::Pid::from_raw(p);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the measurement");
+            return pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no gate measurement under pid {sealnode} within {secs} s");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
