@@ -429,6 +429,8 @@ impl Cell {
         // the role's ids, removes files and exits.
         match unsafe { nix::unistd::fork() }? {
             nix::unistd::ForkResult::Child => {
+                // Named for `ps` (and the tests that find it).
+                let _ = nix::sys::prctl::set_name(c"sealnode-wipe");
                 let code = match self.wipe_child(target, ids) {
                     Ok(()) => 0,
                     Err(e) => e as i32,
@@ -473,13 +475,31 @@ impl Cell {
     }
 }
 
-/// What a wipe child's exit says: done, the errno it failed with, or ECHILD when it was killed
-/// (out of memory, a signal) rather than failing.
-pub fn wipe_result(ws: nix::sys::wait::WaitStatus) -> std::result::Result<(), Errno> {
+/// Why a wipe did not empty a scratch dir.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WipeFailed {
+    /// It failed with this errno (EACCES: another user's file; EBUSY: a mount point).
+    Errno(Errno),
+    /// It was killed by this signal (out of memory, an operator, a stop's deadline).
+    Killed(i32),
+}
+
+impl std::fmt::Display for WipeFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WipeFailed::Errno(e) => write!(f, "{e}"),
+            WipeFailed::Killed(s) => write!(f, "the wipe was killed (signal {s})"),
+        }
+    }
+}
+
+/// What a wipe child's exit says: done, the errno it failed with, or the signal that killed it.
+pub fn wipe_result(ws: nix::sys::wait::WaitStatus) -> std::result::Result<(), WipeFailed> {
     match ws {
         nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
-        nix::sys::wait::WaitStatus::Exited(_, e) => Err(Errno::from_raw(e)),
-        _ => Err(Errno::ECHILD),
+        nix::sys::wait::WaitStatus::Exited(_, e) => Err(WipeFailed::Errno(Errno::from_raw(e))),
+        nix::sys::wait::WaitStatus::Signaled(_, s, _) => Err(WipeFailed::Killed(s as i32)),
+        _ => Err(WipeFailed::Errno(Errno::ECHILD)),
     }
 }
 

@@ -123,7 +123,7 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
             crate::supervisor::open_scratch(&cfg, inv, role)
                 .map(|_| cfg.role(role).scratch.display().to_string())
                 .map_err(|e| e.to_string()),
-            "the role's own dir: its owner, no one else may write it (wiped before every start)",
+            "the role's own dir: its owner, no one else may write it (wiped before the cell starts its roles, at a reload and a recycle; a role's own restart keeps it)",
         );
     }
     // The denial log takes each role's seccomp listener with pidfd_getfd, which a unit's

@@ -19,6 +19,10 @@ pub const CACHE_FILE: &str = "model-digests.json";
 const CACHE_VERSION: u32 = 1;
 /// More files than this in a model dir is a config mistake (a home dir, a whole disk).
 pub const MAX_FILES: usize = 100_000;
+/// The model files' subject names together may take at most this many bytes: they go into
+/// every statement and the measurement's answer (found by review: long names of many files made
+/// an answer `run` refused while `check` passed).
+pub const MAX_NAME_BYTES: usize = 8 << 20;
 /// How much is hashed between two looks at `stop`.
 const STOP_EVERY: u64 = 64 << 20;
 
@@ -189,7 +193,16 @@ pub fn models_with(
     )
     .map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
     let mut count = 0;
+    let mut name_bytes = 0;
     walk(&root, Path::new(""), 0, &mut stats, &mut count, &mut |rel, mut f, stats| {
+        let subject = subject_name(rel);
+        name_bytes += subject.len();
+        if name_bytes > MAX_NAME_BYTES {
+            return Err(Error::io(
+                format!("the model files' names come to more than {} MiB", MAX_NAME_BYTES >> 20),
+                std::io::Error::other("not a model dir"),
+            ));
+        }
         let path = dir.join(rel);
         let md = f.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
         let name = path.display().to_string();
@@ -207,7 +220,7 @@ pub fn models_with(
             }
         };
         stats.files += 1;
-        out.push((subject_name(rel), entry.sha256.clone()));
+        out.push((subject, entry.sha256.clone()));
         new.files.insert(name, entry);
         Ok(())
     })?;
@@ -250,6 +263,26 @@ fn read_cache(state: &OwnedFd) -> Option<Cache> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Long names of many files: refused by the walk, before any cache is written.
+    #[test]
+    fn names_beyond_their_budget_are_refused() {
+        let t = tempfile::tempdir().expect("tmp");
+        let models = t.path().join("models");
+        let mut deep = models.clone();
+        for i in 0..8 {
+            deep.push(format!("{i}{}", "d".repeat(249)));
+        }
+        std::fs::create_dir_all(&deep).expect("mkdir");
+        let per = "model:".len() + deep.strip_prefix(&models).expect("under").as_os_str().len() + 6;
+        for i in 0..MAX_NAME_BYTES / per + 1 {
+            std::fs::write(deep.join(format!("{i:05}")), b"").expect("write");
+        }
+        let state: OwnedFd = std::fs::File::open(t.path()).expect("open").into();
+        let e = models_with(&models, Some(&state), true, t.path(), &|| false).expect_err("over the budget");
+        assert!(e.to_string().contains("names come to more than 8 MiB"), "{e}");
+        assert!(!t.path().join(CACHE_FILE).exists(), "a cache written for a refused dir");
+    }
 
     #[test]
     fn files_are_hashed_once_then_again_when_they_change() {

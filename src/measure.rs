@@ -312,6 +312,17 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
     if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
         return Err(bad(format!("{shown} changed while it was opened")));
     }
+    // The copy is granted from the mode bits alone: an ACL's grants and denials would be lost
+    // in it (found by review: a role an ACL denied ran the copy).
+    match crate::sys::has_access_acl(fd.as_fd()) {
+        Ok(false) => {}
+        Ok(true) => {
+            return Err(bad(format!(
+                "{shown} carries a POSIX ACL: its sealed copy is granted from the mode bits alone, which would drop what the ACL grants or denies; remove it (setfacl -b) and set the mode"
+            )))
+        }
+        Err(e) => return Err(bad(format!("read the ACL of {shown}: {}", e.desc()))),
+    }
     // SAFETY: the plan's memfd, open in this process for as long as the plan lives; wrapped
     // without taking ownership (ManuallyDrop: never closed here).
     let mut copy = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(p.memfd) });
@@ -621,6 +632,11 @@ impl Worker {
         self.status.is_some()
     }
 
+    /// Its pipe reached its end (it exited, or closed it).
+    pub fn eof(&self) -> bool {
+        self.eof
+    }
+
     /// Its answer, once it exited.
     pub fn answer(&self) -> std::result::Result<Measured, String> {
         match self.status {
@@ -730,6 +746,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A program with a POSIX ACL is refused: its copy would lose what the ACL denies.
+    #[test]
+    fn a_program_with_an_acl_is_refused() {
+        let d = tree();
+        let prog = d.path().join("prog");
+        std::fs::copy("/usr/bin/true", &prog).expect("copy");
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        // user::rwx user:61001:--- group::r-x mask::r-x other::r-x (the kernel's xattr layout).
+        let mut acl = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in
+            [(1u16, 7u16, u32::MAX), (2, 0, 61001), (4, 5, u32::MAX), (0x10, 5, u32::MAX), (0x20, 5, u32::MAX)]
+        {
+            acl.extend(tag.to_le_bytes());
+            acl.extend(perm.to_le_bytes());
+            acl.extend(id.to_le_bytes());
+        }
+        let path = std::ffi::CString::new(prog.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: valid NUL-terminated strings and a buffer of the length given.
+        let r = unsafe {
+            libc::setxattr(path.as_ptr(), c"system.posix_acl_access".as_ptr(), acl.as_ptr().cast(), acl.len(), 0)
+        };
+        assert_eq!(r, 0, "setxattr: {}", Errno::last());
+        let memfd = crate::sealed::memfd("t").expect("memfd");
+        let m = run(&job_for(&prog, memfd.as_raw_fd(), None), None);
+        assert!(m.problems.first().is_some_and(|p| p.reason.contains("carries a POSIX ACL")), "{m:?}");
     }
 
     /// What is not a regular ELF file of a trusted owner is refused, without blocking on it

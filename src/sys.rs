@@ -3,7 +3,7 @@
 //! `// SAFETY:` argument.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -633,6 +633,21 @@ pub fn seccomp_notif_fail(listener: RawFd, id: u64, errno: i32) -> Result<(), Er
 }
 
 /// What a file's type is, in words ("a FIFO").
+/// Whether the open file `fd` carries a POSIX access ACL (beyond its mode bits). A filesystem
+/// without extended attributes has none.
+pub fn has_access_acl(fd: BorrowedFd) -> Result<bool, Errno> {
+    // SAFETY: a NULL buffer of size 0 only asks for the value's size; the name is a valid
+    // NUL-terminated string.
+    let n = unsafe { libc::fgetxattr(fd.as_raw_fd(), c"system.posix_acl_access".as_ptr(), std::ptr::null_mut(), 0) };
+    match n {
+        n if n >= 0 => Ok(true),
+        _ => match Errno::last() {
+            Errno::ENODATA | Errno::EOPNOTSUPP => Ok(false),
+            e => Err(e),
+        },
+    }
+}
+
 pub fn file_kind(mode: u32) -> &'static str {
     match mode & libc::S_IFMT {
         libc::S_IFREG => "a regular file",

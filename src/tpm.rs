@@ -389,8 +389,8 @@ pub fn parse_ak_public(b: &[u8]) -> Result<AkPublic, String> {
     Ok(AkPublic { key, name, attributes })
 }
 
-/// How long one statement's TPM work may take, all tools and tries together; the supervisor
-/// answers nothing else meanwhile.
+/// How long one statement's TPM work may take, all tools and tries together (off the loop:
+/// the supervisor reaps the tools like any child and keeps serving meanwhile).
 pub const QUOTE_DEADLINE: Duration = Duration::from_secs(10);
 /// After a TPM did not answer in time, statements fail at once for this long instead of each
 /// waiting out the deadline again.

@@ -832,3 +832,85 @@ fn a_node_admitted_while_the_engine_went_down_waits_for_the_engine() {
         assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }
+
+/// Found by review (#25): a SIGHUP while the first start's scratch wipes ran began a reload's
+/// dry run that the start's pass then replaced: the SIGHUP was lost, its measurement leaked, and
+/// the start's later refusals were taken for the reload's. Now a SIGHUP then is refused, said
+/// so, and the start goes on.
+#[test]
+fn a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on() {
+    for mode in modes() {
+        let f = cell(mode, "hup-wipe", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        fill_scratch(&f, 20_000);
+        let run = start(&f, &[]);
+        let wipe = stop_child_named(run.pid().as_raw(), "sealnode-wipe", 60);
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        assert!(
+            wait_until(Duration::from_secs(30), || ctl(&f, "status")["reload"]["ok"] == false),
+            "{mode:?}: no reload outcome: {}",
+            ctl(&f, "status")
+        );
+        let st = ctl(&f, "status");
+        assert!(st["reload"]["error"].as_str().is_some_and(|e| e.contains("in progress")), "{mode:?}: {st}");
+        assert!(st["gate"].is_null(), "{mode:?}: a pass began while the wipes ran: {st}");
+        kill(wipe, Signal::SIGCONT).expect("SIGCONT");
+        run.out_line(60, |l| l == "node-up");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(err.matches("preflight passed; receipt written").count(), 1, "{mode:?}: {err}");
+    }
+}
+
+/// Found by review (#25): once the probes were done, their hung-up pipes stayed in the epoll
+/// set and the loop spun at 100% CPU for as long as the measurement ran. Here the measurement is
+/// held (SIGSTOP) for 3 s after the probes finished: the supervisor uses almost no CPU.
+#[test]
+fn a_held_measurement_costs_the_loop_no_cpu() {
+    for mode in modes() {
+        let f = cell(mode, "gate-spin", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let run = start(&f, &[]);
+        let pid = run.pid().as_raw();
+        let worker = stop_gate_measurement(pid, 60);
+        // The probes run to their end meanwhile (their canary battery takes well under a second).
+        std::thread::sleep(Duration::from_secs(2));
+        let before = cpu_time(pid);
+        std::thread::sleep(Duration::from_secs(3));
+        let used = cpu_time(pid) - before;
+        kill(worker, Signal::SIGCONT).expect("SIGCONT");
+        run.out_line(60, |l| l == "node-up");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(used < Duration::from_millis(300), "{mode:?}: the supervisor used {used:?} of CPU in 3 s, waiting");
+    }
+}
+
+/// Found by review (#25): a stop waited for a scratch wipe however long it took, and a stopped
+/// wipe child (SIGSTOP, by anyone with the role's host uid) held the exit forever. A stop to
+/// exit now gives a wipe the roles' grace period (stop_timeout_s, 2 s here), then kills it.
+#[test]
+fn a_stop_gives_a_held_wipe_its_grace_period_only() {
+    for mode in modes() {
+        let f = cell(mode, "held-wipe", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        fill_scratch(&f, 20_000);
+        let run = start(&f, &[]);
+        stop_child_named(run.pid().as_raw(), "sealnode-wipe", 60);
+        let (code, secs, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(secs < 10.0, "{mode:?}: the stop took {secs:.1} s");
+        assert!(err.contains("the scratch wipe did not finish within the stop's grace period"), "{mode:?}: {err}");
+        assert!(err.contains("the wipe was killed (signal 9)"), "{mode:?}: {err}");
+        assert!(!err.contains("role started"), "{mode:?}: {err}");
+    }
+}
+
+/// `n` files in the node's scratch, the node's own (what a node could leave there): its wipe
+/// at the next start then lasts long enough to be found and held.
+fn fill_scratch(f: &Fixture, n: usize) {
+    let owner = if f.mode == Mode::Rootful { NODE_IDS.0 } else { NOBODY };
+    let dir = f.p("node-scratch");
+    for i in 0..n {
+        let p = dir.join(format!("f{i}"));
+        std::fs::write(&p, "").expect("write");
+        std::os::unix::fs::lchown(&p, Some(owner), Some(owner)).expect("chown");
+    }
+}

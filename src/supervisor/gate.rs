@@ -135,9 +135,17 @@ impl Gate {
         self.job.as_ref().map(|j| j.purpose)
     }
 
-    /// Start a pass for `roles`. What fails before anything runs is refused at once.
+    /// Start a pass for `roles`. What fails before anything runs is refused at once, and so is
+    /// a second pass while one runs (its worker and probes would be lost: found by review).
     pub fn begin(&mut self, ctx: &Ctx, roles: &[Role], purpose: Purpose) -> Result<(), Outcome> {
         let refuse = |code: i32, e: Error| Outcome::Refused { code, message: e.to_string(), details: Vec::new() };
+        if self.busy() {
+            return Err(Outcome::Refused {
+                code: exit::PREFLIGHT_ERROR,
+                message: "preflight could not run: another pass through the gate is running (internal error)".into(),
+                details: Vec::new(),
+            });
+        }
         let targets = canary::targets(ctx.cfg).map_err(|e| Outcome::Refused {
             code: exit::PREFLIGHT_ERROR,
             message: format!("preflight could not run: {e}"),
@@ -210,14 +218,24 @@ impl Gate {
         Ok(())
     }
 
-    /// A gate pipe is readable (or hung up).
-    pub fn handle(&mut self, token: u64) {
+    /// A gate pipe is readable (or hung up). A pipe at its end leaves the epoll set at once: a
+    /// hung-up pipe stays ready, and the loop would spin on it until the rest of the pass is
+    /// done (found by review: 100% CPU while a long measurement ran).
+    pub fn handle(&mut self, token: u64, epoll: &Epoll) {
         let Some(job) = self.job.as_mut() else { return };
         match (token & !crate::egress::TOKEN_KIND) as usize {
-            0 => job.worker.pump(),
+            0 => {
+                job.worker.pump();
+                if job.worker.eof() {
+                    let _ = epoll.delete(job.worker.out.as_fd());
+                }
+            }
             i => {
                 if let Some(p) = job.probes.get_mut(i - 1) {
                     pump(p);
+                    if p.eof {
+                        let _ = epoll.delete(p.probe.out.as_fd());
+                    }
                 }
             }
         }

@@ -169,7 +169,10 @@ pub struct Supervisor {
     reloading: bool,
     /// Scratch wipes in flight (slots in State::Wiping), and what follows them.
     wipe_for: Option<WipeFor>,
-    wipe_failed: Vec<(Role, Errno)>,
+    wipe_failed: Vec<(Role, crate::cell::WipeFailed)>,
+    /// A stop to exit waits this long for wipes in flight, then kills them: the next start
+    /// wipes again (found by review: a stopped wipe child held the exit forever).
+    wipe_deadline: Option<Instant>,
     /// The outcome of the last SIGHUP, for `ctl status`.
     last_reload: Option<serde_json::Value>,
     /// Held for the supervisor's lifetime: one `sealnode run` per state dir and runtime dir.
@@ -454,6 +457,7 @@ impl Supervisor {
             reloading: false,
             wipe_for: None,
             wipe_failed: Vec::new(),
+            wipe_deadline: None,
             last_reload: None,
             _lock: lock,
             _runtime_lock: runtime_lock,
@@ -507,7 +511,7 @@ impl Supervisor {
                     TOKEN_CLIENT => self.on_client(token & !TOKEN_KIND),
                     TOKEN_OUTPUT => self.on_output(token & !TOKEN_KIND),
                     TOKEN_REFUSED => self.on_refused((token & !TOKEN_KIND) as usize),
-                    gate::TOKEN_GATE => self.gate.handle(token),
+                    gate::TOKEN_GATE => self.gate.handle(token, &self.epoll),
                     _ => self.fwd.handle(&self.epoll, token, ev.events()),
                 }
             }
@@ -541,9 +545,10 @@ impl Supervisor {
             });
             match spawned {
                 Ok(pid) => self.slot(role).state = State::Wiping(pid),
-                Err(e) => self.wipe_failed.push((role, e)),
+                Err(e) => self.wipe_failed.push((role, crate::cell::WipeFailed::Errno(e))),
             }
         }
+        self.arm_wipe_deadline();
     }
 
     /// A wipe child exited: its role is down, its result kept for [`Supervisor::after_wipes`].
@@ -564,13 +569,14 @@ impl Supervisor {
             return None;
         }
         self.wipe_for = None;
+        self.wipe_deadline = None;
         let failed = std::mem::take(&mut self.wipe_failed);
         let next = match self.stopping {
             // A stop that came during a start's wipes ends the loop like any stop.
             Some((code, After::Exit)) => {
                 for (role, e) in &failed {
                     let dir = self.cfg.role(*role).scratch.display().to_string();
-                    tracing::warn!(role = %role, dir, error = %e, "could not wipe scratch");
+                    tracing::warn!(role = %role, dir, error = %e, "could not wipe scratch (the next start wipes it)");
                 }
                 return Some(self.finish_stop(code));
             }
@@ -588,10 +594,10 @@ impl Supervisor {
         for (role, e) in &failed {
             let dir = self.cfg.role(*role).scratch.display().to_string();
             let hint = match e {
-                Errno::EACCES | Errno::EPERM => {
+                crate::cell::WipeFailed::Errno(Errno::EACCES | Errno::EPERM) => {
                     " (it holds files the role cannot have left there: another host user's; remove them by hand)"
                 }
-                Errno::EBUSY => " (a mount point inside it: unmount it)",
+                crate::cell::WipeFailed::Errno(Errno::EBUSY) => " (a mount point inside it: unmount it)",
                 _ => "",
             };
             tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
@@ -687,7 +693,11 @@ impl Supervisor {
     /// The gate answered: start what passed, stop on what did not; a reload's dry run goes on
     /// to the reload or is refused.
     fn poll_gate(&mut self) {
-        let outcome = match self.gate.purpose() {
+        // Each outcome goes to what its pass was for: a start's refusal stops the cell, a dry
+        // run's refuses the reload (found by review: a start's refusal taken for a reload's
+        // left the role starting forever).
+        let purpose = self.gate.purpose();
+        let outcome = match purpose {
             Some(gate::Purpose::DryRun) => {
                 let Some(new) = self.reload_candidate.as_ref() else { return };
                 self.gate.poll(new, &self.epoll)
@@ -698,7 +708,7 @@ impl Supervisor {
         match outcome {
             None => {}
             Some(gate::Outcome::Passed(p)) if p.purpose == gate::Purpose::DryRun => self.reload_passed(),
-            Some(o @ gate::Outcome::Refused { .. }) if self.reload_candidate.is_some() => self.reload_refused(o),
+            Some(o @ gate::Outcome::Refused { .. }) if purpose == Some(gate::Purpose::DryRun) => self.reload_refused(o),
             Some(gate::Outcome::Passed(p)) => {
                 if let Err(code) = self.admit(*p) {
                     self.begin_stop(code, After::Exit);
@@ -1158,6 +1168,7 @@ impl Supervisor {
         d.extend(self.fwd.next_lookup_deadline());
         d.extend(self.quote_job.as_ref().map(|(j, _)| j.deadline()));
         d.extend(self.republish_at);
+        d.extend(self.wipe_deadline);
         d.extend(self.gate.next_deadline());
         d.into_iter().min()
     }
@@ -1449,7 +1460,10 @@ impl Supervisor {
     /// an engine allowed to connect would reach it and look like an escape), while the old
     /// roles keep running; then both roles are stopped and started again through the gate.
     fn reload(&mut self) {
-        if self.stopping.is_some() || self.pending.is_some() || self.gate.busy() {
+        // Busy includes the wipes before the first start: that start's pass is next, and a
+        // dry run begun meanwhile would meet it (found by review: the SIGHUP was lost and the
+        // start's refusals were taken for the reload's).
+        if self.stopping.is_some() || self.pending.is_some() || self.gate.busy() || self.wipe_for.is_some() {
             tracing::warn!("SIGHUP ignored: a start, stop, restart, recycle or reload is in progress");
             self.last_reload = Some(serde_json::json!({
                 "ok": false,
@@ -1660,7 +1674,16 @@ impl Supervisor {
                 s.state = State::Down;
             }
         }
+        self.arm_wipe_deadline();
         self.stop_next();
+    }
+
+    /// A stop to exit gives wipes in flight the grace period the roles get.
+    fn arm_wipe_deadline(&mut self) {
+        let exiting = matches!(self.stopping, Some((_, After::Exit)));
+        if exiting && self.wipe_deadline.is_none() && self.slots.iter().any(|s| matches!(s.state, State::Wiping(_))) {
+            self.wipe_deadline = Some(Instant::now() + Duration::from_secs(self.cfg.cell.stop_timeout_s));
+        }
     }
 
     /// Stop in reverse order: the node first, the engine once the node is down.
@@ -1683,6 +1706,15 @@ impl Supervisor {
 
     fn on_timers(&mut self) {
         let now = Instant::now();
+        if self.wipe_deadline.is_some_and(|t| t <= now) {
+            self.wipe_deadline = None;
+            for s in &self.slots {
+                if let State::Wiping(pid) = s.state {
+                    tracing::warn!(role = %s.role, pid = pid.as_raw(), "the scratch wipe did not finish within the stop's grace period; killed (the next start wipes again)");
+                    let _ = kill(pid, Signal::SIGKILL);
+                }
+            }
+        }
         self.expire_clients();
         if self.quote_job.as_ref().is_some_and(|(j, _)| j.deadline() <= now) {
             self.quote_progress(None);

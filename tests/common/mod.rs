@@ -855,19 +855,41 @@ pub fn lines_until(lines: &std::sync::mpsc::Receiver<String>, secs: u64, pred: i
 /// supervisor `sealnode`: found and stopped with SIGSTOP, it holds a pass through the gate open
 /// for as long as a test needs (SIGCONT lets it finish; the supervisor's SIGKILL ends it).
 pub fn stop_gate_measurement(sealnode: i32, secs: u64) -> nix::unistd::Pid {
+    stop_child_named(sealnode, "sealnode-gate", secs)
+}
+
+/// A child of `sealnode` whose name (comm) is `name` (`sealnode-gate`, `sealnode-wipe`), found
+/// within `secs` and stopped with SIGSTOP.
+pub fn stop_child_named(sealnode: i32, name: &str, secs: u64) -> nix::unistd::Pid {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
         let kids = std::fs::read_to_string(format!("/proc/{sealnode}/task/{sealnode}/children")).unwrap_or_default();
         let found = kids
             .split_whitespace()
-            .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sealnode-gate"))
+            .find(|p| {
+                // A child that already exited (a zombie) keeps its name: not one to hold.
+                let alive = std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| !r.starts_with('Z')));
+                alive && std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == name)
+            })
             .and_then(|p| p.parse::<i32>().ok());
         if let Some(p) = found {
             let pid = nix::unistd::Pid::from_raw(p);
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the measurement");
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the child");
             return pid;
         }
-        assert!(std::time::Instant::now() < deadline, "no gate measurement under pid {sealnode} within {secs} s");
+        assert!(std::time::Instant::now() < deadline, "no {name} under pid {sealnode} within {secs} s");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// CPU time (user + system) a process has used so far.
+pub fn cpu_time(pid: i32) -> std::time::Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = stat.rsplit_once(") ").map(|(_, r)| r).expect("stat format");
+    let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+    // utime and stime are fields 14 and 15 of the whole line (11 and 12 after the name).
+    // SAFETY: sysconf takes a plain integer.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    std::time::Duration::from_millis((f[11] + f[12]) * 1000 / hz)
 }
