@@ -140,6 +140,274 @@ pub fn receipt(data: &[u8]) {
     }
 }
 
+/// The fuzz targets' ed25519 key. Its seed is public: it signs nothing but fuzz inputs.
+pub fn fuzz_key() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[7u8; 32])
+}
+
+/// The nonce an `attestation` input may ask the verifier to expect.
+pub const FUZZ_NONCE: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+
+/// What an `attestation` input stands for: the envelope to verify and what the verifier
+/// expects (the arguments a gateway would give `verify-attestation`).
+#[derive(Debug, Clone)]
+pub struct AttestationCase {
+    pub envelope: Vec<u8>,
+    pub nonce: Option<String>,
+    pub subjects: Vec<(String, String)>,
+    pub min_generation: Option<u64>,
+}
+
+/// Byte 0 chooses: bit 0, the rest is a whole envelope (0) or a payload this target signs
+/// with [`fuzz_key`] into a DSSE envelope (1: the fuzzer then reaches the statement's parser
+/// and checks, behind the signature); bit 1, the verifier expects [`FUZZ_NONCE`] (else none);
+/// bit 2, it expects `engine.program` and `model:model.gguf` to be sha256("x"); bit 3, it
+/// expects generation 2 or later.
+pub fn attestation_case(data: &[u8]) -> Option<AttestationCase> {
+    use base64::Engine as _;
+    use ed25519_dalek::Signer as _;
+    let (&flags, rest) = data.split_first()?;
+    let envelope = if flags & 1 == 0 {
+        rest.to_vec()
+    } else {
+        let key = fuzz_key();
+        let sig = key.sign(&crate::attest::pae(crate::attest::PAYLOAD_TYPE, rest));
+        let b64 = base64::engine::general_purpose::STANDARD;
+        serde_json::to_vec(&crate::attest::Envelope {
+            payload_type: crate::attest::PAYLOAD_TYPE.into(),
+            payload: b64.encode(rest),
+            signatures: vec![crate::attest::Signature {
+                keyid: crate::attest::keyid(&key.verifying_key()),
+                sig: b64.encode(sig.to_bytes()),
+            }],
+            tpm_quote: None,
+        })
+        .ok()?
+    };
+    let x = crate::atomic::sha256_hex(b"x");
+    Some(AttestationCase {
+        envelope,
+        nonce: (flags & 2 != 0).then(|| FUZZ_NONCE.to_string()),
+        subjects: if flags & 4 != 0 {
+            vec![("engine.program".into(), x.clone()), ("model:model.gguf".into(), x)]
+        } else {
+            Vec::new()
+        },
+        min_generation: (flags & 8 != 0).then_some(2),
+    })
+}
+
+/// What a gateway receives from the network: a DSSE envelope verified with a key and
+/// expectations ([`attestation_case`]). A verdict either way, never a panic; a failure says
+/// why; an acceptance holds what it claims (the expected nonce, subjects and generation; the
+/// v2 predicate; no subject twice).
+pub fn attestation(data: &[u8]) {
+    let Some(c) = attestation_case(data) else { return };
+    let expect = crate::attest::Expect {
+        nonce: c.nonce.clone(),
+        subjects: c.subjects.clone(),
+        min_generation: c.min_generation,
+        tpm_ak: None,
+    };
+    match crate::attest::verify(&c.envelope, &fuzz_key().verifying_key(), &expect) {
+        Err(f) => assert!(!format!("{f:?}").is_empty()),
+        Ok((st, said)) => {
+            assert!(!said.is_empty(), "accepted without saying what was verified");
+            assert_eq!(st.predicate_type, crate::attest::PREDICATE_TYPE);
+            assert!(st.predicate.nonce.as_deref().map(str::to_ascii_lowercase) == c.nonce, "nonce");
+            if let Some(min) = c.min_generation {
+                assert!(st.predicate.generation >= min, "generation");
+            }
+            let mut names = std::collections::BTreeSet::new();
+            assert!(st.subject.iter().all(|s| names.insert(s.name.clone())), "a subject twice");
+            for (name, want) in &c.subjects {
+                let got = st.subject.iter().find(|s| &s.name == name).and_then(|s| s.digest.get("sha256"));
+                assert!(got.is_some_and(|g| g.eq_ignore_ascii_case(want)), "{name} accepted with {got:?}");
+            }
+        }
+    }
+}
+
+/// The fuzz targets' TPM attestation key (P-256). Its scalar is public: it signs nothing but
+/// fuzz inputs.
+pub fn fuzz_ak() -> p256::ecdsa::SigningKey {
+    let mut d = [0u8; 32];
+    d[31] = 7;
+    p256::ecdsa::SigningKey::from_bytes(&d.into()).expect("a valid scalar")
+}
+
+/// The payload and nonce a `tpm_quote` input's quote is checked against.
+pub const FUZZ_PAYLOAD: &[u8] = b"{\"_type\":\"fuzz\"}";
+
+/// A TPMT_SIGNATURE (ECDSA, sha256) of `attest` by [`fuzz_ak`], as a TPM writes it.
+pub fn fuzz_tpm_signature(attest: &[u8]) -> Vec<u8> {
+    use p256::ecdsa::signature::Signer as _;
+    let sig: p256::ecdsa::Signature = fuzz_ak().sign(attest);
+    let (r, s) = sig.split_bytes();
+    let mut v = vec![0x00, 0x18, 0x00, 0x0b];
+    for part in [r, s] {
+        v.extend_from_slice(&(part.len() as u16).to_be_bytes());
+        v.extend_from_slice(&part);
+    }
+    v
+}
+
+/// What a `tpm_quote` input stands for: a quote over [`FUZZ_PAYLOAD`] by [`fuzz_ak`].
+#[derive(Debug, Clone)]
+pub struct QuoteCase {
+    pub attest: Vec<u8>,
+    pub signature: Vec<u8>,
+    pub nonce: Option<Vec<u8>>,
+    pub quote: crate::tpm::Quote,
+}
+
+/// Byte 0 chooses: bit 0, the signature is made here by [`fuzz_ak`] over the TPMS_ATTEST
+/// (1: the fuzzer reaches the parser and the checks behind the signature) or taken from the
+/// input; bit 1, the statement answers the nonce "fuzz-nonce" (else none). Then a u16 (big
+/// endian) length and the TPMS_ATTEST; then, with bit 0 clear, the TPMT_SIGNATURE. The PCR
+/// values given are those a real quote over [`FUZZ_PAYLOAD`] carries: 0-7 zero, 23 the
+/// statement's.
+pub fn quote_case(data: &[u8]) -> Option<QuoteCase> {
+    use base64::Engine as _;
+    let (&flags, rest) = data.split_first()?;
+    if rest.len() < 2 {
+        return None;
+    }
+    let n = u16::from_be_bytes([rest[0], rest[1]]) as usize;
+    let attest = rest.get(2..2 + n)?.to_vec();
+    let signature = if flags & 1 != 0 { fuzz_tpm_signature(&attest) } else { rest[2 + n..].to_vec() };
+    let mut pcrs = std::collections::BTreeMap::new();
+    for i in 0..8 {
+        pcrs.insert(i.to_string(), hex::encode([0u8; 32]));
+    }
+    pcrs.insert(crate::tpm::PCR.to_string(), hex::encode(crate::tpm::expected_pcr(FUZZ_PAYLOAD)));
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let quote = crate::tpm::Quote {
+        ak: crate::tpm::ak_id(fuzz_ak().verifying_key()),
+        pcrs,
+        attest: b64.encode(&attest),
+        signature: b64.encode(&signature),
+    };
+    Some(QuoteCase { attest, signature, nonce: (flags & 2 != 0).then(|| b"fuzz-nonce".to_vec()), quote })
+}
+
+/// The TPM's quote as a verifier checks it (TPMS_ATTEST, TPMT_SIGNATURE, PCRs, nonce), and an
+/// attestation key's public area (TPM2B_PUBLIC) as `attest tpm-init` reads it, both from
+/// bytes a TPM (or whoever stands between) wrote. A verdict, never a panic; an acceptance
+/// holds: the quote is over this payload's PCR 23, with this nonce's qualifying data.
+pub fn tpm_quote(data: &[u8]) {
+    if let Some(c) = quote_case(data) {
+        match crate::tpm::verify(&c.quote, fuzz_ak().verifying_key(), FUZZ_PAYLOAD, c.nonce.as_deref()) {
+            Err(e) => assert!(!e.is_empty(), "an empty TPM error"),
+            Ok(said) => {
+                let a = crate::tpm::parse_attest(&c.attest).expect("accepted, so it parses");
+                assert_eq!(a.extra_data, crate::tpm::qualifying_data(c.nonce.as_deref()), "nonce");
+                assert!(a.pcrs.contains(&crate::tpm::PCR) && !said.is_empty());
+            }
+        }
+    }
+    if let Err(e) = crate::tpm::parse_ak_public(data) {
+        assert!(!e.is_empty(), "an empty AK error");
+    }
+}
+
+/// The devices a `cdi` input's spec is asked for.
+pub const FUZZ_CDI_DEVICES: &[&str] = &["nvidia.com/gpu=0", "nvidia.com/gpu=all"];
+
+/// A CDI spec (YAML or JSON, as `nvidia-ctk cdi generate` writes it), read into a role's
+/// edits. A rejection names its entry and says why; an acceptance keeps every promise of
+/// docs/gpu.md: device nodes only under /dev/, every path absolute with no '.' or '..', only
+/// valid variable names, only the devices asked for.
+pub fn cdi(data: &[u8]) {
+    let wanted: Vec<String> = FUZZ_CDI_DEVICES.iter().map(|s| s.to_string()).collect();
+    match crate::cdi::edits(data, &wanted) {
+        Err(e) => assert!(e.len() > 4, "an unclear CDI error: {e:?}"),
+        Ok(ed) => {
+            let clean = |p: &Path| {
+                p.is_absolute()
+                    && !p
+                        .components()
+                        .any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir))
+            };
+            for n in &ed.nodes {
+                assert!(n.path.starts_with("/dev/") && clean(&n.path), "node {}", n.path.display());
+            }
+            for m in &ed.mounts {
+                assert!(clean(&m.host) && clean(&m.inside), "mount {} -> {}", m.host.display(), m.inside.display());
+            }
+            for (k, _) in &ed.env {
+                assert!(
+                    k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "variable {k:?}"
+                );
+            }
+            assert!(ed.devices.iter().all(|d| wanted.contains(d)), "{:?}", ed.devices);
+        }
+    }
+}
+
+/// A control-socket reply as `ctl status` and `ctl metrics` read it (a JSON line), shown as
+/// the status table and as Prometheus text. Never a panic; the table carries no control
+/// character but newlines (a string in the reply cannot drive the operator's terminal); each
+/// exposition line is a comment or one well-formed sample.
+pub fn control_reply(data: &[u8]) {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { return };
+    let table = crate::status_text::render(&v);
+    assert!(
+        !table.chars().any(|c| c != '\n' && (c.is_control() || crate::log::invisible_or_reordering(c))),
+        "a control character in the status table: {table:?}"
+    );
+    let text = crate::metrics::render(&v);
+    for line in text.lines() {
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            continue;
+        }
+        assert!(sample_ok(line), "not a Prometheus sample: {line:?}");
+    }
+}
+
+/// `name{label="value",...} number`, the label values escaped as the exposition format says
+/// (backslash, double quote and newline escaped; nothing else special).
+fn sample_ok(line: &str) -> bool {
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    let name = &line[..name_end];
+    let name_ok = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+    if !name_ok {
+        return false;
+    }
+    let mut rest = &line[name_end..];
+    if let Some(r) = rest.strip_prefix('{') {
+        let mut chars = r.char_indices().peekable();
+        let mut in_value = false;
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match (in_value, c) {
+                (true, '\\') => {
+                    if !matches!(chars.next(), Some((_, '\\' | '"' | 'n'))) {
+                        return false;
+                    }
+                }
+                (true, '"') => in_value = false,
+                (true, '\n') => return false,
+                (false, '"') => in_value = true,
+                (false, '}') => {
+                    end = Some(i);
+                    break;
+                }
+                (false, c) if c.is_ascii_alphanumeric() || c == '_' || c == '=' || c == ',' => {}
+                (true, _) => {}
+                (false, _) => return false,
+            }
+        }
+        let Some(end) = end else { return false };
+        rest = &r[end + 1..];
+    }
+    let Some(value) = rest.strip_prefix(' ') else { return false };
+    value.parse::<f64>().is_ok() || matches!(value, "+Inf" | "-Inf" | "NaN")
+}
+
 /// One fuzz entry point.
 pub type Target = fn(&[u8]);
 
@@ -150,4 +418,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("seccomp", seccomp),
     ("control", control),
     ("receipt", receipt),
+    ("attestation", attestation),
+    ("tpm_quote", tpm_quote),
+    ("cdi", cdi),
+    ("control_reply", control_reply),
 ];

@@ -38,6 +38,7 @@ pub mod ratelimit;
 pub mod receipt;
 pub mod sandbox;
 pub mod sealed;
+pub mod status_text;
 pub mod supervisor;
 pub mod sys;
 pub mod tpm;

@@ -98,7 +98,7 @@ pub fn say(message: &str) {
 /// Characters that reorder or break what a reader sees without being control characters:
 /// the line and paragraph separators and the bidirectional overrides, embeddings, isolates and
 /// marks (a right-to-left override can make a line read as something else).
-fn invisible_or_reordering(c: char) -> bool {
+pub fn invisible_or_reordering(c: char) -> bool {
     matches!(c, '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{feff}')
         // zero-width spaces and joiners, direction marks, line and paragraph separators,
         // embeddings and overrides, word joiner and invisible operators, isolates, deprecated

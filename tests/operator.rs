@@ -358,6 +358,18 @@ fn metrics_parse_and_count_what_happened() {
         let (_, json, _) = run_out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
         let v: serde_json::Value = serde_json::from_str(&json).expect("status --json");
         assert_eq!(v["roles"][0]["starts"], 1);
+        // The receipt line: its generation, path and start time (an RFC 3339 date, not `?`).
+        let receipt = table.lines().find(|l| l.starts_with("receipt:")).expect("a receipt line");
+        let started = v["receipt"]["started_at"].as_i64().expect("started_at");
+        let date = chrono::DateTime::from_timestamp(started, 0).expect("a time").format("%Y-%m-%dT%H:%M:%SZ");
+        assert!(
+            receipt.contains(&format!(
+                "{}, preflight passed, {} (started {date})",
+                v["receipt"]["generation"],
+                f.p("state/receipt.json").display()
+            )),
+            "{mode:?}: {receipt}"
+        );
         let (code, text, err) = run_out(&f, &["ctl", "--config", &cfg, "metrics"]);
         assert_eq!(code, 0, "{err}");
         // The reference parser: every family and sample, as JSON.
