@@ -318,9 +318,14 @@ pub fn refused(report: &serde_json::Value, name: &str, errnos: &[i32]) {
     }
 }
 
+/// The program `p`: a path as given, a bare name searched in PATH (as a shell would).
 pub fn which(p: &str) -> Option<PathBuf> {
-    let p = Path::new(p);
-    p.exists().then(|| p.to_path_buf())
+    if p.contains('/') {
+        let p = Path::new(p);
+        return p.exists().then(|| p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path).map(|d| d.join(p)).find(|c| c.is_file())
 }
 
 /// A `sealnode run` started by a test. Its stderr (the roles' too) is drained while it runs: a
