@@ -821,11 +821,24 @@ impl Config {
         Ok((&self.loaded.seccomp[role as usize], &self.loaded.landlock[role as usize]))
     }
 
+    /// The config's `cell.runtime_dir` alone (where the control socket is), read from its TOML
+    /// without the rest of the checks: `ctl` reaches a running cell whose config was since
+    /// edited into one that does not load.
+    pub fn runtime_dir_of(file: &Path) -> Result<PathBuf> {
+        let text = std::fs::read_to_string(file).map_err(|e| Error::config(file, "(config file)", cannot_read(e)))?;
+        let v: toml::Table =
+            toml::from_str(&text).map_err(|e| Error::config(file, "(config file)", format!("not TOML: {e}")))?;
+        v.get("cell")
+            .and_then(|c| c.get("runtime_dir"))
+            .and_then(|d| d.as_str())
+            .map(PathBuf::from)
+            .ok_or_else(|| Error::config(file, "cell.runtime_dir", "missing"))
+    }
+
     /// Read and parse without the host checks (ownership is judged against the launcher's
-    /// uid): for clients such as `sealnode ctl`, which only need the runtime dir.
+    /// uid): for clients such as `sealnode attest pubkey`, which only need the state dir.
     pub fn read_for_client(file: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| Error::config(file, "(config file)", format!("cannot read: {e}")))?;
+        let text = std::fs::read_to_string(file).map_err(|e| Error::config(file, "(config file)", cannot_read(e)))?;
         Config::parse(&text, file)
     }
 
@@ -1730,6 +1743,15 @@ fn toml_error(file: &Path, text: &str, e: toml::de::Error, path: Option<String>)
         field.push_str(&format!(" ({at} {l})"));
     }
     Error::config(file, field, reason)
+}
+
+/// Why a config file could not be read, with where else sealnode looks when it is missing.
+pub fn cannot_read(e: std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        format!("cannot read: {e} (give the config with --config FILE, or set SEALNODE_CONFIG)")
+    } else {
+        format!("cannot read: {e}")
+    }
 }
 
 #[cfg(test)]

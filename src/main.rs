@@ -31,7 +31,7 @@ enum Command {
     /// reached, 6 the preflight could not run, 125 a config, policy or setup error.
     Run {
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// Check everything `run` checks before it starts anything, and start nothing (a dry run,
@@ -44,7 +44,7 @@ enum Command {
     /// refuse.
     Check {
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Machine-readable output: {"config", "ok", "checks": [{name, level, value, meaning}]}.
         #[arg(long)]
@@ -56,7 +56,7 @@ enum Command {
     /// 125 if the sandbox could not be set up (the failing step and errno are printed).
     Exec {
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Which role's sandbox.
         #[arg(long, value_enum)]
@@ -70,7 +70,7 @@ enum Command {
     ///
     /// Exit status 0 when every attempt was refused, 1 when any succeeded.
     Canary {
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Only this role (default: both).
         #[arg(long, value_enum)]
@@ -96,11 +96,15 @@ enum Command {
     /// control protocol's answer, docs/control.md); `metrics` prints them as Prometheus text
     /// (or writes a node_exporter textfile); `recycle` drains, wipes and restarts both roles.
     Ctl {
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
+        /// The control socket itself (RUNTIME_DIR/control.sock), used instead of the config's:
+        /// reaches a cell whatever its config file says now.
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
         #[arg(value_enum)]
         command: CtlCommand,
-        /// status: the JSON answer instead of the table.
+        /// status, recycle: the control protocol's JSON answer instead of words.
         #[arg(long)]
         json: bool,
         /// metrics: write the exposition to this file atomically (node_exporter's textfile
@@ -125,7 +129,7 @@ enum Command {
         #[arg(long)]
         nonce: Option<String>,
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// Verify a statement from `sealnode attest` offline: the signature with the given public
@@ -166,7 +170,7 @@ enum Command {
     VerifyReceipt {
         /// The receipt (default: receipt.json in the config's state dir).
         file: Option<PathBuf>,
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// Write a role's compiled seccomp program as raw BPF to stdout (for inspection and for the
@@ -204,7 +208,7 @@ enum Command {
     /// Run sealnode's probe inside a role's sandbox and print what it sees (JSON).
     #[command(hide = true)]
     Probe {
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         #[arg(long, value_enum)]
         role: Role,
@@ -233,7 +237,7 @@ enum AttestAction {
         #[arg(long)]
         force: bool,
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// Print the subjects a statement of this config carries, as NAME=SHA256 lines (what a
@@ -241,7 +245,7 @@ enum AttestAction {
     /// state dir's cache, as `run` does.
     Subjects {
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// Make the TPM's attestation key (`cell.tpm`): an ECC endorsement key, an ECDSA P-256
@@ -252,20 +256,21 @@ enum AttestAction {
         #[arg(long)]
         force: bool,
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
-    /// Print the TPM attestation key (SPKI PEM) and its id (sha256 of its DER), as
-    /// `attest tpm-init` stored it.
+    /// Print the TPM attestation key (SPKI PEM, alone on stdout) and, on stderr, its id (sha256
+    /// of its DER), as `attest tpm-init` stored it.
     TpmPubkey {
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
-    /// Print the public key (SPKI PEM) and its fingerprint (sha256 of the raw key).
+    /// Print the public key (SPKI PEM, alone on stdout: `> node1.pem` is the file
+    /// verify-attestation --pubkey takes) and, on stderr, its fingerprint (sha256 of the raw key).
     Pubkey {
         /// Config file.
-        #[arg(long, default_value = DEFAULT_CONFIG)]
+        #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
 }
@@ -304,12 +309,15 @@ fn main() -> ExitCode {
         Command::Probe { config, role, args } => cli::exec::probe(&config, role, args),
         Command::ProbeInside { args } => Ok(sealnode::probe::run_inside(&args)),
         Command::CanaryInside { ctx, ids } => Ok(sealnode::canary::inside::main(&ctx, &ids)),
-        Command::Ctl { config, command, json, textfile } => cli::ctl::ctl(
-            &config,
+        Command::Ctl { config, socket, command, json, textfile } => cli::ctl::ctl(
+            match &socket {
+                Some(s) => cli::ctl::Target::Socket(s),
+                None => cli::ctl::Target::Config(&config),
+            },
             match command {
                 CtlCommand::Status => cli::ctl::Show::Status { json },
                 CtlCommand::Metrics => cli::ctl::Show::Metrics { textfile },
-                CtlCommand::Recycle => cli::ctl::Show::Recycle,
+                CtlCommand::Recycle => cli::ctl::Show::Recycle { json },
             },
         ),
         Command::VerifyReceipt { file, config } => cli::receipt::verify(file, &config),

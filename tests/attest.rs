@@ -162,13 +162,18 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
                 .output_within(COMMAND_LIMIT);
             assert!(o.status.success(), "{ctx}: {}", String::from_utf8_lossy(&o.stderr));
         }
-        let (code, pem, _) = out(&f, &["attest", "pubkey", "--config", &cfg]);
+        // docs/attestation.md's setup: `attest pubkey > node1.pem` is the file verifiers take
+        // (the PEM alone on stdout; the fingerprint on stderr).
+        let (code, pem, fingerprint) = out(&f, &["attest", "pubkey", "--config", &cfg]);
         assert_eq!(code, 0);
-        assert!(init_out.contains(pem.lines().last().expect("fingerprint")), "{ctx}: init and pubkey disagree");
-        let pem_only: String =
-            pem.lines().take_while(|l| !l.starts_with("fingerprint")).map(|l| format!("{l}\n")).collect();
+        assert!(
+            pem.starts_with("-----BEGIN PUBLIC KEY-----\n") && pem.ends_with("-----END PUBLIC KEY-----\n"),
+            "{ctx}: {pem}"
+        );
+        let fingerprint = fingerprint.trim().strip_prefix("fingerprint: ").expect("the fingerprint on stderr");
+        assert!(init_out.contains(fingerprint), "{ctx}: init and pubkey disagree: {init_out} / {fingerprint}");
         let key_pem = f.p("pubkey.pem");
-        std::fs::write(&key_pem, pem_only).expect("write");
+        std::fs::write(&key_pem, &pem).expect("write");
 
         let (run, lines) = f.start_run_with_output();
         next_line(&lines, 60, |l| l == "start-statement");
@@ -539,11 +544,7 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         .expect("write");
         let (_, pem, _) = out(&f, &["attest", "pubkey", "--config", &cfg]);
         let key_pem = f.p("pubkey.pem");
-        std::fs::write(
-            &key_pem,
-            pem.lines().take_while(|l| !l.starts_with("fingerprint")).map(|l| format!("{l}\n")).collect::<String>(),
-        )
-        .expect("write");
+        std::fs::write(&key_pem, pem).expect("write");
         let ak_s = ak.display().to_string();
         let (code, checked, _) = out(&f, &["check", "--config", &cfg]);
         assert_eq!(code, 0, "{ctx}:\n{checked}");

@@ -695,7 +695,7 @@ fn raw_request(f: &Fixture, bytes: &[u8]) -> Value {
 fn ctl(f: &Fixture, cmd: &str) -> (Option<i32>, Value) {
     let cfg = f.config.display().to_string();
     let mut args = vec!["ctl", "--config", &cfg, cmd];
-    if cmd == "status" {
+    if cmd == "status" || cmd == "recycle" {
         args.push("--json");
     }
     let o = f.command(&args).output_within(COMMAND_LIMIT);
@@ -729,14 +729,23 @@ fn control_socket_checks_peers_and_requests_and_recycles() {
         match mode {
             // Rootful: the launcher is root; uid 65534 is not on the list.
             Mode::Rootful => {
-                let o = std::process::Command::new("/usr/bin/setpriv")
-                    .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
-                    .arg(&f.bin)
-                    .args(["ctl", "--config", &f.config.display().to_string(), "status"])
-                    .output_within(COMMAND_LIMIT);
+                let as_65534 = |extra: &[&str]| {
+                    std::process::Command::new("/usr/bin/setpriv")
+                        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+                        .arg(&f.bin)
+                        .args(["ctl", "--config", &f.config.display().to_string(), "status"])
+                        .args(extra)
+                        .output_within(COMMAND_LIMIT)
+                };
+                let o = as_65534(&["--json"]);
                 let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
                 assert_eq!(o.status.code(), Some(1));
                 assert_eq!(v["error"], "uid 65534 is not allowed", "{v}");
+                // Without --json: the refusal in words on stderr, nothing on stdout.
+                let o = as_65534(&[]);
+                let err = String::from_utf8_lossy(&o.stderr);
+                assert_eq!((o.status.code(), o.stdout.is_empty()), (Some(1), true), "{err}");
+                assert!(err.contains("ctl status: uid 65534 is not allowed"), "{err}");
             }
             // Rootless: the launcher is 65534; root (this test) is not on the list.
             Mode::Rootless => {
@@ -777,7 +786,7 @@ fn control_socket_checks_peers_and_requests_and_recycles() {
         // stopping), a second is answered busy and never runs; the first completes.
         let cfg = f.config.display().to_string();
         let first = f
-            .command(&["ctl", "--config", &cfg, "recycle"])
+            .command(&["ctl", "--config", &cfg, "recycle", "--json"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

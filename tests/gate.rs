@@ -697,7 +697,7 @@ fn a_recycle_cut_short_by_sigterm_is_answered() {
         run.out_line(60, |l| l == "node-up");
         let cfg = f.config.display().to_string();
         let mut client = f
-            .command(&["ctl", "--config", &cfg, "recycle"])
+            .command(&["ctl", "--config", &cfg, "recycle", "--json"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -160,13 +160,20 @@ fn a_config_error_is_125_for_every_command() {
             vec!["canary", "--config", &cfg],
             vec!["doctor", "--config", &cfg],
             vec!["verify-receipt", "--config", &cfg],
-            vec!["ctl", "--config", &cfg, "status"],
+            // Not `ctl`: it reads only cell.runtime_dir, to reach a running cell whose config
+            // was since broken (ctl_reaches_a_cell_whose_config_no_longer_checks); a config
+            // without one is its 125 (below).
             vec!["exec", "--config", &cfg, "--role", "engine", "--", "/usr/bin/true"],
         ] {
             let (code, out, err) = run_out(&f, &args);
             assert_eq!(code, 125, "{mode:?} {args:?}:\n{out}\n{err}");
             assert!(err.contains("engine.colour") || out.contains("engine.colour"), "{args:?}: {err}");
         }
+        let no_runtime_dir = f.p("no-runtime-dir.toml");
+        std::fs::write(&no_runtime_dir, "[cell]\nstate_dir = \"/var/lib/x\"\n").expect("write");
+        let (code, _, err) = run_out(&f, &["ctl", "--config", &no_runtime_dir.display().to_string(), "status"]);
+        assert_eq!(code, 125, "{mode:?}: {err}");
+        assert!(err.contains("cell.runtime_dir") && err.contains("missing"), "{err}");
     }
 }
 
@@ -806,5 +813,84 @@ fn output_to_a_named_fifo_arrives() {
             std::fs::read_to_string(&got),
             std::fs::read_to_string(f.p("run.err")).unwrap_or_default()
         );
+    }
+}
+
+/// Issue #27 item 6: `ctl` reaches a running cell whatever its config file says now: through
+/// `--socket`, or through the config's `cell.runtime_dir` alone while the rest no longer
+/// checks; `SEALNODE_CONFIG` names the config; a missing config says how to give one; answers
+/// are words (the JSON with `--json`), refusals included.
+#[test]
+fn ctl_reaches_a_cell_whose_config_no_longer_checks() {
+    for mode in modes() {
+        let f = busybox_cell(
+            mode,
+            "ctl-reach",
+            "exec busybox httpd -f -p 127.0.0.1:18080 -h /models",
+            "echo node-up; exec sleep 600",
+            "",
+        );
+        let cfg = f.config.display().to_string();
+        let good = std::fs::read_to_string(&f.config).expect("config");
+        let mut child = spawn_run(&f, std::process::Stdio::piped(), std::process::Stdio::null());
+        let _kill = KillOnDrop(child.id());
+        let out = line_channel(child.stdout.take().expect("stdout"));
+        next_line(&out, 120, |l| untag(l) == "node-up");
+        let sock = f.p("run/control.sock").display().to_string();
+
+        // A field the schema does not know: the config no longer loads, the socket is found.
+        std::fs::write(&f.config, good.replace("[cell]\n", "[cell]\nno_such_field = 1\n")).expect("edit");
+        let (code, _, err) = run_out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 125, "{mode:?}: the edit must break the config: {err}");
+        let (code, table, err) = run_out(&f, &["ctl", "--config", &cfg, "status"]);
+        assert_eq!(code, 0, "{mode:?}: {err}");
+        assert!(table.starts_with("sealnode: ready"), "{mode:?}: {table}");
+        // Not even TOML: --socket still reaches it, and the error says so.
+        std::fs::write(&f.config, "[cell\n").expect("edit");
+        let (code, _, err) = run_out(&f, &["ctl", "--config", &cfg, "status"]);
+        assert_eq!(code, 125, "{mode:?}: {err}");
+        assert!(err.contains("not TOML") && err.contains("ctl --socket"), "{mode:?}: {err}");
+        let (code, table, err) = run_out(&f, &["ctl", "--socket", &sock, "status"]);
+        assert_eq!(code, 0, "{mode:?}: {err}");
+        assert!(table.contains("engine  running"), "{mode:?}: {table}");
+        std::fs::write(&f.config, &good).expect("restore");
+
+        // SEALNODE_CONFIG instead of --config; a missing one says how to give one.
+        let o = f.command(&["ctl", "status", "--json"]).env("SEALNODE_CONFIG", &cfg).output_within(COMMAND_LIMIT);
+        assert_eq!(o.status.code(), Some(0), "{mode:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("status --json");
+        assert_eq!(v["ok"], true);
+        let (code, _, err) = run_out(&f, &["ctl", "--config", "/nonexistent/sealnode.toml", "status"]);
+        assert_eq!(code, 125, "{mode:?}: {err}");
+        assert!(err.contains("--config FILE, or set SEALNODE_CONFIG"), "{mode:?}: {err}");
+
+        // Words for a recycle, and for a refusal (a uid not on the allowlist).
+        let (code, said, err) = run_out(&f, &["ctl", "--config", &cfg, "recycle"]);
+        assert_eq!(code, 0, "{mode:?}: {err}");
+        assert!(
+            said.starts_with("recycled: both roles restarted through the gate, receipt generation 2"),
+            "{mode:?}: {said}"
+        );
+        next_line(&out, 120, |l| untag(l) == "node-up");
+        if is_root() {
+            // The other user: 65534 beside a rootful cell, root beside a rootless one.
+            let mut c = if mode == Mode::Rootful {
+                let mut c = std::process::Command::new("/usr/bin/setpriv");
+                c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"]).arg(&f.bin);
+                c
+            } else {
+                std::process::Command::new(&f.bin)
+            };
+            let o = c.args(["ctl", "--socket", &sock, "status"]).output_within(COMMAND_LIMIT);
+            let err = String::from_utf8_lossy(&o.stderr);
+            let uid = if mode == Mode::Rootful { NOBODY } else { 0 };
+            assert_eq!(o.status.code(), Some(1), "{mode:?}: {err}");
+            assert!(err.contains(&format!("sealnode: ctl status: uid {uid} is not allowed")), "{mode:?}: {err}");
+            assert!(o.stdout.is_empty(), "{mode:?}: {}", String::from_utf8_lossy(&o.stdout));
+        }
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let st = wait_within(&mut child, std::time::Duration::from_secs(60), "sealnode run after SIGTERM");
+        assert!(st.success(), "{mode:?}");
     }
 }

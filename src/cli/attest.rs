@@ -25,8 +25,10 @@ pub fn pubkey(config: &Path) -> Outcome {
     let inv = Invoker::current();
     let cfg = Config::read_for_client(config).map_err(Failure::setup)?;
     let vk = attest::load_public(&cfg.cell.state_dir, inv.uid).map_err(Failure::general)?;
+    // stdout is the PEM alone (`attest pubkey > node.pem` is the file a verifier takes); the
+    // fingerprint, to check out of band, goes to stderr.
     println!("{}", attest::public_pem(&vk).trim_end());
-    println!("fingerprint: sha256:{}", attest::keyid(&vk));
+    eprintln!("fingerprint: sha256:{}", attest::keyid(&vk));
     Ok(exit::OK)
 }
 
@@ -62,7 +64,13 @@ pub fn tpm_pubkey(config: &Path) -> Outcome {
     let ak = attest::load_tpm_ak(&cfg.cell.state_dir, inv.uid)
         .map_err(Failure::general)?
         .ok_or_else(|| Failure::general("no TPM attestation key: run `sealnode attest tpm-init` first".to_string()))?;
-    print_ak(&ak, attest::load_tpm_ak_name(&cfg.cell.state_dir, inv.uid).as_deref());
+    // As `attest pubkey`: the PEM alone on stdout, what identifies it on stderr.
+    use p256::pkcs8::EncodePublicKey as _;
+    println!("{}", ak.to_public_key_pem(Default::default()).unwrap_or_default().trim_end());
+    eprintln!("id: sha256:{}", sealnode::tpm::ak_id(&ak));
+    if let Some(n) = attest::load_tpm_ak_name(&cfg.cell.state_dir, inv.uid) {
+        eprintln!("name: {n} (the TPM's name of the key: its public area is attest/{})", sealnode::tpm::AK_PUBLIC_FILE);
+    }
     Ok(exit::OK)
 }
 

@@ -10,17 +10,39 @@ use super::{Failure, Outcome};
 /// What to do with the answer.
 pub enum Show {
     Status { json: bool },
-    Recycle,
+    Recycle { json: bool },
     Metrics { textfile: Option<PathBuf> },
 }
 
-pub fn ctl(config: &Path, show: Show) -> Outcome {
-    let cfg = Config::read_for_client(config).map_err(Failure::setup)?;
+/// Where the supervisor listens: `--socket`, else the config's `cell.runtime_dir`, read without
+/// checking the rest of the config (a bad edit to a running cell's config must not cut the
+/// operator off from it).
+pub enum Target<'a> {
+    Socket(&'a Path),
+    Config(&'a Path),
+}
+
+fn socket(target: Target) -> Result<PathBuf, Failure> {
+    match target {
+        Target::Socket(p) => Ok(p.to_path_buf()),
+        Target::Config(config) => {
+            Config::runtime_dir_of(config).map(|d| d.join(sealnode::control::SOCKET)).map_err(|e| {
+                Failure::setup(format!(
+                    "{e}\n  (the running cell's socket: ctl --socket RUNTIME_DIR/{})",
+                    sealnode::control::SOCKET
+                ))
+            })
+        }
+    }
+}
+
+pub fn ctl(target: Target, show: Show) -> Outcome {
+    let path = socket(target)?;
     let verb = match show {
-        Show::Recycle => "recycle",
+        Show::Recycle { .. } => "recycle",
         _ => "status",
     };
-    let v = match sealnode::control::client(&sealnode::control::socket_path(&cfg), verb) {
+    let v = match sealnode::control::client(&path, verb) {
         Ok(v) => v,
         // A scrape still gets an answer: sealnode_up 0 (and this command fails, saying why).
         Err(e) => {
@@ -37,9 +59,18 @@ pub fn ctl(config: &Path, show: Show) -> Outcome {
         }
     };
     let ok = v["ok"] == true;
+    let json = matches!(show, Show::Status { json: true } | Show::Recycle { json: true });
+    if !ok && !json {
+        // A refusal in words, as every other failure (the JSON with --json).
+        let why = v["error"].as_str().unwrap_or("the supervisor refused the request");
+        return Err(Failure::general(format!("ctl {verb}: {}", sealnode::log::clean(why.as_bytes()))));
+    }
     match show {
-        Show::Status { json: false } if ok => print!("{}", sealnode::status_text::render(&v)),
-        Show::Metrics { textfile } if ok => {
+        Show::Status { json: false } => print!("{}", sealnode::status_text::render(&v)),
+        Show::Recycle { json: false } => {
+            println!("recycled: both roles restarted through the gate, receipt generation {}", v["generation"])
+        }
+        Show::Metrics { textfile } => {
             let text = sealnode::metrics::render(&v);
             match textfile {
                 // node_exporter's textfile collector reads *.prom files: written whole, atomically.
