@@ -377,6 +377,18 @@ fn metrics_parse_and_count_what_happened() {
             )),
             "{mode:?}: {receipt}"
         );
+        // Each role's preflight is its own: the receipt's count for that role, in the JSON and
+        // the table (both once showed the two roles' total on each).
+        let receipt: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(f.p("state/receipt.json")).expect("receipt")).expect("receipt json");
+        let own = |role: &str| receipt["canary"]["roles"][role][0].as_u64().expect("the receipt's attempts");
+        assert_ne!(own("engine"), own("node"), "{mode:?}: the roles' batteries differ in size: {receipt}");
+        for (i, role) in ["engine", "node"].iter().enumerate() {
+            assert_eq!(v["roles"][i]["role"], *role);
+            assert_eq!(v["roles"][i]["preflight"]["attempts"], own(role), "{mode:?}: {role}: {v}");
+            let line = table.lines().find(|l| l.starts_with(&format!("{role:<7} "))).expect("the role's line");
+            assert!(line.contains(&format!(" {} refused, ", own(role))), "{mode:?}: {line}");
+        }
         let (code, text, err) = run_out(&f, &["ctl", "--config", &cfg, "metrics"]);
         assert_eq!(code, 0, "{err}");
         // The reference parser: every family and sample, as JSON.
@@ -407,7 +419,10 @@ print(json.dumps(out))
         assert_eq!(get(r#"sealnode_role_starts_total{"role": "node"}"#), 1.0);
         assert_eq!(m["type:sealnode_role_starts"], "counter", "{m}");
         assert!(get(r#"sealnode_preflight_duration_seconds{"role": "engine"}"#) > 0.0);
-        assert!(get(r#"sealnode_preflight_attempts{"role": "node"}"#) > 50.0);
+        for role in ["engine", "node"] {
+            let n = get(&format!(r#"sealnode_preflight_attempts{{"role": "{role}"}}"#));
+            assert_eq!(n, own(role) as f64, "{mode:?}: {role}'s attempts are its own, not the pass's total");
+        }
         assert!(get("sealnode_engine_ready_seconds{}") > 0.0);
         assert!(get("sealnode_generation{}") >= 1.0);
         let up = format!(r#"{{"upstream": "gw.test:{up_port}"}}"#);

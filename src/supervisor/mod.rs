@@ -101,7 +101,9 @@ struct Slot {
 #[derive(Debug, Clone, Copy)]
 struct GatePass {
     generation: u64,
+    /// The whole pass's duration (its roles' probes run side by side).
     preflight_ms: u64,
+    /// This role's own escape attempts in the pass, as its receipt entry counts them.
     attempts: usize,
 }
 
@@ -781,8 +783,10 @@ impl Supervisor {
         tracing::info!(roles = %names.join(","), attempts = p.attempts, ms = p.ms, generation = r.generation, path = %crate::receipt::path(&self.cfg).display(), "preflight passed; receipt written");
         for (role, mut a) in p.admitted {
             a.digests.generation = r.generation;
+            // The role's own attempts (the pass's total covers every role it ran).
+            let attempts = fresh.roles.iter().find(|x| x.role == role).map_or(0, |x| x.attempts.len());
             let s = self.slot(role);
-            s.passed = Some(GatePass { generation: r.generation, preflight_ms: p.ms, attempts: p.attempts });
+            s.passed = Some(GatePass { generation: r.generation, preflight_ms: p.ms, attempts });
             s.digests = Some(a.digests.clone());
             s.state = State::Down;
             self.prepared[role as usize] = Some(a);
