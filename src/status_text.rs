@@ -4,14 +4,19 @@
 use serde_json::Value;
 
 /// A string of the answer, as shown: escaped like every line sealnode logs (crate::log::clean),
-/// so no value can move the cursor, clear the screen or forge a line of the table.
+/// and a tab too (a log line may keep one; a table cell may not: it would shift the columns),
+/// so no value can move the cursor, clear the screen or forge a line or column of the table.
 fn text(v: Option<&str>) -> String {
-    crate::log::clean(v.unwrap_or("?").as_bytes())
+    cell(v.unwrap_or("?"))
 }
 
 /// Any value of the answer, as shown: its JSON, escaped.
 fn shown(v: &Value) -> String {
-    crate::log::clean(v.to_string().as_bytes())
+    cell(&v.to_string())
+}
+
+fn cell(s: &str) -> String {
+    crate::log::clean(s.as_bytes()).replace('\t', "\\u{9}")
 }
 
 /// A unix time as RFC 3339 (UTC), or `?`.
@@ -129,4 +134,18 @@ pub fn render(v: &Value) -> String {
         s.push_str(&format!("\nlast reload: {}\n", shown(&Value::Object(r.clone()))));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    /// Found by the control_reply fuzzer: a tab in a value (a role's name here) passed the log
+    /// escaping, which keeps tabs, and shifted the table's columns.
+    #[test]
+    fn a_tab_in_a_value_is_escaped_in_the_table() {
+        let v = serde_json::json!({"ok": true, "roles": [{"role": "no\tde", "state": "running\t1"}],
+            "egress": [{"upstream": "a\tb"}]});
+        let t = super::render(&v);
+        assert!(!t.contains('\t'), "{t}");
+        assert!(t.contains("no\\u{9}de") && t.contains("a\\u{9}b"), "{t}");
+    }
 }
