@@ -128,6 +128,9 @@ pub struct CellConfig {
     /// Grace period between SIGTERM and SIGKILL when stopping a role, seconds.
     #[serde(default = "default_stop_timeout")]
     pub stop_timeout_s: u64,
+    /// How long one role's canary battery may take before the preflight counts as hung.
+    #[serde(default = "default_preflight_timeout")]
+    pub preflight_timeout_s: u64,
     /// Most concurrent forwarded connections per egress upstream.
     #[serde(default = "default_egress_max")]
     pub egress_max_connections: usize,
@@ -332,6 +335,9 @@ impl Limits {
 
 fn default_stop_timeout() -> u64 {
     10
+}
+fn default_preflight_timeout() -> u64 {
+    30
 }
 fn default_egress_max() -> usize {
     64
@@ -1070,6 +1076,9 @@ impl Config {
         }
         if self.cell.stop_timeout_s == 0 || self.cell.stop_timeout_s > 3600 {
             return Err(self.err("cell.stop_timeout_s", "must be between 1 and 3600"));
+        }
+        if !(5..=600).contains(&self.cell.preflight_timeout_s) {
+            return Err(self.err("cell.preflight_timeout_s", "must be between 5 and 600"));
         }
         if self.cell.egress_max_connections == 0 || self.cell.egress_max_connections > 65536 {
             return Err(self.err("cell.egress_max_connections", "must be between 1 and 65536"));

@@ -518,6 +518,42 @@ fn a_preflight_that_cannot_run_exits_6() {
     assert!(!err.contains("role started"), "{err}");
 }
 
+/// Exit 6 as well: a canary probe that hangs (held stopped here) is given up after
+/// `cell.preflight_timeout_s`, with that number in the message, and nothing starts.
+#[test]
+fn a_hung_preflight_is_given_up_after_its_timeout() {
+    if !is_root() {
+        return unavailable("rootful", "the test stops a role's canary probe, which runs as the role's uid");
+    }
+    for mode in modes() {
+        let mut f = cell(mode, "preflight-hung", HTTPD, "exec sleep 1000", "", "");
+        f.cell_extra = "stop_timeout_s = 2\npreflight_timeout_s = 5".into();
+        f.write_config();
+        let t = std::time::Instant::now();
+        let run = start(&f, &[]);
+        // The first probe seen (either role's), held stopped: it never answers.
+        let held = wait_until(Duration::from_secs(30), || {
+            std::fs::read_dir("/proc").expect("proc").filter_map(|e| e.ok()).any(|e| {
+                let is_probe = std::fs::read(e.path().join("cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"__canary-inside"));
+                let pid = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok());
+                match (is_probe, pid) {
+                    (true, Some(p)) => {
+                        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGSTOP).is_ok()
+                    }
+                    _ => false,
+                }
+            })
+        });
+        assert!(held, "{mode:?}: no canary probe seen");
+        let (code, err) = run.exited(60);
+        assert_eq!(code, Some(6), "{mode:?}: {err}");
+        assert!(err.contains("did not answer within 5 s"), "{mode:?}: {err}");
+        assert!(t.elapsed() < Duration::from_secs(25), "{mode:?}: took {:?}, not the 5 s timeout", t.elapsed());
+        assert!(!err.contains("role started"), "{mode:?}: {err}");
+    }
+}
+
 fn pinned_engine(f: &mut Fixture, contents: &[u8], pin: &str) {
     pinned_engine_running(
         f,

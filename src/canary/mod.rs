@@ -645,7 +645,7 @@ fn run_battery(
     stop: StopRequested,
 ) -> Result<BTreeMap<String, Outcome>> {
     let p = start(cfg, role, inv, cell, layers, t)?;
-    let out = match read_until_eof(p.out, BATTERY_DEADLINE, stop) {
+    let out = match read_until_eof(p.out, battery_deadline(cfg), stop) {
         Ok(out) => out,
         Err(e) => {
             let _ = nix::sys::signal::kill(p.sandbox.pid, nix::sys::signal::Signal::SIGKILL);
@@ -669,8 +669,11 @@ fn run_battery(
     outcomes(role, &out)
 }
 
-/// How long one role's battery may take before it counts as hung.
-pub const BATTERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long one role's battery may take before it counts as hung (`cell.preflight_timeout_s`:
+/// a slow or emulated host needs more than the default 30 s).
+pub fn battery_deadline(cfg: &Config) -> std::time::Duration {
+    std::time::Duration::from_secs(cfg.cell.preflight_timeout_s)
+}
 
 /// Asked at least every [`STOP_CHECK`] while a battery waits for its probe: true once the
 /// caller wants to stop (the supervisor: a stop signal pending on its signalfd).

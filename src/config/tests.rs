@@ -502,3 +502,17 @@ fn a_tpm_is_a_local_device_or_a_loopback_software_tpm() {
     assert_eq!(f, "cell.tpm.tcti");
     assert!(r.contains("give port=N"), "{r}");
 }
+
+#[test]
+fn the_preflight_timeout_is_bounded() {
+    for bad in ["4", "601"] {
+        let e = parse(&with("[cell]\n", &format!("[cell]\npreflight_timeout_s = {bad}\n"))).map(|_| ()).expect_err(bad);
+        assert!(
+            e.to_string().contains("cell.preflight_timeout_s") && e.to_string().contains("between 5 and 600"),
+            "{e}"
+        );
+    }
+    let ok = parse(&with("[cell]\n", "[cell]\npreflight_timeout_s = 120\n")).expect("120");
+    assert_eq!(ok.cell.preflight_timeout_s, 120);
+    assert_eq!(parse(GOOD).expect("default").cell.preflight_timeout_s, 30);
+}

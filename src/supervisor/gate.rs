@@ -188,7 +188,7 @@ impl Gate {
             _targets: targets,
             _throwaway: None,
             began: Instant::now(),
-            deadline: Instant::now() + canary::BATTERY_DEADLINE,
+            deadline: Instant::now() + canary::battery_deadline(ctx.cfg),
         };
         let started = (|| -> crate::error::Result<()> {
             if purpose == Purpose::DryRun {
@@ -278,7 +278,7 @@ impl Gate {
                 message: format!(
                     "preflight could not run: the canary probe in the {} role did not answer within {} s",
                     late.join(" and "),
-                    canary::BATTERY_DEADLINE.as_secs()
+                    cfg.cell.preflight_timeout_s
                 ),
                 details: Vec::new(),
             });

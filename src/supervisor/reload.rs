@@ -25,6 +25,8 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
         rootful,
         // Read at every stop.
         stop_timeout_s: _,
+        // Read at every pass through the gate.
+        preflight_timeout_s: _,
         egress_max_connections,
         egress_idle_timeout_s,
         egress_connect_timeout_s,
