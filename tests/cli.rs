@@ -146,18 +146,25 @@ fn completions_know_every_subcommand() {
         let o = sealnode(&["completions", shell]);
         assert!(o.status.success(), "{shell}: {}", String::from_utf8_lossy(&o.stderr));
         let script = String::from_utf8(o.stdout).expect("utf8");
+        // The shell's own form of "complete this subcommand", not any occurrence of the word
+        // ("run" appears in every script's help texts).
+        let entry = |s: &str| match shell {
+            "bash" => format!("sealnode,{s})"),
+            "zsh" => format!("'{s}:"),
+            "fish" => format!("-a \"{s}\" -d "),
+            "elvish" => format!("cand {s} '"),
+            _ => format!("[CompletionResult]::new('{s}', '{s}', "),
+        };
         for s in &subs {
-            // The shell's own form of "complete this subcommand", not any occurrence of the
-            // word ("run" appears in every script's help texts).
-            let entry = match shell {
-                "bash" => format!("sealnode,{s})"),
-                "zsh" => format!("'{s}:"),
-                "fish" => format!("-a \"{s}\" -d "),
-                "elvish" => format!("cand {s} '"),
-                _ => format!("[CompletionResult]::new('{s}', '{s}', "),
-            };
-            assert!(script.contains(&entry), "{shell} completion lacks {s} ({entry:?})");
+            assert!(script.contains(&entry(s)), "{shell} completion lacks {s} ({:?})", entry(s));
         }
+        // Hidden subcommands are not offered (bash once offered the sandbox's internal entry
+        // points): neither as an entry nor anywhere in the script.
+        for hidden in ["__canary-inside", "__probe-inside", "probe"] {
+            assert!(!subs.iter().any(|s| s == hidden), "{hidden} is listed by --help");
+            assert!(!script.contains(&entry(hidden)), "{shell} completion offers the hidden {hidden}");
+        }
+        assert!(!script.contains("canary-inside") && !script.contains("probe-inside"), "{shell}: {script}");
         if shell == "bash" {
             // The script must at least parse.
             let mut c = std::process::Command::new("/bin/bash");
@@ -200,4 +207,85 @@ fn readme_exit_codes(command: &str) -> Vec<String> {
         .collect();
     assert!(codes.len() >= 3, "README's exit table for {command}: {codes:?}");
     codes
+}
+
+/// `ctl status`'s table: the receipt's start time as RFC 3339 (once `(?)`: a number read as a
+/// string), and each role's own preflight count, as `ctl metrics` exposes it.
+#[test]
+fn ctl_status_shows_the_receipt_time_and_each_roles_own_preflight() {
+    let status = serde_json::json!({
+        "ok": true, "ready": true, "uptime_s": 75, "cell_pid": 4242,
+        "receipt": { "generation": 3, "path": "/var/lib/sealnode/receipt.json", "started_at": 1_700_000_000,
+                     "canary_passed": true },
+        "roles": [
+            { "role": "engine", "state": "running", "pid": 10, "starts": 1, "restarts": 0, "generation": 3,
+              "preflight": { "passed": true, "ms": 150, "attempts": 91 } },
+            { "role": "node", "state": "running", "pid": 11, "starts": 1, "restarts": 0, "generation": 3,
+              "preflight": { "passed": true, "ms": 150, "attempts": 88 } },
+        ],
+    });
+    let table = sealnode::status_text::render(&status);
+    let receipt = table.lines().find(|l| l.starts_with("receipt:")).expect("a receipt line");
+    assert_eq!(
+        receipt,
+        "receipt:  generation 3, preflight passed, /var/lib/sealnode/receipt.json (started 2023-11-14T22:13:20Z)"
+    );
+    for (role, n) in [("engine", 91), ("node", 88)] {
+        let line = table.lines().find(|l| l.starts_with(&format!("{role:<7} "))).expect("the role's line");
+        assert!(line.contains(&format!(" {n} refused, 0.15 s")), "{line}");
+    }
+    let metrics = sealnode::metrics::render(&status);
+    assert!(metrics.contains("sealnode_preflight_attempts{role=\"engine\"} 91\n"), "{metrics}");
+    assert!(metrics.contains("sealnode_preflight_attempts{role=\"node\"} 88\n"), "{metrics}");
+}
+
+/// The pages' SUBCOMMANDS section: on a page whose command has subcommands (as its --help lists
+/// them), each of them named, and every page it refers to generated; on every other page, no
+/// such section (clap_mangen wrote an empty one on 11 pages).
+#[test]
+fn man_pages_list_subcommands_only_where_there_are_some() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let o = sealnode(&["man", "--dir", dir.path().to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut with_section = Vec::new();
+    for page in std::iter::once("sealnode".to_string()).chain(subcommands().iter().map(|s| format!("sealnode-{s}"))) {
+        let text = std::fs::read_to_string(dir.path().join(format!("{page}.1"))).expect("page");
+        let args: Vec<&str> = page.strip_prefix("sealnode-").into_iter().collect();
+        let help = String::from_utf8(sealnode(&[&args[..], &["--help"]].concat()).stdout).expect("utf8");
+        let listed: Vec<String> = help
+            .split("Commands:")
+            .nth(1)
+            .map(|t| {
+                t.lines()
+                    .skip(1)
+                    .take_while(|l| !l.trim().is_empty())
+                    .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+                    .filter(|c| c != "help")
+                    .collect()
+            })
+            .unwrap_or_default();
+        let section = text.split(".SH SUBCOMMANDS\n").nth(1).map(|s| s.split("\n.SH ").next().expect("end"));
+        let Some(section) = section else {
+            assert!(listed.is_empty(), "{page}.1 has no SUBCOMMANDS section, its --help lists {listed:?}");
+            continue;
+        };
+        assert!(!listed.is_empty(), "{page}.1 has a SUBCOMMANDS section, its command has none:\n{section}");
+        with_section.push(page.clone());
+        let entries: Vec<&str> = section.lines().filter(|l| l.starts_with("\\fB")).collect();
+        assert_eq!(entries.len(), listed.len(), "{page}.1: {entries:?} vs {listed:?}");
+        for (entry, sub) in entries.iter().zip(&listed) {
+            let name = entry.trim_start_matches("\\fB").split("\\fR").next().expect("name").replace("\\-", "-");
+            if let Some(refers) = entry.strip_suffix("(1)") {
+                let target = refers.trim_start_matches("\\fB").trim_end_matches("\\fR").replace("\\-", "-");
+                assert!(
+                    dir.path().join(format!("{target}.1")).exists(),
+                    "{page}.1 refers to {target}(1), not generated"
+                );
+                assert_eq!(target, format!("sealnode-{sub}"), "{page}.1");
+            } else {
+                assert_eq!(name, format!("sealnode {} {sub}", args.join(" ")), "{page}.1");
+            }
+        }
+    }
+    assert!(with_section.contains(&"sealnode".to_string()) && with_section.contains(&"sealnode-attest".to_string()));
 }

@@ -15,7 +15,8 @@ const SEE_ALSO: &[(&str, &str)] =
     &[("sealnode.toml", "5"), ("systemd.exec", "5"), ("landlock", "7"), ("seccomp", "2"), ("namespaces", "7")];
 
 /// One roff page for the top-level command and one per visible subcommand (`sealnode-run.1`,
-/// ...), each with EXIT STATUS, ENVIRONMENT, FILES and SEE ALSO; and sealnode.toml(5).
+/// ...), each with EXIT STATUS, ENVIRONMENT, FILES and SEE ALSO (and SUBCOMMANDS where it has
+/// some); and sealnode.toml(5).
 pub fn man(top: clap::Command, dir: &Path) -> Outcome {
     let fail = |e: String| Failure::general(format!("man: {e}"));
     std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
@@ -34,6 +35,7 @@ pub fn man(top: clap::Command, dir: &Path) -> Outcome {
         let path = dir.join(format!("{}.1", page.get_name()));
         let mut out = Vec::new();
         let versioned = page.get_version().is_some();
+        let subcommands = subcommands_section(&command, &page);
         let man = clap_mangen::Man::new(page).source(concat!("sealnode ", env!("CARGO_PKG_VERSION")));
         let render = |out: &mut Vec<u8>| -> std::io::Result<()> {
             man.render_title(out)?;
@@ -41,7 +43,9 @@ pub fn man(top: clap::Command, dir: &Path) -> Outcome {
             man.render_synopsis_section(out)?;
             man.render_description_section(out)?;
             man.render_options_section(out)?;
-            man.render_subcommands_section(out)?;
+            if let Some(r) = &subcommands {
+                out.extend_from_slice(r.render().as_bytes());
+            }
             out.extend_from_slice(extra_sections(&command, &subs).render().as_bytes());
             if versioned {
                 man.render_version_section(out)?;
@@ -53,6 +57,31 @@ pub fn man(top: clap::Command, dir: &Path) -> Outcome {
     }
     write(&dir.join("sealnode.toml.5"), config_page().render().as_bytes())?;
     Ok(0)
+}
+
+/// SUBCOMMANDS, only on a page whose command has visible subcommands (clap_mangen writes the
+/// heading on every page, empty on most). The top page names each subcommand's own page; a
+/// subcommand's subcommands (`sealnode attest init`) have no page of their own, so they are
+/// named as typed, not as a page reference that `man` could not find.
+fn subcommands_section(command: &str, page: &clap::Command) -> Option<Roff> {
+    let subs: Vec<&clap::Command> = page.get_subcommands().filter(|c| !c.is_hide_set()).collect();
+    if subs.is_empty() {
+        return None;
+    }
+    let mut r = Roff::new();
+    r.control("SH", ["SUBCOMMANDS"]);
+    for sub in subs {
+        r.control("TP", []);
+        if command == "sealnode" {
+            r.text([bold(format!("sealnode-{}", sub.get_name())), roman("(1)")]);
+        } else {
+            r.text([bold(format!("sealnode {command} {}", sub.get_name()))]);
+        }
+        if let Some(about) = sub.get_about().or_else(|| sub.get_long_about()) {
+            r.text([roman(about.to_string())]);
+        }
+    }
+    Some(r)
 }
 
 /// EXIT STATUS (the rows of `sealnode::exit::TABLE` for this command), ENVIRONMENT, FILES and
@@ -240,7 +269,37 @@ fn config_page() -> Roff {
     r
 }
 
-pub fn completions(mut top: clap::Command, shell: clap_complete::Shell) -> Outcome {
-    clap_complete::generate(shell, &mut top, "sealnode", &mut std::io::stdout());
+/// A completion script for `shell`, offering what `--help` and the man pages show: never a
+/// hidden subcommand (`probe`, and the internal `__canary-inside` and `__probe-inside` the
+/// sandbox re-executes), which clap_complete would otherwise offer.
+pub fn completions(top: clap::Command, shell: clap_complete::Shell) -> Outcome {
+    clap_complete::generate(shell, &mut visible(&top), "sealnode", &mut std::io::stdout());
     Ok(0)
+}
+
+/// `c` without its hidden subcommands, at every level. clap cannot remove a subcommand, so a
+/// command that has hidden ones is built again from its name, version, about, arguments,
+/// groups, subcommand settings and its visible subcommands; one without is kept as it is.
+fn visible(c: &clap::Command) -> clap::Command {
+    fn has_hidden(c: &clap::Command) -> bool {
+        c.get_subcommands().any(|s| s.is_hide_set() || has_hidden(s))
+    }
+    if !has_hidden(c) {
+        return c.clone();
+    }
+    let mut out = clap::Command::new(c.get_name().to_string())
+        .args(c.get_arguments().cloned())
+        .groups(c.get_groups().cloned())
+        .subcommand_required(c.is_subcommand_required_set())
+        .arg_required_else_help(c.is_arg_required_else_help_set());
+    if let Some(v) = c.get_version() {
+        out = out.version(v.to_string());
+    }
+    if let Some(a) = c.get_about() {
+        out = out.about(a.clone());
+    }
+    if let Some(a) = c.get_long_about() {
+        out = out.long_about(a.clone());
+    }
+    out.subcommands(c.get_subcommands().filter(|s| !s.is_hide_set()).map(visible))
 }
