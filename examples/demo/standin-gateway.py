@@ -7,25 +7,45 @@ frutebox-node's WebSocket protocol (JSON frames: the node sends `register`; we a
 receives, exits 0 once both results arrived with content, non-zero on error or timeout.
 
     python standin-gateway.py --port 18765 [--host 127.0.0.1] [--model standin] [--timeout 90] [--one-at-a-time]
+                              [--verdict-file FILE]
 
 --one-at-a-time sends the streamed job only after the plain one's result, for engines that
 serve one request at a time (llama-cpp-python's server garbles concurrent requests).
+
+--verdict-file FILE: once the verdict is known, write it to FILE (`ok`, or the error) and keep
+serving, the node's connection open, until SIGTERM or SIGINT; then exit with the verdict. A
+caller (scripts/demo) stops the node first, so it never sees its gateway go away: without
+this, the gateway's exit makes the node reconnect to a closed port (sealnode warns
+`egress connect failed ... ECONNREFUSED`, the node logs `disconnected`).
 """
 import argparse
 import asyncio
 import json
+import signal
 import sys
 
 import websockets
 
 
-async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1"):
-    done = asyncio.get_running_loop().create_future()
+async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", verdict_file=None):
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    stop = asyncio.Event()
+    if verdict_file:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+
+    async def finish(ws, verdict):
+        if not done.done():
+            done.set_result(verdict)
+        if verdict_file:
+            # Holding: the connection stays open until the node goes (or we are stopped).
+            await ws.wait_closed()
 
     async def handler(ws):
         reg = json.loads(await ws.recv())
         if reg.get("type") != "register":
-            done.set_result(f"first frame was {reg.get('type')!r}, not register")
+            await finish(ws, f"first frame was {reg.get('type')!r}, not register")
             return
         print(f"gateway: node {reg['id']!r} registered (models {reg['models']}, "
               f"{reg['compute_type']}, {reg['cpu_cores']} cores)", flush=True)
@@ -64,23 +84,32 @@ async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1"):
                 if set(results) == set(jobs):
                     ok = all(r["content"] for r in results.values()) and \
                         "".join(chunks.get("job-stream", [])) == results["job-stream"]["content"]
-                    done.set_result(None if ok else f"bad results: {results} chunks: {chunks}")
+                    await finish(ws, None if ok else f"bad results: {results} chunks: {chunks}")
                     return
             elif kind == "error":
-                done.set_result(f"node reported an error: {msg}")
+                await finish(ws, f"node reported an error: {msg}")
                 return
 
     async with websockets.serve(handler, host, port):
         print(f"gateway: listening on {host}:{port}", flush=True)
-        try:
-            err = await asyncio.wait_for(done, timeout)
-        except asyncio.TimeoutError:
+        stopped = asyncio.ensure_future(stop.wait())
+        first, _ = await asyncio.wait({done, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if done in first:
+            err = done.result()
+        elif stopped in first:
+            err = "stopped before both results arrived"
+        else:
             err = f"no results within {timeout}s"
-    if err:
-        print(f"gateway: FAILED: {err}", flush=True)
-        return 1
-    print("gateway: job round trip complete", flush=True)
-    return 0
+        if err:
+            print(f"gateway: FAILED: {err}", flush=True)
+        else:
+            print("gateway: job round trip complete", flush=True)
+        if verdict_file:
+            with open(verdict_file, "w") as f:
+                f.write(f"{err}\n" if err else "ok\n")
+            await stop.wait()
+        stopped.cancel()
+    return 1 if err else 0
 
 
 def main():
@@ -90,8 +119,9 @@ def main():
     p.add_argument("--timeout", type=float, default=90)
     p.add_argument("--one-at-a-time", action="store_true")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (tests: a non-loopback one)")
+    p.add_argument("--verdict-file", help="write the verdict here, then keep serving until SIGTERM")
     a = p.parse_args()
-    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.one_at_a_time, a.host)))
+    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.one_at_a_time, a.host, a.verdict_file)))
 
 
 if __name__ == "__main__":
