@@ -259,3 +259,226 @@ fn every_skip_names_a_documented_feature() {
     let unused: Vec<_> = listed.difference(&used).collect();
     assert!(unused.is_empty(), "scripts/test lists features no test skips: {unused:?}");
 }
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).expect(rel)
+}
+
+/// README and every doc under docs/ (their paths, relative to the repository).
+fn all_docs() -> Vec<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec!["README.md".to_string()];
+    for dir in ["docs", "docs/ci"] {
+        for e in std::fs::read_dir(root.join(dir)).expect("docs").flatten() {
+            if e.path().extension().is_some_and(|x| x == "md") {
+                docs.push(format!("{dir}/{}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    docs
+}
+
+/// Every exit-status table in the docs says of a `run` status what src/exit.rs says: a row
+/// calls it "could not run" exactly where exit.rs does (that is 6; 3 is an escape, once
+/// described as "found an escape, or could not run" in the operator guide).
+#[test]
+fn exit_status_tables_in_the_docs_agree_with_exit_rs() {
+    let run: Vec<(&str, &str)> = sealnode::exit::rows_for("run").map(|r| (r.code, r.meaning)).collect();
+    let mut rows = 0;
+    for doc in all_docs() {
+        for line in read(&doc).lines().filter(|l| l.starts_with("| ")) {
+            let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+            let Some((_, meaning)) = run.iter().find(|(code, _)| cells.first() == Some(code)) else { continue };
+            // Another command's table (verify-attestation's 10-14 are not run's) has no run rows.
+            let said = line.contains("could not run");
+            assert_eq!(said, meaning.contains("could not run"), "{doc}: {line}\nsrc/exit.rs: {meaning}");
+            rows += 1;
+        }
+    }
+    assert!(rows >= 14, "only {rows} exit-status rows found: README's and the operator guide's tables");
+}
+
+/// The Ollama profile's seccomp text is its socket rules: AF_INET/AF_INET6 SOCK_STREAM with
+/// protocol 0 or TCP, and AF_UNIX stream pairs (once described as "stream/datagram").
+#[test]
+fn the_ollama_profiles_socket_rules_are_as_documented() {
+    let policy: serde_json::Value = serde_json::from_str(&read("seccomp/engine-ollama.json")).expect("json");
+    let filter = policy["engine"]["filter"].as_array().expect("filter");
+    let args = |r: &serde_json::Value| -> Vec<(u64, u64)> {
+        r["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| (a["index"].as_u64().expect("index"), a["val"].as_u64().expect("val")))
+            .collect()
+    };
+    let mut sockets: Vec<Vec<(u64, u64)>> = filter.iter().filter(|r| r["syscall"] == "socket").map(args).collect();
+    sockets.sort();
+    assert_eq!(
+        sockets,
+        [[(0, 2), (1, 1), (2, 0)], [(0, 2), (1, 1), (2, 6)], [(0, 10), (1, 1), (2, 0)], [(0, 10), (1, 1), (2, 6)]],
+        "engine-ollama.json's socket rules changed: docs/policies.md (Ollama profile) describes them"
+    );
+    for r in filter.iter().filter(|r| r["syscall"] == "socket" || r["syscall"] == "socketpair") {
+        // The type is compared under mask 15 (SOCK_NONBLOCK/SOCK_CLOEXEC ignored) to SOCK_STREAM.
+        let t = r["args"].as_array().expect("args").iter().find(|a| a["index"] == 1).expect("the type");
+        assert_eq!((t["op"]["masked_eq"].as_u64(), t["val"].as_u64()), (Some(15), Some(1)), "{r}");
+    }
+    let pairs: Vec<Vec<(u64, u64)>> = filter.iter().filter(|r| r["syscall"] == "socketpair").map(args).collect();
+    assert_eq!(pairs, [[(0, 1), (1, 1)]], "AF_UNIX stream pairs only");
+    let doc = read("docs/policies.md");
+    let section = doc.split("## Ollama profile").nth(1).expect("section").split("\n## ").next().expect("end");
+    assert!(section.contains("SOCK_STREAM with protocol 0 or TCP only"), "{section}");
+    assert!(!section.contains("stream/datagram"), "{section}");
+}
+
+/// The README's and the operator guide's advice on `exec` holds for the shipped filters: the
+/// engine's has no vfork (dash's "Cannot fork") but clone without namespace flags (bash,
+/// busybox sh); the node's has vfork.
+#[test]
+fn the_exec_debugging_advice_is_true_to_the_policies() {
+    let has = |file: &str, name: &str| {
+        let p: serde_json::Value = serde_json::from_str(&read(file)).expect("json");
+        let role = p.as_object().expect("object").values().next().expect("the role's filter").clone();
+        role["filter"].as_array().expect("filter").iter().any(|r| r["syscall"] == name)
+    };
+    assert!(!has("seccomp/engine.json", "vfork") && has("seccomp/engine.json", "clone"));
+    assert!(has("seccomp/node.json", "vfork"));
+    for doc in ["README.md", "docs/operator-guide.md"] {
+        let text = read(doc);
+        assert!(text.contains("Cannot fork") && text.contains("vfork") && text.contains("busybox sh -c"), "{doc}");
+    }
+    assert!(read("docs/operator-guide.md").contains("### Debugging inside a role"));
+}
+
+/// The GPU drop-ins the docs give carry `SystemCallFilter=pidfd_getfd` while an example GPU
+/// config turns the denial log on: without it, that config refuses to start under the unit.
+#[test]
+fn gpu_drop_ins_allow_what_the_gpu_examples_need() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let logging: Vec<String> = std::fs::read_dir(root.join("examples"))
+        .expect("examples")
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "toml"))
+        .filter(|e| {
+            std::fs::read_to_string(e.path())
+                .expect("example")
+                .lines()
+                .any(|l| l.trim() == "log_refused_syscalls = true")
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(logging.iter().any(|e| e == "llamacpp-cuda.toml"), "{logging:?}");
+    let mut drop_ins = 0;
+    for doc in ["docs/operator-guide.md", "docs/gpu.md"] {
+        for block in read(doc).split("```ini\n").skip(1).map(|b| b.split("```").next().expect("block")) {
+            if block.contains("DeviceAllow=") {
+                assert!(block.lines().any(|l| l == "SystemCallFilter=pidfd_getfd"), "{doc}: {block}");
+                drop_ins += 1;
+            }
+        }
+    }
+    assert_eq!(drop_ins, 2, "one GPU drop-in in each of docs/operator-guide.md and docs/gpu.md");
+}
+
+/// `/etc/sealnode` is made before anything is written into it: in the operator guide's manual
+/// install and the README's quick start (a package install makes it).
+#[test]
+fn etc_sealnode_is_made_before_it_is_used() {
+    let guide = read("docs/operator-guide.md");
+    let by_hand = guide.split("### By hand").nth(1).expect("section").split("```sh\n").nth(1).expect("block");
+    let lines: Vec<&str> = by_hand.split("```").next().expect("block").lines().collect();
+    let made = lines.iter().position(|l| l.starts_with("install -d") && l.contains(" /etc/sealnode"));
+    let used = lines.iter().position(|l| l.contains("/etc/sealnode/"));
+    assert!(made.is_some() && made < used, "{lines:#?}");
+    let readme = read("README.md");
+    let step = readme.split("\n4. ").nth(1).expect("step 4").split("\n5. ").next().expect("end");
+    assert!(step.contains("install -d -m 0755 /etc/sealnode"), "{step}");
+}
+
+/// README's user creation is one command that works on a fresh host and again (useradd exits 9
+/// for a user that exists), with no home directory: parsed by bash and, where both users exist
+/// and we are root, run.
+#[test]
+fn readme_useradd_is_idempotent() {
+    let readme = read("README.md");
+    let step = readme.split("\n3. Create the role users").nth(1).expect("step 3").split("\n4. ").next().expect("end");
+    let cmd: String = step.split('`').nth(1).expect("the command").split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(cmd.contains("id -u \"$u\" >/dev/null 2>&1 || useradd --system"), "{cmd}");
+    assert!(cmd.contains("--home-dir /nonexistent") && cmd.contains("--shell /usr/sbin/nologin"), "{cmd}");
+    assert!(cmd.contains("sealnode-engine sealnode-node"), "{cmd}");
+    let parsed = std::process::Command::new("bash").args(["-n", "-c", &cmd]).output_within(COMMAND_LIMIT);
+    assert!(parsed.status.success(), "{cmd}: {}", String::from_utf8_lossy(&parsed.stderr));
+    let exists =
+        |u: &str| std::process::Command::new("id").args(["-u", u]).output_within(COMMAND_LIMIT).status.success();
+    if nix::unistd::Uid::effective().is_root() && exists("sealnode-engine") && exists("sealnode-node") {
+        let o = std::process::Command::new("bash").args(["-c", &cmd]).output_within(COMMAND_LIMIT);
+        assert!(o.status.success(), "{cmd} with both users there: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+/// What the docs say `check` reports for a config with several mistakes is what it reports:
+/// today the first config error only (README: "shows its first error"); should `check` list
+/// them all, this fails until the docs say so.
+#[test]
+fn check_reports_config_errors_as_the_docs_say() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("sealnode.toml");
+    std::fs::write(&cfg, "schema = 1\n[cell]\nstop_timeout_s = \"x\"\nhostname = 7\n[engine]\nport = \"y\"\n")
+        .expect("write");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_sealnode"))
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output_within(COMMAND_LIMIT);
+    assert_eq!(o.status.code(), Some(125));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let named = ["cell.stop_timeout_s", "cell.hostname", "engine.port"].iter().filter(|f| out.contains(*f)).count();
+    let first_only = read("README.md").contains("not load shows its first error");
+    assert_eq!(named == 1, first_only, "README's step 5 and `check` disagree: {named} of 3 errors named:\n{out}");
+    for doc in all_docs() {
+        assert!(!read(&doc).contains("125 and every problem"), "{doc} says check lists every problem");
+    }
+}
+
+/// docs/operator-guide.md's exposure table is what this host's `systemd-analyze security`
+/// says, for the systemd version it runs (the table names the versions it was measured with).
+#[test]
+fn the_exposure_table_is_what_systemd_analyze_says() {
+    let sa = "/usr/bin/systemd-analyze";
+    if !std::path::Path::new(sa).exists() {
+        return common::unavailable("systemd", "systemd-analyze missing (apt-get install systemd)");
+    }
+    let version = std::process::Command::new(sa).arg("--version").output_within(COMMAND_LIMIT);
+    let major = String::from_utf8_lossy(&version.stdout).split_whitespace().nth(1).unwrap_or("?").to_string();
+    let guide = read("docs/operator-guide.md");
+    let section = guide.split("**Exposure.**").nth(1).expect("the exposure paragraph");
+    let header: Vec<String> = section
+        .lines()
+        .find(|l| l.starts_with("| unit |"))
+        .expect("the table")
+        .trim_matches('|')
+        .split(" | ")
+        .map(|c| c.trim().to_string())
+        .collect();
+    let Some(col) = header.iter().position(|h| h.starts_with(&format!("systemd {major} "))) else {
+        return common::unavailable("systemd", &format!("systemd {major}: not in the exposure table ({header:?})"));
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rows = table_rows(section);
+    assert!(rows.len() >= 4, "{rows:?}");
+    for row in rows {
+        let unit = &row[0];
+        let o = std::process::Command::new(sa)
+            .args(["security", "--offline=yes"])
+            .arg(root.join("systemd").join(unit))
+            .output_within(COMMAND_LIMIT);
+        let text = String::from_utf8_lossy(&o.stdout);
+        let score = text
+            .lines()
+            .find_map(|l| l.split("Overall exposure level for ").nth(1))
+            .and_then(|r| r.split(": ").nth(1))
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("{unit}: no score in {text}"));
+        assert_eq!(row[col].split("**").nth(1), Some(score), "{unit} under systemd {major}: the doc says {}", row[col]);
+    }
+}
