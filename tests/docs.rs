@@ -379,6 +379,11 @@ fn gpu_drop_ins_allow_what_the_gpu_examples_need() {
         }
     }
     assert_eq!(drop_ins, 2, "one GPU drop-in in each of docs/operator-guide.md and docs/gpu.md");
+    // The unit's own pointer to the GPU drop-in names it too.
+    let unit = read("systemd/sealnode.service");
+    let gpu =
+        unit.lines().skip_while(|l| !l.contains("GPU engines: see the operator guide")).take(3).collect::<String>();
+    assert!(gpu.contains("SystemCallFilter=pidfd_getfd"), "systemd/sealnode.service: {gpu}");
 }
 
 /// `/etc/sealnode` is made before anything is written into it: in the operator guide's manual
