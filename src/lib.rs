@@ -9,6 +9,7 @@
 //! [`receipt`], [`control`] (the control socket's protocol), [`ratelimit`], [`egress`] (the
 //! forwarder), [`supervisor`] (`sealnode run`), [`doctor`] (kernel facts).
 
+pub mod access;
 pub mod atomic;
 pub mod attest;
 pub mod canary;

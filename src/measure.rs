@@ -85,6 +85,8 @@ pub struct Job {
     pub programs: Vec<ProgramJob>,
     pub trees: Vec<TreeJob>,
     pub models: Option<ModelsJob>,
+    /// What each role opens besides its program, opened as the role (crate::access).
+    pub access: Vec<crate::access::Job>,
 }
 
 /// Something that refuses the start, with the config field it belongs to.
@@ -196,6 +198,7 @@ pub fn job_for(
             .collect(),
         trees,
         models: None,
+        access: plans.iter().map(|(role, plan)| crate::access::job_for(cfg, inv, *role, plan)).collect(),
     }
 }
 
@@ -207,6 +210,11 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
         match program(p, job.launcher_uid) {
             Ok(d) => m.programs.push(d),
             Err((field, reason)) => m.problem(&field, reason),
+        }
+    }
+    for a in &job.access {
+        for (field, reason) in crate::access::check(a) {
+            m.problem(&field, reason);
         }
     }
     let mut budgets = std::collections::BTreeMap::new();

@@ -531,21 +531,47 @@ fn a_hung_preflight_is_given_up_after_its_timeout() {
         f.write_config();
         let t = std::time::Instant::now();
         let run = start(&f, &[]);
-        // The first probe seen (either role's), held stopped: it never answers.
+        // The first probe seen (either role's), held stopped: it never answers. The probe
+        // itself, not a child it forks for an attempt (which it would give up on).
+        let is_probe = |pid: &str| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"__canary-inside"))
+        };
+        let parent = |pid: &str| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| s.lines().find_map(|l| l.strip_prefix("PPid:")).map(|p| p.trim().to_string()))
+        };
+        // Only this run's (other tests run probes too).
+        let sealnode = run.pid().as_raw().to_string();
+        let ours = |pid: &str| {
+            let mut p = pid.to_string();
+            for _ in 0..16 {
+                match parent(&p) {
+                    Some(pp) if pp == sealnode => return true,
+                    Some(pp) if pp != "0" => p = pp,
+                    _ => return false,
+                }
+            }
+            false
+        };
         let held = wait_until(Duration::from_secs(30), || {
             std::fs::read_dir("/proc").expect("proc").filter_map(|e| e.ok()).any(|e| {
-                let is_probe = std::fs::read(e.path().join("cmdline"))
-                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"__canary-inside"));
-                let pid = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok());
-                match (is_probe, pid) {
-                    (true, Some(p)) => {
-                        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGSTOP).is_ok()
-                    }
-                    _ => false,
-                }
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Ok(pid) = name.parse::<i32>() else { return false };
+                is_probe(&name)
+                    && parent(&name).is_some_and(|pp| !is_probe(&pp))
+                    && ours(&name)
+                    && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGSTOP)
+                        .is_ok()
             })
         });
         assert!(held, "{mode:?}: no canary probe seen");
+        let pid = run.pid().as_raw();
+        let gone = wait_until(Duration::from_secs(30), || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+        });
+        assert!(gone, "{mode:?}: still running 30 s after a probe was held:\n{}", run.stderr());
         let (code, err) = run.exited(60);
         assert_eq!(code, Some(6), "{mode:?}: {err}");
         assert!(err.contains("did not answer within 5 s"), "{mode:?}: {err}");

@@ -105,6 +105,10 @@ struct Job {
     _throwaway: Option<Cell>,
     began: Instant,
     deadline: Instant,
+    /// A probe could not be started: why. The pass still waits for the measurement, whose
+    /// problems (a path the role cannot open, say: a config problem, 125) explain it better
+    /// than the sandbox's failed setup (6), and are what `check` reports for the same config.
+    probe_failed: Option<String>,
 }
 
 /// What a pass needs from the supervisor.
@@ -189,6 +193,7 @@ impl Gate {
             _throwaway: None,
             began: Instant::now(),
             deadline: Instant::now() + canary::battery_deadline(ctx.cfg),
+            probe_failed: None,
         };
         let started = (|| -> crate::error::Result<()> {
             if purpose == Purpose::DryRun {
@@ -206,15 +211,18 @@ impl Gate {
             }
             Ok(())
         })();
-        self.job = Some(job);
         if let Err(e) = started {
-            self.abandon(ctx.epoll);
-            return Err(Outcome::Refused {
-                code: exit::PREFLIGHT_ERROR,
-                message: format!("preflight could not run: {e}"),
-                details: Vec::new(),
-            });
+            // The probes started are given up; the measurement goes on (see probe_failed).
+            for p in job.probes.drain(..) {
+                let _ = ctx.epoll.delete(p.probe.out.as_fd());
+                if p.status.is_none() {
+                    let _ = nix::sys::signal::kill(p.probe.sandbox.pid, nix::sys::signal::Signal::SIGKILL);
+                    self.abandoned.push(p.probe.sandbox.pid);
+                }
+            }
+            job.probe_failed = Some(format!("preflight could not run: {e}"));
         }
+        self.job = Some(job);
         Ok(())
     }
 
@@ -343,6 +351,9 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
     };
     if let Some(e) = measured.error(&cfg.file) {
         return refused(sandbox::SETUP_FAILED, e.to_string());
+    }
+    if let Some(why) = job.probe_failed.take() {
+        return refused(exit::PREFLIGHT_ERROR, why);
     }
     let mut reports = Vec::new();
     for p in &job.probes {

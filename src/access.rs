@@ -1,0 +1,236 @@
+//! What a role will open besides its program, opened as that role before it starts, so that
+//! `sealnode check` and every start of `run` give one verdict (issue #27): each bind's source
+//! the way the role's sandbox opens it ([`crate::sandbox::mounts::open_source`], with the
+//! role's filesystem ids), the credential and the model files its command names for reading,
+//! its devices for reading and writing. A path the role could not open is a config problem
+//! (exit 125, naming the field), found before anything starts, never a restartable failure of
+//! the sandbox's setup or the role's own exit later.
+//!
+//! Rootful, the ids are switched in a forked child (the launcher keeps its own); rootless, the
+//! roles run as the launcher's uid and groups, so the launcher opens them itself.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+
+use crate::config::{Config, Ids, Invoker, Role, INSIDE_MODELS};
+use crate::sandbox::table::{Check, Mount};
+
+/// One role's paths, and the ids it will have.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub role: Role,
+    pub ids: Ids,
+    /// Take the role's filesystem ids first (the launcher is root and the role is not).
+    pub switch: bool,
+    pub items: Vec<Item>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// The config field that names the path.
+    pub field: String,
+    pub what: What,
+}
+
+#[derive(Debug, Clone)]
+pub enum What {
+    /// A bind's source (host path), opened as the sandbox opens it.
+    Source { mount: Mount, host: PathBuf },
+    /// A file the role reads: its credential, a model file its command names.
+    Read { host: PathBuf, inside: PathBuf },
+    /// A device node the role opens for reading and writing.
+    Device { host: PathBuf },
+}
+
+/// The paths `role` will open under `plan`: the plan's binds (role paths and system binds
+/// alike; a capped scratch is the cell's tmpfs, not a host path, and is left to the cell), the
+/// credential, the model files the engine's command names (unless the model dir is the engine's
+/// to write: it may fetch them itself), and the devices.
+pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::Plan) -> Job {
+    let r = cfg.role(role);
+    let mut named: Vec<(PathBuf, String)> = cfg.binds(role).into_iter().map(|(f, b)| (b.src.clone(), f)).collect();
+    if let Some(m) = &r.models {
+        named.push((m.clone(), format!("{role}.models")));
+    }
+    named.push((r.scratch.clone(), format!("{role}.scratch")));
+    if let Some(c) = &r.credential {
+        named.push((c.clone(), format!("{role}.credential")));
+    }
+    let mut items = Vec::new();
+    for m in &plan.mounts {
+        let Mount::Bind { src, check, .. } = m else { continue };
+        if matches!(check, Check::Tmpfs(_)) {
+            continue;
+        }
+        let host = PathBuf::from(std::ffi::OsStr::from_bytes(src.as_bytes()));
+        let field = named
+            .iter()
+            .find(|(p, _)| *p == host)
+            .map(|(_, f)| f.clone())
+            .unwrap_or_else(|| format!("{role} (system bind)"));
+        items.push(Item { field, what: What::Source { mount: m.clone(), host } });
+    }
+    if let Some(c) = &r.credential {
+        items.push(Item {
+            field: format!("{role}.credential"),
+            what: What::Read { host: c.clone(), inside: PathBuf::from(crate::config::INSIDE_CREDENTIAL) },
+        });
+    }
+    if let (Some(dir), false) = (&r.models, r.models_writable) {
+        for (i, arg) in r.command.iter().enumerate().skip(1) {
+            // `-m /models/x.gguf` and `--model=/models/x.gguf` alike.
+            let value = arg.split_once('=').map_or(arg.as_str(), |(_, v)| v);
+            let Some(rest) = value.strip_prefix(INSIDE_MODELS).and_then(|r| r.strip_prefix('/')) else { continue };
+            if rest.is_empty() || rest.split('/').any(|c| c == "..") {
+                continue;
+            }
+            items.push(Item {
+                field: format!("{role}.command[{i}]"),
+                what: What::Read { host: dir.join(rest), inside: PathBuf::from(value) },
+            });
+        }
+    }
+    for (i, d) in cfg.devices(role).into_iter().enumerate() {
+        let field = if i < r.devices.len() { format!("{role}.devices[{i}]") } else { format!("{role}.devices_from") };
+        items.push(Item { field, what: What::Device { host: d.to_path_buf() } });
+    }
+    Job { role, ids: plan.ids, switch: inv.rootful() && plan.ids.uid != nix::unistd::geteuid().as_raw(), items }
+}
+
+/// Open everything `job` names as its role: the problems, as (field, reason).
+pub fn check(job: &Job) -> Vec<(String, String)> {
+    let results = if job.switch { in_child(job) } else { Ok(attempt_all(job)) };
+    let results = match results {
+        Ok(r) => r,
+        Err(e) => {
+            return vec![(
+                format!("{}", job.role),
+                format!("cannot check what the role opens as uid {}: {e}", job.ids.uid),
+            )]
+        }
+    };
+    job.items
+        .iter()
+        .zip(results)
+        .filter_map(|(item, r)| r.err().map(|e| (item.field.clone(), reason(job, item, e))))
+        .collect()
+}
+
+/// Each item's outcome, as this process's ids.
+fn attempt_all(job: &Job) -> Vec<Result<(), Errno>> {
+    job.items.iter().map(|i| attempt(&i.what)).collect()
+}
+
+fn attempt(w: &What) -> Result<(), Errno> {
+    match w {
+        What::Source { mount, .. } => crate::sandbox::mounts::open_source(mount).map(drop),
+        // Non-blocking: a FIFO in place of a model file must not hang the check.
+        What::Read { host, .. } => nix::fcntl::open(
+            host,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map(drop),
+        // Never opened (opening a device may do something: reset it, take it): asked.
+        What::Device { host } => nix::unistd::faccessat(
+            nix::fcntl::AT_FDCWD,
+            host,
+            nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
+            nix::fcntl::AtFlags::AT_EACCESS,
+        ),
+    }
+}
+
+/// Rootful: a child takes the role's filesystem ids (as the sandbox does before it opens its
+/// binds: sandbox::caps::rootful_fs_ids) and reports each outcome as one errno per item (0: ok).
+fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe2: {e}"))?;
+    // SAFETY: the child only runs Rust code that the callers' processes allow after fork: the
+    // supervisor's gate worker and the CLI are single-threaded (glibc's fork keeps malloc
+    // usable in the child regardless).
+    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+        nix::unistd::ForkResult::Child => {
+            drop(r);
+            let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            let mut out = Vec::with_capacity(job.items.len() * 4);
+            match crate::sandbox::caps::rootful_fs_ids(job.ids) {
+                Ok(()) => {
+                    for i in &job.items {
+                        let e = attempt(&i.what).err().map_or(0, |e| e as i32);
+                        out.extend_from_slice(&e.to_le_bytes());
+                    }
+                }
+                Err(e) => out.extend_from_slice(&(-(e as i32)).to_le_bytes()),
+            }
+            let code = if crate::sys::write_all(w.as_raw_fd(), &out).is_ok() { 0 } else { 1 };
+            crate::sys::exit_now(code)
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(w);
+            let mut buf = Vec::new();
+            let mut f = std::fs::File::from(r);
+            let read = std::io::Read::read_to_end(&mut f, &mut buf);
+            let status = nix::sys::wait::waitpid(child, None).map_err(|e| format!("waitpid: {e}"))?;
+            read.map_err(|e| format!("reading the child's answer: {e}"))?;
+            if !matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)) {
+                return Err(format!("the child ended with {status:?}"));
+            }
+            let codes: Vec<i32> = buf.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            if let [c] = codes.as_slice() {
+                if *c < 0 {
+                    return Err(format!("taking the role's ids: {}", Errno::from_raw(-c)));
+                }
+            }
+            if codes.len() != job.items.len() {
+                return Err(format!("{} answers for {} paths", codes.len(), job.items.len()));
+            }
+            Ok(codes.into_iter().map(|c| if c == 0 { Ok(()) } else { Err(Errno::from_raw(c)) }).collect())
+        }
+    }
+}
+
+/// Owner and mode of `p`, as the launcher sees them, for the message.
+fn bits(p: &Path) -> String {
+    match std::fs::metadata(p) {
+        Ok(m) => format!("owner uid {}, gid {}, mode {:o}", m.uid(), m.gid(), m.mode() & 0o7777),
+        Err(_) => "not readable by the launcher either".into(),
+    }
+}
+
+fn reason(job: &Job, item: &Item, e: Errno) -> String {
+    let who = format!("the {} role (uid {}, gid {})", job.role, job.ids.uid, job.ids.gid);
+    let shown = |p: &Path| crate::log::clean(p.as_os_str().as_encoded_bytes());
+    match (&item.what, e) {
+        (What::Source { host, .. }, Errno::EACCES) => format!(
+            "{}: {who} cannot reach it (EACCES): a directory on the way is not searchable by that uid (a 0700 home, \
+             say); move it where the role can reach it, or let that uid search (x) each directory above it",
+            shown(host)
+        ),
+        (What::Source { host, .. }, Errno::ESTALE) => {
+            format!("{}: changed while it was being checked (replaced, or a mount over it): try again", shown(host))
+        }
+        (What::Source { host, .. }, e) => format!("{}: {who} cannot open it: {}", shown(host), e.desc()),
+        (What::Read { host, inside }, Errno::ENOENT) if item.field.contains(".command[") => {
+            format!("{} is not in the model dir: {} does not exist", shown(inside), shown(host))
+        }
+        (What::Read { host, inside }, Errno::EACCES) => format!(
+            "{} (the role's {}): {who} cannot read it ({}): make it readable by that uid (chown it, or a group \
+             the role has)",
+            shown(host),
+            shown(inside),
+            bits(host)
+        ),
+        (What::Read { host, .. }, e) => format!("{}: {who} cannot read it: {}", shown(host), e.desc()),
+        (What::Device { host }, e) => format!(
+            "{}: {who} cannot open it for reading and writing ({}; {}): give that uid or a group of the role access",
+            shown(host),
+            e.desc(),
+            bits(host)
+        ),
+    }
+}

@@ -1,0 +1,184 @@
+//! `check` is `run` without the start (issue #27): every refusal `run` makes before a role
+//! starts, `check` makes first, with the same verdict (exit 125) and the same words; and a setup
+//! failure that is a config problem exits 125 from `run`, never the restartable 6.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use common::*;
+
+const HTTPD: &str = "exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models";
+const NODE: &str = "echo node-up; exec sleep 1000";
+
+/// The fixture of every case: busybox's httpd as the engine, a shell that says `node-up` as the
+/// node; `engine_prog`/`node_prog` replace the program (paths inside the view).
+fn fixture(mode: Mode, name: &str) -> Fixture {
+    let mut f = Fixture::new(mode, name);
+    let q = |s: &str| serde_json::to_string(s).expect("quote");
+    f.engine_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", q(HTTPD));
+    f.node_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", q(NODE));
+    f.cell_extra = "stop_timeout_s = 2".into();
+    f.write_config();
+    f
+}
+
+/// What `run` does with the fixture: `Ok(())` when the node came up (then stopped), or its exit
+/// code and stderr when it exited first.
+fn run_verdict(f: &Fixture) -> Result<(), (Option<i32>, String)> {
+    let run = start_logged(f, &[]);
+    let pid = run.pid().as_raw();
+    let up = || LoggedRun::text(&run.out).lines().any(|l| l.ends_with("node-up"));
+    let exited = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
+    assert!(wait_until(Duration::from_secs(90), || up() || exited()), "{:?}: run neither started nor exited", f.mode);
+    if up() {
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{err}");
+        Ok(())
+    } else {
+        Err(run.exited(10))
+    }
+}
+
+fn check_verdict(f: &Fixture) -> (Option<i32>, String) {
+    let cfg = f.config.display().to_string();
+    let o = f.command(&["check", "--config", &cfg]).output_within(COMMAND_LIMIT);
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+}
+
+/// Both verdicts for the fixture: `run` refuses with 125 before any role starts, `check`
+/// refuses with 125, and `check` says what `run` says (`words`, in both).
+fn same_refusal(f: &Fixture, what: &str, words: &[&str]) {
+    let (code, checked) = check_verdict(f);
+    let ran = run_verdict(f);
+    let ctx = format!("{:?} {what}", f.mode);
+    assert_eq!(code, Some(125), "{ctx}: check:\n{checked}");
+    let Err((run_code, err)) = ran else { panic!("{ctx}: run started the roles; check said:\n{checked}") };
+    assert_eq!(run_code, Some(125), "{ctx}: run:\n{err}");
+    assert!(!err.contains("role started"), "{ctx}: a role started:\n{err}");
+    for w in words {
+        assert!(checked.contains(w), "{ctx}: check does not say {w:?}:\n{checked}");
+        assert!(err.contains(w), "{ctx}: run does not say {w:?}:\n{err}");
+    }
+}
+
+/// `run` starts the roles and `check` passes.
+fn both_start(f: &Fixture, what: &str) {
+    let (code, checked) = check_verdict(f);
+    assert_eq!(code, Some(0), "{:?} {what}: check:\n{checked}", f.mode);
+    if let Err((code, err)) = run_verdict(f) {
+        panic!("{:?} {what}: check passed, run exited {code:?}:\n{err}", f.mode);
+    }
+}
+
+fn chmod(p: &std::path::Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A busybox of our own in `rel` under the fixture (its dirs 0755, the file 0755 root's).
+fn own_busybox(f: &Fixture, rel: &str) -> std::path::PathBuf {
+    let p = f.p(rel);
+    std::fs::create_dir_all(p.parent().expect("dir")).expect("mkdir");
+    std::fs::copy("/usr/bin/busybox", &p).expect("copy busybox");
+    chmod(&p, 0o755);
+    p
+}
+
+/// The issue's cases (#27 item 1), each a config `check` passed and `run` refused or failed on
+/// (or the reverse), in both modes: now one verdict, with the same words.
+#[test]
+fn check_and_run_give_one_verdict() {
+    for mode in modes() {
+        // A program bound from under a directory only root may search (a 0700 home, where
+        // pyenv installs an interpreter): the sandbox opens the bind as the role.
+        let mut f = fixture(mode, "cr-private");
+        own_busybox(&f, "private/bin/busybox");
+        chmod(&f.p("private"), 0o700);
+        f.node_extra = format!("ro_binds = [{{ src = \"{}\", dst = \"/opt/py\" }}]", f.p("private/bin").display());
+        f.node_cmd = format!("[\"/opt/py/busybox\", \"sh\", \"-c\", \"{NODE}\"]");
+        f.write_config();
+        match mode {
+            // Rootful: the role's uid cannot reach it (run exited 6, "open_sources ... EACCES").
+            Mode::Rootful => same_refusal(&f, "a bind under a 0700 dir", &["node.ro_binds[0].src", "cannot reach it"]),
+            // Rootless: the launcher itself cannot (the config check, before any plan).
+            Mode::Rootless => {
+                same_refusal(&f, "a bind under a 0700 dir", &["node.ro_binds[0].src", "Permission denied"])
+            }
+        }
+        drop(f);
+
+        // A program reached through a symlink that only resolves in the role's view: the venv
+        // case (bin/python -> the interpreter's prefix under a 0700 home, bound there with dst
+        // from a copy). `check` must resolve it in the view as `run` does, and both start.
+        let mut f = fixture(mode, "cr-venv");
+        own_busybox(&f, "pycopy/busybox");
+        std::fs::create_dir_all(f.p("private/prefix")).expect("mkdir");
+        chmod(&f.p("private"), 0o700);
+        std::fs::create_dir_all(f.p("venv/bin")).expect("mkdir");
+        let prefix = f.p("private/prefix");
+        std::os::unix::fs::symlink(prefix.join("busybox"), f.p("venv/bin/sh")).expect("symlink");
+        f.node_extra = format!(
+            "ro_binds = [{{ src = \"{}\", dst = \"{}\" }}, {{ src = \"{}\" }}]",
+            f.p("pycopy").display(),
+            prefix.display(),
+            f.p("venv").display()
+        );
+        f.node_cmd = format!("[\"{}\", \"-c\", \"{NODE}\"]", f.p("venv/bin/sh").display());
+        f.write_config();
+        both_start(&f, "a venv whose interpreter resolves only in the view");
+        drop(f);
+
+        // The credential, owned by root and 0400: the node would run without it.
+        let f = fixture(mode, "cr-cred");
+        std::os::unix::fs::chown(f.p("credential"), Some(0), Some(0)).expect("chown");
+        chmod(&f.p("credential"), 0o400);
+        if is_root() {
+            same_refusal(&f, "an unreadable credential", &["node.credential", "cannot read it", "mode 400"]);
+        }
+        drop(f);
+
+        // A model file the engine's command names, 0600 root's: the engine would exit 1.
+        let mut f = fixture(mode, "cr-model");
+        chmod(&f.p("models/model.gguf"), 0o600);
+        f.engine_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", \"{HTTPD}\", \"-m\", \"/models/model.gguf\"]");
+        f.write_config();
+        same_refusal(&f, "an unreadable model", &["engine.command[5]", "/models/model.gguf", "cannot read it"]);
+        // And one that is not in the model dir at all, as `--model=`.
+        f.engine_cmd = format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", \"{HTTPD}\", \"--model=/models/nope.gguf\"]");
+        f.write_config();
+        same_refusal(&f, "a model not in the dir", &["engine.command[4]", "/models/nope.gguf is not in the model dir"]);
+        drop(f);
+
+        // A world-writable engine program (mode 757), unpinned.
+        let mut f = fixture(mode, "cr-ww");
+        let prog = own_busybox(&f, "ebin/busybox");
+        chmod(&prog, 0o757);
+        f.engine_extra = format!("ro_binds = [{{ src = \"{}\", dst = \"/opt/e\" }}]", f.p("ebin").display());
+        f.engine_cmd = format!("[\"/opt/e/busybox\", \"sh\", \"-c\", \"{HTTPD}\"]");
+        f.write_config();
+        same_refusal(&f, "a world-writable program", &["engine.command[0]", "writable by group or others"]);
+        drop(f);
+
+        // A device the role cannot open (rootful: root's 0600 node under /dev).
+        if mode == Mode::Rootful {
+            let mut f = fixture(mode, "cr-dev");
+            let dev = std::path::PathBuf::from(format!("/dev/sealnode-test-null-{}", std::process::id()));
+            let _ = std::fs::remove_file(&dev);
+            nix::sys::stat::mknod(
+                &dev,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                nix::sys::stat::makedev(1, 3),
+            )
+            .expect("mknod");
+            f.engine_extra = format!("devices = [\"{}\"]", dev.display());
+            f.write_config();
+            same_refusal(&f, "an unopenable device", &["engine.devices[0]", "cannot open it for reading and writing"]);
+            // Readable and writable by all: both start.
+            chmod(&dev, 0o666);
+            both_start(&f, "an openable device");
+            let _ = std::fs::remove_file(&dev);
+        }
+    }
+}
