@@ -464,16 +464,8 @@ fn write_limits(
         files.push(("io.weight", format!("default {w}"), "io_weight"));
     }
     for io in &l.io_max {
-        let st =
-            nix::sys::stat::stat(&io.device).map_err(|e| Error::errno(format!("stat {}", io.device.display()), e))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFBLK {
-            return Err(Error::config(
-                &cfg.file,
-                cfg.limit_field(role, "io_max"),
-                format!("{} is not a block device", io.device.display()),
-            ));
-        }
-        let (maj, min) = (libc::major(st.st_rdev), libc::minor(st.st_rdev));
+        let (maj, min) = block_device_numbers(&io.device)
+            .map_err(|why| Error::config(&cfg.file, format!("{}.device", cfg.limit_field(role, "io_max")), why))?;
         let mut v = format!("{maj}:{min}");
         for (k, x) in [("rbps", io.rbps), ("wbps", io.wbps), ("riops", io.riops), ("wiops", io.wiops)] {
             if let Some(x) = x {
@@ -498,8 +490,57 @@ fn write_limits(
     Ok(written)
 }
 
+/// A block device's major:minor, for io.max. `/dev/NAME` missing from this mount namespace (the
+/// unit's `PrivateDevices=` leaves only pseudo devices in /dev) is read from the kernel's own
+/// list instead, /sys/class/block/NAME/dev.
+fn block_device_numbers(device: &Path) -> std::result::Result<(u32, u32), String> {
+    let shown = device.display();
+    match nix::sys::stat::stat(device) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFBLK => Ok((libc::major(st.st_rdev), libc::minor(st.st_rdev))),
+        Ok(_) => Err(format!("{shown} is not a block device")),
+        Err(nix::errno::Errno::ENOENT) => {
+            let name = device
+                .strip_prefix("/dev")
+                .ok()
+                .and_then(|n| n.to_str())
+                .filter(|n| !n.is_empty() && !n.contains('/') && !n.starts_with('.'))
+                .ok_or_else(|| format!("{shown} does not exist"))?;
+            let sys = Path::new("/sys/class/block").join(name).join("dev");
+            let text = std::fs::read_to_string(&sys)
+                .map_err(|_| format!("{shown} does not exist, and the kernel knows no block device {name}"))?;
+            let (a, b) =
+                text.trim().split_once(':').ok_or_else(|| format!("{}: unexpected {text:?}", sys.display()))?;
+            match (a.parse(), b.parse()) {
+                (Ok(a), Ok(b)) => Ok((a, b)),
+                _ => Err(format!("{}: unexpected {text:?}", sys.display())),
+            }
+        }
+        Err(e) => Err(format!("cannot stat {shown}: {}", e.desc())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn io_max_devices_are_block_devices_named_by_path_or_by_the_kernel() {
+        use std::path::Path;
+        assert_eq!(super::block_device_numbers(Path::new("/dev/null")), Err("/dev/null is not a block device".into()));
+        let e = super::block_device_numbers(Path::new("/dev/sealnode-no-such-disk")).expect_err("missing");
+        assert!(e.contains("the kernel knows no block device sealnode-no-such-disk"), "{e}");
+        let e = super::block_device_numbers(Path::new("/var/no/such")).expect_err("missing");
+        assert_eq!(e, "/var/no/such does not exist");
+        // A real disk, by path, gives the numbers the kernel lists for it.
+        if let Some(disk) = std::fs::read_dir("/sys/class/block").ok().and_then(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|n| Path::new("/dev").join(n).exists())
+        }) {
+            let listed = std::fs::read_to_string(format!("/sys/class/block/{disk}/dev")).expect("dev");
+            let (a, b) = super::block_device_numbers(&Path::new("/dev").join(&disk)).expect("numbers");
+            assert_eq!(format!("{a}:{b}"), listed.trim());
+        }
+    }
+
     use super::*;
 
     fn cfg(engine_limits: &str, cell_limits: &str) -> Config {
