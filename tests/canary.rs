@@ -334,6 +334,8 @@ fn matrix_shows_two_independent_layers() {
         let f = Fixture::new(mode, "matrix");
         let (code, m, err) = canary(&f, &["--matrix"]);
         assert_eq!(code, Some(0), "{mode:?}: {err}");
+        // What an attempt runs writes nowhere the operator sees (#27 item 3).
+        assert!(!err.contains("write error"), "{mode:?}: {err}");
         let rows = m["rows"].as_array().expect("rows");
         for role in ["engine", "node"] {
             let (doc_two, doc_own) = documented_two_layer_counts(role);
@@ -407,6 +409,260 @@ fn matrix_shows_two_independent_layers() {
         assert!(stops("exec_from_scratch", "landlock") && stops("exec_from_scratch", "namespaces"), "{mode:?}");
         assert!(stops("write_etc", "landlock") && stops("write_etc", "namespaces"), "{mode:?}");
         assert!(stops("host_loopback_service", "namespaces") && stops("host_loopback_service", "landlock"), "{mode:?}");
+    }
+}
+
+/// A path the test made on the host outside its fixture (a device node, a dir under root's
+/// home), removed when dropped.
+struct MadeOnHost(std::path::PathBuf);
+
+impl Drop for MadeOnHost {
+    fn drop(&mut self) {
+        match std::fs::symlink_metadata(&self.0) {
+            Ok(m) if m.is_dir() => drop(std::fs::remove_dir_all(&self.0)),
+            _ => drop(std::fs::remove_file(&self.0)),
+        }
+    }
+}
+
+/// A dir made with `mode`, root's like the trees sealnode binds (binds must be root's and
+/// writable by no one else).
+fn made_dir(p: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(p).expect("mkdir");
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A character device `/dev/TAG` with /dev/full's numbers, mode 0666, in place of a GPU's node
+/// (as tests/devices.rs makes them).
+fn made_device(tag: &str) -> MadeOnHost {
+    use std::os::unix::fs::PermissionsExt;
+    let p = std::path::PathBuf::from(format!("/dev/{tag}"));
+    let _ = std::fs::remove_file(&p);
+    nix::sys::stat::mknod(
+        &p,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 7),
+    )
+    .expect("mknod a stand-in device");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    MadeOnHost(p)
+}
+
+/// An example's `rlimits` entries (`nofile = 65536, ... }`), each lowered to what this
+/// launcher's hard limit allows: a role's limit above it cannot be set inside the role's user
+/// namespace (the units raise LimitNOFILE to 65536; a shell or CI job may have less).
+fn within_hard_limits(list: &str) -> String {
+    use nix::sys::resource::{getrlimit, Resource};
+    let hard = |r: Resource, unit: u64| getrlimit(r).map(|(_, h)| h / unit).unwrap_or(u64::MAX);
+    let (entries, tail) = list.split_once('}').expect("one-line rlimits");
+    let entries: Vec<String> = entries
+        .split(',')
+        .filter_map(|e| {
+            let (k, v) = e.split_once('=')?;
+            let (k, v) = (k.trim(), v.trim().parse::<u64>().expect("a number"));
+            let max = match k {
+                "nofile" => hard(Resource::RLIMIT_NOFILE, 1),
+                "nproc" => hard(Resource::RLIMIT_NPROC, 1),
+                "fsize_mb" => hard(Resource::RLIMIT_FSIZE, 1 << 20),
+                "memlock_kb" => hard(Resource::RLIMIT_MEMLOCK, 1 << 10),
+                other => panic!("rlimits.{other}: not known to the test"),
+            };
+            Some(format!("{k} = {}", v.min(max)))
+        })
+        .collect();
+    format!("{} }}{tail}", entries.join(", "))
+}
+
+/// Every config the project ships or shows, by name: the demo's two templates (as
+/// scripts/demo fills them in) and each examples/*.toml.
+fn shipped_configs() -> Vec<(String, String)> {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let mut v: Vec<(String, String)> = ["sealnode.toml.in", "sealnode-llama.toml.in"]
+        .iter()
+        .map(|t| (format!("demo/{t}"), read(repo().join("examples/demo").join(t))))
+        .collect();
+    let mut examples: Vec<std::path::PathBuf> = std::fs::read_dir(repo().join("examples"))
+        .expect("examples")
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    examples.sort();
+    v.extend(examples.into_iter().map(|p| (p.file_name().expect("name").to_string_lossy().into_owned(), read(p))));
+    v
+}
+
+/// `text` (a template's placeholders or an example's install paths) rewritten to this fixture,
+/// the way an operator fills it in on this machine: the fixture's state, runtime, model,
+/// scratch dirs, credential and policies; the role users of the test's mode; each bind's
+/// source from this machine (the prepared Python when there is one, else an empty stand-in) at
+/// the example's own path inside (`dst`); a stand-in node per device, and a CDI spec naming
+/// one. `prefix` is where the demo's interpreter is bound inside (`@PYPREFIX@`). What the
+/// test made outside the fixture is returned, to be removed.
+fn on_this_machine(f: &Fixture, text: &str, prefix: &str, gw_port: u16) -> (String, Vec<MadeOnHost>) {
+    let d = f.dir.display().to_string();
+    let env = |k: &str| std::env::var(k).ok().filter(|p| std::path::Path::new(p).exists());
+    let standin = |p: &str| {
+        let s = f.p(&format!("host{p}"));
+        made_dir(&s, 0o755);
+        s.display().to_string()
+    };
+    let python = env("SEALNODE_TEST_PYTHON").unwrap_or_else(|| standin("/opt/python3.12"));
+    let venv = env("SEALNODE_TEST_VENV").unwrap_or_else(|| standin("/opt/frutebox/venv"));
+    let llama_bin = env("SEALNODE_TEST_LLAMA_SERVER")
+        .and_then(|s| Some(std::path::Path::new(&s).parent()?.display().to_string()))
+        .unwrap_or_else(|| standin("/opt/llama/bin"));
+    let standin_scripts = f.p("standin");
+    made_dir(&standin_scripts, 0o755);
+    for s in ["standin-engine.py", "standin-gateway.py"] {
+        std::fs::copy(repo().join("examples/demo").join(s), standin_scripts.join(s)).expect("copy");
+    }
+    // The AMD example's filter, which the fixture does not copy.
+    std::fs::copy(repo().join("seccomp/engine-rocm.json"), f.p("policy/engine-rocm.json")).expect("copy policy");
+    let rootful = match f.mode {
+        Mode::Rootful => format!(
+            "rootful = {{ engine = \"{}:{}\", node = \"{}:{}\" }}",
+            ENGINE_IDS.0, ENGINE_IDS.1, NODE_IDS.0, NODE_IDS.1
+        ),
+        Mode::Rootless => String::new(),
+    };
+    let mut t = text.to_string();
+    for (from, to) in [
+        // The demo's placeholders (scripts/demo).
+        ("@POLICY@/seccomp/", format!("{d}/policy/")),
+        ("@POLICY@/landlock-rules/", format!("{d}/policy/")),
+        ("@DEMO@/engine\"", format!("{d}/engine-scratch\"")),
+        ("@DEMO@/node\"", format!("{d}/node-scratch\"")),
+        ("@DEMO@", d.clone()),
+        ("@VENV@", venv.clone()),
+        ("@PYCOPY@", python.clone()),
+        ("@PYPREFIX@", prefix.to_string()),
+        ("@LLAMABIN@", llama_bin.clone()),
+        ("@GWPORT@", gw_port.to_string()),
+        // The examples' install paths (README, "Operator quick start").
+        ("\"/usr/share/sealnode/seccomp/", format!("\"{d}/policy/")),
+        ("\"/usr/share/sealnode/landlock-rules/", format!("\"{d}/policy/")),
+        ("state_dir = \"/var/lib/sealnode\"", format!("state_dir = \"{d}/state\"")),
+        ("runtime_dir = \"/run/sealnode\"", format!("runtime_dir = \"{d}/run\"")),
+        ("\"/var/lib/sealnode/models\"", format!("\"{d}/models\"")),
+        ("\"/var/lib/sealnode/ollama-models\"", format!("\"{d}/models\"")),
+        ("\"/var/lib/sealnode/engine\"", format!("\"{d}/engine-scratch\"")),
+        ("\"/var/lib/sealnode/node\"", format!("\"{d}/node-scratch\"")),
+        ("\"/etc/sealnode/credential\"", format!("\"{d}/credential\"")),
+        ("rootful = { engine = \"sealnode-engine\", node = \"sealnode-node\" }", rootful),
+    ] {
+        t = t.replace(from, &to);
+    }
+    // Each bind's source from this machine, shown at the example's own path.
+    let mut out = String::new();
+    let mut rest = t.as_str();
+    while let Some(at) = rest.find("{ src = \"") {
+        let (head, tail) = rest.split_at(at + "{ src = \"".len());
+        let end = tail.find('"').expect("closing quote");
+        let src = &tail[..end];
+        let host = match src {
+            s if [&d, &python, &venv, &llama_bin].iter().any(|m| s.starts_with(m.as_str())) => s.to_string(),
+            "/opt/python3.12" => python.clone(),
+            "/opt/frutebox/venv" => venv.clone(),
+            s if s.starts_with("/sys/") && std::path::Path::new(s).exists() => s.to_string(),
+            s => standin(s),
+        };
+        out.push_str(head);
+        out.push_str(&host);
+        out.push('"');
+        if host != src && !tail[end + 1..].trim_start().starts_with(", dst") {
+            out.push_str(&format!(", dst = \"{src}\""));
+        }
+        rest = &tail[end + 1..];
+    }
+    out.push_str(rest);
+    // A stand-in node per device (the examples' GPUs), and a CDI spec naming one.
+    let mut made = Vec::new();
+    let mut lines = Vec::new();
+    for line in out.lines() {
+        if let Some(list) = line.strip_prefix("rlimits = { ") {
+            lines.push(format!("rlimits = {{ {}", within_hard_limits(list)));
+        } else if let Some(list) = line.strip_prefix("devices = [") {
+            let n = list.matches('"').count() / 2;
+            let nodes: Vec<String> = (0..n)
+                .map(|i| {
+                    let m = made_device(&format!("{}-{i}", f.dir.file_name().expect("n").to_string_lossy()));
+                    let p = format!("\"{}\"", m.0.display());
+                    made.push(m);
+                    p
+                })
+                .collect();
+            lines.push(format!("devices = [{}]", nodes.join(", ")));
+        } else if line.starts_with("devices_from = { cdi = \"/etc/cdi/") {
+            let m = made_device(&format!("{}-cdi", f.dir.file_name().expect("n").to_string_lossy()));
+            made_dir(&f.p("cdi"), 0o755);
+            let spec = f.p("cdi/gpu.yaml");
+            std::fs::write(
+                &spec,
+                format!(
+                    "cdiVersion: \"0.6.0\"\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - path: {}\n      type: c\n      major: 1\n      minor: 7\n",
+                    m.0.display()
+                ),
+            )
+            .expect("write the CDI spec");
+            made.push(m);
+            let (_, after) = line.split_once("\", devices").expect("cdi line");
+            lines.push(format!("devices_from = {{ cdi = \"{}\", devices{after}", spec.display()));
+        } else {
+            lines.push(line.to_string());
+        }
+    }
+    (lines.join("\n") + "\n", made)
+}
+
+/// #27 item 3: `canary --matrix` failed on the demo's own config (exit 125, "landlock: node
+/// role: rule for <the interpreter's prefix under root's home>: EACCES"): without namespaces
+/// the Landlock column resolved each rule at its inside path on the host, as the role's uid,
+/// and a bind's `dst` under root's 0700 home cannot be searched. And every run printed
+/// "sealnode: write error: Bad file descriptor" from an attempt run with its stdout closed.
+/// Every shipped and example config, on this machine's paths, in both modes: exit 0, no noise,
+/// no violation.
+#[test]
+fn the_matrix_runs_on_every_example_config() {
+    let configs = shipped_configs();
+    let names: Vec<&str> = configs.iter().map(|c| c.0.as_str()).collect();
+    assert!(
+        names.len() >= 7 && names.contains(&"llamacpp.toml"),
+        "the demo's templates and examples/*.toml: {names:?}"
+    );
+    if !is_root() {
+        return unavailable("rootful", "the test makes stand-in device nodes and a dir under root's home");
+    }
+    for (i, mode) in modes().into_iter().enumerate() {
+        // An interpreter prefix under root's home (0700), where pyenv installs it and where a
+        // config binds the interpreter with `dst` (its RUNPATH names it): the stand-in demo's
+        // always; the real-engine demo's as scripts/demo fills it in on this machine.
+        let home = std::path::PathBuf::from(format!("/root/.sealnode-it-{}-{mode:?}", std::process::id()));
+        made_dir(&home.join("versions/3.12"), 0o755);
+        let _home = MadeOnHost(home.clone());
+        let under_root_home = home.join("versions/3.12").display().to_string();
+        let prepared = std::env::var("SEALNODE_TEST_PYTHON_PREFIX").unwrap_or_else(|_| under_root_home.clone());
+        for (j, (name, text)) in configs.iter().enumerate() {
+            let prefix = if name == "demo/sealnode.toml.in" { &under_root_home } else { &prepared };
+            let f = Fixture::new(mode, &format!("mx{j}"));
+            let gw_port = 20000 + (std::process::id() % 1000) as u16 * 20 + (i * 10 + j) as u16;
+            let (config, _made) = on_this_machine(&f, text, prefix, gw_port);
+            std::fs::write(&f.config, &config).expect("write the config");
+            let ctx = format!("{mode:?} {name}");
+            let cfg = f.config.display().to_string();
+            let o = f.command(&["canary", "--config", &cfg, "--json", "--matrix"]).output_within(COMMAND_LIMIT);
+            let err = String::from_utf8_lossy(&o.stderr).into_owned();
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            assert_eq!(o.status.code(), Some(0), "{ctx}: {err}\n{out}\n{config}");
+            let m: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{ctx}: {e}: {out}"));
+            assert!(!err.contains("write error"), "{ctx}: noise on stderr: {err}");
+            assert_eq!(m["violations"], serde_json::json!([]), "{ctx}: {err}");
+            let rows = m["rows"].as_array().expect("rows");
+            for role in ["engine", "node"] {
+                assert!(rows.iter().any(|r| r["role"] == role), "{ctx}: no {role} rows");
+            }
+        }
     }
 }
 

@@ -34,6 +34,9 @@ pub struct Ctx {
     pub foreign_paths: Vec<String>,
     /// The config file's host path.
     pub config_path: String,
+    /// The host's /root (st_dev, st_ino), to tell it from a /root the role's view makes.
+    #[serde(default)]
+    pub root_home: Option<(u64, u64)>,
     /// The attestation key's host path, or the state dir's before there is a key.
     pub attest_key: String,
     pub engine_port: u16,
@@ -277,8 +280,18 @@ pub const ATTEMPTS: &[(&str, Attempt)] = &[
     }),
     // ---- filesystem ----
     ("read_host_shadow", |_| read_some("/etc/shadow")),
-    ("list_root_home", |_| {
-        std::fs::read_dir("/root").map(drop).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(5)))
+    ("list_root_home", |ctx| {
+        use std::os::unix::fs::MetadataExt;
+        let errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(5));
+        std::fs::read_dir("/root").map(drop).map_err(errno)?;
+        // Listed: an escape only if it is the host's root home. A bind whose `dst` lies under
+        // /root (an interpreter's original prefix) gives the role's view a /root of its own,
+        // sealnode's dir around the mount point, which shows nothing of the host's: the view
+        // held, as for a masked file (ENODATA).
+        match (ctx.root_home, std::fs::metadata("/root")) {
+            (Some(host), Ok(m)) if (m.dev(), m.ino()) != host => Err(Errno::ENODATA),
+            _ => Ok(()),
+        }
     }),
     ("read_config", |ctx| read_some(&ctx.config_path)),
     ("read_attest_key", |ctx| match std::fs::symlink_metadata(&ctx.attest_key) {
@@ -662,6 +675,30 @@ fn count_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count().saturating_sub(4)).unwrap_or(0)
 }
 
+/// In an attempt's child: whatever the attempt runs (`exec_from_scratch` executes a copy of
+/// `true --version`, which writes) must write neither into the report on stdout nor onto the
+/// launcher's stderr (the operator's terminal, `run`'s log). Both go to /dev/null. Where the
+/// view has none the role may open (the matrix's columns without namespaces show the host's
+/// /dev on a nodev mount), both go to a pipe no one reads whose read end stays open: a short
+/// write then lands in its buffer instead of failing. Never closed: a program run with a
+/// closed stdout reports `write error: Bad file descriptor` on stderr, and the attempt's next
+/// open would take fd 1 or 2.
+fn quiet_stdout_and_stderr() {
+    use std::os::fd::IntoRawFd;
+    let sink = match open_path("/dev/null", libc::O_WRONLY | libc::O_CLOEXEC, 0) {
+        Ok(null) => Some(null),
+        // Both ends stay open (the read end across exec too) until the child exits.
+        Err(_) => nix::unistd::pipe().ok().map(|(r, w)| {
+            let _ = r.into_raw_fd();
+            w.into_raw_fd()
+        }),
+    };
+    if let Some(fd) = sink {
+        let _ = nix::unistd::dup2_stdout(unsafe_borrow(fd));
+        let _ = nix::unistd::dup2_stderr(unsafe_borrow(fd));
+    }
+}
+
 /// Fork, run the attempt in the child, report its outcome through a pipe.
 fn fork_attempt(attempt: Attempt, ctx: &Ctx) -> Outcome {
     let Ok((r, w)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
@@ -671,15 +708,7 @@ fn fork_attempt(attempt: Attempt, ctx: &Ctx) -> Outcome {
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             drop(r);
-            // Whatever an attempt runs must not write into the report on stdout.
-            match open_path("/dev/null", libc::O_WRONLY | libc::O_CLOEXEC, 0) {
-                Ok(null) => {
-                    let _ = nix::unistd::dup2_stdout(unsafe_borrow(null));
-                }
-                Err(_) => {
-                    let _ = nix::unistd::close(1);
-                }
-            }
+            quiet_stdout_and_stderr();
             let res = attempt(ctx);
             let (ok, errno) = match res {
                 Ok(()) => (1u8, 0i32),

@@ -10,6 +10,7 @@ pub mod inside;
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
 
 use serde::Serialize;
 
@@ -329,6 +330,19 @@ pub const SINGLE_LAYER: &[(&str, &str)] = &[
     ("proxy_env", "a fact about what the launcher hands over"),
 ];
 
+/// Attempts a role's own policy leaves to one layer: with `connect_any` its Landlock rules do
+/// not restrict TCP connect (the Ollama profile, whose server reaches its runners on random
+/// loopback ports), so its own network namespace alone keeps it from the host's services and
+/// the node's forwarders, and connecting to its own port is what the profile allows.
+pub const CONNECT_ANY: &[&str] = &["host_loopback_service", "engine_connect", "engine_to_egress"];
+pub const CONNECT_ANY_REASON: &str = "the role's Landlock rules leave TCP connect unrestricted (connect_any, the Ollama profile: its server reaches its runners on random loopback ports); its own network namespace is what keeps it from the host's services and the node's forwarders (docs/policies.md)";
+
+/// Whether `role`'s Landlock rules leave TCP connect unrestricted (`connect_any`).
+fn connects_anywhere(cfg: &Config, role: Role) -> Result<bool> {
+    let (_, ll) = cfg.policy_files(role)?;
+    Ok(crate::policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.role(role).landlock)?.net.connect_any)
+}
+
 impl Spec {
     /// Whether this attempt is an escape for `role` under `cfg`. With `models_writable` the
     /// operator grants the engine its model dir (its statements then say the model digests do
@@ -551,6 +565,7 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers)
         view_roots: if layers.namespaces { view_roots(cfg, role) } else { Vec::new() },
         foreign_paths: foreign,
         config_path: cfg.file.display().to_string(),
+        root_home: std::fs::metadata("/root").ok().map(|m| (m.dev(), m.ino())),
         // The key once `attest init` made it; before, the state dir that will hold it.
         attest_key: Some(crate::config::attest_key_path(&cfg.cell.state_dir))
             .filter(|k| k.exists())
@@ -797,16 +812,30 @@ fn credits(spec: &Spec, o: &Outcome, base: &Outcome) -> bool {
     refused(o) && (!refused(base) || o.errno != base.errno || o.signal != base.signal)
 }
 
+/// A sandbox setup failure in one of the matrix's columns, said to be that column's: without
+/// namespaces its view is the host's root, and its Landlock rules are resolved there.
+fn in_column(e: Error, column: &str) -> Error {
+    match e {
+        Error::Setup { step, detail, errno } => {
+            Error::Setup { step, detail: format!("{detail} (canary --matrix, column {column})"), errno }
+        }
+        e => e,
+    }
+}
+
 /// Re-run the battery with one layer at a time (standalone sandboxes) and record which
 /// attempts each layer stops on its own.
 pub fn matrix(cfg: &Config, inv: &Invoker, roles: &[Role]) -> Result<Matrix> {
     let t = targets(cfg)?;
     let mut rows = Vec::new();
     for role in roles {
-        let base = run_battery(cfg, *role, inv, None, Layers::NONE, &t, &|| false)?;
+        let connect_any = connects_anywhere(cfg, *role)?;
+        let base = run_battery(cfg, *role, inv, None, Layers::NONE, &t, &|| false)
+            .map_err(|e| in_column(e, "baseline (every layer off)"))?;
         let mut cols: Vec<(Layer, BTreeMap<String, Outcome>)> = Vec::new();
         for l in MATRIX_LAYERS {
-            let raw = run_battery(cfg, *role, inv, None, only_layer(l), &t, &|| false)?;
+            let raw = run_battery(cfg, *role, inv, None, only_layer(l), &t, &|| false)
+                .map_err(|e| in_column(e, &format!("{} alone", l.name())))?;
             cols.push((l, raw));
         }
         for spec in SPECS.iter().filter(|s| s.applies(cfg, *role)) {
@@ -830,7 +859,11 @@ pub fn matrix(cfg: &Config, inv: &Invoker, roles: &[Role]) -> Result<Matrix> {
                 }
                 v
             };
-            let reason = SINGLE_LAYER.iter().find(|(id, _)| *id == spec.id).map(|(_, r)| *r);
+            let reason = SINGLE_LAYER
+                .iter()
+                .find(|(id, _)| *id == spec.id)
+                .map(|(_, r)| *r)
+                .or_else(|| (connect_any && CONNECT_ANY.contains(&spec.id)).then_some(CONNECT_ANY_REASON));
             rows.push(MatrixRow {
                 id: spec.id,
                 role: *role,
@@ -956,6 +989,17 @@ mod tests {
         crate::sys::write_all(std::os::fd::AsRawFd::as_raw_fd(&w), b"{}").expect("write");
         drop(w);
         assert_eq!(super::read_until_eof(r, Duration::from_secs(5), &|| false), Ok(b"{}".to_vec()));
+    }
+
+    #[test]
+    fn the_exceptions_a_policy_makes_are_documented_and_are_attempts() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/canary.md")).expect("doc");
+        let para =
+            doc.split("\n\n").find(|p| p.contains("`connect_any`")).expect("docs/canary.md: the connect_any paragraph");
+        for id in super::CONNECT_ANY {
+            assert!(super::SPECS.iter().any(|s| s.id == *id), "{id}: no such attempt");
+            assert!(para.contains(&format!("`{id}`")), "docs/canary.md does not name {id} for connect_any");
+        }
     }
 
     #[test]

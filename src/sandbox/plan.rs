@@ -317,10 +317,10 @@ impl Plan {
         let r = cfg.role(role);
         let ids = cfg.role_ids(role, inv)?;
         let (landlock, seccomp) = policies(cfg, role)?;
-        let (mut mounts, workdir) = if layers.namespaces {
-            (mount_table(cfg, role, inv, ids)?, cstr(INSIDE_SCRATCH)?)
+        let (mut mounts, workdir, landlock) = if layers.namespaces {
+            (mount_table(cfg, role, inv, ids)?, cstr(INSIDE_SCRATCH)?, landlock)
         } else {
-            (matrix_mounts(r)?, cstr("/")?)
+            (matrix_mounts(r)?, cstr("/")?, matrix_landlock(cfg, role, landlock)?)
         };
         let exec = Exec::resolve(cfg, role, argv, program, &mut mounts)?;
         let l = &r.rlimits;
@@ -573,6 +573,50 @@ fn matrix_mounts(r: &RoleConfig) -> Result<Vec<Mount>> {
     Ok(host)
 }
 
+/// The paths a role's view places its own dirs and binds at (inside, host), in the order the
+/// mount table binds them ([`mount_table`]): a later one shows over an earlier one.
+fn placed(cfg: &Config, role: Role) -> Vec<(PathBuf, PathBuf)> {
+    let r = cfg.role(role);
+    let mut v: Vec<(PathBuf, PathBuf)> = Vec::new();
+    v.extend(r.models.iter().map(|m| (PathBuf::from(INSIDE_MODELS), m.clone())));
+    v.push((PathBuf::from(INSIDE_SCRATCH), r.scratch.clone()));
+    v.extend(r.credential.iter().map(|c| (PathBuf::from(INSIDE_CREDENTIAL), c.clone())));
+    v.extend(cfg.binds(role).iter().map(|(_, b)| (b.inside().to_path_buf(), b.src.clone())));
+    let attest = cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR);
+    if role == Role::Node && std::fs::symlink_metadata(&attest).is_ok_and(|m| m.is_dir()) {
+        v.push((PathBuf::from(crate::config::INSIDE_ATTESTATION_DIR), attest));
+    }
+    v
+}
+
+/// Where the host shows what the role's view shows at `inside`: beneath the last of `placed`
+/// at or above it, that bind's source; `None` where the view shows the host's own path.
+fn host_of(placed: &[(PathBuf, PathBuf)], inside: &Path) -> Option<PathBuf> {
+    placed.iter().rev().find_map(|(at, host)| {
+        let rest = inside.strip_prefix(at).ok()?;
+        Some(if rest.as_os_str().is_empty() { host.clone() } else { host.join(rest) })
+    })
+}
+
+/// The canary matrix's columns without namespaces (and so its Landlock column) see the host's
+/// root, where nothing is bound at the paths the role's view gives its scratch, model dir,
+/// credential and binds. A rule naming such a path (or one beneath it) is resolved where the
+/// host shows the same files, the bind's source, as the role's uid would reach it in `run`:
+/// Landlock alone grants exactly what it grants in the real sandbox, on the same files, and
+/// refuses nothing because a grant pointed at an empty host path. Never the host's own file at
+/// the inside path: a bind's `dst` (an interpreter's original prefix under root's 0700 home) can
+/// name something else on the host, or something the role's uid cannot search, which the real
+/// view never shows (docs/canary.md, "Layer matrix").
+fn matrix_landlock(cfg: &Config, role: Role, mut res: landlock::Resolved) -> Result<landlock::Resolved> {
+    let placed = placed(cfg, role);
+    for (path, _, _) in &mut res.fs {
+        if let Some(host) = host_of(&placed, Path::new(OsStr::from_bytes(path.to_bytes()))) {
+            *path = cstr(host)?;
+        }
+    }
+    Ok(res)
+}
+
 /// Where the child tries to exec `prog0`: itself when it names a path, else each absolute
 /// directory of the role's PATH (default `/usr/bin:/bin`) in order; relative entries are skipped.
 fn exec_candidates(prog0: &str, env: &[(String, String)]) -> Result<Vec<CString>> {
@@ -808,6 +852,33 @@ mod tests {
             .collect();
         assert!(tmpfs.contains(&format!("tmpfs on {} size=16m,mode=1777", scratch.display())), "{tmpfs:?}");
         assert!(!tmpfs.iter().any(|t| t.contains("absent")), "{tmpfs:?}");
+    }
+
+    #[test]
+    fn the_matrix_resolves_a_rule_for_a_bind_where_the_host_holds_its_files() {
+        let placed: Vec<(PathBuf, PathBuf)> = [
+            ("/models", "/srv/models"),
+            ("/scratch", "/srv/engine"),
+            // An interpreter bound at its original prefix under root's 0700 home (pyenv's).
+            ("/root/.pyenv/versions/3.12.1", "/var/tmp/python"),
+            // A later bind beneath an earlier one shows over it.
+            ("/root/.pyenv/versions/3.12.1/lib/extra", "/srv/extra"),
+            ("/opt/llama", "/opt/llama"),
+        ]
+        .iter()
+        .map(|(a, b)| (PathBuf::from(a), PathBuf::from(b)))
+        .collect();
+        let host = |p: &str| host_of(&placed, Path::new(p)).map(|h| h.display().to_string());
+        assert_eq!(host("/root/.pyenv/versions/3.12.1").as_deref(), Some("/var/tmp/python"));
+        assert_eq!(host("/root/.pyenv/versions/3.12.1/bin/python3").as_deref(), Some("/var/tmp/python/bin/python3"));
+        assert_eq!(host("/root/.pyenv/versions/3.12.1/lib/extra/x").as_deref(), Some("/srv/extra/x"));
+        assert_eq!(host("/scratch").as_deref(), Some("/srv/engine"));
+        assert_eq!(host("/models/m.gguf").as_deref(), Some("/srv/models/m.gguf"));
+        assert_eq!(host("/opt/llama/llama-server").as_deref(), Some("/opt/llama/llama-server"));
+        // Component by component; system paths are the host's own in both views.
+        for own in ["/root", "/root/.pyenv", "/models2", "/opt/llama.cpp", "/usr", "/etc", "/tmp", "/dev/null"] {
+            assert_eq!(host(own), None, "{own}");
+        }
     }
 
     #[test]
