@@ -114,17 +114,30 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
                 "devices_from: the CDI spec's nodes (Landlock ioctl_dev on exactly those), files (read-only) and environment",
             );
         }
-        add(
-            &mut v,
-            match role {
-                Role::Engine => "engine scratch",
-                Role::Node => "node scratch",
+        let name = match role {
+            Role::Engine => "engine scratch",
+            Role::Node => "node scratch",
+        };
+        let meaning = "the role's own dir: its owner, no one else may write it, no other running cell's \
+                       (wiped before the cell starts its roles, at a reload and a recycle; a role's own restart keeps it)";
+        // Locked by the `run` that uses it: another cell's is refused, as `run` refuses it.
+        v.push(match crate::supervisor::scratch_status(&cfg, inv, role) {
+            Ok(None) => Check {
+                name,
+                level: Level::Ok,
+                value: cfg.role(role).scratch.display().to_string(),
+                meaning: meaning.into(),
             },
-            crate::supervisor::open_scratch(&cfg, inv, role)
-                .map(|_| cfg.role(role).scratch.display().to_string())
-                .map_err(|e| e.to_string()),
-            "the role's own dir: its owner, no one else may write it (wiped before the cell starts its roles, at a reload and a recycle; a role's own restart keeps it)",
-        );
+            Ok(Some(held)) => Check {
+                name,
+                level: Level::Warn,
+                value: held,
+                meaning: "this config's `sealnode run` is running: a second one would refuse to start \
+                          (a reload, `systemctl reload`, is fine)"
+                    .into(),
+            },
+            Err(e) => Check { name, level: Level::Fail, value: e.to_string(), meaning: meaning.into() },
+        });
     }
     // The denial log takes each role's seccomp listener with pidfd_getfd, which a unit's
     // SystemCallFilter= may deny: try it on ourselves (found by review: check passed, run refused).

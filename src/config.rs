@@ -1118,7 +1118,8 @@ impl Config {
         for role in Role::ALL {
             self.check_role_pure(role)?;
         }
-        self.check_overlaps()
+        self.check_overlaps()?;
+        self.check_writable_outside_statements()
     }
 
     fn abs(&self, field: &str, p: &Path) -> Result<()> {
@@ -1483,6 +1484,29 @@ impl Config {
                         "{} is inside {} ({field}), which a role sees; the state dir holds the attestation key and must be outside every role's view",
                         self.cell.state_dir.display(),
                         path.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A dir a role can write (its scratch, a writable model dir) must not be or lie in the
+    /// statements' dir sealnode makes in the runtime dir (RUNTIME_ATTEST_DIR), which the node
+    /// sees as INSIDE_ATTESTATION_DIR: rootless, the owner checks pass (one uid), and a role
+    /// writing there could hand the node a statement sealnode never signed. (A role's dir
+    /// holding sealnode's own: check_trusted_outside_roles; one dir named by two fields under
+    /// two paths: the run's locks.)
+    fn check_writable_outside_statements(&self) -> Result<()> {
+        let dir = self.cell.runtime_dir.join(RUNTIME_ATTEST_DIR);
+        for w in Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.writable) {
+            if contains(&dir, w.path) {
+                return Err(self.err(
+                    w.field.clone(),
+                    format!(
+                        "{} is in {}, sealnode's own dir for the node's statements (in cell.runtime_dir); give the role a dir of its own outside it",
+                        w.path.display(),
+                        dir.display()
                     ),
                 ));
             }

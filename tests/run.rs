@@ -533,8 +533,13 @@ fn scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start() {
             chown(scratch.join(p), Some(owner.0), Some(owner.1)).expect("chown");
         }
         std::fs::set_permissions(scratch.join("a"), std::fs::Permissions::from_mode(0o500)).expect("chmod");
+        // The scratch dir itself left without permissions (its owner, the role, may chmod it):
+        // `run` gives its owner's back, as the owner, and locks and wipes it.
+        std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o000)).expect("chmod");
         let run = start(&f, &[]);
         run.wait_stderr(30, "role started role=node", &format!("{mode:?}: the node did not start"));
+        let mode_now = std::fs::metadata(&scratch).expect("scratch").permissions().mode() & 0o7777;
+        assert_eq!(mode_now, 0o700, "{mode:?}");
         let left: Vec<_> = std::fs::read_dir(&scratch).expect("scratch").flatten().map(|e| e.file_name()).collect();
         assert!(left.is_empty(), "{mode:?}: not wiped before the start: {left:?}");
         let (code, _, err) = run.stop();
@@ -565,7 +570,7 @@ fn rootful_with_only_the_units_capabilities_wipes_and_stops_the_roles() {
     if !modes().contains(&Mode::Rootful) {
         return;
     }
-    use std::os::unix::fs::chown;
+    use std::os::unix::fs::{chown, PermissionsExt};
     let f = cell(Mode::Rootful, "unitcaps", HTTPD, "trap '' TERM; exec sleep 1000", "", "", "");
     let scratch = f.p("node-scratch");
     std::fs::create_dir_all(scratch.join("a/b")).expect("mkdir");
@@ -574,6 +579,9 @@ fn rootful_with_only_the_units_capabilities_wipes_and_stops_the_roles() {
         chown(scratch.join(p), Some(NODE_IDS.0), Some(NODE_IDS.1)).expect("chown");
     }
     std::fs::write(scratch.join("root-file"), "x").expect("write");
+    // Without CAP_DAC_OVERRIDE, the lock opens the role's dir as its owner (and gives the owner
+    // back what the role took away).
+    std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o000)).expect("chmod");
     let run = start_in_shell(
         &f,
         &[],
@@ -663,6 +671,172 @@ fn the_wipe_holds_against_swaps_deep_trees_odd_groups_and_mounts() {
         assert_eq!(o.status.code(), Some(125), "{err}");
         assert!(err.contains("cannot wipe node.scratch") && err.contains("mount point"), "{err}");
         assert_eq!(std::fs::read_to_string(src.join("data")).expect("data"), "keep");
+    }
+}
+
+/// #27 item 2: a second config naming a running cell's scratch dirs (with its own state and
+/// runtime dirs) passed `check`, and its `run` wiped the live cell's files. Each scratch dir is
+/// locked by the `run` that uses it, for its whole life: `check` fails on it and `run` exits
+/// 125, each naming the file, the field, the dir and the holder's pid; nothing is wiped or
+/// started, and the first cell runs on. The lock holds through a SIGHUP reload and a recycle
+/// (both wipe and restart the roles), and is gone with the first cell.
+#[test]
+fn a_shared_scratch_dir_is_refused_with_the_live_cells_files_intact() {
+    for mode in modes() {
+        let node_sh = "echo live > /scratch/live; echo node-up; exec sleep 1000";
+        let f = cell(mode, "scratch-live", HTTPD, node_sh, "", "", "");
+        let g = cell(mode, "scratch-second", HTTPD, node_sh, "", "", "");
+        let text = std::fs::read_to_string(&g.config).expect("cfg");
+        let mut shared = text.clone();
+        for d in ["engine-scratch", "node-scratch"] {
+            shared = shared.replace(&g.p(d).display().to_string(), &f.p(d).display().to_string());
+        }
+        assert_ne!(text, shared);
+        std::fs::write(&g.config, shared).expect("cfg");
+        let (fcfg, gcfg) = (f.config.display().to_string(), g.config.display().to_string());
+        let live = f.p("node-scratch/live");
+        let run = start(&f, &[]);
+        run.line(30, |l| l == "node-up");
+        let holder = format!("pid {}", run.pid());
+        let refused = |when: &str| {
+            assert_eq!(std::fs::read_to_string(&live).ok().as_deref(), Some("live\n"), "{mode:?} {when}: no live file");
+            let o = g.command(&["check", "--config", &gcfg]).output_within(COMMAND_LIMIT);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(o.status.code(), Some(125), "{mode:?} {when}: check passed:\n{out}");
+            for (name, field) in [("engine scratch", "engine.scratch"), ("node scratch", "node.scratch")] {
+                let line = out.lines().find(|l| l.get(7..).is_some_and(|r| r.starts_with(name)));
+                let line = line.unwrap_or_else(|| panic!("{mode:?} {when}: no {name} line:\n{out}"));
+                assert!(
+                    line.starts_with("[FAIL] ") && line.contains(field) && line.contains(&holder),
+                    "{mode:?} {when}: {line}"
+                );
+            }
+            let o = g.command(&["run", "--config", &gcfg]).output_within(COMMAND_LIMIT);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(125), "{mode:?} {when}: {err}");
+            let dir = f.p("engine-scratch").display().to_string();
+            assert!(
+                err.contains(&format!(
+                    "{gcfg}: engine.scratch: {dir} is in use by another running sealnode ({holder})"
+                )),
+                "{mode:?} {when}: {err}"
+            );
+            assert!(!err.contains("cell created") && !err.contains("role started"), "{mode:?} {when}: {err}");
+            assert_eq!(std::fs::read_to_string(&live).ok().as_deref(), Some("live\n"), "{mode:?} {when}: wiped");
+            let o = f.command(&["ctl", "--config", &fcfg, "status", "--json"]).output_within(COMMAND_LIMIT);
+            let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            assert_eq!(st["roles"][1]["state"], "running", "{mode:?} {when}: the first cell was disturbed: {st}");
+        };
+        refused("while the first cell runs");
+        // Rootless (one uid owns every dir): a third config whose state dir is the live node's
+        // scratch is refused on it the same way, and leaves no lock file there.
+        if mode == Mode::Rootless {
+            let state = format!("state_dir = \"{}\"", g.p("state").display());
+            assert!(text.contains(&state));
+            let third = g.p("third.toml");
+            let scratch = f.p("node-scratch").display().to_string();
+            std::fs::write(&third, text.replace(&state, &format!("state_dir = \"{scratch}\""))).expect("cfg");
+            let hcfg = third.display().to_string();
+            let o = g.command(&["check", "--config", &hcfg]).output_within(COMMAND_LIMIT);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(o.status.code(), Some(125), "{mode:?}: check passed:\n{out}");
+            assert!(
+                out.lines().any(|l| l.starts_with("[FAIL] state and runtime dirs") && l.contains(&holder)),
+                "{mode:?}: {out}"
+            );
+            let o = g.command(&["run", "--config", &hcfg]).output_within(COMMAND_LIMIT);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
+            assert!(
+                err.contains(&format!("cell.state_dir: {scratch} is in use by another running sealnode ({holder})")),
+                "{mode:?}: {err}"
+            );
+            let left: Vec<_> =
+                std::fs::read_dir(f.p("node-scratch")).expect("scratch").flatten().map(|e| e.file_name()).collect();
+            assert_eq!(left, vec![std::ffi::OsString::from("live")], "{mode:?}: {err}");
+        }
+        // Its own `check` warns (a reload is fine) and passes.
+        let o = f.command(&["check", "--config", &fcfg]).output_within(COMMAND_LIMIT);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{mode:?}: {out}");
+        assert!(out.lines().any(|l| l.starts_with("[warn] node scratch") && l.contains(&holder)), "{mode:?}: {out}");
+        // A reload and a recycle wipe scratch and restart both roles under the lock held since
+        // the start.
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.line(60, |l| l == "node-up");
+        refused("after a reload");
+        let o = f.command(&["ctl", "--config", &fcfg, "recycle", "--json"]).output_within(COMMAND_LIMIT);
+        let rc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        assert!(
+            o.status.success() && rc["ok"] == true,
+            "{mode:?}: recycle: {rc} {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        run.line(60, |l| l == "node-up");
+        refused("after a recycle");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(err.matches("role started role=node").count(), 3, "{mode:?}: {err}");
+        // Gone with the first cell: the second config's `check` passes.
+        let o = g.command(&["check", "--config", &gcfg]).output_within(COMMAND_LIMIT);
+        assert_eq!(o.status.code(), Some(0), "{mode:?}: {}", String::from_utf8_lossy(&o.stdout));
+    }
+}
+
+/// Within one config: a scratch dir that is (or is in) the statements' dir sealnode makes in
+/// the runtime dir is refused by name (`check` and `run`), and so is one dir given as both
+/// roles' scratch dirs under two paths (a bind mount: rootless, both belong to the launcher),
+/// before anything is wiped.
+#[test]
+fn a_scratch_dir_among_the_cells_own_dirs_is_refused() {
+    for mode in modes() {
+        let f = cell(mode, "scratch-own", HTTPD, "exec sleep 1000", "", "", "");
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        let node = format!("scratch = \"{}\"", f.p("node-scratch").display());
+        assert!(text.contains(&node));
+        let cfg = f.config.display().to_string();
+        let owner = match mode {
+            Mode::Rootful => NODE_IDS,
+            Mode::Rootless if is_root() => (NOBODY, NOBODY),
+            Mode::Rootless => (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()),
+        };
+        for inside in ["run/attest", "run/attest/node"] {
+            // A dir the role could use, but for where it is.
+            std::fs::create_dir(f.p(inside)).expect("mkdir");
+            std::os::unix::fs::chown(f.p(inside), Some(owner.0), Some(owner.1)).expect("chown");
+            std::fs::write(&f.config, text.replace(&node, &format!("scratch = \"{}\"", f.p(inside).display())))
+                .expect("cfg");
+            for cmd in ["check", "run"] {
+                let o = f.command(&[cmd, "--config", &cfg]).output_within(COMMAND_LIMIT);
+                let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+                assert_eq!(o.status.code(), Some(125), "{mode:?} {inside} {cmd}: {all}");
+                assert!(
+                    all.contains("node.scratch") && all.contains("sealnode's own dir for the node's statements"),
+                    "{mode:?} {cmd}: {all}"
+                );
+            }
+        }
+        if mode != Mode::Rootless || !is_root() {
+            continue;
+        }
+        let alias = f.p("alias");
+        std::fs::create_dir(&alias).expect("alias");
+        std::fs::write(f.p("engine-scratch/kept"), "x").expect("write");
+        nix::mount::mount(
+            Some(&f.p("engine-scratch")),
+            &alias,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .expect("bind");
+        std::fs::write(&f.config, text.replace(&node, &format!("scratch = \"{}\"", alias.display()))).expect("cfg");
+        let o = f.command(&["run", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        let _ = nix::mount::umount2(&alias, nix::mount::MntFlags::MNT_DETACH);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{err}");
+        assert!(err.contains("node.scratch") && err.contains("the same directory as engine.scratch"), "{err}");
+        assert!(f.p("engine-scratch/kept").exists(), "wiped: {err}");
     }
 }
 

@@ -10,11 +10,13 @@
 //! touched.
 
 mod gate;
+mod locks;
 mod reload;
+
+pub use locks::{lock_status, open_scratch, scratch_status};
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -177,9 +179,9 @@ pub struct Supervisor {
     wipe_deadline: Option<Instant>,
     /// The outcome of the last SIGHUP, for `ctl status`.
     last_reload: Option<serde_json::Value>,
-    /// Held for the supervisor's lifetime: one `sealnode run` per state dir and runtime dir.
-    _lock: nix::fcntl::Flock<std::fs::File>,
-    _runtime_lock: nix::fcntl::Flock<std::fs::File>,
+    /// Held for the supervisor's lifetime: one `sealnode run` per state, runtime and scratch
+    /// dir (locks.rs).
+    _locks: locks::Locks,
     /// The state dir, opened and checked once: receipts and the counter are written through it.
     state_dir: OwnedFd,
     born: Instant,
@@ -344,14 +346,12 @@ impl Supervisor {
             .add(sigfd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNAL))
             .map_err(|e| Error::errno("epoll_ctl", e))?;
 
-        // One cell per state dir: a second `run` would rebind the control socket, wipe the
-        // first one's scratch and share its generations (found by review).
-        // Both dirs are opened (and checked) once, here; the receipt, the counter and the
-        // control socket are made through these descriptors for the supervisor's lifetime.
-        let (state_dir, lock) = lock_dir(&cfg, &inv, "cell.state_dir", &cfg.cell.state_dir, 0o750)?;
-        // The runtime dir too: a second run with another state dir would take over the
-        // control socket (found by review).
-        let (runtime_dir, runtime_lock) = lock_dir(&cfg, &inv, "cell.runtime_dir", &cfg.cell.runtime_dir, 0o755)?;
+        // One cell per dir, before anything is made, wiped or started (locks.rs): a second
+        // `run` naming this state dir would share its generations, this runtime dir take over
+        // the control socket, this scratch dir wipe a live role's files. Each dir is opened
+        // (and checked) once, here; the receipt, the counter, the control socket and every
+        // wipe work through these descriptors for the supervisor's lifetime.
+        let locks::Held { state_dir, runtime_dir, scratch, locks } = locks::take(&cfg, &inv)?;
         // The roles' cgroup leaves and their limits, before anything is forked: a limit that
         // cannot be enforced refuses the start here, with nothing running (cgroup.rs).
         let cgroups = crate::cgroup::Tree::setup(&cfg)?;
@@ -415,10 +415,6 @@ impl Supervisor {
         epoll
             .add(control.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_CONTROL))
             .map_err(|e| Error::errno("epoll_ctl (control)", e))?;
-        let mut scratch = Vec::new();
-        for role in Role::ALL {
-            scratch.push(open_scratch(&cfg, &inv, role)?);
-        }
         let mut scratch = scratch.into_iter();
         let mut slot = |role| Slot {
             role,
@@ -461,8 +457,7 @@ impl Supervisor {
             wipe_failed: Vec::new(),
             wipe_deadline: None,
             last_reload: None,
-            _lock: lock,
-            _runtime_lock: runtime_lock,
+            _locks: locks,
             state_dir,
             born: Instant::now(),
             outputs: std::collections::HashMap::new(),
@@ -1809,54 +1804,6 @@ fn stop_pending() -> bool {
     crate::sys::signal_pending(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT])
 }
 
-/// Open sealnode's own dir `path` (trusted::own_dir) and take its `lock` exclusively, for as
-/// long as this supervisor lives; refuse if another one holds it. Returns the dir's descriptor
-/// and the lock.
-fn lock_dir(
-    cfg: &Config,
-    inv: &Invoker,
-    field: &str,
-    path: &std::path::Path,
-    mode: u32,
-) -> Result<(OwnedFd, nix::fcntl::Flock<std::fs::File>)> {
-    use nix::fcntl::{openat, Flock, FlockArg, OFlag};
-    let dir = crate::trusted::own_dir(path, inv.uid, mode).map_err(|e| Error::config(&cfg.file, field, e))?;
-    let shown = path.join("lock");
-    let fd = openat(
-        &dir,
-        "lock",
-        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::from_bits_truncate(0o600),
-    )
-    .map_err(|e| Error::errno(format!("open {}", shown.display()), e))?;
-    // A `sealnode check` holds the lock shared for a moment to see whether a cell runs: a few
-    // retries tell that apart from a running cell, which holds it for good.
-    let mut file = std::fs::File::from(fd);
-    let mut tries = 0;
-    let locked = loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Err((f, Errno::EWOULDBLOCK)) if tries < 10 => {
-                tries += 1;
-                file = f;
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            other => break other,
-        }
-    };
-    match locked {
-        Ok(l) => Ok((dir, l)),
-        Err((_, Errno::EWOULDBLOCK)) => Err(Error::config(
-            &cfg.file,
-            field,
-            format!(
-                "another `sealnode run` holds {} (one cell per state and runtime dir: stop it, or give this config its own state_dir and runtime_dir)",
-                shown.display()
-            ),
-        )),
-        Err((_, e)) => Err(Error::errno(format!("lock {}", shown.display()), e)),
-    }
-}
-
 /// A role's stdio for `run`: stdin /dev/null, stdout and stderr each a pipe whose read end
 /// (non-blocking) the supervisor keeps: (the role's stdio, stdout's read end, stderr's).
 fn output_pipes() -> Result<(sandbox::plan::Stdio, OwnedFd, OwnedFd)> {
@@ -1871,57 +1818,6 @@ fn output_pipes() -> Result<(sandbox::plan::Stdio, OwnedFd, OwnedFd)> {
     let (err_r, err_w) = pipe()?;
     let null = std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?;
     Ok((sandbox::plan::Stdio { stdin: null.into(), stdout: out_w, stderr: Some(err_w) }, out_r, err_r))
-}
-
-/// For `sealnode check`: the state and runtime dirs pass the checks `run` makes (nothing is
-/// created), and whether a running `sealnode run` holds either (`Some(which)`).
-pub fn lock_status(cfg: &Config, inv: &Invoker) -> Result<Option<String>> {
-    use nix::fcntl::{Flock, FlockArg};
-    let mut held = Vec::new();
-    for (field, dir) in [("cell.state_dir", &cfg.cell.state_dir), ("cell.runtime_dir", &cfg.cell.runtime_dir)] {
-        crate::trusted::check_own_dir(dir, inv.uid).map_err(|e| Error::config(&cfg.file, field, e))?;
-        let lock = dir.join("lock");
-        // Open without following a symlink, never create: a missing lock is an unused dir.
-        // O_NONBLOCK: a FIFO planted as the lock must not hang the check.
-        let Ok(f) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(&lock)
-        else {
-            continue;
-        };
-        if let Err((_, Errno::EWOULDBLOCK)) = Flock::lock(f, FlockArg::LockSharedNonblock) {
-            held.push(format!("{} is held by a running sealnode", lock.display()));
-        }
-    }
-    Ok((!held.is_empty()).then(|| held.join("; ")))
-}
-
-/// A role's scratch dir, reached without following symlinks (an O_PATH descriptor) and
-/// checked to be a directory owned by the role's user (rootless: the launcher) that no one
-/// else may write.
-pub fn open_scratch(cfg: &Config, inv: &Invoker, role: Role) -> Result<std::os::fd::OwnedFd> {
-    let dir = &cfg.role(role).scratch;
-    let field = format!("{role}.scratch");
-    // O_PATH: no read permission needed here (the unit has no CAP_DAC_OVERRIDE and the dir is
-    // the role's, mode 0700); the wipe opens it for reading as the role itself.
-    let fd = crate::sys::open_path_no_symlinks(dir).map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
-    let st = nix::sys::stat::fstat(&fd).map_err(|e| Error::errno(format!("stat {}", dir.display()), e))?;
-    let ids = cfg.role_ids(role, inv)?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != ids.uid || st.st_mode & 0o022 != 0 {
-        return Err(Error::config(
-            &cfg.file,
-            field,
-            format!(
-                "{} must belong to uid {} and not be writable by group or others (it is uid {}, mode {:o})",
-                dir.display(),
-                ids.uid,
-                st.st_uid,
-                st.st_mode & 0o7777
-            ),
-        ));
-    }
-    Ok(fd)
 }
 
 /// Bind the control socket (mode 0666: access is decided per connection by SO_PEERCRED) in
