@@ -48,7 +48,9 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
         };
         // The plan `run` builds at every start: seccomp compiled, Landlock rules resolved, every
         // bind checked, the program found in the role's view, copied, sealed and hashed (a pin
-        // verified), and the trees the role sees walked, as the gate's measurement does.
+        // verified), the trees the role sees walked, and what the role opens besides (each bind's
+        // source, the credential, the model files its command names, its devices) opened as
+        // the role (crate::access), as the gate's measurement does at every start.
         // With a signing key, the engine's read-only model files are hashed as `run` hashes
         // them (through the digests' cache, which check reads and never writes).
         let plan = crate::sandbox::Plan::for_run(&cfg, role, inv).map_err(|e| e.to_string()).and_then(|p| {

@@ -740,8 +740,15 @@ fn contains(a: &Path, b: &Path) -> bool {
 }
 
 impl Config {
-    /// Parse and check everything that needs no filesystem access.
+    /// Parse and check everything that needs no filesystem access: every problem found (see
+    /// [`every_problem`]).
     pub fn parse(text: &str, file: &Path) -> Result<Config> {
+        every_problem(text, file, &|t| Config::parse_once(t, file))
+    }
+
+    /// Parse and check, stopping at the first problem (its line from `text` where the
+    /// deserializer gave one).
+    fn parse_once(text: &str, file: &Path) -> Result<Config> {
         // Check the schema first so a newer file gets the clearest message.
         let probe: toml::Table = toml::from_str(text).map_err(|e| toml_error(file, text, e, None))?;
         match probe.get("schema") {
@@ -775,8 +782,11 @@ impl Config {
         let config = crate::trusted::read(file, inv.uid).map_err(|e| Error::config(file, "(config file)", e))?;
         let text = std::str::from_utf8(&config.bytes)
             .map_err(|e| Error::config(file, "(config file)", format!("not UTF-8: {e}")))?;
-        let mut cfg = Config::parse(text, file)?;
-        cfg.check_host(inv)?;
+        let mut cfg = every_problem(text, file, &|t| {
+            let cfg = Config::parse_once(t, file)?;
+            cfg.check_host(inv).map_err(|e| rootless_hint(e, &cfg, inv))?;
+            Ok(cfg)
+        })?;
         let mut loaded = Loaded { config, ..Loaded::default() };
         for role in Role::ALL {
             let r = cfg.role(role);
@@ -1119,7 +1129,82 @@ impl Config {
             self.check_role_pure(role)?;
         }
         self.check_overlaps()?;
-        self.check_writable_outside_statements()
+        self.check_writable_outside_statements()?;
+        self.cross_checks()
+    }
+
+    /// Where the config says the same thing twice, the two must agree (issue #27: each of these
+    /// otherwise ran, and failed as "engine exited with status 1" or a node looping on its
+    /// gateway's name): the engine's `--port` (or `OLLAMA_HOST`) and `engine.port`; the node's
+    /// engine address (`OLLAMA_HOST`, `FRUTEBOX_`/`STEVAI_` `OLLAMA_HOST`/`LLAMACPP_HOST`) and
+    /// `engine.port`; the node's `--gateway-url` and a declared `egress` host and port.
+    fn cross_checks(&self) -> Result<()> {
+        let e = &self.engine;
+        // Required of the engine (check_role_pure); nothing to compare without it.
+        let Some(port) = e.port else { return Ok(()) };
+        for (i, a) in e.command.iter().enumerate().skip(1) {
+            let value = match a.strip_prefix("--port=") {
+                Some(v) => Some((i, v)),
+                None if a == "--port" => e.command.get(i + 1).map(|v| (i + 1, v.as_str())),
+                None => None,
+            };
+            if let Some((at, v)) = value {
+                if v.parse::<u32>().ok() != Some(port) {
+                    return Err(self.err(
+                        format!("engine.command[{at}]"),
+                        format!("the engine listens on --port {v}, but engine.port is {port}: make them the same"),
+                    ));
+                }
+            }
+        }
+        if let Some(h) = e.env.set.get("OLLAMA_HOST") {
+            if let Some(p) = url_port(h).filter(|p| *p != port) {
+                return Err(self.err(
+                    "engine.env.set.OLLAMA_HOST",
+                    format!("the engine listens on port {p} ({h}), but engine.port is {port}: make them the same"),
+                ));
+            }
+        }
+        let n = &self.node;
+        for k in [
+            "OLLAMA_HOST",
+            "FRUTEBOX_OLLAMA_HOST",
+            "STEVAI_OLLAMA_HOST",
+            "FRUTEBOX_LLAMACPP_HOST",
+            "STEVAI_LLAMACPP_HOST",
+        ] {
+            let Some(h) = n.env.set.get(k) else { continue };
+            if let Some(p) = url_port(h).filter(|p| *p != port) {
+                return Err(self.err(
+                    format!("node.env.set.{k}"),
+                    format!(
+                        "the node calls the engine at port {p} ({h}), but the engine's port, the one the cell forwards, \
+                         is engine.port = {port}"
+                    ),
+                ));
+            }
+        }
+        for (i, a) in n.command.iter().enumerate().skip(1) {
+            let value = match a.strip_prefix("--gateway-url=") {
+                Some(v) => Some((i, v)),
+                None if a == "--gateway-url" => n.command.get(i + 1).map(|v| (i + 1, v.as_str())),
+                None => None,
+            };
+            let Some((at, url)) = value else { continue };
+            let Some((host, port)) = url_host_port(url) else { continue };
+            if !n.egress.iter().any(|g| g.host.eq_ignore_ascii_case(&host) && g.port == port) {
+                let declared: Vec<String> = n.egress.iter().map(|g| format!("{}:{}", g.host, g.port)).collect();
+                return Err(self.err(
+                    format!("node.command[{at}]"),
+                    format!(
+                        "the node's gateway is {host}:{port} ({url}), which node.egress does not declare ({}): the \
+                         node could not reach it; add {{ host = \"{host}\", port = {port} }} to node.egress",
+                        if declared.is_empty() { "no egress at all".to_string() } else { declared.join(", ") }
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn abs(&self, field: &str, p: &Path) -> Result<()> {
@@ -1760,8 +1845,23 @@ fn toml_error(file: &Path, text: &str, e: toml::de::Error, path: Option<String>)
             .split_once(", expected ")
             .map(|(_, x)| x.trim_start_matches("one of ").replace('`', ""))
             .unwrap_or_default();
-        let hint = if expected.is_empty() { String::new() } else { format!(" (expected {expected})") };
-        (join(&k), format!("unknown field{hint}; check the spelling and the table it is in (docs/config.md)"))
+        // The closest known name, when one is close: "did you mean", not the whole list.
+        let closest = expected
+            .split(", ")
+            .map(|c| (strsim::jaro_winkler(&k, c), c))
+            .filter(|(score, _)| *score >= 0.8)
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, c)| c.to_string());
+        let reason = match closest {
+            Some(c) => format!("unknown field; did you mean `{c}`? (docs/config.md)"),
+            None if expected.is_empty() => {
+                "unknown field; check the spelling and the table it is in (docs/config.md)".into()
+            }
+            None => format!(
+                "unknown field (expected {expected}); check the spelling and the table it is in (docs/config.md)"
+            ),
+        };
+        (join(&k), reason)
     } else if let Some(k) = named("missing field `") {
         (join(&k), "missing; this field is required (docs/config.md)".to_string())
     } else {
@@ -1776,6 +1876,201 @@ fn toml_error(file: &Path, text: &str, e: toml::de::Error, path: Option<String>)
         field.push_str(&format!(" ({at} {l})"));
     }
     Error::config(file, field, reason)
+}
+
+/// The port of `http://host:port`, `host:port` or `:port` (an address as OLLAMA_HOST takes it),
+/// if one is given.
+fn url_port(s: &str) -> Option<u32> {
+    let rest = s.split_once("://").map_or(s, |(_, r)| r);
+    let hostport = rest.split('/').next()?;
+    let (_, port) = hostport.rsplit_once(':')?;
+    port.parse().ok()
+}
+
+/// Host and port of a ws://, wss://, http:// or https:// URL (the scheme's port when none is
+/// given).
+fn url_host_port(url: &str) -> Option<(String, u32)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "ws" | "http" => 80,
+        "wss" | "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (h, after) = v6.split_once(']')?;
+        let port = after.strip_prefix(':').map_or(Some(default), |p| p.parse().ok())?;
+        return Some((h.to_string(), port));
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) => Some((h.to_string(), p.parse().ok()?)),
+        None => Some((authority.to_string(), default)),
+    }
+}
+
+/// Problems reported at once, at most.
+const MAX_REPORTED: usize = 20;
+
+/// Every problem `attempt` finds in `text`, not only the first: after a problem, the field it
+/// names is taken out of the document (the whole list, for a list's element) and the rest is
+/// checked again, until it passes or a problem repeats or follows from what was taken out (a
+/// required field now missing). Each problem gets the line of its field in `text` (the
+/// re-checked documents are rewritten, their lines are not the file's). A syntax error or a
+/// wrong schema is reported alone: nothing else can be read.
+fn every_problem(text: &str, file: &Path, attempt: &dyn Fn(&str) -> Result<Config>) -> Result<Config> {
+    let first = match attempt(text) {
+        Ok(cfg) => return Ok(cfg),
+        Err(e) => e,
+    };
+    let Error::Config { field, .. } = &first else { return Err(first) };
+    let base = base_field(field).to_string();
+    if base.starts_with('(') || base == "schema" {
+        return Err(first);
+    }
+    let Ok(mut doc) = text.parse::<toml::Table>() else { return Err(first) };
+    let mut errors = vec![with_line(first, text)];
+    let mut removed: Vec<Vec<String>> = Vec::new();
+    let mut next = base;
+    while errors.len() < MAX_REPORTED {
+        let key = removable_key(&next);
+        if key.is_empty() || removed.contains(&key) || !remove_key(&mut doc, &key) {
+            break;
+        }
+        removed.push(key);
+        let Ok(rewritten) = toml::to_string(&doc) else { break };
+        let e = match attempt(&rewritten) {
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let Error::Config { field, .. } = &e else { break };
+        next = base_field(field).to_string();
+        // A consequence of what was taken out, not a problem of the file.
+        let follows = removed.iter().any(|k| {
+            let k = k.join(".");
+            next == k || next.starts_with(&format!("{k}.")) || next.starts_with(&format!("{k}["))
+        });
+        if follows || errors.iter().any(|x| matches!(x, Error::Config { field, .. } if base_field(field) == next)) {
+            break;
+        }
+        errors.push(with_line(e, text));
+    }
+    if errors.len() == 1 {
+        return Err(errors.remove(0));
+    }
+    let _ = file;
+    Err(Error::Problems(errors))
+}
+
+/// A field without its " (line N)" note.
+fn base_field(field: &str) -> &str {
+    field.split(" (").next().unwrap_or(field)
+}
+
+/// `e` with the line of its field in `text` (replacing a line the deserializer gave for a
+/// rewritten document).
+fn with_line(e: Error, text: &str) -> Error {
+    let Error::Config { file, field, reason } = e else { return e };
+    let base = base_field(&field).to_string();
+    match line_of(text, &base) {
+        Some(l) if field.contains("(in the table at line") => {
+            Error::Config { file, field: format!("{base} (in the table at line {l})"), reason }
+        }
+        Some(l) => Error::Config { file, field: format!("{base} (line {l})"), reason },
+        None => Error::Config { file, field: base, reason },
+    }
+}
+
+/// The dotted path of a field (`node.ro_binds[0].src` -> ["node", "ro_binds", "0", "src"]).
+fn field_path(field: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    for part in field.split('.') {
+        let mut rest = part;
+        if let Some(i) = rest.find('[') {
+            v.push(rest[..i].to_string());
+            rest = &rest[i..];
+            while let Some(end) = rest.find(']') {
+                v.push(rest[1..end].to_string());
+                rest = &rest[end + 1..];
+            }
+        } else {
+            v.push(rest.to_string());
+        }
+    }
+    v.retain(|s| !s.is_empty());
+    v
+}
+
+/// What to take out of the document for a problem at `field`: the field, or the whole list
+/// one of whose elements it names (taking an element out would renumber the rest).
+fn removable_key(field: &str) -> Vec<String> {
+    let mut key = Vec::new();
+    for p in field_path(field) {
+        if p.parse::<usize>().is_ok() {
+            break;
+        }
+        key.push(p);
+    }
+    key
+}
+
+fn remove_key(doc: &mut toml::Table, key: &[String]) -> bool {
+    let Some((last, parents)) = key.split_last() else { return false };
+    let mut t = doc;
+    for p in parents {
+        match t.get_mut(p) {
+            Some(toml::Value::Table(x)) => t = x,
+            _ => return false,
+        }
+    }
+    t.remove(last).is_some()
+}
+
+/// The line (1-based) where `field` is written in `text`: its key, or a list's element; the
+/// deepest part of the path found.
+pub fn line_of(text: &str, field: &str) -> Option<usize> {
+    let doc = toml::de::DeTable::parse(text).ok()?;
+    let path = field_path(field);
+    let line = |at: usize| text[..at.min(text.len())].matches('\n').count() + 1;
+    let mut found = None;
+    let mut table = Some(doc.get_ref());
+    let mut value: Option<&toml::Spanned<toml::de::DeValue>> = None;
+    for p in &path {
+        if let Some(t) = table.take() {
+            let Some((k, v)) = t.iter().find(|(k, _)| k.get_ref().as_ref() == p.as_str()) else { break };
+            found = Some(line(k.span().start));
+            value = Some(v);
+        } else if let (Some(v), Ok(i)) = (value, p.parse::<usize>()) {
+            let toml::de::DeValue::Array(a) = v.get_ref() else { break };
+            let Some(el) = a.get(i) else { break };
+            found = Some(line(el.span().start));
+            value = Some(el);
+        } else {
+            break;
+        }
+        table = match value.map(|v| v.get_ref()) {
+            Some(toml::de::DeValue::Table(t)) => Some(t),
+            _ => None,
+        };
+    }
+    found
+}
+
+/// Rootless (the launcher is not root) with a `cell.rootful` in the file: say so next to a
+/// host check's problem, which would otherwise read as advice for the rootful users.
+fn rootless_hint(e: Error, cfg: &Config, inv: &Invoker) -> Error {
+    match e {
+        Error::Config { file, field, reason } if !inv.rootful() && cfg.cell.rootful.is_some() => Error::Config {
+            file,
+            field,
+            reason: format!(
+                "{reason} (note: you are uid {}, not root, so this is rootless mode: cell.rootful is ignored and \
+                 both roles run as uid {}; run as root for the rootful users)",
+                inv.uid, inv.uid
+            ),
+        },
+        e => e,
+    }
 }
 
 /// Why a config file could not be read, with where else sealnode looks when it is missing.

@@ -11,6 +11,10 @@ pub enum Error {
     /// The configuration file is invalid: which file, which field, why.
     #[error("{file}: {field}: {reason}")]
     Config { file: PathBuf, field: String, reason: String },
+    /// Several problems of one configuration, each an [`Error::Config`] (`sealnode check` and
+    /// `run` report every one they find at once).
+    #[error("{} problems:\n  {}", .0.len(), .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n  "))]
+    Problems(Vec<Error>),
     /// A policy file (seccomp JSON or Landlock rules) is invalid.
     #[error("{file}: {reason}")]
     Policy { file: PathBuf, reason: String },

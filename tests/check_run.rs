@@ -182,3 +182,24 @@ fn check_and_run_give_one_verdict() {
         }
     }
 }
+
+/// Issue #27 item 5: `check` of a rootful config by another user than root says that this is
+/// rootless mode, where `cell.rootful` is ignored, next to the problem that follows from it.
+#[test]
+fn a_rootful_config_checked_as_another_user_says_rootless() {
+    if !is_root() {
+        return unavailable("rootful", "the rootful fixture's dirs belong to its role users (made by root)");
+    }
+    let f = fixture(Mode::Rootful, "cr-rootless-hint");
+    let o = std::process::Command::new("/usr/bin/setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+        .arg(&f.bin)
+        .args(["check", "--config", &f.config.display().to_string()])
+        .output_within(COMMAND_LIMIT);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(125), "{out}");
+    assert!(
+        out.contains("you are uid 65534, not root, so this is rootless mode: cell.rootful is ignored"),
+        "{out}"
+    );
+}

@@ -30,13 +30,25 @@ fn parse(text: &str) -> Result<Config> {
 
 /// Parse `text` and return the error's (field, reason); panics if it parses.
 fn bad(text: &str) -> (String, String) {
-    match parse(text) {
+    match parse(text).map_err(plain) {
         Ok(_) => panic!("config unexpectedly valid:\n{text}"),
         Err(Error::Config { file, field, reason }) => {
             assert_eq!(file, Path::new("/etc/sealnode/test.toml"));
             (field, reason)
         }
         Err(e) => panic!("not a config error: {e}"),
+    }
+}
+
+/// The first problem, its field without the line note (tests of one problem name the field;
+/// the lines and the list of problems have their own tests).
+fn plain(e: Error) -> Error {
+    match e {
+        Error::Problems(mut v) if !v.is_empty() => plain(v.remove(0)),
+        Error::Config { file, field, reason } => {
+            Error::Config { file, field: field.split(" (").next().unwrap_or_default().to_string(), reason }
+        }
+        e => e,
     }
 }
 
@@ -55,9 +67,15 @@ fn good_config_parses() {
 
 #[test]
 fn unknown_key_is_named() {
-    let (field, reason) = bad(&with("port = 8080", "port = 8080\ncolour = \"red\""));
-    assert!(field.contains("colour") && field.contains("line"), "{field}");
-    assert!(reason.contains("unknown field"), "{reason}");
+    let e = parse(&with("port = 8080", "port = 8080\ncolour = \"red\"")).expect_err("unknown");
+    assert!(e.to_string().contains("engine.colour (line 9): unknown field"), "{e}");
+    // Nothing close: the names it knows (not a guess).
+    let (field, reason) = bad(&with("port = 8080", "port = 8080\nzzzzqqq = 1"));
+    assert_eq!(field, "engine.zzzzqqq");
+    assert!(reason.contains("unknown field (expected ") && reason.contains("models_writable"), "{reason}");
+    // Close to one: that one, not all 22.
+    let (_, reason) = bad(&with("port = 8080", "port = 8080\nmodel_writable = true"));
+    assert_eq!(reason, "unknown field; did you mean `models_writable`? (docs/config.md)");
 }
 
 #[test]
@@ -229,7 +247,7 @@ ro_binds = [{{ src = "{d}/venv", dst = "/opt/venv" }}]
         let f = self.p("c.toml");
         std::fs::write(&f, text).expect("write");
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-        Config::load(&f, &inv)
+        Config::load(&f, &inv).map_err(plain)
     }
     fn me(&self) -> Invoker {
         // Rootless as the file owner: ownership checks compare against this uid.
@@ -323,7 +341,7 @@ fn host_config_writable_by_non_root_when_root() {
     std::fs::write(&f, h.config()).expect("write");
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     let inv = Invoker { uid: 0, gid: 0 };
-    match Config::load(&f, &inv) {
+    match Config::load(&f, &inv).map_err(plain) {
         Err(Error::Config { field, reason, .. }) => {
             assert_eq!(field, "(config file)");
             assert!(reason.contains("writable by group or others") && reason.contains("chmod go-w"), "{reason}");
@@ -409,14 +427,11 @@ fn type_errors_name_the_field_path() {
     );
     assert_eq!(
         msg(&with("[node]", "[engine.rlimits]\nnofiles = 10\n[node]")),
-        format!(
-            "{f}: engine.rlimits.nofiles (line 14): unknown field (expected nofile, nproc, fsize_mb, memlock_kb); \
-             check the spelling and the table it is in (docs/config.md)"
-        )
+        format!("{f}: engine.rlimits.nofiles (line 14): unknown field; did you mean `nofile`? (docs/config.md)")
     );
     let top = msg(&format!("{GOOD}\n[engnie]\nport = 1\n"));
     assert!(
-        top.starts_with(&format!("{f}: engnie (line 21): unknown field (expected schema, cell, engine, node)")),
+        top.starts_with(&format!("{f}: engnie (line 21): unknown field; did you mean `engine`?")),
         "{top}"
     );
     assert_eq!(
@@ -515,4 +530,72 @@ fn the_preflight_timeout_is_bounded() {
     let ok = parse(&with("[cell]\n", "[cell]\npreflight_timeout_s = 120\n")).expect("120");
     assert_eq!(ok.cell.preflight_timeout_s, 120);
     assert_eq!(parse(GOOD).expect("default").cell.preflight_timeout_s, 30);
+}
+
+/// Issue #27 item 4: what the config says twice must agree, or the roles fail later with
+/// "engine exited with status 1" or a node looping on its gateway's name.
+#[test]
+fn cross_checks_catch_what_would_fail_later() {
+    // The engine's --port vs engine.port, in both spellings.
+    let (f, r) = bad(&with("\"--port\", \"8080\"]", "\"--port\", \"8081\"]"));
+    assert_eq!(f, "engine.command[2]");
+    assert!(r.contains("--port 8081, but engine.port is 8080"), "{r}");
+    let (f, _) = bad(&with("\"--port\", \"8080\"]", "\"--port=8081\"]"));
+    assert_eq!(f, "engine.command[1]");
+    assert!(parse(&with("\"--port\", \"8080\"]", "\"--port=8080\"]")).is_ok());
+    // Ollama's address.
+    let (f, r) = bad(&with("port = 8080\n", "port = 8080\nenv = { set = { OLLAMA_HOST = \"127.0.0.1:11434\" } }\n"));
+    assert_eq!(f, "engine.env.set.OLLAMA_HOST");
+    assert!(r.contains("port 11434"), "{r}");
+    // The node's engine address.
+    let node_env = |v: &str| {
+        with(
+            "ro_binds = [{ src = \"/opt/venv\" }]",
+            &format!(
+                "ro_binds = [{{ src = \"/opt/venv\" }}]\nenv = {{ set = {{ FRUTEBOX_LLAMACPP_HOST = \"{v}\" }} }}"
+            ),
+        )
+    };
+    let (f, r) = bad(&node_env("http://127.0.0.1:8081"));
+    assert_eq!(f, "node.env.set.FRUTEBOX_LLAMACPP_HOST");
+    assert!(r.contains("port 8081") && r.contains("engine.port = 8080"), "{r}");
+    assert!(parse(&node_env("http://127.0.0.1:8080")).is_ok());
+    // The node's gateway vs egress: undeclared host, wrong port, the scheme's default port.
+    let gateway = |url: &str, egress: &str| {
+        with(
+            "\"-m\", \"frutebox.provider\"]",
+            &format!("\"-m\", \"frutebox.provider\", \"--gateway-url\", \"{url}\"]\n{egress}"),
+        )
+    };
+    let (f, r) = bad(&gateway("wss://gw.example/provider/ws", ""));
+    assert_eq!(f, "node.command[5]");
+    assert!(r.contains("gw.example:443") && r.contains("no egress at all"), "{r}");
+    let (_, r) = bad(&gateway("wss://gw.example:8443/ws", "egress = [{ host = \"gw.example\", port = 443 }]"));
+    assert!(r.contains("gw.example:8443") && r.contains("(gw.example:443)"), "{r}");
+    assert!(parse(&gateway("wss://GW.example/ws", "egress = [{ host = \"gw.example\", port = 443 }]")).is_ok());
+    assert!(parse(&gateway("ws://gw.example:8765/ws", "egress = [{ host = \"gw.example\", port = 8765 }]")).is_ok());
+}
+
+/// Issue #27 item 5: three mistakes, three problems at once, each with its line; a range error
+/// has its line too; a problem in a list is reported once for the list.
+#[test]
+fn every_problem_at_once_with_lines() {
+    let text = with("port = 8080", "port = 8080\ncolour = 1\ntmp_size_mb = 0")
+        .replace("[cell]\n", "[cell]\nstop_timeout_s = 0\n")
+        .replace("ro_binds = [{ src = \"/opt/venv\" }]", "ro_binds = [{ src = \"opt/venv\" }, { src = \"x/y\" }]");
+    let e = parse(&text).expect_err("four problems");
+    let Error::Problems(v) = &e else { panic!("one problem only: {e}") };
+    let shown: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    let f = "/etc/sealnode/test.toml";
+    assert_eq!(
+        shown,
+        [
+            format!("{f}: engine.colour (line 10): unknown field (expected command, sha256, port, seccomp, landlock, models, models_writable, scratch, scratch_max_mb, credential, ro_binds, devices, devices_from, tmp_size_mb, env, rlimits, egress, ready, limits, log_refused_syscalls, restart, restart_limit); check the spelling and the table it is in (docs/config.md)"),
+            format!("{f}: cell.stop_timeout_s (line 4): must be between 1 and 3600"),
+            format!("{f}: engine.tmp_size_mb (line 11): must be between 1 and 65536"),
+            format!("{f}: node.ro_binds[0].src (line 22): opt/venv is a relative path; use an absolute path"),
+        ],
+        "{e}"
+    );
+    assert!(e.to_string().starts_with("4 problems:\n  "), "{e}");
 }
