@@ -1989,8 +1989,9 @@ fn field_path(field: &str) -> Vec<String> {
         if let Some(i) = rest.find('[') {
             v.push(rest[..i].to_string());
             rest = &rest[i..];
-            while let Some(end) = rest.find(']') {
-                v.push(rest[1..end].to_string());
+            // `[N]` after `[N]`; anything else (a quoted key may hold brackets) ends the part.
+            while let (Some(inner), Some(end)) = (rest.strip_prefix('['), rest.find(']')) {
+                v.push(inner[..end - 1].to_string());
                 rest = &rest[end + 1..];
             }
         } else {

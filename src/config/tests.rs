@@ -430,10 +430,7 @@ fn type_errors_name_the_field_path() {
         format!("{f}: engine.rlimits.nofiles (line 14): unknown field; did you mean `nofile`? (docs/config.md)")
     );
     let top = msg(&format!("{GOOD}\n[engnie]\nport = 1\n"));
-    assert!(
-        top.starts_with(&format!("{f}: engnie (line 21): unknown field; did you mean `engine`?")),
-        "{top}"
-    );
+    assert!(top.starts_with(&format!("{f}: engnie (line 21): unknown field; did you mean `engine`?")), "{top}");
     assert_eq!(
         msg(&with("ro_binds = [{ src = \"/opt/venv\" }]", "ro_binds = [{ src = \"/opt/venv\", exec = 1 }]")),
         format!("{f}: node.ro_binds[0].exec (line 19): invalid type: integer `1`, expected a boolean")
@@ -598,4 +595,14 @@ fn every_problem_at_once_with_lines() {
         "{e}"
     );
     assert!(e.to_string().starts_with("4 problems:\n  "), "{e}");
+}
+
+/// Found by reading the code: a quoted key with brackets made the field's path split panic.
+#[test]
+fn odd_keys_are_named_not_crashed_on() {
+    for key in ["\"x[]]\"", "\"]\"", "\"[\"", "\"a.b[0]]x\"", "\"[0][1]\""] {
+        let text = with("port = 8080", &format!("port = 8080\n{key} = 1\ntmp_size_mb = 0"));
+        let e = parse(&text).expect_err(key);
+        assert!(e.to_string().contains("unknown field"), "{key}: {e}");
+    }
 }
