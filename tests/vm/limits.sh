@@ -28,6 +28,7 @@ state_dir = "/var/lib/sealnode"
 runtime_dir = "/run/sealnode"
 rootful = { engine = "sealnode-engine", node = "sealnode-node" }
 stop_timeout_s = 5
+preflight_timeout_s = 180
 ${3:-}
 [engine]
 command = ["$VENV/bin/python", "-I", "-u", "/opt/standin/standin-engine.py", "--port", "11434"]
@@ -52,6 +53,12 @@ TOML
 }
 status() { /usr/bin/sealnode ctl status --json > /tmp/status.json && "$VENV/bin/python" -c "$1" /tmp/status.json; }
 start() { T0=$(date '+%Y-%m-%d %H:%M:%S'); timeout 300 systemctl start sealnode.service; }
+# A start that must succeed; on failure, the unit's journal since it says why.
+started() {
+  if start; then return 0; fi
+  bad "start ($1)"
+  since | tail -30
+}
 stop() { timeout 120 systemctl stop sealnode.service; systemctl reset-failed sealnode.service 2>/dev/null; }
 wait_log() {  # SECONDS PATTERN
   for _ in $(seq 1 "$1"); do since | grep -q "$2" && return 0; sleep 1; done
@@ -101,7 +108,7 @@ check "the role leaves are gone after the stop" sh -c "[ ! -e $CG/engine ] && [ 
 
 # 2. A fork bomb (threads) in the node stops at pids_max; the engine and the supervisor go on.
 config forkbomb "pids_max = 32"
-start || bad "start (forkbomb)"
+started forkbomb
 check "the fork bomb stops at pids_max" wait_log 120 "pids refused after"
 npid=$(rolepid node) epid=$(rolepid engine)
 check "the node's sandbox ($npid) runs in the node leaf, no role in the supervisor leaf" \
@@ -119,8 +126,13 @@ stop
 #    over 8 s. At most 0.5 CPU plus 10% (one 100 ms period of slack at each end of the
 #    window); the lower end is not checked: under emulation the host may not give the guest
 #    its half CPU.
-config cpu "cpu_max = 0.5"
-start || bad "start (cpu)"
+# The same run caps the node's I/O on the guest's root disk (virtio): io.max written for real.
+mm=$(stat -Lc '%t %T' /dev/vda); vda="$((0x${mm% *})):$((0x${mm#* }))"
+config cpu "cpu_max = 0.5, io_max = [{ device = \"/dev/vda\", rbps = 10485760, wiops = 100 }]"
+started cpu
+check "node.limits.io_max written: io.max of the node's leaf is '$vda rbps=10485760 wbps=max riops=max wiops=100'" \
+  grep -qx "$vda rbps=10485760 wbps=max riops=max wiops=100" $CG/node/io.max
+check "the engine's leaf has no io.max of its own" sh -c "[ -z \"\$(cat $CG/engine/io.max 2>/dev/null)\" ]"
 sleep 3
 u0=$(awk '$1 == "usage_usec" {print $2}' $CG/node/cpu.stat); t0=$(date +%s%N)
 sleep 8
@@ -135,7 +147,7 @@ stop
 #     is untouched (the tmpfs is the cell's, in memory, charged to the node's leaf).
 config fill "memory_max_mb = 96" "" "scratch_max_mb = 8"
 free0=$(df --output=avail -k /var/lib/sealnode | tail -1)
-start || bad "start (fill)"
+started fill
 # 7 or 8 MiB written: what an 8 MiB tmpfs takes (0 written would be a scratch that was never the cap).
 check "filling scratch stops at scratch_max_mb with ENOSPC" wait_log 120 "scratch full after [78] MiB.*No space left"
 free1=$(df --output=avail -k /var/lib/sealnode | tail -1)

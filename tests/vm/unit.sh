@@ -40,6 +40,9 @@ sed -e "s#@DEMO@/state#/var/lib/sealnode#" -e "s#@DEMO@/run#/run/sealnode#" \
     -e "s#@VENV@#$SEALNODE_TEST_VENV#g" -e "s#@PYCOPY@#$SEALNODE_TEST_PYTHON#g" \
     -e "s#@PYPREFIX@#$SEALNODE_TEST_PYTHON_PREFIX#g" -e "s#@GWPORT@#$GW#g" \
     "$REPO/examples/demo/sealnode.toml.in" > /etc/sealnode/sealnode.toml
+# Under software emulation a canary battery takes tens of seconds, more than the default 30 s
+# when the host is busy: a timed-out preflight would exit 6 and systemd would restart the unit.
+sed -i '/^\[cell\]$/a preflight_timeout_s = 180' /etc/sealnode/sealnode.toml
 chmod 0644 /etc/sealnode/sealnode.toml
 # Stop once the package and its config are in place (tests/vm/old-kernel.sh, or by hand).
 [ "${SEALNODE_VM_SETUP_ONLY:-}" = 1 ] && exit 0
