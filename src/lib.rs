@@ -25,6 +25,7 @@ pub mod doctor;
 pub mod egress;
 pub mod error;
 pub mod exit;
+pub mod init;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod journal;

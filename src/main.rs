@@ -50,6 +50,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write a complete config for an engine, a model, the node's venv and a gateway, with the
+    /// users, dirs and ownership it needs, then run `check` on it.
+    ///
+    /// Flags give every answer (automation); on a terminal, init asks for the engine, model,
+    /// venv and gateway URL a flag left out. It derives the engine's kind, port and command
+    /// (the port in its own flag or OLLAMA_HOST too), the model dir (the model file's own dir),
+    /// the node's command from the venv, the egress entry from the gateway URL, and the binds:
+    /// the engine's dir and RUNPATH dirs, the venv and its interpreter's prefix, or a copy of
+    /// the prefix bound at the original path when the role users cannot reach it. As root it
+    /// creates the role users, the state, runtime and scratch dirs with their owners and modes,
+    /// installs the credential (0400, the node's user) and writes the config root-owned 0644;
+    /// as another user (rootless) everything belongs to that user. An existing config is kept
+    /// unless --force; --dry-run prints the config and the actions only. Exit status 0 when
+    /// `check` passes, 125 when it would refuse (each FAIL says what to fix), 2 for a missing
+    /// answer off a terminal.
+    Init(Box<cli::init::Args>),
     /// Run a command inside one role's complete sandbox instead of the role's own program.
     ///
     /// stdin/stdout/stderr pass through; the exit code passes through (128+N for signal N);
@@ -305,6 +321,7 @@ fn main() -> ExitCode {
     cli::exit(match cli.command {
         Command::Run { config } => cli::run::run(&config),
         Command::Check { config, json } => cli::check::check(&config, json),
+        Command::Init(args) => cli::init::init(*args),
         Command::Exec { config, role, command } => cli::exec::exec(&config, role, command),
         Command::Probe { config, role, args } => cli::exec::probe(&config, role, args),
         Command::ProbeInside { args } => Ok(sealnode::probe::run_inside(&args)),

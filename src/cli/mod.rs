@@ -8,6 +8,7 @@ pub mod ctl;
 pub mod docs;
 pub mod doctor;
 pub mod exec;
+pub mod init;
 pub mod receipt;
 pub mod run;
 pub mod seccomp_bpf;
