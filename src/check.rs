@@ -13,7 +13,15 @@ use crate::doctor::{Check, Level};
 
 /// The checks for `file`, in the order `run` meets them.
 pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
+    run(file, inv).0
+}
+
+/// The checks, and "what is sealed" (crate::sealed_text) from the plans they built: `roles`
+/// (each role's layers, and the preflight it would run) and `statement`; `null` until the
+/// config loads.
+pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
     let mut v = Vec::new();
+    let mut sealed = Vec::new();
     let add = |v: &mut Vec<Check>, name: &'static str, r: Result<String, String>, meaning: &str| {
         v.push(match r {
             Ok(value) => Check { name, level: Level::Ok, value, meaning: meaning.into() },
@@ -25,7 +33,7 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
         Ok(c) => c,
         Err(e) => {
             add(&mut v, "config", Err(e.to_string()), "nothing else can be checked until the config loads");
-            return v;
+            return (v, serde_json::Value::Null);
         }
     };
     add(
@@ -65,6 +73,20 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
                 None => Ok((p, m)),
             }
         });
+        // The role's layers as this plan holds them; its cgroup limits as configured (whether
+        // this host enforces them is the "cgroup limits" check).
+        let configured = serde_json::to_value(cfg.limits(role)).ok();
+        let limits = configured
+            .as_ref()
+            .and_then(|l| l.as_object())
+            .map(|o| o.iter().map(|(k, x)| (k.clone(), x.to_string())).collect())
+            .unwrap_or_default();
+        let layers = plan.as_ref().ok().map(|(p, _)| crate::sealed_text::role(&cfg, p, inv, limits));
+        sealed.push(serde_json::json!({
+            "role": role.name(),
+            "sealed": layers,
+            "preflight": { "planned": crate::sealed_text::planned_attempts(&cfg, role) },
+        }));
         let plan = plan.map(|(p, m)| {
             let program = match (p.sealed_program(), m.program(role)) {
                 (Some(sp), Some(d)) => {
@@ -224,5 +246,7 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
         },
         "what `sealnode doctor` requires; run it for the details and fixes",
     );
-    v
+    let statement =
+        serde_json::json!({ "state": "planned", "signed": signing, "tpm_quoted": signing && cfg.cell.tpm.is_some() });
+    (v, serde_json::json!({ "roles": sealed, "statement": statement }))
 }

@@ -358,6 +358,16 @@ pub fn control_reply(data: &[u8]) {
         !table.chars().any(|c| c != '\n' && (c.is_control() || crate::log::invisible_or_reordering(c))),
         "a control character in the status table: {table:?}"
     );
+    // "What is sealed" (in the table above too, and `check`'s, which has the same shape): the
+    // same escaping, and the line count its shape gives, whatever the values (none forges one).
+    let sealed = crate::sealed_text::render(&v);
+    assert!(
+        !sealed.chars().any(|c| c != '\n' && (c.is_control() || crate::log::invisible_or_reordering(c))),
+        "a control character in what is sealed: {sealed:?}"
+    );
+    let roles =
+        v["roles"].as_array().map(|r| r.iter().map(|r| if r["sealed"].is_object() { 10 } else { 2 }).sum::<usize>());
+    assert_eq!(sealed.lines().count(), 2 + roles.unwrap_or(0), "{sealed}");
     let text = crate::metrics::render(&v);
     for line in text.lines() {
         if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {

@@ -40,6 +40,7 @@ pub mod ratelimit;
 pub mod receipt;
 pub mod sandbox;
 pub mod sealed;
+pub mod sealed_text;
 pub mod status_text;
 pub mod supervisor;
 pub mod sys;

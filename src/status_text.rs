@@ -1,4 +1,5 @@
-//! `sealnode ctl status`: the supervisor's status answer as an operator reads it, a table.
+//! `sealnode ctl status`: the supervisor's status answer as an operator reads it, a table,
+//! then what is sealed (crate::sealed_text).
 //! Pure: a JSON value in, text out (fuzzed: `fuzzing::control_reply`).
 
 use serde_json::Value;
@@ -133,6 +134,9 @@ pub fn render(v: &Value) -> String {
     if let Some(r) = v["reload"].as_object() {
         s.push_str(&format!("\nlast reload: {}\n", shown(&Value::Object(r.clone()))));
     }
+    // Each role's layers, its preflight per layer, the statement (the same text as `check`'s).
+    s.push('\n');
+    s.push_str(&crate::sealed_text::render(v));
     s
 }
 

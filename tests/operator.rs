@@ -909,3 +909,121 @@ fn ctl_reaches_a_cell_whose_config_no_longer_checks() {
         assert!(st.success(), "{mode:?}");
     }
 }
+
+/// The one-screen "what is sealed" (#27): `check` shows each role's layers from the plans it
+/// builds and says the preflight has not run (and how many attempts a start makes); `ctl status`
+/// shows the same layers with each role's preflight refused per layer, which adds up to the
+/// receipt's count; both carry the data in `--json`. Both roles fit on one screen.
+#[test]
+fn what_is_sealed_shows_in_check_and_ctl_status() {
+    for mode in modes() {
+        let f = busybox_cell(
+            mode,
+            "sealed",
+            "exec busybox httpd -f -p 127.0.0.1:18080 -h /models",
+            "echo node-up; exec sleep 600",
+            "",
+        );
+        let cfg = f.config.display().to_string();
+        let (uid_engine, uid_node, word) = match mode {
+            Mode::Rootful => (ENGINE_IDS.0, NODE_IDS.0, "rootful"),
+            Mode::Rootless => {
+                let me = if is_root() { NOBODY } else { nix::unistd::geteuid().as_raw() };
+                (me, me, "rootless")
+            }
+        };
+        // The summary's block: from its title through the statement line.
+        let block = |text: &str| -> Vec<String> {
+            let lines: Vec<String> = text.lines().skip_while(|l| *l != "WHAT IS SEALED").map(str::to_string).collect();
+            let end = lines.iter().position(|l| l.starts_with("statement ")).expect("a statement line") + 1;
+            lines[..end].to_vec()
+        };
+
+        let (code, out, err) = run_out(&f, &["check", "--config", &cfg]);
+        assert_eq!(code, 0, "{mode:?}: {out}\n{err}");
+        let seen = block(&out);
+        assert!(seen.len() <= 30, "{mode:?}: not one screen:\n{}", seen.join("\n"));
+        for (role, uid) in [("engine", uid_engine), ("node", uid_node)] {
+            let head = format!("{role}: {word}, uid {uid} ");
+            assert!(seen.iter().any(|l| l.starts_with(&head)), "{mode:?}: no {head:?}:\n{out}");
+        }
+        for layer in ["namespaces", "root", "landlock", "seccomp", "privileges", "rlimits", "cgroup", "egress"] {
+            let n = seen.iter().filter(|l| l.starts_with(&format!("  {layer:<11} "))).count();
+            assert_eq!(n, 2, "{mode:?}: {layer} lines:\n{out}");
+        }
+        assert!(seen.iter().any(|l| l.starts_with("  privileges  no capabilities, no_new_privs")), "{out}");
+        assert!(seen.iter().any(|l| l.starts_with("  preflight   not run by `check`: its ")), "{out}");
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("statement   none, not signed: no attestation key (`sealnode attest init` makes one)"),
+            "{out}"
+        );
+        assert!(out.contains("`sealnode run` would start"), "{out}");
+        let (code, out, _) = run_out(&f, &["check", "--config", &cfg, "--json"]);
+        assert_eq!(code, 0);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("check --json");
+        assert_eq!(v["ok"], true);
+        let planned: Vec<u64> = (0..2)
+            .map(|i| {
+                let r = &v["sealed"]["roles"][i];
+                assert_eq!(r["sealed"]["mode"], word, "{r}");
+                assert_eq!(r["sealed"]["capabilities"], "none", "{r}");
+                r["preflight"]["planned"].as_u64().expect("planned attempts")
+            })
+            .collect();
+        assert_eq!(v["sealed"]["roles"][1]["sealed"]["landlock"]["tcp_connect"], serde_json::json!([18080]), "{v}");
+
+        let mut child = spawn_run(&f, std::process::Stdio::piped(), std::process::Stdio::null());
+        let _kill = KillOnDrop(child.id());
+        let lines = line_channel(child.stdout.take().expect("stdout"));
+        next_line(&lines, 120, |l| untag(l) == "node-up");
+        let receipt: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(f.p("state/receipt.json")).expect("receipt")).expect("receipt JSON");
+        let (code, out, err) = run_out(&f, &["ctl", "--config", &cfg, "status", "--json"]);
+        assert_eq!(code, 0, "{mode:?}: {err}");
+        let st: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+        for (i, role) in ["engine", "node"].iter().enumerate() {
+            let r = &st["roles"][i];
+            assert_eq!(r["role"], *role);
+            let [attempts, refused, escaped] = [0, 1, 2].map(|k| receipt["canary"]["roles"][role][k].as_u64());
+            assert_eq!(escaped, Some(0), "{receipt}");
+            let p = &r["preflight"];
+            assert_eq!(p["attempts"].as_u64(), attempts, "{mode:?} {role}: {p} vs {receipt}");
+            assert_eq!(p["refused"].as_u64(), refused, "{mode:?} {role}: {p} vs {receipt}");
+            assert_eq!(attempts, Some(planned[i]), "{mode:?} {role}: check's planned attempts");
+            let by = p["refused_by"].as_object().expect("refused_by");
+            let sum: u64 = by.values().filter_map(serde_json::Value::as_u64).sum();
+            assert_eq!(Some(sum), refused, "{mode:?} {role}: {p}");
+            assert!(by["seccomp"].as_u64() > Some(0) && by["landlock"].as_u64() > Some(0), "{p}");
+            assert_eq!(r["sealed"]["uid"].as_u64(), Some(u64::from([uid_engine, uid_node][i])), "{r}");
+        }
+        assert_eq!(st["statement"]["signed"], false, "{st}");
+
+        let (code, table, err) = run_out(&f, &["ctl", "--config", &cfg, "status"]);
+        assert_eq!(code, 0, "{mode:?}: {err}");
+        let seen = block(&table);
+        assert!(seen.len() <= 30, "{mode:?}: not one screen:\n{}", seen.join("\n"));
+        for (i, role) in ["engine", "node"].iter().enumerate() {
+            let p = &st["roles"][i]["preflight"];
+            let want = format!("  preflight   {} attempts, {} refused (", p["attempts"], p["refused"]);
+            // The role's own preflight line: the one after its header.
+            let at = seen.iter().position(|l| l.starts_with(&format!("{role}: {word}, "))).expect("role header");
+            let line = seen[at..].iter().find(|l| l.starts_with("  preflight ")).expect("preflight line");
+            assert!(line.starts_with(&want) && line.contains(", 0 escaped; "), "{mode:?}: {line}\n{table}");
+            for (layer, n) in p["refused_by"].as_object().expect("refused_by") {
+                if n != 0 {
+                    assert!(line.contains(&format!("{layer} {n}")), "{mode:?}: {layer} {n} not in {line}");
+                }
+            }
+        }
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("statement   none, not signed: no attestation key"),
+            "{table}"
+        );
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let st = wait_within(&mut child, std::time::Duration::from_secs(60), "sealnode run after SIGTERM");
+        assert!(st.success(), "{mode:?}");
+    }
+}

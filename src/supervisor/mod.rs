@@ -92,6 +92,9 @@ struct Slot {
     /// What this role's current (or next) process is started from, as the gate measured it:
     /// every receipt and statement carries it unchanged while that process lives.
     digests: Option<crate::receipt::RoleDigests>,
+    /// What this role's current (or next) sandbox holds, layer by layer, from the plan the
+    /// gate admitted (`ctl status`'s "what is sealed").
+    sealed: Option<crate::sealed_text::RoleSeal>,
     /// OOM kills seen in the role's cgroup leaf so far (memory.events oom_kill).
     oom_kills: u64,
     /// The role's scratch dir, opened once (no symlinks, owner checked): every wipe works on
@@ -107,6 +110,8 @@ struct GatePass {
     preflight_ms: u64,
     /// This role's own escape attempts in the pass, as its receipt entry counts them.
     attempts: usize,
+    /// When the pass admitted it (seconds since the Unix epoch).
+    at: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -426,6 +431,7 @@ impl Supervisor {
             recent: std::collections::VecDeque::new(),
             passed: None,
             digests: None,
+            sealed: None,
             oom_kills: 0,
             scratch: scratch.next().expect("one scratch per role"),
         };
@@ -780,8 +786,11 @@ impl Supervisor {
             a.digests.generation = r.generation;
             // The role's own attempts (the pass's total covers every role it ran).
             let attempts = fresh.roles.iter().find(|x| x.role == role).map_or(0, |x| x.attempts.len());
+            let cgroup = self.cell.cgroups.as_ref().and_then(|t| t.record(role)).map(|(_, f)| f).unwrap_or_default();
+            let sealed = crate::sealed_text::role(&self.cfg, a.plan(), &self.inv, cgroup);
             let s = self.slot(role);
-            s.passed = Some(GatePass { generation: r.generation, preflight_ms: p.ms, attempts });
+            s.passed = Some(GatePass { generation: r.generation, preflight_ms: p.ms, attempts, at: unix_now() });
+            s.sealed = Some(sealed);
             s.digests = Some(a.digests.clone());
             s.state = State::Down;
             self.prepared[role as usize] = Some(a);
@@ -1094,11 +1103,40 @@ impl Supervisor {
                     "output_dropped_lines": self.buckets[s.role as usize].dropped_total,
                     "refused_syscalls": self.refused_counts(s.role),
                     "generation": s.passed.map(|g| g.generation),
-                    "preflight": s.passed.map(|g| serde_json::json!({ "passed": true, "ms": g.preflight_ms, "attempts": g.attempts })),
+                    "preflight": s.passed.map(|g| {
+                        // Per layer, from the role's latest result (the one this pass wrote
+                        // into the receipt).
+                        let latest = self.report.as_ref().and_then(|r| r.roles.iter().find(|x| x.role == s.role));
+                        serde_json::json!({
+                            "passed": true,
+                            "ms": g.preflight_ms,
+                            "attempts": g.attempts,
+                            "refused": latest.map(|x| x.refused),
+                            "refused_by": latest.map(crate::sealed_text::refused_by),
+                            "at": g.at,
+                        })
+                    }),
+                    "sealed": s.sealed,
                     "resources": self.cell.cgroups.as_ref().map(|t| t.usage(s.role)),
                 })
             })
             .collect();
+        let mut statement = match (&self.attest_key, &self.statement_missing) {
+            (None, _) => serde_json::json!({ "state": "none", "why": "no attestation key" }),
+            (Some(_), Some(why)) => serde_json::json!({ "state": "missing", "why": why }),
+            (Some(_), None)
+                if self
+                    .quoting
+                    .iter()
+                    .chain(self.quote_job.as_ref().map(|(_, q)| q))
+                    .any(|q| matches!(q.purpose, Purpose::Publish(_))) =>
+            {
+                serde_json::json!({ "state": "quoting" })
+            }
+            (Some(_), None) => serde_json::json!({ "state": "published" }),
+        };
+        statement["signed"] = self.attest_key.is_some().into();
+        statement["tpm_quoted"] = self.tpm.is_some().into();
         serde_json::json!({
             "ok": true,
             "uptime_s": self.born.elapsed().as_secs(),
@@ -1123,16 +1161,7 @@ impl Supervisor {
                 "roles": roles.iter().map(|r| r.name()).collect::<Vec<_>>(),
                 "ms": t.as_millis() as u64,
             })),
-            "statement": match (&self.attest_key, &self.statement_missing) {
-                (None, _) => serde_json::json!({ "state": "none", "why": "no attestation key" }),
-                (Some(_), Some(why)) => serde_json::json!({ "state": "missing", "why": why }),
-                (Some(_), None)
-                    if self.quoting.iter().chain(self.quote_job.as_ref().map(|(_, q)| q)).any(|q| matches!(q.purpose, Purpose::Publish(_))) =>
-                {
-                    serde_json::json!({ "state": "quoting" })
-                }
-                (Some(_), None) => serde_json::json!({ "state": "published" }),
-            },
+            "statement": statement,
             "egress": self.fwd.stats(),
             "engine_forwarding": self.fwd.engine_stats(),
             "reload": self.last_reload,
