@@ -41,8 +41,12 @@ pub struct Item {
 pub enum What {
     /// A bind's source (host path), opened as the sandbox opens it.
     Source { mount: Mount, host: PathBuf },
-    /// A file the role reads: its credential, a model file its command names.
+    /// A file the role reads: its credential.
     Read { host: PathBuf, inside: PathBuf },
+    /// A model file the engine's command names: `rest` under the model dir `dir`, resolved
+    /// beneath it (a symlink may not lead out of it: in the role's view it would lead
+    /// elsewhere).
+    Model { dir: PathBuf, rest: String, inside: PathBuf },
     /// A device node the role opens for reading and writing.
     Device { host: PathBuf },
 }
@@ -83,15 +87,21 @@ pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::P
     }
     if let (Some(dir), false) = (&r.models, r.models_writable) {
         for (i, arg) in r.command.iter().enumerate().skip(1) {
-            // `-m /models/x.gguf` and `--model=/models/x.gguf` alike.
-            let value = arg.split_once('=').map_or(arg.as_str(), |(_, v)| v);
+            // `-m /models/x.gguf`, `--model=/models/x.gguf` and `-m/models/x.gguf` alike.
+            let value = match arg.split_once('=') {
+                Some((_, v)) => v,
+                None => arg.strip_prefix("-m").filter(|v| v.starts_with('/')).unwrap_or(arg),
+            };
             let Some(rest) = value.strip_prefix(INSIDE_MODELS).and_then(|r| r.strip_prefix('/')) else { continue };
+            // `/models//x` is `/models/x` to the kernel (found by review: joined as is, `//x`
+            // named the host's `/x`). A `..` may leave the dir: not one the view can tell.
+            let rest = rest.trim_start_matches('/');
             if rest.is_empty() || rest.split('/').any(|c| c == "..") {
                 continue;
             }
             items.push(Item {
                 field: format!("{role}.command[{i}]"),
-                what: What::Read { host: dir.join(rest), inside: PathBuf::from(value) },
+                what: What::Model { dir: dir.clone(), rest: rest.to_string(), inside: PathBuf::from(value) },
             });
         }
     }
@@ -102,23 +112,58 @@ pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::P
     Job { role, ids: plan.ids, switch: inv.rootful() && plan.ids.uid != nix::unistd::geteuid().as_raw(), items }
 }
 
-/// Open everything `job` names as its role: the problems, as (field, reason).
-pub fn check(job: &Job) -> Vec<(String, String)> {
+/// What opening `job`'s paths as its role found.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// What the role could not open: config problems, as (field, reason).
+    pub problems: Vec<(String, String)>,
+    /// Why the check itself could not be made (a fork refused, a descriptor table full, a
+    /// path changed under it): a start that could not be checked, not a config problem (found
+    /// by review: reported as 125, systemd never restarted it).
+    pub could_not: Option<String>,
+}
+
+/// Open everything `job` names as its role.
+pub fn check(job: &Job) -> Outcome {
     let results = if job.switch { in_child(job) } else { Ok(attempt_all(job)) };
     let results = match results {
         Ok(r) => r,
         Err(e) => {
-            return vec![(
-                format!("{}", job.role),
-                format!("cannot check what the role opens as uid {}: {e}", job.ids.uid),
-            )]
+            return Outcome {
+                problems: Vec::new(),
+                could_not: Some(format!("cannot check what the {} role opens as uid {}: {e}", job.role, job.ids.uid)),
+            }
         }
     };
-    job.items
-        .iter()
-        .zip(results)
-        .filter_map(|(item, r)| r.err().map(|e| (item.field.clone(), reason(job, item, e))))
-        .collect()
+    let mut out = Outcome::default();
+    for (item, r) in job.items.iter().zip(results) {
+        match r {
+            Ok(()) => {}
+            Err(e) if is_config_problem(e) => out.problems.push((item.field.clone(), reason(job, item, e))),
+            Err(e) => {
+                out.could_not.get_or_insert_with(|| format!("{}: {}", item.field, reason(job, item, e)));
+            }
+        }
+    }
+    out
+}
+
+/// An errno that says what the config names cannot be opened by the role (as opposed to a
+/// passing failure of the host: out of memory or descriptors, I/O, a path replaced meanwhile).
+fn is_config_problem(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::EACCES
+            | Errno::EPERM
+            | Errno::ENOENT
+            | Errno::ENOTDIR
+            | Errno::ELOOP
+            | Errno::EXDEV
+            | Errno::EISDIR
+            | Errno::ENXIO
+            | Errno::ENODEV
+            | Errno::ENAMETOOLONG
+    )
 }
 
 /// Each item's outcome, as this process's ids.
@@ -129,13 +174,9 @@ fn attempt_all(job: &Job) -> Vec<Result<(), Errno>> {
 fn attempt(w: &What) -> Result<(), Errno> {
     match w {
         What::Source { mount, .. } => crate::sandbox::mounts::open_source(mount).map(drop),
-        // Non-blocking: a FIFO in place of a model file must not hang the check.
-        What::Read { host, .. } => nix::fcntl::open(
-            host,
-            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map(drop),
+        // Non-blocking: a FIFO in place of a file must not hang the check; no controlling tty.
+        What::Read { host, .. } => nix::fcntl::open(host, READ, nix::sys::stat::Mode::empty()).map(drop),
+        What::Model { dir, rest, .. } => open_beneath(dir, rest),
         // Never opened (opening a device may do something: reset it, take it): asked.
         What::Device { host } => nix::unistd::faccessat(
             nix::fcntl::AT_FDCWD,
@@ -146,8 +187,53 @@ fn attempt(w: &What) -> Result<(), Errno> {
     }
 }
 
-/// Rootful: a child takes the role's filesystem ids (as the sandbox does before it opens its
-/// binds: sandbox::caps::rootful_fs_ids) and reports each outcome as one errno per item (0: ok).
+const READ: OFlag = OFlag::O_RDONLY.union(OFlag::O_NONBLOCK).union(OFlag::O_NOCTTY).union(OFlag::O_CLOEXEC);
+
+/// Open `rest` for reading beneath `dir` (openat2 RESOLVE_BENEATH: `..` and symlinks may not
+/// leave it, EXDEV), as the engine will find it under `/models`. Where openat2 is refused
+/// (systemd's RestrictSUIDSGID= answers ENOSYS), no symlink at all (stricter).
+fn open_beneath(dir: &Path, rest: &str) -> Result<(), Errno> {
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let d = crate::sys::open_path_no_symlinks(dir)?;
+    let name = std::ffi::CString::new(rest).map_err(|_| Errno::EINVAL)?;
+    let how =
+        OpenHow { flags: READ.bits() as u64, mode: 0, resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS };
+    // SAFETY: a valid directory fd, a NUL-terminated name and an open_how of the size passed;
+    // the returned fd (if any) is closed at once.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            d.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    match Errno::result(r) {
+        Ok(fd) => {
+            // SAFETY: fd was just returned by openat2 and is owned here.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) });
+            Ok(())
+        }
+        Err(Errno::ENOSYS) => {
+            let path = dir.join(rest);
+            drop(crate::sys::open_path_no_symlinks(&path)?);
+            nix::fcntl::open(&path, READ | OFlag::O_NOFOLLOW, nix::sys::stat::Mode::empty()).map(drop)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Rootful: a child becomes the role (no supplementary groups, its gid and uid: every
+/// capability goes with uid 0; found by review: with only the filesystem ids switched, the
+/// child kept CAP_SYS_ADMIN and the rest while it opened paths others chose) and reports each
+/// outcome as one errno per item (0: ok). For file access that is what the sandbox's own opens
+/// see (it switches its filesystem ids to the same ones).
 fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
     let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe2: {e}"))?;
     // SAFETY: the child only runs Rust code that the callers' processes allow after fork: the
@@ -158,7 +244,7 @@ fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
             drop(r);
             let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
             let mut out = Vec::with_capacity(job.items.len() * 4);
-            match crate::sandbox::caps::rootful_fs_ids(job.ids) {
+            match become_role(job.ids) {
                 Ok(()) => {
                     for i in &job.items {
                         let e = attempt(&i.what).err().map_or(0, |e| e as i32);
@@ -194,6 +280,14 @@ fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
     }
 }
 
+fn become_role(ids: Ids) -> Result<(), Errno> {
+    nix::unistd::setgroups(&[])?;
+    let (g, u) = (nix::unistd::Gid::from_raw(ids.gid), nix::unistd::Uid::from_raw(ids.uid));
+    nix::unistd::setresgid(g, g, g)?;
+    nix::unistd::setresuid(u, u, u)?;
+    crate::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map(drop)
+}
+
 /// Owner and mode of `p`, as the launcher sees them, for the message.
 fn bits(p: &Path) -> String {
     match std::fs::metadata(p) {
@@ -204,7 +298,7 @@ fn bits(p: &Path) -> String {
 
 fn reason(job: &Job, item: &Item, e: Errno) -> String {
     let who = format!("the {} role (uid {}, gid {})", job.role, job.ids.uid, job.ids.gid);
-    let shown = |p: &Path| crate::log::clean(p.as_os_str().as_encoded_bytes());
+    let shown = |p: &Path| crate::escape::clean(p.as_os_str().as_encoded_bytes());
     match (&item.what, e) {
         (What::Source { host, .. }, Errno::EACCES) => format!(
             "{}: {who} cannot reach it (EACCES): a directory on the way is not searchable by that uid (a 0700 home, \
@@ -215,9 +309,22 @@ fn reason(job: &Job, item: &Item, e: Errno) -> String {
             format!("{}: changed while it was being checked (replaced, or a mount over it): try again", shown(host))
         }
         (What::Source { host, .. }, e) => format!("{}: {who} cannot open it: {}", shown(host), e.desc()),
-        (What::Read { host, inside }, Errno::ENOENT) if item.field.contains(".command[") => {
-            format!("{} is not in the model dir: {} does not exist", shown(inside), shown(host))
+        (What::Model { dir, rest, inside }, Errno::ENOENT) => {
+            format!("{} is not in the model dir: {} does not exist", shown(inside), shown(&dir.join(rest)))
         }
+        (What::Model { inside, .. }, Errno::EXDEV | Errno::ELOOP) => format!(
+            "{}: a symlink (or `..`) that leads out of the model dir: in the engine's view it would not reach the \
+             same file; name the file itself, in the model dir",
+            shown(inside)
+        ),
+        (What::Model { dir, rest, inside }, Errno::EACCES) => format!(
+            "{} (the role's {}): {who} cannot read it ({}): make it readable by that uid (chown it, or a group the \
+             role has)",
+            shown(&dir.join(rest)),
+            shown(inside),
+            bits(&dir.join(rest))
+        ),
+        (What::Model { dir, rest, .. }, e) => format!("{}: {who} cannot read it: {}", shown(&dir.join(rest)), e.desc()),
         (What::Read { host, inside }, Errno::EACCES) => format!(
             "{} (the role's {}): {who} cannot read it ({}): make it readable by that uid (chown it, or a group \
              the role has)",

@@ -68,9 +68,10 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
                 job.models = Some(crate::measure::ModelsJob { dir: dir.clone(), keep_cache: false });
             }
             let m = crate::measure::run(&job, state.as_ref().map(|fd| (fd, cfg.cell.state_dir.as_path())));
-            match m.error(&cfg.file) {
-                Some(e) => Err(e.to_string()),
-                None => Ok((p, m)),
+            match (m.error(&cfg.file), &m.could_not) {
+                (Some(e), _) => Err(e.to_string()),
+                (None, Some(why)) => Err(format!("could not be checked: {why}")),
+                (None, None) => Ok((p, m)),
             }
         });
         // The role's layers as this plan holds them; its cgroup limits as configured (whether

@@ -1650,8 +1650,45 @@ impl Config {
     }
 
     /// Host checks: files exist, no symlinks on role paths, ownership and modes.
+    /// A role's rlimits are set inside its user namespace, where no hard limit can be raised:
+    /// each must be within this process's own hard limit (found by `sealnode init`'s author:
+    /// `check` passed nofile = 65536 under a hard limit of 20000, and the sandbox then failed
+    /// with EPERM, a preflight that "could not run", restarted by systemd for ever).
+    fn check_rlimits_within_the_launchers(&self) -> Result<()> {
+        use nix::sys::resource::{getrlimit, Resource};
+        for role in Role::ALL {
+            let l = &self.role(role).rlimits;
+            for (name, res, value, unit) in [
+                ("nofile", Resource::RLIMIT_NOFILE, l.nofile, 1),
+                ("nproc", Resource::RLIMIT_NPROC, l.nproc, 1),
+                ("fsize_mb", Resource::RLIMIT_FSIZE, l.fsize_mb, 1 << 20),
+                ("memlock_kb", Resource::RLIMIT_MEMLOCK, l.memlock_kb, 1 << 10),
+            ] {
+                let Ok((_, hard)) = getrlimit(res) else { continue };
+                if hard != libc::RLIM_INFINITY && value.saturating_mul(unit) > hard {
+                    return Err(self.err(
+                        format!("{role}.rlimits.{name}"),
+                        format!(
+                            "{value} is above sealnode's own hard limit ({}), which no role can raise: lower it, or \
+                             raise sealnode's (the unit's Limit{}=, or ulimit -H)",
+                            hard / unit,
+                            match name {
+                                "nofile" => "NOFILE",
+                                "nproc" => "NPROC",
+                                "fsize_mb" => "FSIZE",
+                                _ => "MEMLOCK",
+                            }
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn check_host(&self, inv: &Invoker) -> Result<()> {
         self.check_trusted_outside_roles()?;
+        self.check_rlimits_within_the_launchers()?;
         let mut ids = Vec::new();
         for role in Role::ALL {
             ids.push(self.role_ids(role, inv)?);
@@ -1875,7 +1912,9 @@ fn toml_error(file: &Path, text: &str, e: toml::de::Error, path: Option<String>)
         let at = if reason.starts_with("missing") { "in the table at line" } else { "line" };
         field.push_str(&format!(" ({at} {l})"));
     }
-    Error::config(file, field, reason)
+    // A key is the file's text: shown escaped, as every value is (found by review: a key with
+    // an escape sequence cleared the operator's screen).
+    Error::config(file, crate::escape::clean(field.as_bytes()), crate::escape::clean(reason.as_bytes()))
 }
 
 /// The port of `http://host:port`, `host:port` or `:port` (an address as OLLAMA_HOST takes it),

@@ -102,6 +102,11 @@ pub fn client(path: &Path, cmd: &str) -> Result<Value> {
     request(path, &json!({ "cmd": cmd }))
 }
 
+/// How long a client waits for its answer.
+pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// The longest answer a client reads.
+pub const MAX_RESPONSE: u64 = 16 << 20;
+
 /// Send one request (a JSON object), return the response.
 pub fn request(path: &Path, req: &Value) -> Result<Value> {
     let mut s = UnixStream::connect(path).map_err(|e| {
@@ -116,9 +121,19 @@ pub fn request(path: &Path, req: &Value) -> Result<Value> {
     })?;
     // A refused peer is answered at once, without its request being read: the write may then
     // fail (EPIPE) while the answer is already waiting to be read.
+    // Bounded (found by review): a socket that never answers, or answers without end, must
+    // not hang `ctl` or a metrics scrape, nor grow it without limit. Generous: an attest
+    // request waits for the TPM's quote.
+    let _ = s.set_read_timeout(Some(CLIENT_TIMEOUT));
+    let _ = s.set_write_timeout(Some(CLIENT_TIMEOUT));
     let sent = s.write_all(format!("{req}\n").as_bytes());
     let mut line = String::new();
-    std::io::BufReader::new(s).read_line(&mut line).map_err(|e| Error::io("read response", e))?;
+    std::io::BufReader::new(std::io::Read::take(s, MAX_RESPONSE))
+        .read_line(&mut line)
+        .map_err(|e| Error::io("read response", e))?;
+    if line.len() as u64 >= MAX_RESPONSE && !line.ends_with('\n') {
+        return Err(Error::io("read response", std::io::Error::other(format!("longer than {MAX_RESPONSE} bytes"))));
+    }
     if line.is_empty() {
         return Err(Error::io("no response", sent.err().unwrap_or_else(|| std::io::ErrorKind::UnexpectedEof.into())));
     }
@@ -144,5 +159,22 @@ mod tests {
         assert_eq!(feed(&mut buf, b"\"status\"}\nrest"), Some(Ok(Request::Status)));
         let mut buf = Vec::new();
         assert!(feed(&mut buf, &vec![b'x'; MAX_REQUEST + 1]).is_some_and(|r| r.is_err()));
+    }
+
+    /// Found by review: an answer without end grew `ctl` without limit.
+    #[test]
+    fn an_endless_answer_is_cut_and_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().expect("accept");
+            let chunk = vec![b'x'; 1 << 20];
+            // Until the client hangs up (past the cap it stops reading).
+            while c.write_all(&chunk).is_ok() {}
+        });
+        let e = client(&path, "status").expect_err("endless");
+        assert!(e.to_string().contains(&format!("longer than {MAX_RESPONSE} bytes")), "{e}");
+        server.join().expect("server");
     }
 }

@@ -24,10 +24,11 @@ pub mod digests;
 pub mod doctor;
 pub mod egress;
 pub mod error;
+pub mod escape;
 pub mod exit;
-pub mod init;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod init;
 pub mod journal;
 pub mod log;
 pub mod logsink;

@@ -123,6 +123,10 @@ pub struct Measured {
     pub problems: Vec<Problem>,
     /// Problems beyond the ones listed.
     pub more_problems: usize,
+    /// Why something could not be checked at all (not a config problem: the start could not
+    /// run, exit 6, which systemd restarts).
+    #[serde(default)]
+    pub could_not: Option<String>,
     pub models: Option<Models>,
 }
 
@@ -213,8 +217,12 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
         }
     }
     for a in &job.access {
-        for (field, reason) in crate::access::check(a) {
+        let o = crate::access::check(a);
+        for (field, reason) in o.problems {
             m.problem(&field, reason);
+        }
+        if m.could_not.is_none() {
+            m.could_not = o.could_not;
         }
     }
     let mut budgets = std::collections::BTreeMap::new();

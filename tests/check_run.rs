@@ -198,8 +198,117 @@ fn a_rootful_config_checked_as_another_user_says_rootless() {
         .output_within(COMMAND_LIMIT);
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(125), "{out}");
-    assert!(
-        out.contains("you are uid 65534, not root, so this is rootless mode: cell.rootful is ignored"),
-        "{out}"
-    );
+    assert!(out.contains("you are uid 65534, not root, so this is rootless mode: cell.rootful is ignored"), "{out}");
+}
+
+/// Found by the review of #27: the model path the command names is resolved beneath the model
+/// dir, as the engine finds it under /models: `//` is the dir itself, a symlink out of the dir
+/// is refused by both, the form `-m/models/X` is checked too.
+#[test]
+fn model_paths_are_resolved_beneath_the_model_dir() {
+    for mode in modes() {
+        let mut f = fixture(mode, "cr-models");
+        let engine = |arg: &str| format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", \"{HTTPD}\", \"{arg}\"]");
+        f.engine_cmd = engine("--model=/models//model.gguf");
+        f.write_config();
+        both_start(&f, "a model path with //");
+        f.engine_cmd = engine("--model=/models//etc/hostname");
+        f.write_config();
+        same_refusal(&f, "a // path naming a host file", &["engine.command[4]", "is not in the model dir"]);
+        std::os::unix::fs::symlink(f.p("host-secret"), f.p("models/out.gguf")).expect("symlink");
+        f.engine_cmd = engine("-m/models/out.gguf");
+        f.write_config();
+        same_refusal(&f, "a symlink out of the model dir", &["engine.command[4]", "leads out of the model dir"]);
+    }
+}
+
+/// Found by the review of #27: any local user could hold the flock of a dir others can read
+/// and keep every start refused. The state dir (shipped 0755) is locked through its own 0600
+/// lock file only; a scratch dir others can read is refused (they could lock it).
+#[test]
+fn a_local_user_cannot_lock_a_cell_out() {
+    if !is_root() {
+        return unavailable("rootful", "the test holds a flock as another uid and chmods the fixture's dirs");
+    }
+    for mode in modes() {
+        let f = fixture(mode, "cr-flock");
+        chmod(&f.p("state"), 0o755);
+        chmod(&f.p("run"), 0o755);
+        let hold = |dir: &std::path::Path| {
+            std::process::Command::new("/usr/bin/setpriv")
+                .args(["--reuid", "1000", "--regid", "1000", "--clear-groups", "--", "/usr/bin/flock", "-x"])
+                .arg(dir)
+                .args(["/bin/sleep", "60"])
+                .spawn()
+                .expect("flock")
+        };
+        let mut holders = vec![hold(&f.p("state")), hold(&f.p("run"))];
+        // The holders have their locks before the start (flock takes them at once).
+        assert!(wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string("/proc/locks").is_ok_and(|l| l.lines().filter(|x| x.contains("FLOCK")).count() >= 2)
+        }));
+        both_start(&f, "state and runtime dirs flocked by another user");
+        // A scratch dir others can read: refused, naming the fix.
+        chmod(&f.p("node-scratch"), 0o755);
+        same_refusal(
+            &f,
+            "a scratch dir others can read",
+            &["node.scratch", "not be readable or writable by group or others"],
+        );
+        for h in &mut holders {
+            let _ = h.kill();
+            let _ = h.wait();
+        }
+    }
+}
+
+/// Found by the review of #27: the scratch dir renamed while the cell ran; a restart bound the
+/// new dir at the old path (which another cell could then lock) while the wipes went on in the
+/// renamed one. The restart is refused, naming the field.
+#[test]
+fn a_scratch_dir_replaced_while_running_refuses_the_restart() {
+    for mode in modes() {
+        let mut f = fixture(mode, "cr-rename");
+        f.engine_extra = "restart = \"on-failure\"".into();
+        f.write_config();
+        let run = start_logged(&f, &[]);
+        run.out_line(60, |l| l.ends_with("node-up"));
+        let old = f.p("engine-scratch");
+        std::fs::rename(&old, f.p("engine-scratch.moved")).expect("rename");
+        std::fs::create_dir(&old).expect("mkdir");
+        chmod(&old, 0o700);
+        let owner = std::fs::metadata(f.p("engine-scratch.moved")).expect("stat");
+        use std::os::unix::fs::MetadataExt;
+        std::os::unix::fs::chown(&old, Some(owner.uid()), Some(owner.gid())).expect("chown");
+        // The engine crashes: its restart passes the gate again.
+        let engine = LoggedRun::text(&run.err)
+            .lines()
+            .filter_map(|l| l.split("role started role=engine pid=").nth(1))
+            .filter_map(|r| r.split_whitespace().next()?.parse::<i32>().ok())
+            .last()
+            .expect("the engine's pid");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine), nix::sys::signal::Signal::SIGKILL).expect("kill");
+        let (code, err) = run.exited(60);
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(
+            err.contains("engine.scratch") && err.contains("is no longer the dir this `sealnode run` locked"),
+            "{mode:?}: {err}"
+        );
+    }
+}
+
+/// Found while writing `sealnode init`: a role's rlimit above sealnode's own hard limit passed
+/// `check`, and the sandbox then failed to set it (EPERM), a preflight that "could not run"
+/// (6), which systemd restarts for ever. Both refuse it now, naming the field.
+#[test]
+fn an_rlimit_above_the_launchers_hard_limit_is_refused_by_both() {
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).expect("getrlimit");
+    // Linux caps RLIMIT_NOFILE at fs.nr_open: never infinite.
+    assert_ne!(hard, nix::libc::RLIM_INFINITY);
+    for mode in modes() {
+        let mut f = fixture(mode, "cr-rlimit");
+        f.engine_extra = format!("rlimits = {{ nofile = {} }}", hard + 1);
+        f.write_config();
+        same_refusal(&f, "nofile above the hard limit", &["engine.rlimits.nofile", "above sealnode's own hard limit"]);
+    }
 }

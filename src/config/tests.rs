@@ -606,3 +606,11 @@ fn odd_keys_are_named_not_crashed_on() {
         assert!(e.to_string().contains("unknown field"), "{key}: {e}");
     }
 }
+
+/// Found by review: a key holding an escape sequence was printed raw.
+#[test]
+fn keys_are_shown_escaped() {
+    let e = parse(&with("port = 8080", "port = 8080\n\"\\u001b[2J\" = 1")).expect_err("unknown");
+    let shown = e.to_string();
+    assert!(!shown.contains('\u{1b}') && shown.contains("\\u{1b}[2J"), "{shown}");
+}

@@ -121,6 +121,8 @@ pub(super) struct Ctx<'a> {
     pub epoll: &'a Epoll,
     /// Statements are signed: the engine's model files are hashed for them.
     pub hash_models: bool,
+    /// Each role's scratch dir as `run` opened and locked it at its start.
+    pub scratch: [&'a OwnedFd; 2],
 }
 
 #[derive(Debug, Default)]
@@ -155,6 +157,30 @@ impl Gate {
             message: format!("preflight could not run: {e}"),
             details: Vec::new(),
         })?;
+        // The scratch path is still the dir this run locked and wipes (found by review: renamed
+        // while the cell ran, a restart bound a new dir at the old path, which another cell
+        // could then lock, while the wipes went on emptying the renamed one).
+        for role in roles {
+            let r = ctx.cfg.role(*role);
+            let held = nix::sys::stat::fstat(ctx.scratch[*role as usize]).map(|s| (s.st_dev, s.st_ino));
+            let now = crate::sys::open_path_no_symlinks(&r.scratch)
+                .and_then(|fd| nix::sys::stat::fstat(&fd))
+                .map(|s| (s.st_dev, s.st_ino));
+            if held.is_err() || held != now {
+                return Err(refuse(
+                    sandbox::SETUP_FAILED,
+                    Error::config(
+                        &ctx.cfg.file,
+                        format!("{role}.scratch"),
+                        format!(
+                            "{} is no longer the dir this `sealnode run` locked and wipes (renamed or replaced while \
+                             the cell ran): put it back, or restart sealnode",
+                            r.scratch.display()
+                        ),
+                    ),
+                ));
+            }
+        }
         let mut plans = Vec::new();
         for role in roles {
             let plan = Plan::for_run(ctx.cfg, *role, ctx.inv).map_err(|e| refuse(sandbox::SETUP_FAILED, e))?;
@@ -351,6 +377,9 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
     };
     if let Some(e) = measured.error(&cfg.file) {
         return refused(sandbox::SETUP_FAILED, e.to_string());
+    }
+    if let Some(why) = &measured.could_not {
+        return refused(exit::PREFLIGHT_ERROR, format!("preflight could not run: {why}"));
     }
     if let Some(why) = job.probe_failed.take() {
         return refused(exit::PREFLIGHT_ERROR, why);

@@ -91,15 +91,13 @@ impl Taken {
                 ),
             )
         };
-        // sealnode's own dir: readable by sealnode's user (or root, which owns it then).
-        let readable = openat(&dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-            .map_err(|e| Error::errno(format!("open {}", path.display()), e))?;
-        match self.lock_dir(readable) {
-            Ok(()) => {}
-            // Another cell's state or runtime dir (its lock file held too), or its scratch.
-            Err(Errno::EWOULDBLOCK) if lock_file_held(&shown) => return Err(held()),
-            Err(Errno::EWOULDBLOCK) => return Err(in_use(cfg, field, path, holder(&st))),
-            Err(e) => return Err(Error::errno(format!("lock {}", path.display()), e)),
+        // Not the dir itself (found by review): the shipped state and runtime dirs are readable
+        // by others (0755), and any local user could hold a dir's flock and keep every start
+        // refused. The `lock` file (0600, sealnode's) is ours alone. Another cell's scratch
+        // dir is seen through its flock (taken shared for a moment): a scratch dir is never
+        // readable by others (open_scratch), so only a dir no one else can open is asked.
+        if !readable_by_others(&st) && dir_held(&dir, inv.uid).0 && !lock_file_held(&shown) {
+            return Err(in_use(cfg, field, path, holder(&st)));
         }
         let fd = openat(
             &dir,
@@ -124,6 +122,16 @@ impl Taken {
         let path = &cfg.role(role).scratch;
         let dir = open_scratch(cfg, inv, role)?;
         let st = self.distinct(cfg, &field, path, &dir)?;
+        // A running cell's state or runtime dir: its `lock` file, sealnode's own (owned by the
+        // launcher's uid: a role cannot make one in its rootful scratch), is held.
+        let lock = path.join("lock");
+        if std::fs::symlink_metadata(&lock).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.uid() == inv.uid && m.is_file()
+        }) && lock_file_held(&lock)
+        {
+            return Err(in_use(cfg, &field, path, None));
+        }
         let uid = cfg.role_ids(role, inv)?.uid;
         let readable =
             open_readable(&dir, uid, true).map_err(|e| Error::errno(format!("open {}", path.display()), e))?;
@@ -158,6 +166,11 @@ impl Taken {
         self.locks.push(lock_exclusive(File::from(readable))?);
         Ok(())
     }
+}
+
+/// Readable by group or others: anyone could open it and hold its flock.
+fn readable_by_others(st: &FileStat) -> bool {
+    st.st_mode & 0o044 != 0
 }
 
 /// The refusal of a dir a running sealnode (`pid`, if known) holds.
@@ -293,6 +306,11 @@ pub fn lock_status(cfg: &Config, inv: &Invoker) -> Result<Option<String>> {
             continue;
         }
         let Ok(fd) = crate::sys::open_path_no_symlinks(dir) else { continue };
+        // As `run` asks (Taken::own_dir): a dir others can read tells nothing by its flock.
+        let Ok(st) = fstat(&fd) else { continue };
+        if readable_by_others(&st) {
+            continue;
+        }
         if let (true, pid) = dir_held(&fd, inv.uid) {
             return Err(in_use(cfg, field, dir, pid));
         }
@@ -370,12 +388,15 @@ pub fn open_scratch(cfg: &Config, inv: &Invoker, role: Role) -> Result<OwnedFd> 
     let fd = crate::sys::open_path_no_symlinks(dir).map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
     let st = fstat(&fd).map_err(|e| Error::errno(format!("stat {}", dir.display()), e))?;
     let ids = cfg.role_ids(role, inv)?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != ids.uid || st.st_mode & 0o022 != 0 {
+    // Not readable by group or others either: a reader could open it and hold its flock, the
+    // lock that keeps one cell per scratch dir, and keep every start refused (found by
+    // review). Search (x) is harmless: an O_PATH descriptor takes no flock.
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != ids.uid || st.st_mode & 0o066 != 0 {
         return Err(Error::config(
             &cfg.file,
             field,
             format!(
-                "{} must belong to uid {} and not be writable by group or others (it is uid {}, mode {:o})",
+                "{} must belong to uid {} and not be readable or writable by group or others, as a role's own dir (chmod 0700) (it is uid {}, mode {:o})",
                 dir.display(),
                 ids.uid,
                 st.st_uid,

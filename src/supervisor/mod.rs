@@ -661,6 +661,7 @@ impl Supervisor {
             state: &self.state_dir,
             epoll: &self.epoll,
             hash_models: self.attest_key.is_some(),
+            scratch: [&self.slots[0].scratch, &self.slots[1].scratch],
         };
         match self.gate.begin(&ctx, roles, gate::Purpose::Start) {
             Ok(()) => {
@@ -1522,6 +1523,7 @@ impl Supervisor {
             // The dry run hashes what the start will (its cache makes the start cheap): a
             // model dir the start could not hash is refused now, with the roles untouched.
             hash_models: self.attest_key.is_some(),
+            scratch: [&self.slots[0].scratch, &self.slots[1].scratch],
         };
         match self.gate.begin(&ctx, &Role::ALL, gate::Purpose::DryRun) {
             Ok(()) => {
