@@ -411,7 +411,7 @@ fn a_state_dir_in_the_system_view_is_refused() {
     let (code, stdout, err) = out(&f, &["check", "--config", &cfg]);
     assert_eq!(code, 125, "{stdout}{err}");
     assert!(
-        format!("{stdout}{err}").contains("cell.state_dir: /usr/local/sealnode-state is under /usr"),
+        format!("{stdout}{err}").contains("cell.state_dir (line 4): /usr/local/sealnode-state is under /usr"),
         "{stdout}{err}"
     );
     // A state dir a role sees through one of its binds is refused too, by check and run.

@@ -285,7 +285,7 @@ fn a_scratch_dir_replaced_while_running_refuses_the_restart() {
             .lines()
             .filter_map(|l| l.split("role started role=engine pid=").nth(1))
             .filter_map(|r| r.split_whitespace().next()?.parse::<i32>().ok())
-            .last()
+            .next_back()
             .expect("the engine's pid");
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine), nix::sys::signal::Signal::SIGKILL).expect("kill");
         let (code, err) = run.exited(60);
