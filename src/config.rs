@@ -1437,6 +1437,7 @@ impl Config {
             if h.is_empty()
                 || h.len() > 253
                 || h.parse::<std::net::IpAddr>().is_ok()
+                || inet_aton_accepts(h)
                 || !h
                     .split('.')
                     .all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
@@ -1946,6 +1947,22 @@ fn url_host_port(url: &str) -> Option<(String, u32)> {
         Some((h, p)) => Some((h.to_string(), p.parse().ok()?)),
         None => Some((authority.to_string(), default)),
     }
+}
+
+/// Whether the C library reads `h` as an IPv4 address in one of inet_aton's old forms
+/// (`127.1`, `0x7f000001`, `2130706433`): the resolver then never asks /etc/hosts, and the
+/// name would bypass the cell's mapping (found by review: such hosts passed as DNS names).
+fn inet_aton_accepts(h: &str) -> bool {
+    extern "C" {
+        // POSIX-less but in every libc sealnode links against (glibc, musl); the libc crate
+        // does not declare it.
+        fn inet_aton(cp: *const libc::c_char, inp: *mut libc::in_addr) -> libc::c_int;
+    }
+    let Ok(c) = std::ffi::CString::new(h) else { return false };
+    let mut addr = libc::in_addr { s_addr: 0 };
+    // SAFETY: a NUL-terminated string and a valid in_addr to write to; inet_aton reads only
+    // the string and writes only the address.
+    unsafe { inet_aton(c.as_ptr(), &mut addr) != 0 }
 }
 
 /// Problems reported at once, at most.

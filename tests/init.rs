@@ -219,3 +219,105 @@ fn init_dry_run_writes_nothing_and_missing_answers_are_named() {
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(err.contains("--gateway-connect 10.0.0.1:8000"), "{err}");
 }
+
+/// Found by the review of `init`: run as root, it wrote, chowned and copied through paths
+/// another user controls (a planted symlink as its temporary config name or as a scratch dir,
+/// a credential or venv of theirs), before `check` refused the result. Now it refuses first,
+/// changes nothing, and names the path.
+#[test]
+fn init_as_root_acts_only_where_no_other_user_can_reach() {
+    if !is_root() {
+        return unavailable("rootful", "the test plays root against another local user's files");
+    }
+    let dir = tempfile::Builder::new().prefix("sealnode-init-atk-").tempdir_in("/var/tmp").expect("tmp");
+    let d = dir.path();
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let s = |p: &Path| p.display().to_string();
+    fake_venv(&d.join("venv"));
+    std::fs::create_dir(d.join("models")).expect("mkdir");
+    std::fs::write(d.join("models/tiny.gguf"), "x").expect("model");
+    let victim = d.join("victim");
+    std::fs::write(&victim, "ROOT ONLY\n").expect("victim");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let victim_dir = d.join("victim-dir");
+    std::fs::create_dir(&victim_dir).expect("mkdir");
+    // The other user's dir, with what they planted.
+    let theirs = d.join("theirs");
+    std::fs::create_dir(&theirs).expect("mkdir");
+    std::os::unix::fs::symlink(&victim, theirs.join("credential.txt")).expect("symlink");
+    std::os::unix::fs::symlink(&victim, theirs.join("sealnode.toml")).expect("symlink");
+    std::fs::create_dir(theirs.join("state")).expect("mkdir");
+    std::os::unix::fs::symlink(&victim_dir, theirs.join("state/engine")).expect("symlink");
+    fake_venv(&theirs.join("venv"));
+    let chown_r = |p: &Path| {
+        let st = Command::new("chown").args(["-hR", "1000:1000"]).arg(p).status().expect("chown");
+        assert!(st.success());
+    };
+    chown_r(&theirs);
+    let init = |extra: &[&str], state: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_sealnode"))
+            .args(["init", "--engine", "/usr/bin/true", "--engine-kind", "llama-server", "--engine-port", "8099"])
+            .args(["--model", &s(&d.join("models/tiny.gguf")), "--gateway-url", "wss://gw.example/provider/ws"])
+            .args(["--state-dir", &s(state), "--runtime-dir", &s(&d.join("run")), "--yes"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output_within(COMMAND_LIMIT)
+    };
+    let ours = d.join("ours");
+    let venv = s(&d.join("venv"));
+    for (what, extra, state, want) in [
+        (
+            "a config in their dir (over their symlink, --force)",
+            vec!["--venv", &venv, "--force", "--config", &s(&theirs.join("sealnode.toml"))],
+            ours.join("s1"),
+            "is owned by uid 1000",
+        ),
+        (
+            "their credential",
+            vec![
+                "--venv",
+                &venv,
+                "--config",
+                &s(&ours.join("c2/sealnode.toml")),
+                "--credential",
+                &s(&theirs.join("credential.txt")),
+            ],
+            ours.join("s2"),
+            "the credential to install",
+        ),
+        (
+            "their venv",
+            vec!["--venv", &s(&theirs.join("venv")), "--config", &s(&ours.join("c3/sealnode.toml"))],
+            ours.join("s3"),
+            "--venv",
+        ),
+        (
+            "a state dir in their dir",
+            vec!["--venv", &venv, "--config", &s(&ours.join("c4/sealnode.toml"))],
+            theirs.join("state"),
+            "owned by another user",
+        ),
+    ] {
+        let o = init(&extra, &state);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{what}: {err}{}", String::from_utf8_lossy(&o.stdout));
+        assert!(err.contains(want), "{what}: {err}");
+        // Nothing changed: the victims are as they were, no config or dir was made.
+        assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "ROOT ONLY\n", "{what}");
+        use std::os::unix::fs::MetadataExt;
+        let vm = std::fs::metadata(&victim).expect("stat");
+        assert_eq!((vm.uid(), vm.mode() & 0o7777), (0, 0o600), "{what}");
+        let dm = std::fs::metadata(&victim_dir).expect("stat");
+        assert_eq!(dm.uid(), 0, "{what}: the victim dir was chowned");
+        assert!(!ours.exists(), "{what}: init made {}", ours.display());
+    }
+    // An existing scratch dir of another owner, in a trusted state dir: not taken over.
+    std::fs::create_dir_all(ours.join("s5/engine")).expect("mkdir");
+    chown_r(&ours.join("s5/engine"));
+    let o = init(&["--venv", &venv, "--config", &s(&ours.join("c5/sealnode.toml"))], &ours.join("s5"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("init does not take over a dir"), "{err}");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(ours.join("s5/engine")).expect("stat").uid(), 1000);
+}

@@ -3,7 +3,6 @@
 //! owners, the interpreter copy and the credential; then run `check` on the result.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -172,6 +171,14 @@ pub fn init(mut a: Args) -> Outcome {
             return Err(Failure::setup("init: nothing written (not confirmed)"));
         }
     }
+    // Everything init will write lies under dirs only root (or, rootless, this user) can
+    // change, and everything it copies from is trusted the same way, before anything is
+    // changed (found by review: a dir of another user's on the way let root write, chown and
+    // copy through planted symlinks, before `check` refused the result).
+    for x in &actions {
+        preflight(x, &answers, &inv).map_err(|e| Failure::setup(format!("init: {}: {e}", x.describe())))?;
+    }
+    trusted_venv(&answers.node_python, &inv).map_err(|e| Failure::setup(format!("init: --venv: {e}")))?;
     for x in &actions {
         apply(x, &answers, &inv).map_err(|e| Failure::setup(format!("init: {}: {e}", x.describe())))?;
         println!("sealnode init: {}", x.describe());
@@ -440,12 +447,172 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-fn set(path: &Path, mode: u32, ids: (u32, u32)) -> Result<(), String> {
-    std::os::unix::fs::chown(path, Some(ids.0), Some(ids.1)).map_err(|e| format!("chown: {e}"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| format!("chmod: {e}"))
+/// What must hold before `x` is applied (nothing is changed here).
+fn preflight(x: &Action, a: &Answers, inv: &Invoker) -> Result<(), String> {
+    use sealnode::trusted;
+    match x {
+        Action::User(_) => Ok(()),
+        // sealnode's own dirs: as `run` checks them (a missing one is made with a safe mode).
+        Action::Dir { path, owner: Owner::Launcher, .. } => trusted::check_own_dir(path, inv.uid),
+        // A role's dir: made in a trusted dir; an existing one is never taken over.
+        Action::Dir { path, owner, .. } => {
+            let parent = path.parent().ok_or("no parent dir")?;
+            trusted::check_own_dir(parent, inv.uid)?;
+            match std::fs::symlink_metadata(path) {
+                Err(_) => Ok(()),
+                Ok(m) => role_dir_as_made(&m, ids_of(*owner, a, inv).ok(), path),
+            }
+        }
+        Action::CopyPython { from, to } => {
+            if let Some(parent) = to.parent() {
+                trusted::check_own_dir(parent, inv.uid)?;
+            }
+            if std::fs::symlink_metadata(to).is_ok() {
+                return Err(format!("{} exists: init copies into a new dir only", to.display()));
+            }
+            trusted_prefix(from, inv)
+        }
+        Action::Credential { from, to } => {
+            trusted::open(from, inv.uid).map_err(|e| format!("the credential to install: {e}"))?;
+            let parent = to.parent().ok_or("no parent dir")?;
+            trusted::check_own_dir(parent, inv.uid)
+        }
+        Action::Config { path, .. } => {
+            let parent = path.parent().ok_or("no parent dir")?;
+            trusted::check_own_dir(parent, inv.uid)?;
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if !m.file_type().is_file() => {
+                    Err(format!("{} exists and is not a regular file", path.display()))
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// An existing role dir init would otherwise make: it must be just what init makes (a dir,
+/// the role's, no access for group or others), or init stops.
+fn role_dir_as_made(m: &std::fs::Metadata, ids: Option<(u32, u32)>, path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let mine = ids.is_some_and(|(u, _)| m.uid() == u);
+    if m.file_type().is_dir() && mine && m.mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    Err(format!(
+        "{} exists (uid {}, mode {:o}, {}): init does not take over a dir; remove it or give another --state-dir",
+        path.display(),
+        m.uid(),
+        m.mode() & 0o7777,
+        if m.file_type().is_symlink() {
+            "a symlink"
+        } else if m.file_type().is_dir() {
+            "a dir"
+        } else {
+            "not a dir"
+        }
+    ))
+}
+
+/// An interpreter prefix init may copy: reached through dirs only root (or this user) can
+/// change, itself such a dir, and a Python install (lib/python3.*), holding no device, FIFO
+/// or socket (found by review: a venv's symlink made root copy, and open to every user, any
+/// tree it pointed into).
+fn trusted_prefix(prefix: &Path, inv: &Invoker) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    sealnode::trusted::check_dirs_to(prefix, inv.uid)?;
+    let m = std::fs::symlink_metadata(prefix).map_err(|e| format!("{}: {e}", prefix.display()))?;
+    if !m.file_type().is_dir() || !(m.uid() == 0 || m.uid() == inv.uid) || m.mode() & 0o022 != 0 {
+        return Err(format!("{}: not a dir of root's (or yours) that no one else can write", prefix.display()));
+    }
+    let is_python = std::fs::read_dir(prefix.join("lib"))
+        .map(|d| d.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("python3")))
+        .unwrap_or(false);
+    if !is_python {
+        return Err(format!(
+            "{}: not a Python install (no lib/python3.*): init copies only an interpreter's prefix",
+            prefix.display()
+        ));
+    }
+    let special = Command::new("find")
+        .arg(prefix)
+        .args(["(", "-type", "p", "-o", "-type", "s", "-o", "-type", "b", "-o", "-type", "c", ")", "-print", "-quit"])
+        .output()
+        .map_err(|e| format!("find: {e}"))?;
+    let found = String::from_utf8_lossy(&special.stdout).trim().to_string();
+    if !special.status.success() || !found.is_empty() {
+        return Err(format!("{}: holds a device, FIFO or socket ({found}): not copied", prefix.display()));
+    }
+    Ok(())
+}
+
+/// The venv the node runs from: root's or this user's, no one else can write it or the dirs
+/// above it (`check` refuses it otherwise, but only after init acted on it).
+fn trusted_venv(i: &Interpreter, inv: &Invoker) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    sealnode::trusted::check_dirs_to(&i.venv.join("bin"), inv.uid)?;
+    for d in [i.venv.clone(), i.venv.join("bin")] {
+        let m = std::fs::symlink_metadata(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        if !(m.uid() == 0 || m.uid() == inv.uid) || m.mode() & 0o022 != 0 {
+            return Err(format!(
+                "{}: owned by uid {} with mode {:o}: a venv init builds on must be root's (or yours) and writable by no one else",
+                d.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A trusted dir's descriptor (made if missing, as sealnode makes its own dirs).
+fn dir_fd(path: &Path, inv: &Invoker) -> Result<std::os::fd::OwnedFd, String> {
+    sealnode::trusted::own_dir(path, inv.uid, 0o755)
+}
+
+/// Write `bytes` as `name` in the dir `dir` race-free: a new file (O_EXCL, no symlink
+/// followed) with a temporary name, its owner and mode set on the descriptor, then renamed
+/// over `name`.
+fn write_in(
+    dir: &std::os::fd::OwnedFd,
+    name: &std::ffi::OsStr,
+    bytes: &[u8],
+    mode: u32,
+    ids: Option<(u32, u32)>,
+) -> Result<(), String> {
+    use nix::fcntl::{openat, renameat, OFlag};
+    use nix::sys::stat::Mode;
+    let tmp = format!(".{}.init-{}", name.to_string_lossy(), std::process::id());
+    let fd = openat(
+        dir,
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| format!("create {tmp}: {e}"))?;
+    let mut f = std::fs::File::from(fd);
+    let written = (|| -> Result<(), String> {
+        f.write_all(bytes).map_err(|e| format!("write: {e}"))?;
+        if let Some((u, g)) = ids {
+            nix::unistd::fchown(&f, Some(u.into()), Some(g.into())).map_err(|e| format!("chown: {e}"))?;
+        }
+        nix::sys::stat::fchmod(&f, Mode::from_bits_truncate(mode)).map_err(|e| format!("chmod: {e}"))?;
+        f.sync_all().map_err(|e| format!("fsync: {e}"))?;
+        renameat(dir, tmp.as_str(), dir, name).map_err(|e| format!("rename: {e}"))
+    })();
+    if written.is_err() {
+        let _ = nix::unistd::unlinkat(dir, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+    written
 }
 
 fn apply(x: &Action, a: &Answers, inv: &Invoker) -> Result<(), String> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::Mode;
+    let leaf = |p: &Path| -> Result<(PathBuf, std::ffi::OsString), String> {
+        let parent = p.parent().ok_or("no parent dir")?.to_path_buf();
+        let name = p.file_name().ok_or("no file name")?.to_os_string();
+        Ok((parent, name))
+    };
     match x {
         Action::User(u) => run(Command::new("useradd").args([
             "--system",
@@ -456,36 +623,60 @@ fn apply(x: &Action, a: &Answers, inv: &Invoker) -> Result<(), String> {
             "/usr/sbin/nologin",
             u,
         ])),
+        Action::Dir { path, owner: Owner::Launcher, mode } => {
+            sealnode::trusted::own_dir(path, inv.uid, *mode).map(drop)
+        }
         Action::Dir { path, owner, mode } => {
-            std::fs::create_dir_all(path).map_err(|e| e.to_string())?;
-            set(path, *mode, ids_of(*owner, a, inv)?)
+            let (parent, name) = leaf(path)?;
+            let dir = dir_fd(&parent, inv)?;
+            let ids = ids_of(*owner, a, inv)?;
+            let made = match nix::sys::stat::mkdirat(&dir, name.as_os_str(), Mode::from_bits_truncate(0o700)) {
+                Ok(()) => true,
+                Err(nix::errno::Errno::EEXIST) => false,
+                Err(e) => return Err(format!("mkdir: {e}")),
+            };
+            let fd = openat(
+                &dir,
+                name.as_os_str(),
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| format!("open: {e}"))?;
+            if made {
+                nix::unistd::fchown(&fd, Some(ids.0.into()), Some(ids.1.into())).map_err(|e| format!("chown: {e}"))?;
+                nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(*mode)).map_err(|e| format!("chmod: {e}"))
+            } else {
+                let st = nix::sys::stat::fstat(&fd).map_err(|e| format!("stat: {e}"))?;
+                if st.st_uid != ids.0 || st.st_mode & 0o077 != 0 {
+                    return Err(format!(
+                        "{} exists with uid {}, mode {:o}: init does not take over a dir",
+                        path.display(),
+                        st.st_uid,
+                        st.st_mode & 0o7777
+                    ));
+                }
+                Ok(())
+            }
         }
         Action::CopyPython { from, to } => {
             if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+                dir_fd(parent, inv)?;
             }
-            run(Command::new("cp").arg("-a").arg("--").arg(from).arg(to))?;
-            // Readable and searchable by the role users, writable by no one but the owner.
-            run(Command::new("chmod").args(["-R", "a+rX,go-w", "--"]).arg(to))
+            // Owned by whoever runs init (not the source's owner), no set-id bits; readable
+            // and searchable by the role users, writable by no one but the owner.
+            run(Command::new("cp").args(["-a", "--no-preserve=ownership", "--"]).arg(from).arg(to))?;
+            run(Command::new("chmod").args(["-R", "u-s,g-s,a+rX,go-w", "--"]).arg(to))
         }
         Action::Credential { from, to } => {
-            if from != to {
-                if let Some(parent) = to.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
-                }
-                std::fs::copy(from, to).map_err(|e| e.to_string())?;
-            }
-            set(to, 0o400, ids_of(Owner::Node, a, inv)?)
+            let src = sealnode::trusted::open(from, inv.uid)?;
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::fs::File::from(src), &mut bytes).map_err(|e| format!("read: {e}"))?;
+            let (parent, name) = leaf(to)?;
+            write_in(&dir_fd(&parent, inv)?, &name, &bytes, 0o400, Some(ids_of(Owner::Node, a, inv)?))
         }
         Action::Config { path, text } => {
-            if let Some(parent) = path.parent().filter(|p| !p.exists()) {
-                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
-                std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
-            }
-            let tmp = path.with_extension("toml.init-tmp");
-            std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).map_err(|e| e.to_string())?;
-            std::fs::rename(&tmp, path).map_err(|e| e.to_string())
+            let (parent, name) = leaf(path)?;
+            write_in(&dir_fd(&parent, inv)?, &name, text.as_bytes(), 0o644, None)
         }
     }
 }

@@ -614,3 +614,23 @@ fn keys_are_shown_escaped() {
     let shown = e.to_string();
     assert!(!shown.contains('\u{1b}') && shown.contains("\\u{1b}[2J"), "{shown}");
 }
+
+/// Found by review: hosts the C library reads as IPv4 addresses (inet_aton's old forms) passed
+/// as DNS names, and the resolver would never have asked /etc/hosts for them.
+#[test]
+fn ipv4_shorthands_are_not_dns_names() {
+    for h in ["127.1", "0x7f000001", "2130706433", "10.1.2"] {
+        let text = with(
+            "ro_binds = [{ src = \"/opt/venv\" }]",
+            &format!("ro_binds = [{{ src = \"/opt/venv\" }}]\negress = [{{ host = \"{h}\", port = 443 }}]"),
+        );
+        let (field, reason) = bad(&text);
+        assert_eq!(field, "node.egress[0].host", "{h}");
+        assert!(reason.contains("must be a DNS name"), "{h}: {reason}");
+    }
+    let ok = with(
+        "ro_binds = [{ src = \"/opt/venv\" }]",
+        "ro_binds = [{ src = \"/opt/venv\" }]\negress = [{ host = \"gw1.example\", port = 443 }]",
+    );
+    assert!(parse(&ok).is_ok());
+}
