@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::*;
 
 /// Building the guest (first run, ~70 s), the package, and two boots under software emulation.
-const LIMIT: Duration = Duration::from_secs(2400);
+const LIMIT: Duration = Duration::from_secs(3600);
 
 fn run_vm(script: &str, kernel: &str, deb: &Path, cache: &Path, out: &Path) -> (bool, String) {
     run_vm_with(script, kernel, deb, cache, out, &[])
@@ -42,7 +42,7 @@ fn run_vm_with(
         .env("SEALNODE_VM_SHARE", share)
         .env("SEALNODE_VM_KERNEL", kernel)
         .env("SEALNODE_VM_OUT", out)
-        .env("SEALNODE_VM_TIMEOUT", if script.ends_with("suite.sh") { "1800" } else { "600" })
+        .env("SEALNODE_VM_TIMEOUT", if script.ends_with("suite.sh") { "3000" } else { "600" })
         .envs(env.iter().copied())
         .output_within(LIMIT);
     let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
