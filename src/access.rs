@@ -193,31 +193,13 @@ const READ: OFlag = OFlag::O_RDONLY.union(OFlag::O_NONBLOCK).union(OFlag::O_NOCT
 /// leave it, EXDEV), as the engine will find it under `/models`. Where openat2 is refused
 /// (systemd's RestrictSUIDSGID= answers ENOSYS), no symlink at all (stricter).
 fn open_beneath(dir: &Path, rest: &str) -> Result<(), Errno> {
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
-    }
     let d = crate::sys::open_path_no_symlinks(dir)?;
     let name = std::ffi::CString::new(rest).map_err(|_| Errno::EINVAL)?;
-    let how =
-        OpenHow { flags: READ.bits() as u64, mode: 0, resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS };
-    // SAFETY: a valid directory fd, a NUL-terminated name and an open_how of the size passed;
-    // the returned fd (if any) is closed at once.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            d.as_raw_fd(),
-            name.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    match Errno::result(r) {
+    let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    match crate::sys::openat2(d.as_raw_fd(), &name, READ.bits() as u64, resolve) {
         Ok(fd) => {
             // SAFETY: fd was just returned by openat2 and is owned here.
-            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) });
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
             Ok(())
         }
         Err(Errno::ENOSYS) => {

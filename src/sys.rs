@@ -22,32 +22,29 @@ pub fn open_path_no_symlinks(path: &Path) -> Result<OwnedFd, Errno> {
 /// systemd's `RestrictSUIDSGID=` answers openat2 with ENOSYS (it cannot inspect its mode), and
 /// then the same guarantee comes from a walk one component at a time ([`walk_no_symlinks`]).
 pub fn open_path_no_symlinks_c(path: &CStr) -> Result<RawFd, Errno> {
+    let flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    match openat2(libc::AT_FDCWD, path, flags, libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS) {
+        Err(Errno::ENOSYS) => walk_no_symlinks(path),
+        r => r,
+    }
+}
+
+/// openat2(2) with `flags` (O_*) and `resolve` (RESOLVE_*); the caller owns the returned fd.
+/// No allocation (the sandbox's child calls it before exec). ENOSYS where the kernel or a
+/// seccomp filter (systemd's RestrictSUIDSGID=) refuses openat2: the caller's fallback.
+pub fn openat2(dirfd: RawFd, path: &CStr, flags: u64, resolve: u64) -> Result<RawFd, Errno> {
     #[repr(C)]
     struct OpenHow {
         flags: u64,
         mode: u64,
         resolve: u64,
     }
-    let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
-    };
+    let how = OpenHow { flags, mode: 0, resolve };
     // SAFETY: path is a valid NUL-terminated string and `how` a valid open_how of the size passed.
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
+        libc::syscall(libc::SYS_openat2, dirfd, path.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>())
     };
-    match Errno::result(r) {
-        Ok(fd) => Ok(fd as RawFd),
-        Err(Errno::ENOSYS) => walk_no_symlinks(path),
-        Err(e) => Err(e),
-    }
+    Errno::result(r).map(|fd| fd as RawFd)
 }
 
 /// Open `path` O_PATH one component at a time, each with O_NOFOLLOW and checked not to be a
