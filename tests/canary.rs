@@ -436,17 +436,8 @@ fn made_dir(p: &std::path::Path, mode: u32) {
 /// A character device `/dev/TAG` with /dev/full's numbers, mode 0666, in place of a GPU's node
 /// (as tests/devices.rs makes them).
 fn made_device(tag: &str) -> MadeOnHost {
-    use std::os::unix::fs::PermissionsExt;
     let p = std::path::PathBuf::from(format!("/dev/{tag}"));
-    let _ = std::fs::remove_file(&p);
-    nix::sys::stat::mknod(
-        &p,
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(1, 7),
-    )
-    .expect("mknod a stand-in device");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    mknod_char(&p, 0o666, 1, 7);
     MadeOnHost(p)
 }
 

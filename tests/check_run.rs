@@ -164,14 +164,7 @@ fn check_and_run_give_one_verdict() {
         if mode == Mode::Rootful {
             let mut f = fixture(mode, "cr-dev");
             let dev = std::path::PathBuf::from(format!("/dev/sealnode-test-null-{}", std::process::id()));
-            let _ = std::fs::remove_file(&dev);
-            nix::sys::stat::mknod(
-                &dev,
-                nix::sys::stat::SFlag::S_IFCHR,
-                nix::sys::stat::Mode::from_bits_truncate(0o600),
-                nix::sys::stat::makedev(1, 3),
-            )
-            .expect("mknod");
+            mknod_char(&dev, 0o600, 1, 3);
             f.engine_extra = format!("devices = [\"{}\"]", dev.display());
             f.write_config();
             same_refusal(&f, "an unopenable device", &["engine.devices[0]", "cannot open it for reading and writing"]);

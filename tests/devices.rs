@@ -36,15 +36,7 @@ impl TestNode {
     /// answers every ioctl with ENOTTY, so the errno says which layer stopped a call.
     fn new(tag: &str) -> TestNode {
         let p = PathBuf::from(format!("/dev/sealnode-test-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        nix::sys::stat::mknod(
-            &p,
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o666),
-            nix::sys::stat::makedev(1, 7),
-        )
-        .expect("mknod the test device");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        mknod_char(&p, 0o666, 1, 7);
         TestNode(Removed(p))
     }
     fn path(&self) -> String {

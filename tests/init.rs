@@ -12,25 +12,6 @@ use std::time::Duration;
 
 use common::*;
 
-struct Real {
-    server: String,
-    model: String,
-    pycopy: String,
-    prefix: String,
-    venv: String,
-}
-
-fn real() -> Option<Real> {
-    let v = |k: &str| std::env::var(k).ok().filter(|p| Path::new(p).exists());
-    Some(Real {
-        server: v("SEALNODE_TEST_LLAMA_SERVER")?,
-        model: v("SEALNODE_TEST_MODEL")?,
-        pycopy: v("SEALNODE_TEST_PYTHON")?,
-        prefix: std::env::var("SEALNODE_TEST_PYTHON_PREFIX").ok()?,
-        venv: v("SEALNODE_TEST_VENV")?,
-    })
-}
-
 /// The checkout's policies in a root-owned tree laid out as installed (seccomp/, landlock-rules/).
 fn policy_tree(f: &Fixture) -> String {
     for (sub, ext) in [("seccomp", "json"), ("landlock-rules", "toml")] {

@@ -12,25 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-struct Real {
-    server: String,
-    model: String,
-    pycopy: String,
-    prefix: String,
-    venv: String,
-}
-
-fn real() -> Option<Real> {
-    let v = |k: &str| std::env::var(k).ok().filter(|p| std::path::Path::new(p).exists());
-    Some(Real {
-        server: v("SEALNODE_TEST_LLAMA_SERVER")?,
-        model: v("SEALNODE_TEST_MODEL")?,
-        pycopy: v("SEALNODE_TEST_PYTHON")?,
-        prefix: std::env::var("SEALNODE_TEST_PYTHON_PREFIX").ok()?,
-        venv: v("SEALNODE_TEST_VENV")?,
-    })
-}
-
 #[test]
 fn real_llama_server_and_frutebox_node_sealed_end_to_end() {
     let Some(r) = real() else {

@@ -898,3 +898,39 @@ pub fn cpu_time(pid: i32) -> std::time::Duration {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     std::time::Duration::from_millis((f[11] + f[12]) * 1000 / hz)
 }
+
+/// The real engine and node from the test cache (scripts/prepare-python, scripts/build-llama-server):
+/// llama-server, its model, the interpreter copy and the prefix it is bound at, the venv.
+pub struct Real {
+    pub server: String,
+    pub model: String,
+    pub pycopy: String,
+    pub prefix: String,
+    pub venv: String,
+}
+
+/// [`Real`], when every part of it is there (the callers record the skip).
+pub fn real() -> Option<Real> {
+    let v = |k: &str| std::env::var(k).ok().filter(|p| std::path::Path::new(p).exists());
+    Some(Real {
+        server: v("SEALNODE_TEST_LLAMA_SERVER")?,
+        model: v("SEALNODE_TEST_MODEL")?,
+        pycopy: v("SEALNODE_TEST_PYTHON")?,
+        prefix: std::env::var("SEALNODE_TEST_PYTHON_PREFIX").ok()?,
+        venv: v("SEALNODE_TEST_VENV")?,
+    })
+}
+
+/// The character device `path` (`major:minor`, `mode`), replacing one left there by an earlier
+/// run; the mode is set again after mknod (the umask narrows it).
+pub fn mknod_char(path: &Path, mode: u32, major: u64, minor: u64) {
+    let _ = std::fs::remove_file(path);
+    nix::sys::stat::mknod(
+        path,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(mode),
+        nix::sys::stat::makedev(major, minor),
+    )
+    .expect("mknod a test device");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
