@@ -36,3 +36,9 @@ pub fn clean(line: &[u8]) -> String {
     }
     s
 }
+
+/// A value in a table cell: [`clean`], and a tab too (a log line may keep one; a cell may not:
+/// it would shift the columns). `ctl status`'s table and its "what is sealed" summary.
+pub fn cell(s: &str) -> String {
+    clean(s.as_bytes()).replace('\t', "\\u{9}")
+}

@@ -266,10 +266,7 @@ pub fn planned_attempts(cfg: &Config, role: Role) -> usize {
 
 // ---- rendering: any JSON in, text out ----
 
-/// A string as shown: escaped like every line sealnode logs (crate::log::clean), tabs too.
-fn cell(s: &str) -> String {
-    crate::log::clean(s.as_bytes()).replace('\t', "\\u{9}")
-}
+use crate::escape::cell;
 
 fn text(v: &Value) -> String {
     match v {

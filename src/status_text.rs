@@ -16,9 +16,7 @@ fn shown(v: &Value) -> String {
     cell(&v.to_string())
 }
 
-fn cell(s: &str) -> String {
-    crate::log::clean(s.as_bytes()).replace('\t', "\\u{9}")
-}
+use crate::escape::cell;
 
 /// A unix time as RFC 3339 (UTC), or `?`.
 fn when(v: Option<&Value>) -> String {
