@@ -1,9 +1,13 @@
 # Sourced by the guest scripts (tests/vm/*.sh): one line per check, "ok: ..." or "FAIL: ...";
 # $failed becomes 1 once any check failed. `must` is a step the rest depends on: on failure it
 # shows the unit's status and journal and ends the script.
+# Each line ends with the seconds since the script began, so a slow step shows in the log
+# (the guest runs under software emulation: its cost is the suite's largest).
 failed=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; failed=1; }
+checks_t0=$(date +%s)
+at() { echo "[+$(($(date +%s) - checks_t0)) s]"; }
+ok() { echo "ok: $* $(at)"; }
+bad() { echo "FAIL: $* $(at)"; failed=1; }
 check() { what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
 not() { ! "$@"; }
 # Wait up to SECONDS for background PID to exit and set $code to its status; one that does not
