@@ -666,7 +666,6 @@ fn valid_env_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// Does `a` contain `b` (or equal it), path-component-wise?
 /// Whether a path inside a role lies in the layout sealnode builds itself.
 pub fn reserved_inside(inside: &Path) -> bool {
     RESERVED_INSIDE.iter().any(|r| inside == Path::new(r) || (*r != "/" && inside.starts_with(r)))
@@ -735,6 +734,7 @@ fn system_mount_point_problem(inside: &Path, src_is_dir: bool) -> Option<String>
     }
 }
 
+/// Does `a` contain `b` (or equal it), path-component-wise?
 fn contains(a: &Path, b: &Path) -> bool {
     b.starts_with(a)
 }
