@@ -751,7 +751,7 @@ pub fn load_signing(state_dir: &Path, uid: u32) -> Result<Option<SigningKey>> {
     // The key's bytes are wiped when dropped (Zeroizing; SigningKey zeroizes itself).
     let pem = zeroize::Zeroizing::new(read_key_file(&dir, KEY_FILE, &shown, uid, true)?);
     let text = std::str::from_utf8(&pem)
-        .map_err(|_| Error::io(format!("{} is not PEM", shown.display()), std::io::Error::other("not UTF-8")))?;
+        .map_err(|e| Error::io(format!("{} is not PEM", shown.display()), std::io::Error::other(e)))?;
     SigningKey::from_pkcs8_pem(text).map(Some).map_err(|e| {
         Error::io(format!("{} is not an ed25519 PKCS#8 key", shown.display()), std::io::Error::other(e.to_string()))
     })

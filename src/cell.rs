@@ -171,7 +171,7 @@ fn cell_main(
     // Confined before anything is handed out: nothing but socket creation is left to it.
     must(ctl, Step::Confine, 0, caps::drop_all());
     must(ctl, Step::Confine, 1, sys::prctl(libc::PR_SET_DUMPABLE, 0));
-    must(ctl, Step::Confine, 2, policy::landlock::deny_all(abi).map_err(|_| Errno::EPERM));
+    must(ctl, Step::Confine, 2, policy::landlock::deny_all(abi).map_err(policy::landlock::ApplyError::errno));
     // Last: the listeners and both namespaces, with an Ok frame, as one message.
     must(ctl, Step::SendListeners, 0, send_fds(ctl, Frame::Ok(fds.len() as u32), &fds));
     drop(fds);

@@ -506,8 +506,9 @@ fn block_device_numbers(device: &Path) -> std::result::Result<(u32, u32), String
                 .filter(|n| !n.is_empty() && !n.contains('/') && !n.starts_with('.'))
                 .ok_or_else(|| format!("{shown} does not exist"))?;
             let sys = Path::new("/sys/class/block").join(name).join("dev");
-            let text = std::fs::read_to_string(&sys)
-                .map_err(|_| format!("{shown} does not exist, and the kernel knows no block device {name}"))?;
+            let text = std::fs::read_to_string(&sys).map_err(|e| {
+                format!("{shown} does not exist, and the kernel knows no block device {name} ({}: {e})", sys.display())
+            })?;
             let (a, b) =
                 text.trim().split_once(':').ok_or_else(|| format!("{}: unexpected {text:?}", sys.display()))?;
             match (a.parse(), b.parse()) {

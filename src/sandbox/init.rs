@@ -26,7 +26,7 @@ fn confine(plan: &Plan, fds: ChildFds) -> Result<(), Errno> {
     // Not dumpable: the workload (same uid) cannot ptrace or read init's memory.
     sys::prctl(libc::PR_SET_DUMPABLE, 0)?;
     // Init needs no file and no network at all.
-    landlock::deny_all(plan.landlock.abi).map_err(|_| Errno::EPERM)?;
+    landlock::deny_all(plan.landlock.abi).map_err(landlock::ApplyError::errno)?;
     // pid 1 ignores signals whose disposition is SIG_DFL: install handlers, then wait for them.
     let act = SigAction::new(SigHandler::Handler(noop), SaFlags::SA_RESTART, SigSet::empty());
     for s in FORWARDED.iter().chain([Signal::SIGCHLD].iter()) {

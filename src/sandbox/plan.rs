@@ -199,7 +199,10 @@ pub fn ptr_array(strings: &[CString]) -> Vec<*const libc::c_char> {
 }
 
 fn cstr(p: impl AsRef<OsStr>) -> Result<CString> {
-    CString::new(p.as_ref().as_bytes()).map_err(|_| Error::io("path", std::io::Error::from_raw_os_error(libc::EINVAL)))
+    let p = p.as_ref();
+    CString::new(p.as_bytes()).map_err(|e| {
+        Error::io(format!("path {}", Path::new(p).display()), std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    })
 }
 
 fn under_root(inside: &Path) -> Result<CString> {

@@ -190,7 +190,9 @@ fn take_listener(init: Pid, fd: u32) -> Result<OwnedFd> {
     let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
         .map_err(|e| Error::io(format!("{what}: /proc/{init}/task/{init}/children"), e))?;
     let workload: libc::pid_t = match children.split_whitespace().collect::<Vec<_>>()[..] {
-        [one] => one.parse().map_err(|_| Error::errno(what, Errno::EPROTO))?,
+        [one] => one
+            .parse()
+            .map_err(|e| Error::errno(format!("{what}: the sandbox's init's child {one:?}: {e}"), Errno::EPROTO))?,
         _ => return Err(Error::errno(format!("{what}: the sandbox's init has not exactly one child"), Errno::EPROTO)),
     };
     let pidfd = sys::pidfd_open(workload).map_err(|e| Error::errno(format!("{what}: pidfd_open"), e))?;
