@@ -93,8 +93,10 @@ pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::P
                 None => arg.strip_prefix("-m").filter(|v| v.starts_with('/')).unwrap_or(arg),
             };
             let Some(rest) = value.strip_prefix(INSIDE_MODELS).and_then(|r| r.strip_prefix('/')) else { continue };
-            // `/models//x` is `/models/x` to the kernel (found by review: joined as is, `//x`
-            // named the host's `/x`). A `..` may leave the dir: not one the view can tell.
+            // `/models//x` is `/models/x` to the kernel: the slashes are trimmed, so `//x` is
+            // looked up beneath the model dir, never as the host's `/x` (tests/check_run.rs:
+            // model_paths_are_resolved_beneath_the_model_dir). A `..` may leave the dir: not
+            // one the view can tell.
             let rest = rest.trim_start_matches('/');
             if rest.is_empty() || rest.split('/').any(|c| c == "..") {
                 continue;

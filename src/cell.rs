@@ -521,8 +521,9 @@ impl EngineSockets {
 fn engine_socket(ctl: &OwnedFd) -> std::result::Result<OwnedFd, Errno> {
     nix::sys::socket::send(ctl.as_raw_fd(), &[1u8], MsgFlags::empty())?;
     let (payload, mut fds) = recv_with_fds(ctl.as_raw_fd(), 1)?;
-    // Exactly one fd with an Ok frame, or none with a failure: anything else is refused
-    // (found by review: extra fds were dropped silently).
+    // Exactly one fd with an Ok frame, or none with a failure: anything else (extra fds
+    // included) is refused with EIO (unit test:
+    // cell::tests::the_socket_factory_answer_is_held_to_exactly_one_fd).
     match (Frame::decode(&payload), fds.len()) {
         (Some(Frame::Ok(1)), 1) => fds.pop().ok_or(Errno::EIO),
         (Some(Frame::Failed { errno, .. }), 0) => Err(Errno::from_raw(errno)),
@@ -571,7 +572,7 @@ mod tests {
             engine_socket(&ours)
         };
         assert!(answer(Frame::Ok(1), vec![null()]).is_ok());
-        // Extra fds (found by review: the last one was taken, the rest dropped).
+        // Extra fds are refused, not some taken and the rest dropped.
         assert_eq!(answer(Frame::Ok(1), vec![null(), null()]).err(), Some(nix::errno::Errno::EIO));
         assert_eq!(answer(Frame::Ok(1), vec![]).err(), Some(nix::errno::Errno::EIO));
         assert_eq!(

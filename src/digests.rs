@@ -20,8 +20,8 @@ const CACHE_VERSION: u32 = 1;
 /// More files than this in a model dir is a config mistake (a home dir, a whole disk).
 pub const MAX_FILES: usize = 100_000;
 /// The model files' subject names together may take at most this many bytes: they go into
-/// every statement and the measurement's answer (found by review: long names of many files made
-/// an answer `run` refused while `check` passed).
+/// every statement and the measurement's answer. The walk refuses a dir beyond it, for `check`
+/// and `run` alike (unit test: digests::tests::names_beyond_their_budget_are_refused).
 pub const MAX_NAME_BYTES: usize = 8 << 20;
 /// How much is hashed between two looks at `stop`.
 const STOP_EVERY: u64 = 64 << 20;
@@ -236,8 +236,9 @@ pub fn models_with(
 }
 
 /// A model file's subject name: `model:` and its path under the model dir. A path that is not
-/// UTF-8 is named by its bytes in hex instead (`model-hex:...`): a lossy conversion could give
-/// two files one name (found by review).
+/// UTF-8 is named by its bytes in hex instead (`model-hex:...`), so no two files share a name
+/// (a lossy conversion could give them one; unit test:
+/// digests::tests::files_are_hashed_once_then_again_when_they_change).
 fn subject_name(rel: &Path) -> String {
     match rel.to_str() {
         Some(s) => format!("model:{s}"),

@@ -146,7 +146,8 @@ pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: boo
     use std::net::IpAddr;
     if let IpAddr::V6(v6) = ip {
         // An IPv6 address that carries an IPv4 one is judged as that IPv4 address too: a name
-        // must not reach 127.0.0.1 or 169.254.169.254 through a translator (found by review).
+        // does not reach 127.0.0.1 or 169.254.169.254 through a translator (unit test:
+        // egress::tests::the_deny_set).
         if let Some(v4) = embedded_ipv4(v6) {
             if let Some(why) = denied(IpAddr::V4(v4), own, allow_private) {
                 return Some(why);
@@ -413,7 +414,8 @@ pub const FDS_PER_CONNECTION: usize = 6;
 /// sockets), a reload's throwaway cell, receipts, lookups.
 pub const FD_RESERVE: usize = 256;
 /// And per route (each egress upstream, the engine hop): its listener, the preflight's host
-/// listener standing in for it, and a reload's throwaway cell's listener (found by review).
+/// listener standing in for it, and a reload's throwaway cell's listener (unit test:
+/// egress::tests::the_fd_budget_keeps_a_reserve).
 pub const FD_RESERVE_PER_ROUTE: usize = 3;
 
 /// How many connections the fd limit `nofile` leaves room for, all `routes` together.
@@ -519,8 +521,9 @@ impl Forwarder {
         self.upstreams.iter().map(|u| u.stats.active + u.parked.len()).sum()
     }
 
-    /// A refused connection: counted always, logged at most once a second (a node opening
-    /// connections in a loop must not flood the journal; found by review).
+    /// A refused connection: counted always, logged at most once a second, so a node opening
+    /// connections in a loop does not flood the journal (tests/run.rs:
+    /// the_fd_budget_bounds_forwarding_and_keeps_the_gate_working).
     fn refuse(&mut self, i: usize, why: &'static str) {
         let limit = if why == "fd budget" { self.max_total } else { self.max_per_upstream };
         let u = &mut self.upstreams[i];
@@ -764,8 +767,9 @@ impl Forwarder {
         let up = c.dirs[0].pump(&c.inner, &c.outer);
         let down = c.dirs[1].pump(&c.outer, &c.inner);
         let stats = &mut self.upstreams[c.upstream].stats;
-        // Bytes delivered count even when that direction or the other failed in the same pass
-        // (an upstream that answers and resets at once: found by the metrics test).
+        // Bytes delivered count even when that direction or the other failed in the same pass,
+        // as for an upstream that answers and closes at once (tests/operator.rs:
+        // metrics_parse_and_count_what_happened).
         let ((u, up), (d, down)) = (up, down);
         stats.bytes_up += u;
         stats.bytes_down += d;
@@ -914,7 +918,7 @@ mod tests {
             ("fc00::1", "unique local"),
             ("::ffff:127.0.0.1", "loopback"),
             ("::ffff:169.254.169.254", "link-local"),
-            // IPv4 inside IPv6 (found by review): compatible, NAT64, 6to4.
+            // IPv4 inside IPv6 is judged as that IPv4 address: compatible, NAT64, 6to4.
             ("::127.0.0.1", "loopback"),
             ("::a9fe:a9fe", "link-local"),
             ("64:ff9b::a9fe:a9fe", "link-local"),
@@ -924,7 +928,7 @@ mod tests {
             ("2002:a01:203::1", "private"),
             ("::ffff:203.0.113.7", "own addresses"),
             ("64:ff9b::cb00:7107", "own addresses"),
-            // Transition and special-purpose prefixes (found by the second review).
+            // Transition and special-purpose prefixes are refused outright.
             ("2001:0:a9fe:a9fe::80ff:fffe", "Teredo"),
             ("64:ff9b:1::7f00:1", "NAT64"),
             ("64:ff9b:1:7f00:0:100::", "NAT64"),

@@ -173,8 +173,8 @@ pub fn init(mut a: Args) -> Outcome {
     }
     // Everything init will write lies under dirs only root (or, rootless, this user) can
     // change, and everything it copies from is trusted the same way, before anything is
-    // changed (found by review: a dir of another user's on the way let root write, chown and
-    // copy through planted symlinks, before `check` refused the result).
+    // changed: another user's dir on the way refuses init, which then has written, chowned
+    // and copied nothing (tests/init.rs: init_as_root_acts_only_where_no_other_user_can_reach).
     for x in &actions {
         preflight(x, &answers, &inv).map_err(|e| Failure::setup(format!("init: {}: {e}", x.describe())))?;
     }

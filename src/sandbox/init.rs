@@ -48,7 +48,8 @@ fn wait_set() -> SigSet {
 pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
     // Hold the workload's /proc/<pid>/task for its life: a Landlock rule on /proc/self/task
     // (the GPU profile's thread names) is tied to that inode, and procfs makes a new one once
-    // an unused dentry is evicted, which would end the rule (found by review: drop_caches).
+    // an unused dentry is evicted, which would end the rule; held, the inode outlives a drop of
+    // the dentry cache (tests/devices.rs: the_engines_thread_names_survive_a_dentry_cache_drop).
     // Best effort: without it only that rule can stop matching. O_PATH: no access to it.
     let _task_dir = nix::fcntl::open(
         format!("/proc/{}/task", workload.as_raw()).as_str(),
