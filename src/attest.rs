@@ -688,7 +688,8 @@ pub fn init(state_dir: &Path, uid: u32, force: bool) -> Result<VerifyingKey> {
     crate::sys::random_bytes(&mut seed).map_err(|e| Error::errno("getrandom", e))?;
     let key = SigningKey::from_bytes(&seed);
     // PKCS#8 v1 (the private key alone): what OpenSSL and Python's cryptography load; v2,
-    // with the public key beside it, they refuse (found by review).
+    // with the public key beside it, they refuse (tests/attest.rs:
+    // statements_verify_fresh_and_every_forgery_fails_with_its_own_status).
     let pem = ed25519_dalek::pkcs8::KeypairBytes { secret_key: seed, public_key: None }
         .to_pkcs8_pem(Default::default())
         .map_err(|e| Error::io("encode the private key", std::io::Error::other(e.to_string())))?;

@@ -181,7 +181,8 @@ pub fn check(cfg: &Config) -> Result<Option<PathBuf>> {
 /// `cell.cgroup` must be the cell's own: not while the unit delegates one, not a systemd
 /// unit's or slice's cgroup, not in use, and every existing dir on the way sealnode's own (or
 /// root's) and writable by no one else: cgroup v2 lets whoever may write a common ancestor's
-/// cgroup.procs move the roles out of their leaves (found by review).
+/// cgroup.procs move the roles out of their leaves (tests/vm/limits.sh, run by tests/vm.rs:
+/// "by hand: cell.cgroup under another user's cgroup is refused").
 fn configured_ok(cfg: &Config, root: &Path) -> Result<()> {
     let bad = |why: String, fix: &str| Err(Error::config(&cfg.file, "cell.cgroup", format!("{why}; {fix}")));
     if delegated().is_some() {
@@ -365,9 +366,10 @@ fn keyed(p: &Path) -> BTreeMap<String, u64> {
 }
 
 /// A new, empty leaf: one left by an earlier run (a kill -9) is removed first, so no limit or
-/// counter of it survives (found by review: its memory.max stayed, its OOM kills were
-/// reported as this run's). A leaf still in use (a process in it or below it, a child
-/// cgroup: another run, or someone's) refuses the start.
+/// counter of it survives: not its memory.max, not its OOM kills (tests/vm/limits.sh, run by
+/// tests/vm.rs: "by hand after a kill -9: the old leaf's memory.max is gone, no false OOM
+/// report"). A leaf still in use (a process in it or below it, a child cgroup: another run,
+/// or someone's) refuses the start ("by hand: a leaf still in use refuses the next run").
 fn fresh_leaf(p: &Path) -> Result<()> {
     match std::fs::remove_dir(p) {
         Ok(()) => {}

@@ -597,7 +597,7 @@ fn every_problem_at_once_with_lines() {
     assert!(e.to_string().starts_with("4 problems:\n  "), "{e}");
 }
 
-/// Found by reading the code: a quoted key with brackets made the field's path split panic.
+/// A quoted key with brackets is named as an unknown field; splitting its path never panics.
 #[test]
 fn odd_keys_are_named_not_crashed_on() {
     for key in ["\"x[]]\"", "\"]\"", "\"[\"", "\"a.b[0]]x\"", "\"[0][1]\""] {
@@ -607,7 +607,7 @@ fn odd_keys_are_named_not_crashed_on() {
     }
 }
 
-/// Found by review: a key holding an escape sequence was printed raw.
+/// A key holding an escape sequence is shown escaped, never printed raw.
 #[test]
 fn keys_are_shown_escaped() {
     let e = parse(&with("port = 8080", "port = 8080\n\"\\u001b[2J\" = 1")).expect_err("unknown");
@@ -615,8 +615,8 @@ fn keys_are_shown_escaped() {
     assert!(!shown.contains('\u{1b}') && shown.contains("\\u{1b}[2J"), "{shown}");
 }
 
-/// Found by review: hosts the C library reads as IPv4 addresses (inet_aton's old forms) passed
-/// as DNS names, and the resolver would never have asked /etc/hosts for them.
+/// Hosts the C library reads as IPv4 addresses (inet_aton's old forms) are not DNS names: the
+/// resolver would never ask /etc/hosts for them.
 #[test]
 fn ipv4_shorthands_are_not_dns_names() {
     for h in ["127.1", "0x7f000001", "2130706433", "10.1.2"] {
