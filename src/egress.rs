@@ -543,7 +543,8 @@ impl Forwarder {
                     // Out of fds: free the spare, take the waiting connection and drop it, so
                     // the listener does not stay readable and spin the loop.
                     // accept4 says EMFILE whether or not a connection waits: with nothing
-                    // waiting (EAGAIN) this wake-up is done (found by review: it spun).
+                    // waiting (EAGAIN) this wake-up is done, never gone round again (unit test:
+                    // egress::tests::out_of_fds_with_nothing_waiting_ends_the_wake_up).
                     if self.spare.take().is_none() {
                         return;
                     }
@@ -965,5 +966,68 @@ mod tests {
         assert_eq!(fd_budget(20000, 251), (20000 - FD_RESERVE - 753) / 6);
         // Below the reserve: one connection, never zero (the node still gets its gateway).
         assert_eq!(fd_budget(100, 1), 1);
+    }
+
+    /// Out of fds with no connection waiting, a wake-up of the listener ends: accept4 answers
+    /// EMFILE whether or not one waits, so freeing the spare and trying again would go round
+    /// for ever. Run in a child: the fd limit and the exhaustion are the whole process's.
+    #[test]
+    fn out_of_fds_with_nothing_waiting_ends_the_wake_up() {
+        use super::{Forwarder, Upstream};
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        use std::time::{Duration, Instant};
+        // SAFETY: the child runs only this test's code and exits with exit_now; glibc's fork
+        // keeps malloc usable in it though the test harness has other threads.
+        match unsafe { nix::unistd::fork() }.expect("fork") {
+            nix::unistd::ForkResult::Child => {
+                let code = (|| {
+                    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+                    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+                    setrlimit(Resource::RLIMIT_NOFILE, 256.min(hard), hard).ok()?;
+                    let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+                    l.set_nonblocking(true).ok()?;
+                    let to = l.local_addr().ok()?;
+                    let epoll = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC).ok()?;
+                    let up = Upstream::new("gw.test".into(), to.port(), Some(to), false, l.into());
+                    let mut fw =
+                        Forwarder::new(vec![up], 8, Duration::from_secs(60), Duration::from_secs(5), &epoll).ok()?;
+                    fw.spare.as_ref()?;
+                    // Every fd taken: the spare is the only one the forwarder can free.
+                    let mut held = Vec::new();
+                    while let Ok(fd) = nix::fcntl::open(
+                        "/dev/null",
+                        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                        nix::sys::stat::Mode::empty(),
+                    ) {
+                        held.push(fd);
+                    }
+                    fw.accept(&epoll, 0);
+                    // Returned, with the spare taken again and nothing counted as refused.
+                    Some(fw.spare.is_some() && fw.upstreams[0].stats.refused_over_limit == 0)
+                })();
+                crate::sys::exit_now(match code {
+                    Some(true) => 0,
+                    Some(false) => 3,
+                    None => 2,
+                })
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let status = loop {
+                    match waitpid(child, Some(WaitPidFlag::WNOHANG)).expect("waitpid") {
+                        WaitStatus::StillAlive if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        WaitStatus::StillAlive => {
+                            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                            let _ = waitpid(child, None);
+                            panic!("accept went round and round at EMFILE with nothing waiting");
+                        }
+                        st => break st,
+                    }
+                };
+                assert_eq!(status, WaitStatus::Exited(child, 0), "2: the setup failed; 3: the spare or a count");
+            }
+        }
     }
 }
