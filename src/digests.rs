@@ -71,9 +71,10 @@ fn key(md: &std::fs::Metadata, sha256: String) -> Entry {
 const MAX_DEPTH: usize = 64;
 
 /// Every regular file under `dir`, opened relative to its parent's descriptor with no symlink
-/// followed at any level (found by review: opening by full path, a directory swapped for a
-/// symlink after the listing would have had the supervisor hash any file of the host). Each
-/// comes with its path under `dir`; `visit` is called in no particular order.
+/// followed at any level: a directory swapped for a symlink after the listing is skipped, so
+/// the supervisor never hashes a file outside the dir (unit test:
+/// digests::tests::a_dir_swapped_for_a_symlink_during_the_walk_is_not_followed). Each comes
+/// with its path under `dir`; `visit` is called in no particular order.
 fn walk(
     dir: &OwnedFd,
     rel: &Path,
@@ -330,6 +331,34 @@ mod tests {
         let names: std::collections::BTreeSet<&str> = d.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.len(), d.len(), "{d:?}");
         assert!(names.contains("model-hex:6dff2e67677566"), "{d:?}");
+    }
+
+    /// A dir swapped for a symlink after its parent was listed is skipped, not walked: each
+    /// entry is opened relative to its parent's descriptor, never following a symlink.
+    #[test]
+    fn a_dir_swapped_for_a_symlink_during_the_walk_is_not_followed() {
+        let t = tempfile::tempdir().expect("tmp");
+        let models = t.path().join("models");
+        for (dir, file) in [("x", "a"), ("y", "b"), ("secret", "key")] {
+            let d = if dir == "secret" { t.path().join(dir) } else { models.join(dir) };
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join(file), b"x").expect("write");
+        }
+        let root: OwnedFd = std::fs::File::open(&models).expect("open").into();
+        let (mut stats, mut count, mut seen) = (Stats::default(), 0, Vec::new());
+        walk(&root, Path::new(""), 0, &mut stats, &mut count, &mut |rel, _, _| {
+            if seen.is_empty() {
+                // The other dir, listed but not opened yet, becomes a symlink to the secret.
+                let other = if rel.starts_with("x") { "y" } else { "x" };
+                std::fs::rename(models.join(other), t.path().join("moved")).expect("rename");
+                std::os::unix::fs::symlink(t.path().join("secret"), models.join(other)).expect("symlink");
+            }
+            seen.push(rel.to_path_buf());
+            Ok(())
+        })
+        .expect("walk");
+        assert_eq!(seen.len(), 1, "the swapped dir was walked: {seen:?}");
+        assert_eq!(stats.skipped, 1, "the symlink is skipped");
     }
 
     fn models_of(m: &Path, s: &OwnedFd, p: &Path, stop: &dyn Fn() -> bool) -> (Vec<(String, String)>, Stats) {
