@@ -679,8 +679,9 @@ fn in_system_view(path: &Path) -> bool {
         return false;
     };
     // The path itself must be under a system path (bound, or a recreated symlink such as /lib
-    // -> usr/lib): a path elsewhere is not in the role's view whatever it points to (found by
-    // review). Then what it resolves to must be under a system path bound as is.
+    // -> usr/lib): a path elsewhere is not in the role's view whatever it points to (unit test:
+    // config::tests::only_a_path_under_a_system_path_is_in_the_system_view). Then what it
+    // resolves to must be under a system path bound as is.
     let bound = |s: &&&str| std::fs::symlink_metadata(s).is_ok_and(|m| !m.file_type().is_symlink());
     SYSTEM_RO.iter().any(|s| path.starts_with(s)) && SYSTEM_RO.iter().filter(bound).any(|s| real.starts_with(s))
 }

@@ -634,3 +634,18 @@ fn ipv4_shorthands_are_not_dns_names() {
     );
     assert!(parse(&ok).is_ok());
 }
+
+/// A path is in the roles' system view only when it is itself under a system path: a symlink
+/// elsewhere that leads into /usr is not there (the role would not find it at that path),
+/// while a recreated system symlink such as /lib -> usr/lib is.
+#[test]
+fn only_a_path_under_a_system_path_is_in_the_system_view() {
+    assert!(in_system_view(Path::new("/usr/bin")));
+    let t = tempfile::tempdir().expect("tmp");
+    let link = t.path().join("bin");
+    std::os::unix::fs::symlink("/usr/bin", &link).expect("symlink");
+    assert!(!in_system_view(&link), "{} leads into /usr but is not under a system path", link.display());
+    if std::fs::symlink_metadata("/lib").is_ok_and(|m| m.file_type().is_symlink()) {
+        assert!(in_system_view(Path::new("/lib")));
+    }
+}
