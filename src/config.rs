@@ -906,7 +906,8 @@ impl Config {
         let field = format!("{role}.devices_from");
         let fail = |reason: String| self.err(field.clone(), format!("{}: {reason}", d.cdi.display()));
         // 4 MiB is far above any real spec (nvidia-ctk's are tens of KiB) and bounds what the
-        // YAML parser is given (found by review: a 34 MB spec took 1.2 GB to parse).
+        // YAML parser is given, and so its memory: a larger spec is refused unparsed
+        // (tests/devices.rs: bad_cdi_specs_are_config_errors_naming_the_spec_and_entry).
         if spec.bytes.len() > 4 << 20 {
             return Err(fail(format!("{} bytes: a CDI spec is at most 4 MiB", spec.bytes.len())));
         }
