@@ -515,8 +515,9 @@ fn role_dir_as_made(m: &std::fs::Metadata, ids: Option<(u32, u32)>, path: &Path)
 
 /// An interpreter prefix init may copy: reached through dirs only root (or this user) can
 /// change, itself such a dir, and a Python install (lib/python3.*), holding no device, FIFO
-/// or socket (found by review: a venv's symlink made root copy, and open to every user, any
-/// tree it pointed into).
+/// or socket. A venv's symlink into any other tree is refused before anything is copied, so
+/// root never copies, and opens to every user, a tree it points into (tests/init.rs:
+/// init_copies_only_a_python_prefix_no_one_else_controls).
 fn trusted_prefix(prefix: &Path, inv: &Invoker) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     sealnode::trusted::check_dirs_to(prefix, inv.uid)?;
