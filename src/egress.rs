@@ -263,8 +263,9 @@ fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, OwnedFd), Er
             if nix::unistd::getppid() != parent {
                 crate::sys::exit_now(1);
             }
-            // Holds nothing of the supervisor's while it waits on the resolver: not the
-            // listeners, the connections or the cell's socket factory (found by review).
+            // Holds nothing of the supervisor's but its answer pipe while it waits on the
+            // resolver: not the listeners, the connections or the cell's socket factory
+            // (tests/egress.rs: a_hanging_resolver_never_stalls_the_supervisor).
             if crate::sys::close_all_except(&[w.as_raw_fd()]).is_err() {
                 crate::sys::exit_now(1);
             }
