@@ -1,7 +1,8 @@
 //! `sealnode init`: the config it writes passes `check` and runs the real llama-server with
 //! SmolLM2 and the real frutebox node, which registers with a stand-in gateway and answers its
 //! jobs (rootful and rootless); and its refusals (an existing config, a missing answer off a
-//! terminal). The config generation itself is unit-tested in src/init.rs.
+//! terminal, paths and interpreter prefixes another user controls), before it changes
+//! anything. The config generation itself is unit-tested in src/init.rs.
 
 mod common;
 
