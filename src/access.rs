@@ -93,8 +93,10 @@ pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::P
                 None => arg.strip_prefix("-m").filter(|v| v.starts_with('/')).unwrap_or(arg),
             };
             let Some(rest) = value.strip_prefix(INSIDE_MODELS).and_then(|r| r.strip_prefix('/')) else { continue };
-            // `/models//x` is `/models/x` to the kernel (found by review: joined as is, `//x`
-            // named the host's `/x`). A `..` may leave the dir: not one the view can tell.
+            // `/models//x` is `/models/x` to the kernel: the slashes are trimmed, so `//x` is
+            // looked up beneath the model dir, never as the host's `/x` (tests/check_run.rs:
+            // model_paths_are_resolved_beneath_the_model_dir). A `..` may leave the dir: not
+            // one the view can tell.
             let rest = rest.trim_start_matches('/');
             if rest.is_empty() || rest.split('/').any(|c| c == "..") {
                 continue;
@@ -118,8 +120,9 @@ pub struct Outcome {
     /// What the role could not open: config problems, as (field, reason).
     pub problems: Vec<(String, String)>,
     /// Why the check itself could not be made (a fork refused, a descriptor table full, a
-    /// path changed under it): a start that could not be checked, not a config problem (found
-    /// by review: reported as 125, systemd never restarted it).
+    /// path changed under it): a start that could not be checked, which the gate answers with
+    /// the restartable exit 6, not a config problem's 125 (unit test:
+    /// access::tests::a_passing_host_failure_is_not_a_config_problem).
     pub could_not: Option<String>,
 }
 
@@ -212,8 +215,8 @@ fn open_beneath(dir: &Path, rest: &str) -> Result<(), Errno> {
 }
 
 /// Rootful: a child becomes the role (no supplementary groups, its gid and uid: every
-/// capability goes with uid 0; found by review: with only the filesystem ids switched, the
-/// child kept CAP_SYS_ADMIN and the rest while it opened paths others chose) and reports each
+/// capability goes with uid 0, so it holds none while it opens paths others chose; unit test:
+/// access::tests::the_child_that_opens_as_the_role_holds_no_capability) and reports each
 /// outcome as one errno per item (0: ok). For file access that is what the sandbox's own opens
 /// see (it switches its filesystem ids to the same ones).
 fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
@@ -321,5 +324,78 @@ fn reason(job: &Job, item: &Item, e: Errno) -> String {
             e.desc(),
             bits(host)
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path that failed for a passing reason of the host (here, swapped between the plan and
+    /// the check: ESTALE) is "could not check", which the gate answers with the restartable
+    /// exit 6; a path the role cannot open (ENOENT) is a config problem, exit 125.
+    #[test]
+    fn a_passing_host_failure_is_not_a_config_problem() {
+        let t = tempfile::tempdir().expect("tmp");
+        let scratch = t.path().join("scratch");
+        std::fs::create_dir(&scratch).expect("mkdir");
+        let st = std::fs::metadata(&scratch).expect("stat");
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+        let swapped = Mount::Bind {
+            src: c(&scratch),
+            dst: c(Path::new("/scratch")),
+            dir: true,
+            attrs: 0,
+            check: Check::Identity(st.dev(), st.ino() + 1),
+            nofollow: true,
+        };
+        let job = Job {
+            role: Role::Node,
+            ids: Ids { uid: nix::unistd::geteuid().as_raw(), gid: nix::unistd::getegid().as_raw() },
+            switch: false,
+            items: vec![
+                Item { field: "node.scratch".into(), what: What::Source { mount: swapped, host: scratch.clone() } },
+                Item {
+                    field: "node.credential".into(),
+                    what: What::Read { host: t.path().join("none"), inside: PathBuf::from("/run/sealnode/credential") },
+                },
+            ],
+        };
+        let out = check(&job);
+        assert_eq!(out.problems.len(), 1, "{out:?}");
+        assert_eq!(out.problems[0].0, "node.credential", "{out:?}");
+        let why = out.could_not.expect("the swapped source is a check that could not be made");
+        assert!(why.starts_with("node.scratch: ") && why.contains("changed while it was being checked"), "{why}");
+    }
+
+    /// Rootful, the child that opens the role's paths is the role: its uid and gid, no
+    /// supplementary group and no capability left (a switch of the filesystem ids alone would
+    /// keep CAP_SYS_ADMIN and the rest).
+    #[test]
+    fn the_child_that_opens_as_the_role_holds_no_capability() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: switching to a role's ids needs root");
+            return;
+        }
+        // SAFETY: the child runs only this test's code and exits with exit_now; glibc's fork
+        // keeps malloc usable in it though the test harness has other threads.
+        match unsafe { nix::unistd::fork() }.expect("fork") {
+            nix::unistd::ForkResult::Child => {
+                let ok = become_role(Ids { uid: 61001, gid: 61001 }).is_ok()
+                    && std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+                        s.lines()
+                            .filter(|l| l.starts_with("Cap"))
+                            .all(|l| l.starts_with("CapBnd:") || l.ends_with("0000000000000000"))
+                            && s.lines()
+                                .any(|l| l.starts_with("Uid:") && l.split_whitespace().skip(1).all(|u| u == "61001"))
+                            && s.lines().any(|l| l.trim_end() == "Groups:")
+                    });
+                crate::sys::exit_now(if ok { 0 } else { 1 })
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let st = nix::sys::wait::waitpid(child, None).expect("waitpid");
+                assert_eq!(st, nix::sys::wait::WaitStatus::Exited(child, 0), "the role's child kept privileges");
+            }
+        }
     }
 }

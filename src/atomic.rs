@@ -104,8 +104,8 @@ mod tests {
     }
 
     /// A reader opening the path while receipts are being replaced sees one whole receipt every
-    /// time, never an empty or partial file. (Found by review: renaming the temp file into
-    /// place before writing it passed the test above.)
+    /// time, never an empty or partial file: the temp file is written before it is renamed into
+    /// place (an order the test above cannot tell).
     #[test]
     fn readers_never_see_a_partial_receipt() {
         let dir = tempfile::tempdir().expect("tmp");

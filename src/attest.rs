@@ -33,8 +33,9 @@ pub const PUB_FILE: &str = "ed25519.pub";
 pub const NONCE_MIN: usize = 8;
 pub const NONCE_MAX: usize = 64;
 
-/// Strict, as the Python verifier reads it: no member beyond DSSE's and `tpmQuote` (found by
-/// review: an ignored member could hold what one verifier parsed and the other could not).
+/// Strict, as the Python verifier reads it: no member beyond DSSE's and `tpmQuote`, so no
+/// member holds what one verifier parses and the other ignores (unit test:
+/// attest::tests::envelopes_and_statements_are_read_strictly).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Envelope {
@@ -379,9 +380,11 @@ pub fn parse_nonce(hex_nonce: &str) -> std::result::Result<String, String> {
     Ok(hex::encode(b))
 }
 
-/// JSON read as strictly as the Python verifier reads it (found by review: serde keeps the
-/// last of duplicate keys in a map, and takes an array for a struct): no key twice in any
-/// object, and an object at each of `objects` (JSON pointers; `*` for every member or element).
+/// JSON read as strictly as the Python verifier reads it, where serde alone would keep the
+/// last of duplicate keys in a map and take an array for a struct: no key twice in any object,
+/// and an object at each of `objects` (JSON pointers; `*` for every member or element) (unit
+/// test: attest::tests::envelopes_and_statements_are_read_strictly; both verifiers:
+/// tests/attest.rs: statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails).
 fn strict_parse<T: serde::de::DeserializeOwned>(bytes: &[u8], objects: &[&str]) -> std::result::Result<T, String> {
     use serde::de::DeserializeSeed as _;
     let mut de = serde_json::Deserializer::from_slice(bytes);
@@ -688,7 +691,8 @@ pub fn init(state_dir: &Path, uid: u32, force: bool) -> Result<VerifyingKey> {
     crate::sys::random_bytes(&mut seed).map_err(|e| Error::errno("getrandom", e))?;
     let key = SigningKey::from_bytes(&seed);
     // PKCS#8 v1 (the private key alone): what OpenSSL and Python's cryptography load; v2,
-    // with the public key beside it, they refuse (found by review).
+    // with the public key beside it, they refuse (tests/attest.rs:
+    // statements_verify_fresh_and_every_forgery_fails_with_its_own_status).
     let pem = ed25519_dalek::pkcs8::KeypairBytes { secret_key: seed, public_key: None }
         .to_pkcs8_pem(Default::default())
         .map_err(|e| Error::io("encode the private key", std::io::Error::other(e.to_string())))?;
@@ -751,7 +755,7 @@ pub fn load_signing(state_dir: &Path, uid: u32) -> Result<Option<SigningKey>> {
     // The key's bytes are wiped when dropped (Zeroizing; SigningKey zeroizes itself).
     let pem = zeroize::Zeroizing::new(read_key_file(&dir, KEY_FILE, &shown, uid, true)?);
     let text = std::str::from_utf8(&pem)
-        .map_err(|_| Error::io(format!("{} is not PEM", shown.display()), std::io::Error::other("not UTF-8")))?;
+        .map_err(|e| Error::io(format!("{} is not PEM", shown.display()), std::io::Error::other(e)))?;
     SigningKey::from_pkcs8_pem(text).map(Some).map_err(|e| {
         Error::io(format!("{} is not an ed25519 PKCS#8 key", shown.display()), std::io::Error::other(e.to_string()))
     })
@@ -929,6 +933,44 @@ mod tests {
         let start_ok = Expect { nonce: None, ..ok.clone() };
         assert!(verify(&start, &vk, &start_ok).is_ok());
         assert!(matches!(verify(&bytes, &vk, &start_ok), Err(Failure::Nonce(_))));
+    }
+
+    /// Envelopes and statements are read as strictly as the Python verifier reads them: a
+    /// member DSSE does not have, a key given twice in a map (serde would keep the last), or an
+    /// array where an object belongs (serde would take it for a struct) is malformed.
+    #[test]
+    fn envelopes_and_statements_are_read_strictly() {
+        let key = SigningKey::from_bytes(&[7u8; 32]);
+        let vk = key.verifying_key();
+        let v = serde_json::to_value(sign(&key, &sample(None, 5))).expect("json");
+        let expect = Expect { nonce: None, subjects: Vec::new(), min_generation: None, tpm_ak: None };
+        assert!(verify(v.to_string().as_bytes(), &vk, &expect).is_ok());
+        let edited = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = v.clone();
+            f(&mut v);
+            v.to_string()
+        };
+        let extra = edited(&|v| v["x"] = 1.into());
+        let array = edited(&|v| {
+            let s = v["signatures"][0].clone();
+            v["signatures"][0] = serde_json::json!([s["keyid"], s["sig"]]);
+        });
+        // A subject's digest given twice, in a statement signed as it is.
+        let body = String::from_utf8(statement_bytes(&sample(None, 5))).expect("utf-8");
+        let body = body.replacen("\"sha256\":\"", &format!("\"sha256\":\"{}\",\"sha256\":\"", "cd".repeat(32)), 1);
+        assert!(body.contains(&"cd".repeat(32)), "{body}");
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let twice = edited(&|v| {
+            v["payload"] = b64.encode(&body).into();
+            v["signatures"][0]["sig"] = b64.encode(key.sign(&pae(PAYLOAD_TYPE, body.as_bytes())).to_bytes()).into();
+        });
+        for (what, text) in [("an extra member", extra), ("a key twice", twice), ("an array for an object", array)] {
+            assert!(
+                matches!(verify(text.as_bytes(), &vk, &expect), Err(Failure::Malformed(_))),
+                "{what}: {:?}",
+                verify(text.as_bytes(), &vk, &expect).err()
+            );
+        }
     }
 
     #[test]

@@ -171,7 +171,7 @@ fn cell_main(
     // Confined before anything is handed out: nothing but socket creation is left to it.
     must(ctl, Step::Confine, 0, caps::drop_all());
     must(ctl, Step::Confine, 1, sys::prctl(libc::PR_SET_DUMPABLE, 0));
-    must(ctl, Step::Confine, 2, policy::landlock::deny_all(abi).map_err(|_| Errno::EPERM));
+    must(ctl, Step::Confine, 2, policy::landlock::deny_all(abi).map_err(policy::landlock::ApplyError::errno));
     // Last: the listeners and both namespaces, with an Ok frame, as one message.
     must(ctl, Step::SendListeners, 0, send_fds(ctl, Frame::Ok(fds.len() as u32), &fds));
     drop(fds);
@@ -521,8 +521,9 @@ impl EngineSockets {
 fn engine_socket(ctl: &OwnedFd) -> std::result::Result<OwnedFd, Errno> {
     nix::sys::socket::send(ctl.as_raw_fd(), &[1u8], MsgFlags::empty())?;
     let (payload, mut fds) = recv_with_fds(ctl.as_raw_fd(), 1)?;
-    // Exactly one fd with an Ok frame, or none with a failure: anything else is refused
-    // (found by review: extra fds were dropped silently).
+    // Exactly one fd with an Ok frame, or none with a failure: anything else (extra fds
+    // included) is refused with EIO (unit test:
+    // cell::tests::the_socket_factory_answer_is_held_to_exactly_one_fd).
     match (Frame::decode(&payload), fds.len()) {
         (Some(Frame::Ok(1)), 1) => fds.pop().ok_or(Errno::EIO),
         (Some(Frame::Failed { errno, .. }), 0) => Err(Errno::from_raw(errno)),
@@ -571,7 +572,7 @@ mod tests {
             engine_socket(&ours)
         };
         assert!(answer(Frame::Ok(1), vec![null()]).is_ok());
-        // Extra fds (found by review: the last one was taken, the rest dropped).
+        // Extra fds are refused, not some taken and the rest dropped.
         assert_eq!(answer(Frame::Ok(1), vec![null(), null()]).err(), Some(nix::errno::Errno::EIO));
         assert_eq!(answer(Frame::Ok(1), vec![]).err(), Some(nix::errno::Errno::EIO));
         assert_eq!(

@@ -134,23 +134,25 @@ fn place(cfg: &Config) -> Place {
 pub fn delegated() -> Option<PathBuf> {
     let own = own_cgroup()?;
     let here = Path::new(MOUNT).join(own.trim_start_matches('/'));
-    // Delegated to *us*: systemd chowns a unit's delegated cgroup to its User= (root's stays
-    // root's); a mark another user set on a cgroup of their own is not (found by review).
     let euid = nix::unistd::geteuid().as_raw();
-    let ours = |p: &Path| nix::sys::stat::stat(p).is_ok_and(|st| st.st_uid == euid);
-    let marked = |p: &Path| {
-        ours(p)
-            && ["user.delegate", "trusted.delegate"]
-                .iter()
-                .any(|x| crate::sys::getxattr(p, x).is_some_and(|v| v == b"1"))
-            && writable(&p.join("cgroup.subtree_control"))
-            && writable(&p.join("cgroup.procs"))
-    };
+    let marked = |p: &Path| delegated_to(p, euid);
     if marked(&here) {
         return Some(here);
     }
     let parent = here.parent()?;
     (here.file_name().is_some_and(|n| n == SUPERVISOR_LEAF) && marked(parent)).then(|| parent.to_path_buf())
+}
+
+/// Whether the cgroup dir `p` is delegated to user `euid`: marked (`user.delegate` or
+/// `trusted.delegate` is 1), its cgroup.subtree_control and cgroup.procs writable, and owned
+/// by `euid`. systemd chowns a unit's delegated cgroup to its User= (root's stays root's), so a
+/// mark another user set on a cgroup of their own is not a delegation to us (unit test:
+/// cgroup::tests::a_delegation_mark_counts_only_on_a_cgroup_of_ours).
+fn delegated_to(p: &Path, euid: u32) -> bool {
+    nix::sys::stat::stat(p).is_ok_and(|st| st.st_uid == euid)
+        && ["user.delegate", "trusted.delegate"].iter().any(|x| crate::sys::getxattr(p, x).is_some_and(|v| v == b"1"))
+        && writable(&p.join("cgroup.subtree_control"))
+        && writable(&p.join("cgroup.procs"))
 }
 
 fn read(p: &Path) -> std::io::Result<String> {
@@ -181,7 +183,8 @@ pub fn check(cfg: &Config) -> Result<Option<PathBuf>> {
 /// `cell.cgroup` must be the cell's own: not while the unit delegates one, not a systemd
 /// unit's or slice's cgroup, not in use, and every existing dir on the way sealnode's own (or
 /// root's) and writable by no one else: cgroup v2 lets whoever may write a common ancestor's
-/// cgroup.procs move the roles out of their leaves (found by review).
+/// cgroup.procs move the roles out of their leaves (tests/vm/limits.sh, run by tests/vm.rs:
+/// "by hand: cell.cgroup under another user's cgroup is refused").
 fn configured_ok(cfg: &Config, root: &Path) -> Result<()> {
     let bad = |why: String, fix: &str| Err(Error::config(&cfg.file, "cell.cgroup", format!("{why}; {fix}")));
     if delegated().is_some() {
@@ -365,9 +368,10 @@ fn keyed(p: &Path) -> BTreeMap<String, u64> {
 }
 
 /// A new, empty leaf: one left by an earlier run (a kill -9) is removed first, so no limit or
-/// counter of it survives (found by review: its memory.max stayed, its OOM kills were
-/// reported as this run's). A leaf still in use (a process in it or below it, a child
-/// cgroup: another run, or someone's) refuses the start.
+/// counter of it survives: not its memory.max, not its OOM kills (tests/vm/limits.sh, run by
+/// tests/vm.rs: "by hand after a kill -9: the old leaf's memory.max is gone, no false OOM
+/// report"). A leaf still in use (a process in it or below it, a child cgroup: another run,
+/// or someone's) refuses the start ("by hand: a leaf still in use refuses the next run").
 fn fresh_leaf(p: &Path) -> Result<()> {
     match std::fs::remove_dir(p) {
         Ok(()) => {}
@@ -506,8 +510,9 @@ fn block_device_numbers(device: &Path) -> std::result::Result<(u32, u32), String
                 .filter(|n| !n.is_empty() && !n.contains('/') && !n.starts_with('.'))
                 .ok_or_else(|| format!("{shown} does not exist"))?;
             let sys = Path::new("/sys/class/block").join(name).join("dev");
-            let text = std::fs::read_to_string(&sys)
-                .map_err(|_| format!("{shown} does not exist, and the kernel knows no block device {name}"))?;
+            let text = std::fs::read_to_string(&sys).map_err(|e| {
+                format!("{shown} does not exist, and the kernel knows no block device {name} ({}: {e})", sys.display())
+            })?;
             let (a, b) =
                 text.trim().split_once(':').ok_or_else(|| format!("{}: unexpected {text:?}", sys.display()))?;
             match (a.parse(), b.parse()) {
@@ -521,6 +526,26 @@ fn block_device_numbers(device: &Path) -> std::result::Result<(u32, u32), String
 
 #[cfg(test)]
 mod tests {
+    /// A dir laid out as a delegated cgroup (the mark, the two files writable) is ours only
+    /// when it belongs to our uid: another user's mark on their own dir delegates nothing.
+    #[test]
+    fn a_delegation_mark_counts_only_on_a_cgroup_of_ours() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().expect("tmp");
+        let p = d.path();
+        for f in ["cgroup.subtree_control", "cgroup.procs"] {
+            std::fs::write(p.join(f), "").expect("write");
+        }
+        let owner = std::fs::metadata(p).expect("stat").uid();
+        assert!(!super::delegated_to(p, owner), "no mark yet");
+        let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: valid NUL-terminated strings and a buffer of the length given.
+        let r = unsafe { libc::setxattr(path.as_ptr(), c"user.delegate".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+        assert_eq!(r, 0, "setxattr user.delegate: {}", nix::errno::Errno::last());
+        assert!(super::delegated_to(p, owner), "marked, and the owner's");
+        assert!(!super::delegated_to(p, owner.wrapping_add(1)), "marked, but by another user on their own dir");
+    }
+
     #[test]
     fn io_max_devices_are_block_devices_named_by_path_or_by_the_kernel() {
         use std::path::Path;

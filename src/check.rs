@@ -165,7 +165,8 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         });
     }
     // The denial log takes each role's seccomp listener with pidfd_getfd, which a unit's
-    // SystemCallFilter= may deny: try it on ourselves (found by review: check passed, run refused).
+    // SystemCallFilter= may deny: try it on ourselves, so check fails where the start would
+    // (tests/check_run.rs: check_tries_the_denial_logs_pidfd_getfd).
     if Role::ALL.iter().any(|r| cfg.role(*r).log_refused_syscalls) {
         let probe = crate::sys::pidfd_open(std::process::id() as i32).and_then(|p| crate::sys::pidfd_getfd(&p, 0));
         add(

@@ -666,7 +666,6 @@ fn valid_env_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// Does `a` contain `b` (or equal it), path-component-wise?
 /// Whether a path inside a role lies in the layout sealnode builds itself.
 pub fn reserved_inside(inside: &Path) -> bool {
     RESERVED_INSIDE.iter().any(|r| inside == Path::new(r) || (*r != "/" && inside.starts_with(r)))
@@ -680,15 +679,16 @@ fn in_system_view(path: &Path) -> bool {
         return false;
     };
     // The path itself must be under a system path (bound, or a recreated symlink such as /lib
-    // -> usr/lib): a path elsewhere is not in the role's view whatever it points to (found by
-    // review). Then what it resolves to must be under a system path bound as is.
+    // -> usr/lib): a path elsewhere is not in the role's view whatever it points to (unit test:
+    // config::tests::only_a_path_under_a_system_path_is_in_the_system_view). Then what it
+    // resolves to must be under a system path bound as is.
     let bound = |s: &&&str| std::fs::symlink_metadata(s).is_ok_and(|m| !m.file_type().is_symlink());
     SYSTEM_RO.iter().any(|s| path.starts_with(s)) && SYSTEM_RO.iter().filter(bound).any(|s| real.starts_with(s))
 }
 
 /// Where a driver's files live on a host: a CDI spec's mounts must come from here. Anything
-/// else (a home, /proc, /sys, sealnode's own dirs) is refused, not bound (found by review: a
-/// spec could hand the engine the node's credential or the host's /proc).
+/// else (a home, /proc, /sys, sealnode's own dirs, the node's credential) is refused, not
+/// bound (tests/devices.rs: bad_cdi_specs_are_config_errors_naming_the_spec_and_entry).
 const CDI_HOST_ROOTS: &[&str] = &["/usr", "/lib", "/lib32", "/lib64", "/opt", "/var/lib"];
 
 /// Variables a CDI spec may not set: sealnode's own base (PATH, HOME, TMPDIR, LANG), the
@@ -735,6 +735,7 @@ fn system_mount_point_problem(inside: &Path, src_is_dir: bool) -> Option<String>
     }
 }
 
+/// Does `a` contain `b` (or equal it), path-component-wise?
 fn contains(a: &Path, b: &Path) -> bool {
     b.starts_with(a)
 }
@@ -807,7 +808,8 @@ impl Config {
     }
 
     /// With `cell.tpm`, no role gets a TPM device (by `devices` or a CDI spec): with it a role
-    /// could reset PCR 23 and quote with the attestation key (found by review).
+    /// could reset PCR 23 and quote with the attestation key. `check` and `run` refuse such a
+    /// config (tests/attest.rs: with_a_tpm_no_role_gets_a_tpm_device).
     fn check_no_role_tpm(&self) -> Result<()> {
         if self.cell.tpm.is_none() {
             return Ok(());
@@ -904,7 +906,8 @@ impl Config {
         let field = format!("{role}.devices_from");
         let fail = |reason: String| self.err(field.clone(), format!("{}: {reason}", d.cdi.display()));
         // 4 MiB is far above any real spec (nvidia-ctk's are tens of KiB) and bounds what the
-        // YAML parser is given (found by review: a 34 MB spec took 1.2 GB to parse).
+        // YAML parser is given, and so its memory: a larger spec is refused unparsed
+        // (tests/devices.rs: bad_cdi_specs_are_config_errors_naming_the_spec_and_entry).
         if spec.bytes.len() > 4 << 20 {
             return Err(fail(format!("{} bytes: a CDI spec is at most 4 MiB", spec.bytes.len())));
         }
@@ -1047,7 +1050,8 @@ impl Config {
                 continue;
             }
             // Into the system view only the same file at the same path (in view, above): a spec
-            // adds files, it never replaces /usr's (found by review: libc could be shadowed).
+            // adds files, it never replaces or covers /usr's, libc included (tests/devices.rs:
+            // bad_cdi_specs_are_config_errors_naming_the_spec_and_entry).
             if let Some(sys) = SYSTEM_RO.iter().find(|s| m.inside.starts_with(s) || Path::new(s).starts_with(&m.inside))
             {
                 return Err(fail(format!(
@@ -1103,9 +1107,10 @@ impl Config {
         if let Some(t) = &self.cell.tpm {
             t.check().map_err(|(field, why)| self.err(field, why))?;
             // A software TPM's ports are the TPM: a role that can connect to them can reset
-            // PCR 23, quote with the attestation key, or evict it (found by review). Any
-            // address: 0.0.0.0, v4-mapped and the host's own addresses reach loopback too
-            // (found by the second review).
+            // PCR 23, quote with the attestation key, or evict it. So no egress may connect to
+            // them at any address: 0.0.0.0, v4-mapped and the host's own addresses reach
+            // loopback too (unit test:
+            // config::tests::a_tpm_is_a_local_device_or_a_loopback_software_tpm).
             if let Some(ports) = t.loopback_ports() {
                 for (i, e) in self.node.egress.iter().enumerate() {
                     let to = e.connect.as_deref().and_then(|c| c.parse::<std::net::SocketAddr>().ok());
@@ -1517,8 +1522,8 @@ impl Config {
 
     /// What sealnode trusts (this config, every policy file, its state and runtime dirs) may
     /// not lie in or below a directory a role can write: the role could rewrite it. Rootless,
-    /// the roles are the launcher's own uid, so the owner checks cannot catch this (found by
-    /// review: a node rewrote its own seccomp policy in its scratch before a SIGHUP).
+    /// the roles are the launcher's own uid, so the owner checks cannot catch this; this check
+    /// does, in both modes (tests/gate.rs: nothing_sealnode_trusts_may_live_in_a_role_writable_dir).
     fn check_trusted_outside_roles(&self) -> Result<()> {
         let mut trusted: Vec<(String, &Path)> = vec![
             ("(config file)".into(), self.file.as_path()),
@@ -1549,7 +1554,7 @@ impl Config {
             }
         }
         // The state dir holds the attestation key: no role may see it, through the system view
-        // (found by review: a state dir under /usr/local was readable by a rootless role) ...
+        // (tests/attest.rs: a_state_dir_in_the_system_view_is_refused) ...
         let real = std::fs::canonicalize(&self.cell.state_dir).unwrap_or_else(|_| self.cell.state_dir.clone());
         if let Some(s) = SYSTEM_RO.iter().find(|s| self.cell.state_dir.starts_with(s) || real.starts_with(s)) {
             return Err(self.err(
@@ -1650,11 +1655,10 @@ impl Config {
         Ok(ids)
     }
 
-    /// Host checks: files exist, no symlinks on role paths, ownership and modes.
     /// A role's rlimits are set inside its user namespace, where no hard limit can be raised:
-    /// each must be within this process's own hard limit (found by `sealnode init`'s author:
-    /// `check` passed nofile = 65536 under a hard limit of 20000, and the sandbox then failed
-    /// with EPERM, a preflight that "could not run", restarted by systemd for ever).
+    /// each must be within this process's own hard limit, or the sandbox would fail with EPERM
+    /// at every start; `check` and `run` both refuse it (tests/check_run.rs:
+    /// an_rlimit_above_the_launchers_hard_limit_is_refused_by_both).
     fn check_rlimits_within_the_launchers(&self) -> Result<()> {
         use nix::sys::resource::{getrlimit, Resource};
         for role in Role::ALL {
@@ -1687,6 +1691,7 @@ impl Config {
         Ok(())
     }
 
+    /// Host checks: files exist, no symlinks on role paths, ownership and modes.
     fn check_host(&self, inv: &Invoker) -> Result<()> {
         self.check_trusted_outside_roles()?;
         self.check_rlimits_within_the_launchers()?;
@@ -1913,8 +1918,9 @@ fn toml_error(file: &Path, text: &str, e: toml::de::Error, path: Option<String>)
         let at = if reason.starts_with("missing") { "in the table at line" } else { "line" };
         field.push_str(&format!(" ({at} {l})"));
     }
-    // A key is the file's text: shown escaped, as every value is (found by review: a key with
-    // an escape sequence cleared the operator's screen).
+    // A key is the file's text: shown escaped, as every value is, so a key holding an escape
+    // sequence cannot drive the operator's terminal (unit test:
+    // config::tests::keys_are_shown_escaped).
     Error::config(file, crate::escape::clean(field.as_bytes()), crate::escape::clean(reason.as_bytes()))
 }
 
@@ -1951,7 +1957,8 @@ fn url_host_port(url: &str) -> Option<(String, u32)> {
 
 /// Whether the C library reads `h` as an IPv4 address in one of inet_aton's old forms
 /// (`127.1`, `0x7f000001`, `2130706433`): the resolver then never asks /etc/hosts, and the
-/// name would bypass the cell's mapping (found by review: such hosts passed as DNS names).
+/// name would bypass the cell's mapping, so such a host is not a DNS name (unit test:
+/// config::tests::ipv4_shorthands_are_not_dns_names).
 fn inet_aton_accepts(h: &str) -> bool {
     extern "C" {
         // POSIX-less but in every libc sealnode links against (glibc, musl); the libc crate

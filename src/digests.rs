@@ -20,8 +20,8 @@ const CACHE_VERSION: u32 = 1;
 /// More files than this in a model dir is a config mistake (a home dir, a whole disk).
 pub const MAX_FILES: usize = 100_000;
 /// The model files' subject names together may take at most this many bytes: they go into
-/// every statement and the measurement's answer (found by review: long names of many files made
-/// an answer `run` refused while `check` passed).
+/// every statement and the measurement's answer. The walk refuses a dir beyond it, for `check`
+/// and `run` alike (unit test: digests::tests::names_beyond_their_budget_are_refused).
 pub const MAX_NAME_BYTES: usize = 8 << 20;
 /// How much is hashed between two looks at `stop`.
 const STOP_EVERY: u64 = 64 << 20;
@@ -71,9 +71,10 @@ fn key(md: &std::fs::Metadata, sha256: String) -> Entry {
 const MAX_DEPTH: usize = 64;
 
 /// Every regular file under `dir`, opened relative to its parent's descriptor with no symlink
-/// followed at any level (found by review: opening by full path, a directory swapped for a
-/// symlink after the listing would have had the supervisor hash any file of the host). Each
-/// comes with its path under `dir`; `visit` is called in no particular order.
+/// followed at any level: a directory swapped for a symlink after the listing is skipped, so
+/// the supervisor never hashes a file outside the dir (unit test:
+/// digests::tests::a_dir_swapped_for_a_symlink_during_the_walk_is_not_followed). Each comes
+/// with its path under `dir`; `visit` is called in no particular order.
 fn walk(
     dir: &OwnedFd,
     rel: &Path,
@@ -236,8 +237,9 @@ pub fn models_with(
 }
 
 /// A model file's subject name: `model:` and its path under the model dir. A path that is not
-/// UTF-8 is named by its bytes in hex instead (`model-hex:...`): a lossy conversion could give
-/// two files one name (found by review).
+/// UTF-8 is named by its bytes in hex instead (`model-hex:...`), so no two files share a name
+/// (a lossy conversion could give them one; unit test:
+/// digests::tests::files_are_hashed_once_then_again_when_they_change).
 fn subject_name(rel: &Path) -> String {
     match rel.to_str() {
         Some(s) => format!("model:{s}"),
@@ -329,6 +331,34 @@ mod tests {
         let names: std::collections::BTreeSet<&str> = d.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.len(), d.len(), "{d:?}");
         assert!(names.contains("model-hex:6dff2e67677566"), "{d:?}");
+    }
+
+    /// A dir swapped for a symlink after its parent was listed is skipped, not walked: each
+    /// entry is opened relative to its parent's descriptor, never following a symlink.
+    #[test]
+    fn a_dir_swapped_for_a_symlink_during_the_walk_is_not_followed() {
+        let t = tempfile::tempdir().expect("tmp");
+        let models = t.path().join("models");
+        for (dir, file) in [("x", "a"), ("y", "b"), ("secret", "key")] {
+            let d = if dir == "secret" { t.path().join(dir) } else { models.join(dir) };
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join(file), b"x").expect("write");
+        }
+        let root: OwnedFd = std::fs::File::open(&models).expect("open").into();
+        let (mut stats, mut count, mut seen) = (Stats::default(), 0, Vec::new());
+        walk(&root, Path::new(""), 0, &mut stats, &mut count, &mut |rel, _, _| {
+            if seen.is_empty() {
+                // The other dir, listed but not opened yet, becomes a symlink to the secret.
+                let other = if rel.starts_with("x") { "y" } else { "x" };
+                std::fs::rename(models.join(other), t.path().join("moved")).expect("rename");
+                std::os::unix::fs::symlink(t.path().join("secret"), models.join(other)).expect("symlink");
+            }
+            seen.push(rel.to_path_buf());
+            Ok(())
+        })
+        .expect("walk");
+        assert_eq!(seen.len(), 1, "the swapped dir was walked: {seen:?}");
+        assert_eq!(stats.skipped, 1, "the symlink is skipped");
     }
 
     fn models_of(m: &Path, s: &OwnedFd, p: &Path, stop: &dyn Fn() -> bool) -> (Vec<(String, String)>, Stats) {

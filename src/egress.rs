@@ -146,7 +146,8 @@ pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: boo
     use std::net::IpAddr;
     if let IpAddr::V6(v6) = ip {
         // An IPv6 address that carries an IPv4 one is judged as that IPv4 address too: a name
-        // must not reach 127.0.0.1 or 169.254.169.254 through a translator (found by review).
+        // does not reach 127.0.0.1 or 169.254.169.254 through a translator (unit test:
+        // egress::tests::the_deny_set).
         if let Some(v4) = embedded_ipv4(v6) {
             if let Some(why) = denied(IpAddr::V4(v4), own, allow_private) {
                 return Some(why);
@@ -262,8 +263,9 @@ fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, OwnedFd), Er
             if nix::unistd::getppid() != parent {
                 crate::sys::exit_now(1);
             }
-            // Holds nothing of the supervisor's while it waits on the resolver: not the
-            // listeners, the connections or the cell's socket factory (found by review).
+            // Holds nothing of the supervisor's but its answer pipe while it waits on the
+            // resolver: not the listeners, the connections or the cell's socket factory
+            // (tests/egress.rs: a_hanging_resolver_never_stalls_the_supervisor).
             if crate::sys::close_all_except(&[w.as_raw_fd()]).is_err() {
                 crate::sys::exit_now(1);
             }
@@ -413,7 +415,8 @@ pub const FDS_PER_CONNECTION: usize = 6;
 /// sockets), a reload's throwaway cell, receipts, lookups.
 pub const FD_RESERVE: usize = 256;
 /// And per route (each egress upstream, the engine hop): its listener, the preflight's host
-/// listener standing in for it, and a reload's throwaway cell's listener (found by review).
+/// listener standing in for it, and a reload's throwaway cell's listener (unit test:
+/// egress::tests::the_fd_budget_keeps_a_reserve).
 pub const FD_RESERVE_PER_ROUTE: usize = 3;
 
 /// How many connections the fd limit `nofile` leaves room for, all `routes` together.
@@ -519,8 +522,9 @@ impl Forwarder {
         self.upstreams.iter().map(|u| u.stats.active + u.parked.len()).sum()
     }
 
-    /// A refused connection: counted always, logged at most once a second (a node opening
-    /// connections in a loop must not flood the journal; found by review).
+    /// A refused connection: counted always, logged at most once a second, so a node opening
+    /// connections in a loop does not flood the journal (tests/run.rs:
+    /// the_fd_budget_bounds_forwarding_and_keeps_the_gate_working).
     fn refuse(&mut self, i: usize, why: &'static str) {
         let limit = if why == "fd budget" { self.max_total } else { self.max_per_upstream };
         let u = &mut self.upstreams[i];
@@ -540,7 +544,8 @@ impl Forwarder {
                     // Out of fds: free the spare, take the waiting connection and drop it, so
                     // the listener does not stay readable and spin the loop.
                     // accept4 says EMFILE whether or not a connection waits: with nothing
-                    // waiting (EAGAIN) this wake-up is done (found by review: it spun).
+                    // waiting (EAGAIN) this wake-up is done, never gone round again (unit test:
+                    // egress::tests::out_of_fds_with_nothing_waiting_ends_the_wake_up).
                     if self.spare.take().is_none() {
                         return;
                     }
@@ -764,8 +769,9 @@ impl Forwarder {
         let up = c.dirs[0].pump(&c.inner, &c.outer);
         let down = c.dirs[1].pump(&c.outer, &c.inner);
         let stats = &mut self.upstreams[c.upstream].stats;
-        // Bytes delivered count even when that direction or the other failed in the same pass
-        // (an upstream that answers and resets at once: found by the metrics test).
+        // Bytes delivered count even when that direction or the other failed in the same pass,
+        // as for an upstream that answers and closes at once (tests/operator.rs:
+        // metrics_parse_and_count_what_happened).
         let ((u, up), (d, down)) = (up, down);
         stats.bytes_up += u;
         stats.bytes_down += d;
@@ -914,7 +920,7 @@ mod tests {
             ("fc00::1", "unique local"),
             ("::ffff:127.0.0.1", "loopback"),
             ("::ffff:169.254.169.254", "link-local"),
-            // IPv4 inside IPv6 (found by review): compatible, NAT64, 6to4.
+            // IPv4 inside IPv6 is judged as that IPv4 address: compatible, NAT64, 6to4.
             ("::127.0.0.1", "loopback"),
             ("::a9fe:a9fe", "link-local"),
             ("64:ff9b::a9fe:a9fe", "link-local"),
@@ -924,7 +930,7 @@ mod tests {
             ("2002:a01:203::1", "private"),
             ("::ffff:203.0.113.7", "own addresses"),
             ("64:ff9b::cb00:7107", "own addresses"),
-            // Transition and special-purpose prefixes (found by the second review).
+            // Transition and special-purpose prefixes are refused outright.
             ("2001:0:a9fe:a9fe::80ff:fffe", "Teredo"),
             ("64:ff9b:1::7f00:1", "NAT64"),
             ("64:ff9b:1:7f00:0:100::", "NAT64"),
@@ -961,5 +967,68 @@ mod tests {
         assert_eq!(fd_budget(20000, 251), (20000 - FD_RESERVE - 753) / 6);
         // Below the reserve: one connection, never zero (the node still gets its gateway).
         assert_eq!(fd_budget(100, 1), 1);
+    }
+
+    /// Out of fds with no connection waiting, a wake-up of the listener ends: accept4 answers
+    /// EMFILE whether or not one waits, so freeing the spare and trying again would go round
+    /// for ever. Run in a child: the fd limit and the exhaustion are the whole process's.
+    #[test]
+    fn out_of_fds_with_nothing_waiting_ends_the_wake_up() {
+        use super::{Forwarder, Upstream};
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        use std::time::{Duration, Instant};
+        // SAFETY: the child runs only this test's code and exits with exit_now; glibc's fork
+        // keeps malloc usable in it though the test harness has other threads.
+        match unsafe { nix::unistd::fork() }.expect("fork") {
+            nix::unistd::ForkResult::Child => {
+                let code = (|| {
+                    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+                    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+                    setrlimit(Resource::RLIMIT_NOFILE, 256.min(hard), hard).ok()?;
+                    let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+                    l.set_nonblocking(true).ok()?;
+                    let to = l.local_addr().ok()?;
+                    let epoll = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC).ok()?;
+                    let up = Upstream::new("gw.test".into(), to.port(), Some(to), false, l.into());
+                    let mut fw =
+                        Forwarder::new(vec![up], 8, Duration::from_secs(60), Duration::from_secs(5), &epoll).ok()?;
+                    fw.spare.as_ref()?;
+                    // Every fd taken: the spare is the only one the forwarder can free.
+                    let mut held = Vec::new();
+                    while let Ok(fd) = nix::fcntl::open(
+                        "/dev/null",
+                        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                        nix::sys::stat::Mode::empty(),
+                    ) {
+                        held.push(fd);
+                    }
+                    fw.accept(&epoll, 0);
+                    // Returned, with the spare taken again and nothing counted as refused.
+                    Some(fw.spare.is_some() && fw.upstreams[0].stats.refused_over_limit == 0)
+                })();
+                crate::sys::exit_now(match code {
+                    Some(true) => 0,
+                    Some(false) => 3,
+                    None => 2,
+                })
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let status = loop {
+                    match waitpid(child, Some(WaitPidFlag::WNOHANG)).expect("waitpid") {
+                        WaitStatus::StillAlive if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        WaitStatus::StillAlive => {
+                            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                            let _ = waitpid(child, None);
+                            panic!("accept went round and round at EMFILE with nothing waiting");
+                        }
+                        st => break st,
+                    }
+                };
+                assert_eq!(status, WaitStatus::Exited(child, 0), "2: the setup failed; 3: the spare or a count");
+            }
+        }
     }
 }

@@ -29,8 +29,8 @@ pub const ATTEST_MISMATCH: i32 = 12;
 pub const ATTEST_MALFORMED: i32 = 13;
 /// verify-attestation: the TPM quote is missing or does not bind the statement (`--tpm-ak`).
 pub const ATTEST_TPM: i32 = 14;
-/// A config, policy or setup error: nothing was started. Same value as
-/// [`crate::sandbox::SETUP_FAILED`], which the sandbox's own child reports.
+/// A config, policy or setup error: nothing was started. Also the status a sandbox's own
+/// child exits with when a setup step fails (`sandbox::protocol::fail`), as hakoniwa's do.
 pub const CONFIG: i32 = 125;
 
 /// One row: the status, the commands it applies to (`*`: every command), what it means.

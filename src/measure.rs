@@ -328,8 +328,9 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
     if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
         return Err(bad(format!("{shown} changed while it was opened")));
     }
-    // The copy is granted from the mode bits alone: an ACL's grants and denials would be lost
-    // in it (found by review: a role an ACL denied ran the copy).
+    // The copy is granted from the mode bits alone, so a program with an ACL is refused: the
+    // copy would lose what the ACL grants or denies (unit test:
+    // measure::tests::a_program_with_an_acl_is_refused).
     match crate::sys::has_access_acl(fd.as_fd()) {
         Ok(false) => {}
         Ok(true) => {

@@ -140,8 +140,8 @@ pub fn render(v: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    /// Found by the control_reply fuzzer: a tab in a value (a role's name here) passed the log
-    /// escaping, which keeps tabs, and shifted the table's columns.
+    /// A tab in a value (a role's name here) is escaped in the table: the log escaping keeps
+    /// tabs, and a raw one would shift the table's columns.
     #[test]
     fn a_tab_in_a_value_is_escaped_in_the_table() {
         let v = serde_json::json!({"ok": true, "roles": [{"role": "no\tde", "state": "running\t1"}],

@@ -52,7 +52,8 @@ pub fn openat2(dirfd: RawFd, path: &CStr, flags: u64, resolve: u64) -> Result<Ra
 /// allocation (the child calls it before exec).
 pub fn walk_no_symlinks(path: &CStr) -> Result<RawFd, Errno> {
     let bytes = path.to_bytes();
-    // What the kernel's own lookup refuses, refused the same way (found by review).
+    // What the kernel's own lookup refuses, refused with the same errno (unit test:
+    // sys::tests::the_walk_refuses_symlinks_like_openat2).
     if bytes.is_empty() {
         return Err(Errno::ENOENT);
     }
@@ -686,8 +687,7 @@ mod tests {
             let opened = super::open_path_no_symlinks_c(&c(p)).expect(p);
             assert_eq!(ino(walked), ino(opened), "{p}");
         }
-        // The kernel's own rules (found by review): a trailing slash wants a directory, an
-        // empty path is nothing.
+        // The kernel's own rules: a trailing slash wants a directory, an empty path is nothing.
         for p in ["a/f/", "a/f/."] {
             assert_eq!(super::walk_no_symlinks(&c(p)), Err(nix::errno::Errno::ENOTDIR), "{p}");
             assert_eq!(super::open_path_no_symlinks_c(&c(p)), Err(nix::errno::Errno::ENOTDIR), "{p}");

@@ -506,8 +506,9 @@ impl Tools {
 
     /// A tool exited (`ok`: with status 0; `how`: its status, for the message): its stdout,
     /// or why it failed with the last of its stderr. The TPM refusing the key's authorization
-    /// or being in lockout is not worth another try: each try would raise its
-    /// dictionary-attack counter (found by review: three tries locked the TPM out).
+    /// or being in lockout is never tried again: each try would raise its dictionary-attack
+    /// counter towards lockout (tests/attest.rs:
+    /// statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails).
     fn finish(&self, s: Spawned, ok: bool, how: &str) -> Result<Vec<u8>, ToolError> {
         let read = |mut f: &std::fs::File| {
             use std::io::{Read, Seek};

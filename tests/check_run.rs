@@ -305,3 +305,40 @@ fn an_rlimit_above_the_launchers_hard_limit_is_refused_by_both() {
         same_refusal(&f, "nofile above the hard limit", &["engine.rlimits.nofile", "above sealnode's own hard limit"]);
     }
 }
+
+/// With a role's `log_refused_syscalls`, `check` tries pidfd_getfd (what the denial log takes
+/// each role's seccomp listener with) on itself: under a seccomp filter that denies it, as a
+/// unit's SystemCallFilter= may, check refuses the config as `run` would, naming the drop-in.
+#[test]
+fn check_tries_the_denial_logs_pidfd_getfd() {
+    use std::os::unix::process::CommandExt;
+    for mode in modes() {
+        let mut f = fixture(mode, "cr-pidfd");
+        f.engine_extra = "log_refused_syscalls = true".into();
+        f.write_config();
+        let (code, out) = check_verdict(&f);
+        assert_eq!(code, Some(0), "{mode:?}: {out}");
+        assert!(out.contains("pidfd_getfd allowed"), "{mode:?}: {out}");
+        let rules = [(libc::SYS_pidfd_getfd, vec![])].into_iter().collect();
+        let arch = std::env::consts::ARCH.try_into().expect("arch");
+        let filter = seccompiler::SeccompFilter::new(
+            rules,
+            seccompiler::SeccompAction::Allow,
+            seccompiler::SeccompAction::Errno(libc::EPERM as u32),
+            arch,
+        )
+        .expect("filter");
+        let bpf: seccompiler::BpfProgram = filter.try_into().expect("bpf");
+        let cfg = f.config.display().to_string();
+        let mut cmd = f.command(&["check", "--config", &cfg]);
+        // SAFETY: between fork and exec only prctl and seccomp run; only a failure (which
+        // fails the test) allocates its message.
+        unsafe {
+            cmd.pre_exec(move || seccompiler::apply_filter(&bpf).map_err(|e| std::io::Error::other(e.to_string())));
+        }
+        let o = cmd.output_within(COMMAND_LIMIT);
+        let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{mode:?}: {out}");
+        assert!(out.contains("pidfd_getfd refused") && out.contains("SystemCallFilter=pidfd_getfd"), "{mode:?}: {out}");
+    }
+}

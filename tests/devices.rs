@@ -392,6 +392,8 @@ fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
             None,
             "cdiVersion: \"7.0.0\" is not a CDI version",
         ),
+        // Valid YAML, but over 4 MiB: refused before the parser is given it.
+        (format!("{good}# {}\n", "x".repeat(4 << 20)), None, "bytes: a CDI spec is at most 4 MiB"),
         (
             good.replace("  - CDI_TEST=from-spec", "  - HTTPS_PROXY=http://p:1"),
             None,

@@ -117,9 +117,36 @@ fn cell(mode: Mode, name: &str, node_sh: &str, egress: &str) -> Fixture {
     f
 }
 
+/// What `pid`'s fds above stdio are (`pipe:[N]`, `socket:[N]`, a path).
+fn fd_targets(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).is_some_and(|n| n > 2))
+                .map(|e| std::fs::read_link(e.path()).map(|l| l.display().to_string()).unwrap_or_default())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `pid`'s children in its own pid namespace (the cell's init, the lookup helpers; the roles'
+/// inits are in namespaces of their own), each with what it holds of `pid`'s fds.
+fn children_holding(pid: u32) -> Vec<(u32, Vec<String>)> {
+    let ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let theirs = fd_targets(pid);
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .filter(|c| ns(*c).is_some() && ns(*c) == ns(pid))
+        .map(|c| (c, fd_targets(c).into_iter().filter(|t| theirs.contains(t)).collect()))
+        .collect()
+}
+
 /// A resolver that never answers: the node's connections wait (then fail after the lookup
 /// timeout), while the supervisor keeps answering the control socket at once and stops on
-/// SIGTERM within the grace period.
+/// SIGTERM within the grace period. The lookup's helper process holds its answer pipe and
+/// nothing else of the supervisor's (no listener, connection or socket factory) while it waits.
 #[test]
 fn a_hanging_resolver_never_stalls_the_supervisor() {
     if !is_root() {
@@ -136,6 +163,15 @@ fn a_hanging_resolver_never_stalls_the_supervisor() {
         let c = start(&f, "nameserver 127.0.0.77\noptions timeout:30 attempts:1\n", "127.0.0.1 localhost\n");
         c.out_line(|l| l == "node-up", 60);
         c.err_has("egress name lookup started", 30);
+        // Of the supervisor's fds, each child in its pid namespace (the cell's init, the
+        // lookup's helper) holds one pipe, whose other end the supervisor reads; what the
+        // resolver opens in the helper is its own.
+        let mut seen = Vec::new();
+        let only_a_pipe = wait_until(Duration::from_secs(3), || {
+            seen = children_holding(c.child.id());
+            !seen.is_empty() && seen.iter().all(|(_, held)| held.len() == 1 && held[0].starts_with("pipe:"))
+        });
+        assert!(only_a_pipe, "{mode:?}: a child holds more of the supervisor's fds than its pipe: {seen:?}");
         // The lookup hangs: the loop answers anyway, at once. (Rootful the test's root is
         // allowed; rootless the refusal is the loop's answer just the same.)
         for _ in 0..5 {
@@ -147,6 +183,11 @@ fn a_hanging_resolver_never_stalls_the_supervisor() {
         }
         c.err_has("egress name lookup failed", 30);
         assert!(c.err.lock().expect("lock").contains("timed out after 5 s"), "{mode:?}");
+        // The lookup's helper was among the children checked: it is gone with the lookup.
+        assert!(
+            seen.iter().any(|(p, _)| !std::path::Path::new(&format!("/proc/{p}")).exists()),
+            "{mode:?}: none of {seen:?} was the lookup's helper"
+        );
         let (code, secs, err) = c.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert!(secs < 5.0, "{mode:?}: stop took {secs:.1}s with a hanging resolver");

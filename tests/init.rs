@@ -1,7 +1,8 @@
 //! `sealnode init`: the config it writes passes `check` and runs the real llama-server with
 //! SmolLM2 and the real frutebox node, which registers with a stand-in gateway and answers its
 //! jobs (rootful and rootless); and its refusals (an existing config, a missing answer off a
-//! terminal). The config generation itself is unit-tested in src/init.rs.
+//! terminal, paths and interpreter prefixes another user controls), before it changes
+//! anything. The config generation itself is unit-tested in src/init.rs.
 
 mod common;
 
@@ -301,4 +302,66 @@ fn init_as_root_acts_only_where_no_other_user_can_reach() {
     assert!(err.contains("init does not take over a dir"), "{err}");
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(ours.join("s5/engine")).expect("stat").uid(), 1000);
+}
+
+/// Root copies an interpreter's prefix (for roles that cannot search it) only when it is a
+/// Python install (lib/python3.*) in dirs only root can change, with no device, FIFO or socket
+/// in it: a venv whose bin/python leads anywhere else is refused, and nothing is copied.
+#[test]
+fn init_copies_only_a_python_prefix_no_one_else_controls() {
+    if !is_root() {
+        return unavailable("rootful", "the test plays root against a prefix another user owns");
+    }
+    let dir = tempfile::Builder::new().prefix("sealnode-init-prefix-").tempdir_in("/var/tmp").expect("tmp");
+    let d = dir.path();
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let s = |p: &Path| p.display().to_string();
+    std::fs::create_dir(d.join("models")).expect("mkdir");
+    std::fs::write(d.join("models/tiny.gguf"), "x").expect("model");
+    // Under root's 0700 dir: the roles cannot search it, so init plans a copy.
+    let hidden = d.join("hidden");
+    std::fs::create_dir(&hidden).expect("mkdir");
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let prefix = |name: &str, python: bool| {
+        let p = hidden.join(name);
+        std::fs::create_dir_all(p.join("bin")).expect("mkdir");
+        std::fs::write(p.join("bin/python3"), "not run\n").expect("python3");
+        if python {
+            std::fs::create_dir_all(p.join("lib/python3.12")).expect("mkdir");
+        }
+        std::fs::write(p.join("secret"), "ROOT ONLY\n").expect("secret");
+        p
+    };
+    let not_python = prefix("not-python", false);
+    let theirs = prefix("theirs", true);
+    let st = Command::new("chown").args(["-hR", "1000:1000"]).arg(&theirs).status().expect("chown");
+    assert!(st.success());
+    let with_fifo = prefix("with-fifo", true);
+    nix::unistd::mkfifo(&with_fifo.join("lib/python3.12/fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644))
+        .expect("mkfifo");
+    for (what, p, want) in [
+        ("not a Python install", &not_python, "not a Python install"),
+        ("another user's prefix", &theirs, "not a dir of root's (or yours) that no one else can write"),
+        ("a prefix with a FIFO", &with_fifo, "holds a device, FIFO or socket"),
+    ] {
+        let venv = d.join("venv");
+        let _ = std::fs::remove_dir_all(&venv);
+        std::fs::create_dir_all(venv.join("bin")).expect("mkdir");
+        std::fs::write(venv.join("pyvenv.cfg"), format!("home = {}\n", s(&p.join("bin")))).expect("cfg");
+        std::os::unix::fs::symlink(p.join("bin/python3"), venv.join("bin/python")).expect("symlink");
+        let o = Command::new(env!("CARGO_BIN_EXE_sealnode"))
+            .args(["init", "--engine", "/usr/bin/true", "--engine-kind", "llama-server", "--engine-port", "8099"])
+            .args(["--model", &s(&d.join("models/tiny.gguf")), "--gateway-url", "wss://gw.example/provider/ws"])
+            .args(["--state-dir", &s(&d.join("state")), "--runtime-dir", &s(&d.join("run")), "--yes"])
+            .args(["--venv", &s(&venv), "--python-copy", &s(&d.join("pycopy"))])
+            .args(["--config", &s(&d.join("c/sealnode.toml"))])
+            .stdin(Stdio::null())
+            .output_within(COMMAND_LIMIT);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{what}: {err}{}", String::from_utf8_lossy(&o.stdout));
+        assert!(err.contains("copy the interpreter") && err.contains(want), "{what}: {err}");
+        for made in ["pycopy", "c", "state", "run"] {
+            assert!(!d.join(made).exists(), "{what}: init made {made}");
+        }
+    }
 }

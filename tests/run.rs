@@ -1154,3 +1154,87 @@ fn each_role_has_its_own_network() {
         assert_eq!(totals[0]["accepted"], "1", "{ctx}: {err}");
     }
 }
+
+/// `run` blocks the signals it handles from its first instruction: a SIGTERM that arrives
+/// while the config loads is not lost and does not kill sealnode half-way; the supervisor takes
+/// it from its signalfd and stops the cell cleanly (exit 0). The window is held open: sealnode
+/// runs in a mount namespace whose /etc/passwd is a file the test holds a write lease on, and
+/// the config names the role users, so loading it waits in the user lookup's open until the
+/// test, having sent the signal, gives the lease up.
+#[test]
+fn a_sigterm_while_the_config_loads_stops_the_cell_cleanly() {
+    use std::os::unix::process::ExitStatusExt;
+    if !is_root() {
+        return unavailable("rootful", "the test replaces /etc/passwd in a mount namespace (root)");
+    }
+    if !modes().contains(&Mode::Rootful) {
+        return;
+    }
+    let f = cell(Mode::Rootful, "sigload", HTTPD, "echo node-up; exec sleep 1000", "", "", "");
+    let ids = format!("engine = \"{}:{}\", node = \"{}:{}\"", ENGINE_IDS.0, ENGINE_IDS.1, NODE_IDS.0, NODE_IDS.1);
+    let text = std::fs::read_to_string(&f.config).expect("config");
+    assert!(text.contains(&ids), "{text}");
+    std::fs::write(&f.config, text.replace(&ids, "engine = \"sn-test-engine\", node = \"sn-test-node\""))
+        .expect("write");
+    let passwd = f.p("passwd");
+    std::fs::write(
+        &passwd,
+        format!(
+            "root:x:0:0:root:/root:/bin/sh\nsn-test-engine:x:{}:{}::/:/usr/sbin/nologin\nsn-test-node:x:{}:{}::/:/usr/sbin/nologin\n",
+            ENGINE_IDS.0, ENGINE_IDS.1, NODE_IDS.0, NODE_IDS.1
+        ),
+    )
+    .expect("passwd");
+    // A write lease: whoever opens the file waits until the test gives it up. The break is
+    // signalled to the test with SIGURG, which it ignores by default.
+    let lease = std::fs::OpenOptions::new().read(true).write(true).open(&passwd).expect("open passwd");
+    let fd = lease.as_raw_fd();
+    const F_SETSIG: libc::c_int = 10; // <fcntl.h>; the libc crate does not export it
+                                      // SAFETY: fcntl on a descriptor this test owns, with integer arguments.
+    let set = unsafe { (libc::fcntl(fd, F_SETSIG, libc::SIGURG), libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK)) };
+    assert_eq!(set, (0, 0), "F_SETSIG, F_SETLEASE: {}", std::io::Error::last_os_error());
+    let cfg = f.config.display().to_string();
+    let inner = f.command(&["run", "--config", &cfg]);
+    let mut child = std::process::Command::new("/usr/bin/unshare")
+        .args(["-m", "--propagation", "private", "--", "/bin/sh", "-c"])
+        .arg("mount --bind \"$1\" /etc/passwd && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(&passwd)
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .current_dir(&f.dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let err = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (pipe, e2) = (child.stderr.take().expect("stderr"), err.clone());
+    std::thread::spawn(move || {
+        for l in BufReader::new(pipe).lines().map_while(Result::ok) {
+            e2.lock().expect("lock").push_str(&format!("{l}\n"));
+        }
+    });
+    // sealnode itself (exec'd by then), waiting for the lease in its first user lookup.
+    let pid = child.id();
+    let waiting = || {
+        std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e.file_name() == f.bin.file_name())
+            && std::fs::read_to_string(format!("/proc/{pid}/wchan")).is_ok_and(|w| w.contains("break_lease"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), waiting),
+        "sealnode never opened /etc/passwd: {}",
+        err.lock().expect("lock")
+    );
+    kill(Pid::from_raw(pid as i32), Signal::SIGTERM).expect("sigterm");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(matches!(child.try_wait(), Ok(None)), "sealnode ended at the SIGTERM: {}", err.lock().expect("lock"));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) }, 0, "{}", std::io::Error::last_os_error());
+    let st = wait_within(&mut child, Duration::from_secs(90), "sealnode run after an early SIGTERM");
+    std::thread::sleep(Duration::from_millis(100));
+    let err = err.lock().expect("lock").clone();
+    assert_eq!(st.signal(), None, "sealnode was killed by signal {:?} while it loaded the config:\n{err}", st.signal());
+    assert_eq!(st.code(), Some(0), "{err}");
+    drop(lease);
+}

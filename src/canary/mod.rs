@@ -501,7 +501,8 @@ pub fn targets(cfg: &Config) -> Result<Targets> {
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("canary: host listener", e))?;
     let port = tcp.local_addr().map_err(|e| Error::io("canary: host listener", e))?.port();
     // Unpredictable: abstract names are shared by every user of the host's network namespace,
-    // and a squatted name must not stop a preflight (found by review: it was the pid).
+    // so another user cannot take the name first and stop the preflight (tests/gate.rs:
+    // a_squatted_canary_name_does_not_stop_the_cell).
     let r = crate::sys::random_u64().map_err(|e| Error::errno("canary: getrandom", e))?;
     let name = format!("sealnode-canary-{r:016x}");
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())

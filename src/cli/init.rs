@@ -173,8 +173,8 @@ pub fn init(mut a: Args) -> Outcome {
     }
     // Everything init will write lies under dirs only root (or, rootless, this user) can
     // change, and everything it copies from is trusted the same way, before anything is
-    // changed (found by review: a dir of another user's on the way let root write, chown and
-    // copy through planted symlinks, before `check` refused the result).
+    // changed: another user's dir on the way refuses init, which then has written, chowned
+    // and copied nothing (tests/init.rs: init_as_root_acts_only_where_no_other_user_can_reach).
     for x in &actions {
         preflight(x, &answers, &inv).map_err(|e| Failure::setup(format!("init: {}: {e}", x.describe())))?;
     }
@@ -515,8 +515,9 @@ fn role_dir_as_made(m: &std::fs::Metadata, ids: Option<(u32, u32)>, path: &Path)
 
 /// An interpreter prefix init may copy: reached through dirs only root (or this user) can
 /// change, itself such a dir, and a Python install (lib/python3.*), holding no device, FIFO
-/// or socket (found by review: a venv's symlink made root copy, and open to every user, any
-/// tree it pointed into).
+/// or socket. A venv's symlink into any other tree is refused before anything is copied, so
+/// root never copies, and opens to every user, a tree it points into (tests/init.rs:
+/// init_copies_only_a_python_prefix_no_one_else_controls).
 fn trusted_prefix(prefix: &Path, inv: &Invoker) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     sealnode::trusted::check_dirs_to(prefix, inv.uid)?;

@@ -15,8 +15,6 @@ pub mod seccomp_bpf;
 
 use std::process::ExitCode;
 
-pub use sealnode::sandbox::SETUP_FAILED;
-
 /// A subcommand that could not do its job: the message (printed as `sealnode: …`) and the exit
 /// status it means.
 #[derive(Debug)]
@@ -28,7 +26,7 @@ pub struct Failure {
 impl Failure {
     /// A config, policy or setup error: nothing was started (125).
     pub fn setup(e: impl std::fmt::Display) -> Failure {
-        Failure { message: e.to_string(), code: SETUP_FAILED }
+        Failure { message: e.to_string(), code: sealnode::exit::CONFIG }
     }
     /// Any other failure of the subcommand (1).
     pub fn general(e: impl std::fmt::Display) -> Failure {

@@ -597,7 +597,7 @@ fn every_problem_at_once_with_lines() {
     assert!(e.to_string().starts_with("4 problems:\n  "), "{e}");
 }
 
-/// Found by reading the code: a quoted key with brackets made the field's path split panic.
+/// A quoted key with brackets is named as an unknown field; splitting its path never panics.
 #[test]
 fn odd_keys_are_named_not_crashed_on() {
     for key in ["\"x[]]\"", "\"]\"", "\"[\"", "\"a.b[0]]x\"", "\"[0][1]\""] {
@@ -607,7 +607,7 @@ fn odd_keys_are_named_not_crashed_on() {
     }
 }
 
-/// Found by review: a key holding an escape sequence was printed raw.
+/// A key holding an escape sequence is shown escaped, never printed raw.
 #[test]
 fn keys_are_shown_escaped() {
     let e = parse(&with("port = 8080", "port = 8080\n\"\\u001b[2J\" = 1")).expect_err("unknown");
@@ -615,8 +615,8 @@ fn keys_are_shown_escaped() {
     assert!(!shown.contains('\u{1b}') && shown.contains("\\u{1b}[2J"), "{shown}");
 }
 
-/// Found by review: hosts the C library reads as IPv4 addresses (inet_aton's old forms) passed
-/// as DNS names, and the resolver would never have asked /etc/hosts for them.
+/// Hosts the C library reads as IPv4 addresses (inet_aton's old forms) are not DNS names: the
+/// resolver would never ask /etc/hosts for them.
 #[test]
 fn ipv4_shorthands_are_not_dns_names() {
     for h in ["127.1", "0x7f000001", "2130706433", "10.1.2"] {
@@ -633,4 +633,19 @@ fn ipv4_shorthands_are_not_dns_names() {
         "ro_binds = [{ src = \"/opt/venv\" }]\negress = [{ host = \"gw1.example\", port = 443 }]",
     );
     assert!(parse(&ok).is_ok());
+}
+
+/// A path is in the roles' system view only when it is itself under a system path: a symlink
+/// elsewhere that leads into /usr is not there (the role would not find it at that path),
+/// while a recreated system symlink such as /lib -> usr/lib is.
+#[test]
+fn only_a_path_under_a_system_path_is_in_the_system_view() {
+    assert!(in_system_view(Path::new("/usr/bin")));
+    let t = tempfile::tempdir().expect("tmp");
+    let link = t.path().join("bin");
+    std::os::unix::fs::symlink("/usr/bin", &link).expect("symlink");
+    assert!(!in_system_view(&link), "{} leads into /usr but is not under a system path", link.display());
+    if std::fs::symlink_metadata("/lib").is_ok_and(|m| m.file_type().is_symlink()) {
+        assert!(in_system_view(Path::new("/lib")));
+    }
 }

@@ -310,6 +310,16 @@ pub enum ApplyError {
     NotEnforced,
 }
 
+impl ApplyError {
+    /// The errno the kernel answered (EOPNOTSUPP: a ruleset the kernel would not enforce).
+    pub fn errno(self) -> nix::errno::Errno {
+        match self {
+            ApplyError::Ruleset(e) | ApplyError::Path(_, e) | ApplyError::Restrict(e) => nix::errno::Errno::from_raw(e),
+            ApplyError::NotEnforced => nix::errno::Errno::EOPNOTSUPP,
+        }
+    }
+}
+
 fn errno_of<E: std::error::Error + 'static>(e: &E) -> i32 {
     // The landlock crate wraps io::Error; walk the source chain for the OS error.
     let mut cur: Option<&dyn std::error::Error> = Some(e);

@@ -310,8 +310,8 @@ mod tests {
         }
     }
 
-    /// Found by the seccomp fuzz target: a misspelt key was ignored, so `"Args"` made an
-    /// argument-restricted rule an unconditional allow where seccompiler refuses the file.
+    /// A misspelt key is refused at every level, never ignored: ignored, `"Args"` would make
+    /// an argument-restricted rule an unconditional allow where seccompiler refuses the file.
     #[test]
     fn unknown_keys_are_refused_at_every_level() {
         let good = r#"{"engine": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [

@@ -26,7 +26,7 @@ fn confine(plan: &Plan, fds: ChildFds) -> Result<(), Errno> {
     // Not dumpable: the workload (same uid) cannot ptrace or read init's memory.
     sys::prctl(libc::PR_SET_DUMPABLE, 0)?;
     // Init needs no file and no network at all.
-    landlock::deny_all(plan.landlock.abi).map_err(|_| Errno::EPERM)?;
+    landlock::deny_all(plan.landlock.abi).map_err(landlock::ApplyError::errno)?;
     // pid 1 ignores signals whose disposition is SIG_DFL: install handlers, then wait for them.
     let act = SigAction::new(SigHandler::Handler(noop), SaFlags::SA_RESTART, SigSet::empty());
     for s in FORWARDED.iter().chain([Signal::SIGCHLD].iter()) {
@@ -48,7 +48,8 @@ fn wait_set() -> SigSet {
 pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
     // Hold the workload's /proc/<pid>/task for its life: a Landlock rule on /proc/self/task
     // (the GPU profile's thread names) is tied to that inode, and procfs makes a new one once
-    // an unused dentry is evicted, which would end the rule (found by review: drop_caches).
+    // an unused dentry is evicted, which would end the rule; held, the inode outlives a drop of
+    // the dentry cache (tests/devices.rs: the_engines_thread_names_survive_a_dentry_cache_drop).
     // Best effort: without it only that rule can stop matching. O_PATH: no access to it.
     let _task_dir = nix::fcntl::open(
         format!("/proc/{}/task", workload.as_raw()).as_str(),

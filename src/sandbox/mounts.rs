@@ -122,8 +122,9 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 mkdir_p(as_path(dst))?;
             } else {
                 mkdir_p(parent_of(dst))?;
-                // An existing file (in a read-only system bind, say) is a mount point as it is:
-                // opening it for writing would fail there (found by review).
+                // An existing file (in a read-only system bind, say) is the mount point as it is,
+                // never opened for writing, which a read-only mount refuses (tests/devices.rs:
+                // a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment).
                 if nix::sys::stat::lstat(dst.as_c_str()).is_err() {
                     touch(dst)?;
                 }

@@ -39,8 +39,9 @@ pub const PROC_MASK_FILES: &[&str] = &[
     "/proc/kmsg",
     "/proc/config.gz",
     // The sandbox init is a fork of the launcher: its command line is sealnode's, config path
-    // included (its environ is closed anyway: not dumpable). The same text is its main
-    // thread's, under task/ (found by review); the init never starts another thread.
+    // included (its environ is closed anyway: not dumpable). Its main thread shows the same
+    // text under task/, masked too; the init never starts another thread
+    // (tests/sandbox.rs: exit_codes_and_stdio_pass_through).
     "/proc/1/cmdline",
     "/proc/1/task/1/cmdline",
 ];
@@ -199,7 +200,10 @@ pub fn ptr_array(strings: &[CString]) -> Vec<*const libc::c_char> {
 }
 
 fn cstr(p: impl AsRef<OsStr>) -> Result<CString> {
-    CString::new(p.as_ref().as_bytes()).map_err(|_| Error::io("path", std::io::Error::from_raw_os_error(libc::EINVAL)))
+    let p = p.as_ref();
+    CString::new(p.as_bytes()).map_err(|e| {
+        Error::io(format!("path {}", Path::new(p).display()), std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    })
 }
 
 fn under_root(inside: &Path) -> Result<CString> {

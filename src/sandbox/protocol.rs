@@ -4,7 +4,7 @@
 //! role child's [`Stage`](super::Stage), the cell init's `cell::Step`, the intermediate that
 //! enters a cell), so the parent turns a frame back into a named step, never a bare number.
 //!
-//! The child side is [`fail`]/[`must`]: write the frame, exit [`SETUP_FAILED`]. The parent side
+//! The child side is [`fail`]/[`must`]: write the frame, exit [`exit::CONFIG`]. The parent side
 //! is [`read_frame`] (a pipe whose EOF means "exec happened") or [`Frame::decode`] (a message
 //! received with fds). [`FORWARDED`] is the set of signals a parent passes on to its child's
 //! init, and [`Reap`] kills and reaps a child whose setup the parent abandons.
@@ -17,10 +17,10 @@ use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
 use crate::error::Error;
-use crate::sys;
+use crate::{exit, sys};
 
-/// Exit status of a child whose setup failed (hakoniwa's convention; documented).
-pub const SETUP_FAILED: i32 = 125;
+/// The old name of [`exit::CONFIG`], the status a child whose setup failed exits with.
+pub const SETUP_FAILED: i32 = exit::CONFIG; // to be removed: only src/supervisor/ still uses it
 
 /// Signals the launcher passes on to a sandbox's init, and the init on to its workload.
 pub const FORWARDED: [Signal; 6] =
@@ -111,10 +111,10 @@ pub fn send(fd: RawFd, frame: Frame) -> std::result::Result<(), Errno> {
     sys::write_all(fd, &frame.encode())
 }
 
-/// Child side: report `step` as failed and exit [`SETUP_FAILED`].
+/// Child side: report `step` as failed and exit [`exit::CONFIG`].
 pub fn fail<S: Step>(fd: RawFd, step: S, item: usize, errno: Errno) -> ! {
     let _ = send(fd, Frame::Failed { step: step.code(), item: item as u32, errno: errno as i32 });
-    sys::exit_now(SETUP_FAILED)
+    sys::exit_now(exit::CONFIG)
 }
 
 /// Child side: the value, or report `step` as failed and exit.

@@ -106,29 +106,31 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
             let _ = waitpid(child, None);
             match frame? {
                 Some(Frame::Ok(pid)) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid as libc::pid_t),
-                Some(f) => match f.failure::<Enter>() {
-                    // Into the role's cgroup leaf: name it, not the namespaces (found by review).
-                    Some(Ok(Failure { step: Enter::CloneRole, errno, .. }))
-                        if cell.cgroups.as_ref().is_some_and(|t| t.dir(plan.role).is_some()) =>
-                    {
-                        Err(Error::Setup {
-                            step: Enter::CloneRole.name(),
-                            detail: format!(
-                                "{} role: clone3 into its cgroup leaf (removed, or not writable?)",
-                                plan.role
-                            ),
-                            errno,
-                        })
-                    }
-                    Some(Ok(Failure { step, errno, .. })) => {
-                        let (what, fix) = namespaces::explain_userns_failure(errno);
-                        Err(Error::Unsupported { what: format!("entering the cell ({}): {what}", step.name()), fix })
-                    }
-                    _ => Err(Error::errno("the intermediate's report", Errno::EPROTO)),
-                },
+                Some(f) => {
+                    let into_leaf = cell.cgroups.as_ref().is_some_and(|t| t.dir(plan.role).is_some());
+                    Err(entering_failed(f, plan.role, into_leaf))
+                }
                 None => Err(Error::errno("intermediate died before cloning the role", Errno::EPIPE)),
             }
         }
+    }
+}
+
+/// What the intermediate's failure report means. A failed clone straight into the role's
+/// cgroup leaf (`into_leaf`) names the leaf, not the namespaces (unit test:
+/// sandbox::spawn::tests::a_failed_clone_into_the_cgroup_leaf_names_the_leaf).
+fn entering_failed(f: Frame, role: crate::config::Role, into_leaf: bool) -> Error {
+    match f.failure::<Enter>() {
+        Some(Ok(Failure { step: Enter::CloneRole, errno, .. })) if into_leaf => Error::Setup {
+            step: Enter::CloneRole.name(),
+            detail: format!("{role} role: clone3 into its cgroup leaf (removed, or not writable?)"),
+            errno,
+        },
+        Some(Ok(Failure { step, errno, .. })) => {
+            let (what, fix) = namespaces::explain_userns_failure(errno);
+            Error::Unsupported { what: format!("entering the cell ({}): {what}", step.name()), fix }
+        }
+        _ => Error::errno("the intermediate's report", Errno::EPROTO),
     }
 }
 
@@ -190,7 +192,9 @@ fn take_listener(init: Pid, fd: u32) -> Result<OwnedFd> {
     let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
         .map_err(|e| Error::io(format!("{what}: /proc/{init}/task/{init}/children"), e))?;
     let workload: libc::pid_t = match children.split_whitespace().collect::<Vec<_>>()[..] {
-        [one] => one.parse().map_err(|_| Error::errno(what, Errno::EPROTO))?,
+        [one] => one
+            .parse()
+            .map_err(|e| Error::errno(format!("{what}: the sandbox's init's child {one:?}: {e}"), Errno::EPROTO))?,
         _ => return Err(Error::errno(format!("{what}: the sandbox's init has not exactly one child"), Errno::EPROTO)),
     };
     let pidfd = sys::pidfd_open(workload).map_err(|e| Error::errno(format!("{what}: pidfd_open"), e))?;
@@ -289,5 +293,33 @@ pub fn run_to_exit(sb: Sandbox) -> i32 {
             }
             Err(_) => continue,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Role;
+
+    /// A role that cannot be cloned into its cgroup leaf is told so, with the leaf as the
+    /// likely cause; without a leaf the same step failing is a namespace problem.
+    #[test]
+    fn a_failed_clone_into_the_cgroup_leaf_names_the_leaf() {
+        let clone_failed = Frame::Failed { step: Enter::CloneRole.code(), item: 0, errno: libc::ENOENT };
+        match entering_failed(clone_failed, Role::Node, true) {
+            Error::Setup { step, detail, errno } => {
+                assert_eq!((step, errno), ("clone_role", Errno::ENOENT));
+                assert!(detail.contains("node role") && detail.contains("cgroup leaf"), "{detail}");
+            }
+            e => panic!("not the leaf: {e}"),
+        }
+        let e = entering_failed(clone_failed, Role::Node, false);
+        assert!(
+            matches!(&e, Error::Unsupported { what, .. } if what.contains("entering the cell (clone_role)")),
+            "{e}"
+        );
+        let join_failed = Frame::Failed { step: Enter::JoinCell.code(), item: 0, errno: libc::EPERM };
+        let e = entering_failed(join_failed, Role::Node, true);
+        assert!(matches!(&e, Error::Unsupported { what, .. } if what.contains("entering the cell (join_cell)")), "{e}");
     }
 }
