@@ -705,3 +705,8 @@ mod tests {
         assert_eq!(super::walk_no_symlinks(c"/proc/self/root/etc"), Err(nix::errno::Errno::ELOOP));
     }
 }
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

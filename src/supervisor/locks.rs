@@ -91,9 +91,9 @@ impl Taken {
                 ),
             )
         };
-        // Not the dir itself (found by review): the shipped state and runtime dirs are readable
-        // by others (0755), and any local user could hold a dir's flock and keep every start
-        // refused. The `lock` file (0600, sealnode's) is ours alone. Another cell's scratch
+        // Not the dir itself: the shipped state and runtime dirs are readable by others
+        // (0755), and any local user could hold a dir's flock and keep every start refused
+        // (tests/check_run.rs: a_local_user_cannot_lock_a_cell_out). The `lock` file (0600, sealnode's) is ours alone. Another cell's scratch
         // dir is seen through its flock (taken shared for a moment): a scratch dir is never
         // readable by others (open_scratch), so only a dir no one else can open is asked.
         if !readable_by_others(&st) && dir_held(&dir, inv.uid).0 && !lock_file_held(&shown) {
