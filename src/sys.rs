@@ -658,6 +658,11 @@ pub fn file_kind(mode: u32) -> &'static str {
     }
 }
 
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use std::ffi::CString;
@@ -704,9 +709,4 @@ mod tests {
         // A magic link (/proc/self/root) is a symlink too.
         assert_eq!(super::walk_no_symlinks(c"/proc/self/root/etc"), Err(nix::errno::Errno::ELOOP));
     }
-}
-
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
