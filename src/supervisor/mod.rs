@@ -71,6 +71,10 @@ const TOKEN_SIGNAL: u64 = 1 << 56;
 struct Base {
     cfg: Config,
     inv: Invoker,
+    /// Each role's host ids, resolved once (user names looked up when the cell was made, whose
+    /// user namespace maps them; a reload may not change `cell.rootful`): nothing in the loop
+    /// asks the user database.
+    ids: [crate::config::Ids; 2],
     cell: Cell,
     epoll: Epoll,
     sigfd: SignalFd,
@@ -215,8 +219,9 @@ impl Supervisor {
             scratch: scratch.next().expect("one scratch per role"),
         };
         let roles = [slot(Role::Engine), slot(Role::Node)];
+        let ids = [cfg.role_ids(Role::Engine, &inv)?, cfg.role_ids(Role::Node, &inv)?];
         Ok(Supervisor {
-            base: Base { cfg, inv, cell, epoll, sigfd, state_dir, _locks: locks, born: Instant::now() },
+            base: Base { cfg, inv, ids, cell, epoll, sigfd, state_dir, _locks: locks, born: Instant::now() },
             fwd,
             roles,
             stop: None,

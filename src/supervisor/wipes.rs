@@ -26,14 +26,12 @@ impl Supervisor {
         self.wipes.then = Some(then);
         self.wipes.failed.clear();
         for role in Role::ALL {
-            let (cfg, inv, cell) = (&self.base.cfg, &self.base.inv, &self.base.cell);
-            let spawned = cfg.role_ids(role, inv).map_err(|_| Errno::EINVAL).and_then(|ids| {
-                let target = match cell.capped_scratch(role) {
-                    Some(path) => WipeTarget::Tmpfs(path),
-                    None => WipeTarget::Dir(self.roles[role as usize].scratch.as_fd()),
-                };
-                cell.spawn_wipe(target, ids)
-            });
+            let cell = &self.base.cell;
+            let target = match cell.capped_scratch(role) {
+                Some(path) => WipeTarget::Tmpfs(path),
+                None => WipeTarget::Dir(self.roles[role as usize].scratch.as_fd()),
+            };
+            let spawned = cell.spawn_wipe(target, self.base.ids[role as usize]);
             match spawned {
                 Ok(pid) => self.slot(role).phase = Phase::Wiping(pid),
                 Err(e) => self.wipes.failed.push((role, WipeFailed::Errno(e))),
