@@ -22,7 +22,6 @@
 //!   the dry run, the switch);
 //! - [`wipes`]: the scratch wipes before a start and after a stop, and what follows them;
 //! - [`notify`]: sd_notify and the watchdog;
-//! - [`locks`]: one `sealnode run` per state, runtime and scratch dir;
 //! - the forwarder (crate::egress) for the node's egress and its way to the engine.
 
 mod admit;
@@ -30,7 +29,6 @@ mod attestation;
 mod control;
 mod gate;
 mod lifecycle;
-mod locks;
 mod notify;
 mod readiness;
 mod reload;
@@ -39,9 +37,6 @@ mod roles;
 mod sighup;
 mod status;
 mod wipes;
-
-pub use attestation::attestation_status;
-pub use locks::{lock_status, open_scratch, scratch_status};
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -81,8 +76,8 @@ struct Base {
     /// The state dir, opened and checked once: receipts and the counter are written through it.
     state_dir: OwnedFd,
     /// Held for the supervisor's lifetime: one `sealnode run` per state, runtime and scratch
-    /// dir (locks.rs).
-    _locks: locks::Locks,
+    /// dir (crate::locks).
+    _locks: crate::locks::Locks,
     born: Instant,
 }
 
@@ -183,12 +178,12 @@ impl Supervisor {
             .add(sigfd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNAL))
             .map_err(|e| Error::errno("epoll_ctl", e))?;
 
-        // One cell per dir, before anything is made, wiped or started (locks.rs): a second
+        // One cell per dir, before anything is made, wiped or started (crate::locks): a second
         // `run` naming this state dir would share its generations, this runtime dir take over
         // the control socket, this scratch dir wipe a live role's files. Each dir is opened
         // (and checked) once, here; the receipt, the counter, the control socket and every
         // wipe work through these descriptors for the supervisor's lifetime.
-        let locks::Held { state_dir, runtime_dir, scratch, locks } = locks::take(&cfg, &inv)?;
+        let crate::locks::Held { state_dir, runtime_dir, scratch, locks } = crate::locks::take(&cfg, &inv)?;
         // The roles' cgroup leaves and their limits, before anything is forked: a limit that
         // cannot be enforced refuses the start here, with nothing running (cgroup.rs).
         let cgroups = crate::cgroup::Tree::setup(&cfg)?;

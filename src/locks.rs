@@ -39,7 +39,7 @@ use crate::config::{Config, Invoker, Role};
 use crate::error::{Error, Result};
 
 /// What [`take`] opened and locked, for the supervisor's lifetime.
-pub(super) struct Held {
+pub struct Held {
     /// The state dir, opened and checked once: receipts and the counter are written through it.
     pub state_dir: OwnedFd,
     /// The runtime dir: the control socket is bound through it.
@@ -53,11 +53,11 @@ pub(super) struct Held {
 
 /// Held for the supervisor's lifetime, never read.
 #[derive(Debug)]
-pub(super) struct Locks(#[allow(dead_code)] Vec<Flock<File>>);
+pub struct Locks(#[allow(dead_code)] Vec<Flock<File>>);
 
 /// Open and lock every dir of the cell's own, state and runtime dirs first (their refusals are
 /// the ones an operator running one config twice meets), then each role's scratch.
-pub(super) fn take(cfg: &Config, inv: &Invoker) -> Result<Held> {
+pub fn take(cfg: &Config, inv: &Invoker) -> Result<Held> {
     let mut taken = Taken::default();
     let state_dir = taken.own_dir(cfg, inv, "cell.state_dir", &cfg.cell.state_dir, 0o750)?;
     let runtime_dir = taken.own_dir(cfg, inv, "cell.runtime_dir", &cfg.cell.runtime_dir, 0o755)?;
