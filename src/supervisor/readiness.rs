@@ -14,7 +14,7 @@ use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::socket::{connect, getsockopt, sockopt, SockaddrIn};
 
 use crate::cell::Cell;
-use crate::config::Config;
+use crate::config::{Config, ReadyKind};
 
 pub(super) const TOKEN_READY: u64 = 4 << 56;
 /// Time between readiness attempts.
@@ -97,9 +97,9 @@ impl Readiness {
         if c.deadline <= now {
             let ready = cfg.engine.ready();
             let port = cfg.engine.port.unwrap_or(0);
-            let what = match ready.kind.as_str() {
-                "http" => format!("GET http://127.0.0.1:{port}{} answering 200", ready.path),
-                _ => format!("a TCP connect to 127.0.0.1:{port}"),
+            let what = match ready.kind {
+                ReadyKind::Http => format!("GET http://127.0.0.1:{port}{} answering 200", ready.path),
+                ReadyKind::Tcp => format!("a TCP connect to 127.0.0.1:{port}"),
             };
             tracing::error!(timeout_s = ready.timeout_s, last = %c.last, "engine not ready in time");
             crate::log::say(&format!(
@@ -155,7 +155,7 @@ impl Readiness {
     /// The try's socket is ready: connected (then, for HTTP, the request is sent), or the
     /// answer's bytes arrived.
     pub(super) fn handle(&mut self, cfg: &Config, epoll: &Epoll) -> Option<Event> {
-        let http = cfg.engine.ready().kind == "http";
+        let http = cfg.engine.ready().kind == ReadyKind::Http;
         let c = self.check.as_mut()?;
         let fd = c.fd.as_ref()?;
         match c.step {
