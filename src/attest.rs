@@ -848,6 +848,66 @@ pub fn key_path(state_dir: &Path) -> PathBuf {
     crate::config::attest_key_path(state_dir)
 }
 
+/// What `run` would sign its statements with, checked as at a start (for `sealnode check`).
+pub fn signer_status(cfg: &crate::config::Config, inv: &crate::config::Invoker) -> Result<String> {
+    let key = load_signing(&cfg.cell.state_dir, inv.uid)
+        .map_err(|e| Error::config(&cfg.file, "cell.state_dir", format!("attestation key: {e}")))?
+        .map(|k| k.verifying_key());
+    let tpm = tpm_checked(cfg, inv, key.is_some())?;
+    Ok(match (key, tpm) {
+        (None, _) => "not signed: no key (`sealnode attest init` makes one)".into(),
+        (Some(k), None) => format!("signed by key sha256:{}; no TPM", keyid(&k)),
+        (Some(k), Some((_, ak))) => format!(
+            "signed by key sha256:{}; quoted by the TPM's attestation key sha256:{}",
+            keyid(&k),
+            crate::tpm::ak_id(&ak)
+        ),
+    })
+}
+
+/// With `cell.tpm`: the TPM answers and holds the attestation key `attest tpm-init` stored,
+/// or the start is refused before anything runs (statements that cannot be bound are not
+/// made unbound instead).
+pub fn tpm_checked(
+    cfg: &crate::config::Config,
+    inv: &crate::config::Invoker,
+    signing: bool,
+) -> Result<Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>> {
+    let Some(t) = &cfg.cell.tpm else { return Ok(None) };
+    let bad = |why: String| Error::config(&cfg.file, "cell.tpm", why);
+    if !signing {
+        return Err(bad(format!(
+            "binds signed statements, and there is no signing key: run `sealnode attest init --config {}` first",
+            cfg.file.display()
+        )));
+    }
+    let stored = load_tpm_ak(&cfg.cell.state_dir, inv.uid).map_err(|e| bad(e.to_string()))?.ok_or_else(|| {
+        bad(format!("no attestation key from the TPM: run `sealnode attest tpm-init --config {}`", cfg.file.display()))
+    })?;
+    let tools = tpm_tools(&cfg.cell.state_dir, inv.uid, t.target()).map_err(|e| bad(e.to_string()))?;
+    let (_, ak) = tools.read_ak(&stop_pending).map_err(|e| bad(format!("the TPM ({}): {e}", t.tcti)))?;
+    if ak.key != stored {
+        return Err(bad(format!(
+            "the key at handle {:#010x} is not the one `attest tpm-init` stored ({}): run tpm-init again and enrol the new key",
+            t.ak_handle,
+            crate::tpm::AK_FILE
+        )));
+    }
+    // One quote now, of a throwaway payload: a key that needs a password, or a TPM in lockout,
+    // refuses the start instead of every statement.
+    tools
+        .quote(&ak.key, b"sealnode: the start's check of the TPM", None, &stop_pending)
+        .map_err(|e| bad(format!("the TPM cannot quote with the key at {:#010x}: {e}", t.ak_handle)))?;
+    tracing::info!(ak = %crate::tpm::ak_id(&ak.key), name = %hex::encode(&ak.name), tcti = %t.tcti, "TPM attestation key checked");
+    Ok(Some((tools, ak.key)))
+}
+
+/// A stop signal waits on the signalfd: the TPM's check at the start gives up for it.
+fn stop_pending() -> bool {
+    use nix::sys::signal::Signal;
+    crate::sys::signal_pending(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -146,7 +146,7 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         let meaning = "the role's own dir: its owner, no one else may write it, no other running cell's \
                        (wiped before the cell starts its roles, at a reload and a recycle; a role's own restart keeps it)";
         // Locked by the `run` that uses it: another cell's is refused, as `run` refuses it.
-        v.push(match crate::supervisor::scratch_status(&cfg, inv, role) {
+        v.push(match crate::locks::scratch_status(&cfg, inv, role) {
             Ok(None) => Check {
                 name,
                 level: Level::Ok,
@@ -201,10 +201,10 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
     add(
         &mut v,
         "attestation",
-        crate::supervisor::attestation_status(&cfg, inv).map_err(|e| e.to_string()),
+        crate::attest::signer_status(&cfg, inv).map_err(|e| e.to_string()),
         "the key statements are signed with (owner-only) and, with cell.tpm, the TPM that quotes them",
     );
-    v.push(match crate::supervisor::lock_status(&cfg, inv) {
+    v.push(match crate::locks::lock_status(&cfg, inv) {
         Ok(None) => Check {
             name: "state and runtime dirs",
             level: Level::Ok,

@@ -496,9 +496,8 @@ pub struct Egress {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Ready {
-    /// "tcp": the port accepts a connection; "http": GET `path` answers 200.
-    #[serde(default = "default_ready_kind")]
-    pub kind: String,
+    #[serde(default)]
+    pub kind: ReadyKind,
     #[serde(default = "default_ready_path")]
     pub path: String,
     #[serde(default = "default_ready_timeout")]
@@ -507,13 +506,21 @@ pub struct Ready {
 
 impl Default for Ready {
     fn default() -> Self {
-        Ready { kind: default_ready_kind(), path: default_ready_path(), timeout_s: default_ready_timeout() }
+        Ready { kind: ReadyKind::Tcp, path: default_ready_path(), timeout_s: default_ready_timeout() }
     }
 }
 
-fn default_ready_kind() -> String {
-    "tcp".into()
+/// What the engine's readiness check waits for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadyKind {
+    /// The port accepts a connection.
+    #[default]
+    Tcp,
+    /// GET `path` answers 200.
+    Http,
 }
+
 fn default_ready_path() -> String {
     "/".into()
 }
@@ -1481,9 +1488,6 @@ impl Config {
         }
         if role == Role::Engine {
             let ready = r.ready();
-            if ready.kind != "tcp" && ready.kind != "http" {
-                return Err(self.err(f("ready.kind"), format!("{:?}: expected \"tcp\" or \"http\"", ready.kind)));
-            }
             if !ready.path.starts_with('/') || ready.path.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 return Err(self.err(f("ready.path"), "must be an absolute URL path without spaces"));
             }

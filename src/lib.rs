@@ -1,13 +1,21 @@
 //! sealnode: a hardened launcher that seals an LLM engine and the frutebox node.
 //!
-//! Modules, bottom up (each uses only those before it; docs/architecture.md "Module graph"
-//! lists every file and `tests/modules.rs` keeps that list true): [`error`], [`sys`] (raw
-//! syscalls), [`trusted`] (files sealnode trusts), [`config`] (the operator's TOML), [`policy`]
-//! (seccomp and Landlock files), [`cgroup`] (the roles' cgroup v2 leaves and limits), [`sandbox`] (one role's sandbox: plan, protocol, clone, the
-//! child's setup sequence), [`cell`] (the roles' shared user namespace and their network
-//! namespaces), [`probe`] (facts from inside a sandbox), [`canary`] (the escape battery),
-//! [`receipt`], [`control`] (the control socket's protocol), [`ratelimit`], [`egress`] (the
-//! forwarder), [`supervisor`] (`sealnode run`), [`doctor`] (kernel facts).
+//! Modules by subsystem (docs/architecture.md's "Module graph" lists every file, each after
+//! what it uses, and `tests/modules.rs` keeps that list true and the file graph free of
+//! cycles):
+//! - the OS and the files sealnode trusts: [`error`], [`exit`], [`escape`], [`sys`],
+//!   [`trusted`], [`atomic`], [`wipe`], [`locks`];
+//! - the operator's input: [`config`] (with [`cdi`] and the TPM's target from [`tpm`]),
+//!   [`policy`] (seccomp and Landlock files), [`init`];
+//! - one role's sandbox: [`sandbox`] (plan, protocol, clone, the child's setup sequence),
+//!   [`cgroup`] (the roles' cgroup v2 leaves and limits), [`cell`] (the roles' shared user
+//!   namespace and their network namespaces), [`access`], [`sealed`];
+//! - proof: [`probe`] and [`canary`] (the escape battery), [`digests`] and [`measure`] (what
+//!   runs), [`receipt`], [`attest`] and [`tpm`] (signed statements, TPM quotes);
+//! - the running cell: [`supervisor`] (`sealnode run`), [`egress`] (the forwarder),
+//!   [`control`] (the control socket's protocol), [`output`], [`denylog`], [`ratelimit`];
+//! - what operators read: [`log`], [`logsink`], [`journal`], [`metrics`], [`sealed_text`],
+//!   [`status_text`], [`check`], [`doctor`] (kernel facts); [`fuzzing`] (fuzz entry points).
 
 pub mod access;
 pub mod atomic;
@@ -30,6 +38,7 @@ pub mod exit;
 pub mod fuzzing;
 pub mod init;
 pub mod journal;
+pub mod locks;
 pub mod log;
 pub mod logsink;
 pub mod measure;

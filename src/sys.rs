@@ -659,6 +659,11 @@ pub fn file_kind(mode: u32) -> &'static str {
     }
 }
 
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use std::ffi::CString;

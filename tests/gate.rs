@@ -965,14 +965,17 @@ fn a_stop_gives_a_held_wipe_its_grace_period_only() {
     }
 }
 
-/// `n` files in the node's scratch, the node's own (what a node could leave there): its wipe
-/// at the next start then lasts long enough to be found and held.
+/// `n` files in each role's scratch, the role's own (what a role could leave there): both
+/// wipes at the next start then last long enough to be found and held, whichever of the two
+/// the test finds first (an empty scratch's wipe may be exiting as it is found).
 fn fill_scratch(f: &Fixture, n: usize) {
-    let owner = if f.mode == Mode::Rootful { NODE_IDS.0 } else { NOBODY };
-    let dir = f.p("node-scratch");
-    for i in 0..n {
-        let p = dir.join(format!("f{i}"));
-        std::fs::write(&p, "").expect("write");
-        std::os::unix::fs::lchown(&p, Some(owner), Some(owner)).expect("chown");
+    for (dir, ids) in [("engine-scratch", ENGINE_IDS), ("node-scratch", NODE_IDS)] {
+        let owner = if f.mode == Mode::Rootful { ids.0 } else { NOBODY };
+        let dir = f.p(dir);
+        for i in 0..n {
+            let p = dir.join(format!("f{i}"));
+            std::fs::write(&p, "").expect("write");
+            std::os::unix::fs::lchown(&p, Some(owner), Some(owner)).expect("chown");
+        }
     }
 }

@@ -557,6 +557,8 @@ fn scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start() {
         assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
         assert!(err.contains("cannot wipe node.scratch") && err.contains(&scratch.display().to_string()), "{err}");
         assert!(!err.contains("role started"), "{mode:?}: a role started: {err}");
+        // Said like any stop (and to systemd: STOPPING=1), though the loop never ran a role.
+        assert!(err.contains("cell stopped code=125"), "{mode:?}: {err}");
         assert!(scratch.join("foreign/file").exists(), "{mode:?}");
     }
 }

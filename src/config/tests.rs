@@ -97,6 +97,18 @@ fn dotdot_is_refused() {
 }
 
 #[test]
+fn ready_kind_is_tcp_or_http() {
+    let (field, reason) = bad(&with("port = 8080", "port = 8080\nready = { kind = \"udp\" }"));
+    assert_eq!(field, "engine.ready.kind");
+    assert!(reason.contains("expected `tcp` or `http`"), "{reason}");
+    for (kind, want) in [("tcp", ReadyKind::Tcp), ("http", ReadyKind::Http)] {
+        let c = parse(&with("port = 8080", &format!("port = 8080\nready = {{ kind = \"{kind}\" }}"))).expect(kind);
+        assert_eq!(c.engine.ready().kind, want);
+    }
+    assert_eq!(parse(GOOD).expect("good").engine.ready().kind, ReadyKind::Tcp, "the default");
+}
+
+#[test]
 fn port_out_of_range() {
     let (field, reason) = bad(&with("port = 8080", "port = 70000"));
     assert_eq!(field, "engine.port");

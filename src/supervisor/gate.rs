@@ -142,7 +142,8 @@ impl Gate {
     }
 
     /// Start a pass for `roles`. What fails before anything runs is refused at once, and so is
-    /// a second pass while one runs (its worker and probes would be lost: found by review).
+    /// a second pass while one runs: every caller checks `busy()` first, and a bug that did
+    /// not would otherwise lose the running pass's worker and probes (unreaped, unkilled).
     pub fn begin(&mut self, ctx: &Ctx, roles: &[Role], purpose: Purpose) -> Result<(), Outcome> {
         let refuse = |code: i32, e: Error| Outcome::Refused { code, message: e.to_string(), details: Vec::new() };
         if self.busy() {
@@ -157,9 +158,10 @@ impl Gate {
             message: format!("preflight could not run: {e}"),
             details: Vec::new(),
         })?;
-        // The scratch path is still the dir this run locked and wipes (found by review: renamed
-        // while the cell ran, a restart bound a new dir at the old path, which another cell
-        // could then lock, while the wipes went on emptying the renamed one).
+        // The scratch path is still the dir this run locked and wipes: a dir renamed away while
+        // the cell ran, with a new one at its path, refuses the start (a restart would bind the
+        // new dir, which another cell could lock, while the wipes empty the renamed one)
+        // (tests/check_run.rs: a_scratch_dir_replaced_while_running_refuses_the_restart).
         for role in roles {
             let r = ctx.cfg.role(*role);
             let held = nix::sys::stat::fstat(ctx.scratch[*role as usize]).map(|s| (s.st_dev, s.st_ino));
@@ -254,7 +256,7 @@ impl Gate {
 
     /// A gate pipe is readable (or hung up). A pipe at its end leaves the epoll set at once: a
     /// hung-up pipe stays ready, and the loop would spin on it until the rest of the pass is
-    /// done (found by review: 100% CPU while a long measurement ran).
+    /// done (tests/gate.rs: a_held_measurement_costs_the_loop_no_cpu).
     pub fn handle(&mut self, token: u64, epoll: &Epoll) {
         let Some(job) = self.job.as_mut() else { return };
         match (token & !crate::egress::TOKEN_KIND) as usize {

@@ -1,11 +1,61 @@
-//! What a SIGHUP may change. Every field of the config is named here, by exhaustive
-//! destructuring: a field added to the config does not compile until it is sorted into
-//! "applies at the next start" or "needs a new cell" (refused by name), so no field can be
-//! half-applied by a reload.
+//! SIGHUP. The config is read again through the checked path; a change only a new cell could
+//! apply is refused by name ([`refused`]: every field of the config is named there, by
+//! exhaustive destructuring, so a field added to the config does not compile until it is
+//! sorted into "applies at the next start" or "needs a new cell", and no field can be
+//! half-applied). A valid new config passes the gate first, in a throwaway cell of its own,
+//! while the old roles keep running ([`Reload`] holds it meanwhile); then both roles stop and
+//! start again through the gate with it. The outcome is kept for `ctl status`.
 
 use std::fmt::Debug;
 
 use crate::config::{CellConfig, Config, Role, RoleConfig};
+
+/// A reload in its steps: the candidate in its dry run, then the config applied once both
+/// roles are down, then READY=1 again once the node runs.
+#[derive(Debug, Default)]
+pub(super) struct Reload {
+    /// A config a SIGHUP loaded, while its dry run passes the gate.
+    pub candidate: Option<Config>,
+    /// A config that passed its dry run, applied once both roles are down.
+    pub next: Option<Config>,
+    /// Applied and restarting: READY=1 again once the node runs.
+    pub in_progress: bool,
+    /// The outcome of the last SIGHUP, for `ctl status`.
+    pub last: Option<serde_json::Value>,
+}
+
+impl Reload {
+    pub(super) fn in_progress(&self) -> bool {
+        self.in_progress
+    }
+
+    /// The node runs again: the reload in progress (if any) is complete.
+    pub(super) fn finish(&mut self) -> bool {
+        std::mem::take(&mut self.in_progress)
+    }
+
+    /// The config a passed reload brings in, once both roles are down.
+    pub(super) fn take_next(&mut self) -> Option<Config> {
+        self.next.take()
+    }
+
+    /// The cell stops: a dry run under way is abandoned (and said so).
+    pub(super) fn abandon(&mut self) {
+        if self.candidate.take().is_some() {
+            self.last = Some(
+                serde_json::json!({ "ok": false, "at": crate::sys::unix_now(), "error": "abandoned: the cell stopped" }),
+            );
+        }
+    }
+
+    pub(super) fn candidate(&self) -> Option<&Config> {
+        self.candidate.as_ref()
+    }
+
+    pub(super) fn last(&self) -> Option<&serde_json::Value> {
+        self.last.as_ref()
+    }
+}
 
 /// The fields that differ between `old` and `new` and that only a new cell can apply (its
 /// network namespaces and egress listeners, the users it maps, its dirs, its scratch tmpfs and

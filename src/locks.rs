@@ -39,7 +39,7 @@ use crate::config::{Config, Invoker, Role};
 use crate::error::{Error, Result};
 
 /// What [`take`] opened and locked, for the supervisor's lifetime.
-pub(super) struct Held {
+pub struct Held {
     /// The state dir, opened and checked once: receipts and the counter are written through it.
     pub state_dir: OwnedFd,
     /// The runtime dir: the control socket is bound through it.
@@ -53,11 +53,11 @@ pub(super) struct Held {
 
 /// Held for the supervisor's lifetime, never read.
 #[derive(Debug)]
-pub(super) struct Locks(#[allow(dead_code)] Vec<Flock<File>>);
+pub struct Locks(#[allow(dead_code)] Vec<Flock<File>>);
 
 /// Open and lock every dir of the cell's own, state and runtime dirs first (their refusals are
 /// the ones an operator running one config twice meets), then each role's scratch.
-pub(super) fn take(cfg: &Config, inv: &Invoker) -> Result<Held> {
+pub fn take(cfg: &Config, inv: &Invoker) -> Result<Held> {
     let mut taken = Taken::default();
     let state_dir = taken.own_dir(cfg, inv, "cell.state_dir", &cfg.cell.state_dir, 0o750)?;
     let runtime_dir = taken.own_dir(cfg, inv, "cell.runtime_dir", &cfg.cell.runtime_dir, 0o755)?;
@@ -91,9 +91,9 @@ impl Taken {
                 ),
             )
         };
-        // Not the dir itself (found by review): the shipped state and runtime dirs are readable
-        // by others (0755), and any local user could hold a dir's flock and keep every start
-        // refused. The `lock` file (0600, sealnode's) is ours alone. Another cell's scratch
+        // Not the dir itself: the shipped state and runtime dirs are readable by others
+        // (0755), and any local user could hold a dir's flock and keep every start refused
+        // (tests/check_run.rs: a_local_user_cannot_lock_a_cell_out). The `lock` file (0600, sealnode's) is ours alone. Another cell's scratch
         // dir is seen through its flock (taken shared for a moment): a scratch dir is never
         // readable by others (open_scratch), so only a dir no one else can open is asked.
         if !readable_by_others(&st) && dir_held(&dir, inv.uid).0 && !lock_file_held(&shown) {

@@ -1,0 +1,166 @@
+//! Through the gate to a start: every start of a role, whatever began it (first start, crash
+//! restart, SIGHUP, recycle), enters the gate (gate.rs: its program measured, its preflight
+//! run in its exact sandbox inside this cell, off the loop); a pass that comes back admitted
+//! is recorded (a receipt with the next generation, the statement) and started; a refused
+//! one stops the cell with its exit status. A reload's dry run goes back to reload.rs.
+
+use std::time::Instant;
+
+use super::lifecycle::{After, Phase};
+use super::{gate, GatePass, Supervisor};
+use crate::config::Role;
+use crate::exit;
+
+impl Supervisor {
+    /// `roles` enter the gate. What is refused before anything runs is refused here, with
+    /// the exit status.
+    pub(super) fn enter_gate(&mut self, roles: &[Role]) -> std::result::Result<(), i32> {
+        let ctx = gate::Ctx {
+            cfg: &self.base.cfg,
+            inv: &self.base.inv,
+            cell: &self.base.cell,
+            state: &self.base.state_dir,
+            epoll: &self.base.epoll,
+            hash_models: self.attest.signing(),
+            scratch: [&self.roles[0].scratch, &self.roles[1].scratch],
+        };
+        match self.gate.begin(&ctx, roles, gate::Purpose::Start) {
+            Ok(()) => {
+                for role in roles {
+                    self.slot(*role).phase = Phase::Starting;
+                }
+                Ok(())
+            }
+            Err(outcome) => Err(self.refused_start(outcome)),
+        }
+    }
+
+    /// A pass the gate refused: say why; the exit status for it.
+    fn refused_start(&mut self, outcome: gate::Outcome) -> i32 {
+        let gate::Outcome::Refused { code, message, details } = outcome else { return exit::FAILED };
+        for d in &details {
+            crate::log::say(d);
+        }
+        match code {
+            exit::PREFLIGHT_ERROR => tracing::error!(error = %message, "preflight canary could not run"),
+            exit::PREFLIGHT_FAILED => tracing::error!("preflight found an escape; not starting"),
+            _ => tracing::error!(error = %message, "cannot prepare the role"),
+        }
+        crate::log::say(&message);
+        for s in self.roles.iter_mut() {
+            if s.phase == Phase::Starting {
+                s.phase = Phase::Down;
+            }
+        }
+        code
+    }
+
+    /// The gate answered: start what passed, stop on what did not; a reload's dry run goes on
+    /// to the reload or is refused.
+    pub(super) fn poll_gate(&mut self) {
+        // Each outcome goes to what its pass was for: a start's refusal stops the cell, a dry
+        // run's refuses the reload (tests/gate.rs: a_reload_that_cannot_start_keeps_the_cell,
+        // a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on).
+        let purpose = self.gate.purpose();
+        let outcome = match purpose {
+            Some(gate::Purpose::DryRun) => {
+                let Some(new) = self.reload.candidate() else { return };
+                self.gate.poll(new, &self.base.epoll)
+            }
+            Some(gate::Purpose::Start) => self.gate.poll(&self.base.cfg, &self.base.epoll),
+            None => None,
+        };
+        match outcome {
+            None => {}
+            Some(gate::Outcome::Passed(p)) if p.purpose == gate::Purpose::DryRun => self.reload_passed(),
+            Some(o @ gate::Outcome::Refused { .. }) if purpose == Some(gate::Purpose::DryRun) => self.reload_refused(o),
+            Some(gate::Outcome::Passed(p)) => {
+                if let Err(code) = self.admit(*p) {
+                    self.begin_stop(code, After::Exit);
+                }
+            }
+            Some(o) => {
+                self.control.recycle_done(&crate::control::error("recycle failed; sealnode stops"));
+                let code = self.refused_start(o);
+                self.begin_stop(code, After::Exit);
+            }
+        }
+    }
+
+    /// The roles passed: a new receipt (the passed roles' digests fresh, the others' those of
+    /// their running processes), the statement, then the start: the engine when it passed,
+    /// else the node.
+    fn admit(&mut self, p: gate::Passed) -> std::result::Result<(), i32> {
+        // The node's own pass admits it only beside a ready engine: if the engine went down
+        // while the pass ran, the node waits for it (a pass again later), and no receipt says
+        // otherwise (tests/gate.rs: a_node_admitted_while_the_engine_went_down_waits_for_the_engine).
+        if !p.roles.contains(&Role::Engine) && !self.engine_is_ready() {
+            tracing::info!("the engine is not ready (it went down while the node's preflight ran): the node waits for it and passes the gate again");
+            for role in &p.roles {
+                self.slot(*role).phase = Phase::Waiting(Instant::now() + super::readiness::READY_INTERVAL);
+            }
+            return Ok(());
+        }
+        // Each role's latest result: the fresh ones replace theirs, the others stay.
+        let fresh = p.report;
+        let mut report = self.current.report.take().unwrap_or_else(|| fresh.clone());
+        for r in &fresh.roles {
+            match report.roles.iter_mut().find(|x| x.role == r.role) {
+                Some(x) => *x = r.clone(),
+                None => report.roles.push(r.clone()),
+            }
+        }
+        report.roles.sort_by_key(|r| r.role as usize);
+        report.passed = report.roles.iter().all(|r| r.succeeded == 0);
+        let mut digests = std::collections::BTreeMap::new();
+        for (role, a) in &p.admitted {
+            digests.insert(role.name().to_string(), a.digests.clone());
+        }
+        for s in &self.roles {
+            if !p.roles.contains(&s.role) {
+                if let Some(d) = &s.digests {
+                    digests.insert(s.role.name().to_string(), d.clone());
+                }
+            }
+        }
+        let (cfg, inv, cell) = (&self.base.cfg, &self.base.inv, &self.base.cell);
+        let resources = Role::ALL
+            .iter()
+            .filter_map(|r| {
+                let (cgroup, files) = cell.cgroups.as_ref()?.record(*r)?;
+                Some((r.name().to_string(), crate::receipt::Resources { cgroup, files }))
+            })
+            .collect();
+        let written = crate::receipt::write(cfg, inv, &self.base.state_dir, &report, digests, &p.roles, resources);
+        self.current.report = Some(report);
+        let r = match written {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot write the receipt");
+                crate::log::say(&format!("{e}"));
+                return Err(exit::FAILED);
+            }
+        };
+        let names: Vec<&str> = p.roles.iter().map(|r| r.name()).collect();
+        tracing::info!(roles = %names.join(","), attempts = p.attempts, ms = p.ms, generation = r.generation, path = %crate::receipt::path(cfg).display(), "preflight passed; receipt written");
+        for (role, mut a) in p.admitted {
+            a.digests.generation = r.generation;
+            // The role's own attempts (the pass's total covers every role it ran).
+            let attempts = fresh.roles.iter().find(|x| x.role == role).map_or(0, |x| x.attempts.len());
+            let cgroup = cell.cgroups.as_ref().and_then(|t| t.record(role)).map(|(_, f)| f).unwrap_or_default();
+            let sealed = crate::sealed_text::role(cfg, a.plan(), inv, cgroup);
+            let s = &mut self.roles[role as usize];
+            s.passed =
+                Some(GatePass { generation: r.generation, preflight_ms: p.ms, attempts, at: crate::sys::unix_now() });
+            s.sealed = Some(sealed);
+            s.digests = Some(a.digests.clone());
+            s.phase = Phase::Down;
+            self.current.prepared[role as usize] = Some(a);
+        }
+        self.current.receipt = Some(r);
+        let facts = super::facts(&self.base, &self.current, &self.roles);
+        self.attest.publish(&facts)?;
+        let first = if p.roles.contains(&Role::Engine) { Role::Engine } else { Role::Node };
+        self.start(first)
+    }
+}

@@ -1,0 +1,337 @@
+//! Each role's lifecycle as data: its phase, its restart record, and the rules the loop applies
+//! when a role exits or a stop is asked for. Everything here is pure (time is an argument, no
+//! process is touched): the tables in the tests below are the rules, as s6-supervise keeps its
+//! state × event table apart from the loop that dispatches into it.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use nix::unistd::Pid;
+
+use crate::config::{Restart, RestartLimit, Role};
+use crate::exit;
+
+/// Restart backoff bounds; a role that ran this long resets its backoff.
+pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(500);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub(super) const STABLE_AFTER: Duration = Duration::from_secs(60);
+
+/// Where a role is. Each phase names what the loop waits for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Down,
+    /// Passing the gate: measured and preflighted, then started.
+    Starting,
+    Running(Pid),
+    /// SIGTERM sent; SIGKILL at this time.
+    Stopping(Pid, Instant),
+    /// Restart scheduled at this time.
+    Waiting(Instant),
+    /// Its scratch being emptied by this child, off the loop (cell::Cell::spawn_wipe).
+    Wiping(Pid),
+}
+
+impl Phase {
+    /// The name `ctl status` shows, and the process it waits on (docs/control.md).
+    pub(super) fn shown(self) -> (&'static str, Option<Pid>) {
+        match self {
+            Phase::Down => ("down", None),
+            Phase::Starting => ("starting", None),
+            Phase::Running(p) => ("running", Some(p)),
+            Phase::Stopping(p, _) => ("stopping", Some(p)),
+            Phase::Waiting(_) => ("restarting", None),
+            Phase::Wiping(p) => ("wiping", Some(p)),
+        }
+    }
+
+    /// Nothing of this role runs (a stop that fails now leaves no process behind).
+    pub(super) fn idle(self) -> bool {
+        matches!(self, Phase::Down | Phase::Waiting(_) | Phase::Starting)
+    }
+}
+
+/// What follows a stop once both roles are down and their scratch is wiped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum After {
+    /// sealnode exits.
+    Exit,
+    /// Both roles start again through the gate (a reload: with the new config).
+    Restart,
+    /// As Restart, answering the control client that asked (`ctl recycle`).
+    Recycle,
+}
+
+/// A stop in progress: the exit status it ends with, and what follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stop {
+    pub code: i32,
+    pub after: After,
+}
+
+impl Stop {
+    /// A second stop asked for while this one runs (a failure during a restart, a second
+    /// signal): the stricter of the two. An exit wins over a restart or recycle (two of those
+    /// are a restart), and the exit status is the larger: a failure's over a clean stop's
+    /// 0, and between failures the exit table's later row (125 config > 6 preflight error >
+    /// 5 restart limit > 4 not ready > 3 escape > 1).
+    pub(super) fn merge(self, code: i32, after: After) -> Stop {
+        let after = if self.after == After::Exit || after == After::Exit { After::Exit } else { After::Restart };
+        Stop { code: self.code.max(code), after }
+    }
+}
+
+/// A role's restarts: how many, the backoff the next one waits, and those within the
+/// restart limit's interval.
+#[derive(Debug)]
+pub(super) struct Restarts {
+    pub count: u32,
+    backoff: Duration,
+    recent: VecDeque<Instant>,
+}
+
+impl Default for Restarts {
+    fn default() -> Self {
+        Restarts { count: 0, backoff: BACKOFF_MIN, recent: VecDeque::new() }
+    }
+}
+
+/// A role's process exited: what the loop knows of it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Exited {
+    /// Its exit status (128 + the signal for a killed one).
+    pub code: i32,
+    /// How long it ran (None: its start time is unknown).
+    pub ran: Option<Duration>,
+    /// A stop is under way (nothing restarts then).
+    pub stopping: bool,
+    pub now: Instant,
+}
+
+/// What follows a role's exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Decision {
+    /// Start it again (through the gate) after this backoff.
+    Restart(Duration),
+    /// Its restart limit is reached (`restart_limit.burst` within `interval_s`): stop the cell,
+    /// exit 5.
+    GiveUp,
+    /// Its restart policy does not restart this exit: stop the cell, exit 1.
+    Stop,
+    /// A stop is under way: the role stays down.
+    StayDown,
+}
+
+impl Decision {
+    /// The exit status of the stop this decision begins, if any.
+    pub(super) fn stop_code(self) -> Option<i32> {
+        match self {
+            Decision::GiveUp => Some(exit::RESTART_LIMIT),
+            Decision::Stop => Some(exit::FAILED),
+            Decision::Restart(_) | Decision::StayDown => None,
+        }
+    }
+}
+
+impl Restarts {
+    /// The role exited: decide, and record a restart. A run of STABLE_AFTER or longer resets
+    /// the backoff; restarts older than the limit's interval no longer count toward its burst.
+    pub(super) fn on_exit(&mut self, e: Exited, policy: Restart, limit: RestartLimit) -> Decision {
+        let restart = !e.stopping && (policy == Restart::Always || (policy == Restart::OnFailure && e.code != 0));
+        if e.ran.is_some_and(|d| d >= STABLE_AFTER) {
+            self.backoff = BACKOFF_MIN;
+        }
+        let interval = Duration::from_secs(limit.interval_s);
+        while self.recent.front().is_some_and(|t| e.now.duration_since(*t) > interval) {
+            self.recent.pop_front();
+        }
+        match (restart, e.stopping) {
+            (true, _) if self.recent.len() >= limit.burst as usize => Decision::GiveUp,
+            (true, _) => {
+                self.recent.push_back(e.now);
+                let delay = self.backoff;
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                self.count += 1;
+                Decision::Restart(delay)
+            }
+            (false, true) => Decision::StayDown,
+            (false, false) => Decision::Stop,
+        }
+    }
+}
+
+/// A role waiting out its backoff may enter the gate now: the engine at once, the node only
+/// beside a ready engine; and one pass through the gate at a time.
+pub(super) fn may_restart(is_engine: bool, engine_ready: bool, gate_busy: bool) -> bool {
+    (is_engine || engine_ready) && !gate_busy
+}
+
+/// What follows the wipes in progress, once both are done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WipeFor {
+    /// Both roles then pass the gate (first start).
+    Start,
+    /// The stop in progress completes: exit, or re-provision and pass the gate.
+    Stop,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Wipes {
+    /// Wipes in flight (their roles in Phase::Wiping), and what follows them.
+    pub then: Option<WipeFor>,
+    pub failed: Vec<(Role, crate::cell::WipeFailed)>,
+    /// A stop to exit waits this long for wipes in flight, then kills them: the next start
+    /// wipes again (tests/gate.rs: a_stop_gives_a_held_wipe_its_grace_period_only).
+    pub deadline: Option<Instant>,
+}
+
+impl Wipes {
+    pub(super) fn busy(&self) -> bool {
+        self.then.is_some()
+    }
+
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(burst: u32, interval_s: u64) -> RestartLimit {
+        RestartLimit { burst, interval_s }
+    }
+
+    fn exited(code: i32, stopping: bool, now: Instant) -> Exited {
+        Exited { code, ran: Some(Duration::from_secs(1)), stopping, now }
+    }
+
+    #[test]
+    fn the_policy_decides_which_exits_restart() {
+        let now = Instant::now();
+        use Decision::{GiveUp, Restart as Again, StayDown, Stop};
+        use Restart as Policy;
+        // policy, exit status, a stop under way: the decision.
+        let table = [
+            (Policy::No, 0, false, Stop),
+            (Policy::No, 1, false, Stop),
+            (Policy::OnFailure, 0, false, Stop),
+            (Policy::OnFailure, 1, false, Again(BACKOFF_MIN)),
+            (Policy::OnFailure, 137, false, Again(BACKOFF_MIN)),
+            (Policy::Always, 0, false, Again(BACKOFF_MIN)),
+            (Policy::Always, 1, false, Again(BACKOFF_MIN)),
+            (Policy::No, 1, true, StayDown),
+            (Policy::OnFailure, 1, true, StayDown),
+            (Policy::Always, 0, true, StayDown),
+        ];
+        for (policy, code, stopping, want) in table {
+            let mut r = Restarts::default();
+            let got = r.on_exit(exited(code, stopping, now), policy, limit(5, 60));
+            assert_eq!(got, want, "{policy:?} exit {code} stopping {stopping}");
+            assert_eq!(r.count, u32::from(matches!(want, Again(_))));
+        }
+        assert_eq!(Stop.stop_code(), Some(exit::FAILED));
+        assert_eq!(GiveUp.stop_code(), Some(exit::RESTART_LIMIT));
+        assert_eq!(StayDown.stop_code(), None);
+        assert_eq!(Again(BACKOFF_MIN).stop_code(), None);
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_a_stable_run_resets_it() {
+        let mut r = Restarts::default();
+        let t0 = Instant::now();
+        let mut delays = Vec::new();
+        for i in 0..10u64 {
+            // Far apart: the burst limit never applies.
+            let now = t0 + Duration::from_secs(1000 * i);
+            match r.on_exit(exited(1, false, now), Restart::Always, limit(3, 10)) {
+                Decision::Restart(d) => delays.push(d.as_millis()),
+                d => panic!("restart {i}: {d:?}"),
+            }
+        }
+        assert_eq!(delays, [500, 1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000]);
+        // A run of STABLE_AFTER resets it; a shorter one does not.
+        let now = t0 + Duration::from_secs(20_000);
+        let short = Exited { code: 1, ran: Some(STABLE_AFTER - Duration::from_secs(1)), stopping: false, now };
+        assert_eq!(r.on_exit(short, Restart::Always, limit(3, 10)), Decision::Restart(BACKOFF_MAX));
+        let later = now + Duration::from_secs(1000);
+        let stable = Exited { code: 1, ran: Some(STABLE_AFTER), stopping: false, now: later };
+        assert_eq!(r.on_exit(stable, Restart::Always, limit(3, 10)), Decision::Restart(BACKOFF_MIN));
+        assert_eq!(r.count, 12);
+    }
+
+    #[test]
+    fn the_burst_within_the_interval_gives_up_and_older_restarts_are_forgotten() {
+        let t0 = Instant::now();
+        let mut r = Restarts::default();
+        let at = |s: u64| exited(1, false, t0 + Duration::from_secs(s));
+        // burst 3 within 10 s: three restarts, the fourth exit gives up.
+        for s in [0, 1, 2] {
+            assert!(matches!(r.on_exit(at(s), Restart::OnFailure, limit(3, 10)), Decision::Restart(_)), "{s}");
+        }
+        assert_eq!(r.on_exit(at(3), Restart::OnFailure, limit(3, 10)), Decision::GiveUp);
+        assert_eq!(r.count, 3, "giving up is not a restart");
+        // Once the first restart is older than the interval it no longer counts.
+        assert!(matches!(r.on_exit(at(11), Restart::OnFailure, limit(3, 10)), Decision::Restart(_)));
+        // A clean exit under on-failure stops, whatever the burst.
+        let clean = exited(0, false, t0 + Duration::from_secs(12));
+        assert_eq!(r.on_exit(clean, Restart::OnFailure, limit(3, 10)), Decision::Stop);
+        // burst 0: the first failure gives up.
+        let mut r = Restarts::default();
+        assert_eq!(r.on_exit(at(0), Restart::Always, limit(0, 10)), Decision::GiveUp);
+    }
+
+    #[test]
+    fn a_second_stop_keeps_the_stricter_outcome() {
+        use After::*;
+        let s = |code, after| Stop { code, after };
+        // The stop under way, the one asked for now: the stop that follows.
+        let table = [
+            (s(0, Restart), 0, Restart, s(0, Restart)),
+            (s(0, Recycle), 0, Recycle, s(0, Restart)),
+            (s(0, Restart), 0, Exit, s(0, Exit)),
+            (s(0, Exit), 0, Restart, s(0, Exit)),
+            (s(0, Recycle), exit::FAILED, Exit, s(exit::FAILED, Exit)),
+            (s(exit::FAILED, Exit), 0, Exit, s(exit::FAILED, Exit)),
+            (s(exit::PREFLIGHT_FAILED, Exit), exit::FAILED, Exit, s(exit::PREFLIGHT_FAILED, Exit)),
+            (s(exit::NOT_READY, Exit), exit::CONFIG, Exit, s(exit::CONFIG, Exit)),
+            (s(exit::RESTART_LIMIT, Exit), exit::PREFLIGHT_ERROR, Exit, s(exit::PREFLIGHT_ERROR, Exit)),
+        ];
+        for (now, code, after, want) in table {
+            assert_eq!(now.merge(code, after), want, "{now:?} then {code} {after:?}");
+        }
+    }
+
+    #[test]
+    fn a_waiting_role_enters_the_gate_only_when_it_may() {
+        // engine?, engine ready?, gate busy?: may it enter now.
+        for (engine, ready, busy, want) in [
+            (true, false, false, true),
+            (true, true, false, true),
+            (true, false, true, false),
+            (false, true, false, true),
+            (false, false, false, false),
+            (false, true, true, false),
+        ] {
+            assert_eq!(may_restart(engine, ready, busy), want, "engine {engine} ready {ready} busy {busy}");
+        }
+    }
+
+    #[test]
+    fn each_phase_shows_its_name_and_process() {
+        let p = Pid::from_raw(7);
+        let now = Instant::now();
+        let table = [
+            (Phase::Down, "down", None, true),
+            (Phase::Starting, "starting", None, true),
+            (Phase::Running(p), "running", Some(p), false),
+            (Phase::Stopping(p, now), "stopping", Some(p), false),
+            (Phase::Waiting(now), "restarting", None, true),
+            (Phase::Wiping(p), "wiping", Some(p), false),
+        ];
+        for (phase, name, pid, idle) in table {
+            assert_eq!(phase.shown(), (name, pid));
+            assert_eq!(phase.idle(), idle, "{phase:?}");
+        }
+    }
+}

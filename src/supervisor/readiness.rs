@@ -1,0 +1,217 @@
+//! The engine's readiness check, as a component of the event loop: from the engine's start,
+//! a TCP connect to its port inside the cell (or an HTTP GET answering 200) every
+//! READY_INTERVAL until its deadline, through a non-blocking socket in the engine's network
+//! namespace that the loop watches under [`TOKEN_READY`]. It offers `handle` (the socket is
+//! ready), a next deadline and `sweep` (the next try, or the timeout), and answers with an
+//! [`Event`] the supervisor acts on.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
+use nix::sys::socket::{connect, getsockopt, sockopt, SockaddrIn};
+
+use crate::cell::Cell;
+use crate::config::{Config, ReadyKind};
+
+pub(super) const TOKEN_READY: u64 = 4 << 56;
+/// Time between readiness attempts.
+pub(super) const READY_INTERVAL: Duration = Duration::from_millis(100);
+
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Connecting,
+    Reading,
+}
+
+#[derive(Debug)]
+struct Check {
+    fd: Option<OwnedFd>,
+    step: Step,
+    buf: Vec<u8>,
+    next_try: Instant,
+    deadline: Instant,
+    /// When the check began (the engine's start): readiness latency is measured from here.
+    began: Instant,
+    /// What the last try saw ("connection refused", "HTTP/1.1 503 Service Unavailable"), for
+    /// the timeout's message.
+    last: String,
+}
+
+/// What a check came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Event {
+    /// The engine answered (its latency is kept: [`Readiness::last_ms`]).
+    Ready,
+    /// It did not within `engine.ready.timeout_s`: the stop's exit is 4 (said and logged).
+    TimedOut,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Readiness {
+    check: Option<Check>,
+    /// How long the engine's last start took to pass its readiness check, in milliseconds.
+    last_ms: Option<f64>,
+}
+
+impl Readiness {
+    /// The engine just started: check it from now until `engine.ready.timeout_s`.
+    pub(super) fn begin(&mut self, cfg: &Config) {
+        let now = Instant::now();
+        self.check = Some(Check {
+            fd: None,
+            step: Step::Connecting,
+            buf: Vec::new(),
+            next_try: now,
+            deadline: now + Duration::from_secs(cfg.engine.ready().timeout_s),
+            began: now,
+            last: "no answer yet".to_string(),
+        });
+    }
+
+    /// A check is under way (the engine started and has not answered yet).
+    pub(super) fn pending(&self) -> bool {
+        self.check.is_some()
+    }
+
+    pub(super) fn last_ms(&self) -> Option<f64> {
+        self.last_ms
+    }
+
+    /// The engine stopped or exited: no check.
+    pub(super) fn cancel(&mut self, epoll: &Epoll) {
+        self.close_try(epoll);
+        self.check = None;
+    }
+
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        let c = self.check.as_ref()?;
+        Some(if c.fd.is_none() { c.deadline.min(c.next_try) } else { c.deadline })
+    }
+
+    /// The timeout, or the next try when due.
+    pub(super) fn sweep(&mut self, now: Instant, cfg: &Config, cell: &Cell, epoll: &Epoll) -> Option<Event> {
+        let c = self.check.as_ref()?;
+        if c.deadline <= now {
+            let ready = cfg.engine.ready();
+            let port = cfg.engine.port.unwrap_or(0);
+            let what = match ready.kind {
+                ReadyKind::Http => format!("GET http://127.0.0.1:{port}{} answering 200", ready.path),
+                ReadyKind::Tcp => format!("a TCP connect to 127.0.0.1:{port}"),
+            };
+            tracing::error!(timeout_s = ready.timeout_s, last = %c.last, "engine not ready in time");
+            crate::log::say(&format!(
+                "the engine did not become ready within {} s ({what}); last try: {}\n  \
+                 next: check the engine's own output above (a model still loading needs a larger \
+                 engine.ready.timeout_s; a wrong engine.port or --port never answers)",
+                ready.timeout_s, c.last
+            ));
+            self.cancel(epoll);
+            return Some(Event::TimedOut);
+        }
+        if c.fd.is_none() && c.next_try <= now {
+            self.try_connect(cfg, cell, epoll);
+        }
+        None
+    }
+
+    /// A new try: a connect from inside the engine's network namespace, watched by the loop.
+    fn try_connect(&mut self, cfg: &Config, cell: &Cell, epoll: &Epoll) {
+        let port = cfg.engine.port.unwrap_or(0) as u16;
+        let Some(c) = self.check.as_mut() else { return };
+        c.next_try = Instant::now() + READY_INTERVAL;
+        let Ok(fd) = cell.engine_socket() else { return };
+        match connect(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))) {
+            Ok(()) | Err(Errno::EINPROGRESS) => {}
+            Err(e) => {
+                c.last = format!("connect: {}", e.desc());
+                return;
+            }
+        }
+        if epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLOUT, TOKEN_READY)).is_ok() {
+            c.step = Step::Connecting;
+            c.buf.clear();
+            c.fd = Some(fd);
+        }
+    }
+
+    /// This try is over; the next comes after READY_INTERVAL.
+    fn close_try(&mut self, epoll: &Epoll) {
+        if let Some(fd) = self.check.as_mut().and_then(|c| c.fd.take()) {
+            let _ = epoll.delete(fd.as_fd());
+        }
+    }
+
+    fn ready(&mut self, epoll: &Epoll) -> Option<Event> {
+        self.close_try(epoll);
+        let latency = self.check.take().map(|c| c.began.elapsed());
+        self.last_ms = latency.map(|d| d.as_secs_f64() * 1000.0);
+        tracing::info!(role = "engine", ready_ms = self.last_ms, "engine ready");
+        Some(Event::Ready)
+    }
+
+    /// The try's socket is ready: connected (then, for HTTP, the request is sent), or the
+    /// answer's bytes arrived.
+    pub(super) fn handle(&mut self, cfg: &Config, epoll: &Epoll) -> Option<Event> {
+        let http = cfg.engine.ready().kind == ReadyKind::Http;
+        let c = self.check.as_mut()?;
+        let fd = c.fd.as_ref()?;
+        match c.step {
+            Step::Connecting => {
+                match getsockopt(fd, sockopt::SocketError) {
+                    Ok(0) => {}
+                    Ok(e) => {
+                        c.last = format!("connect: {}", Errno::from_raw(e).desc());
+                        self.close_try(epoll);
+                        return None;
+                    }
+                    Err(e) => {
+                        c.last = format!("connect: {}", e.desc());
+                        self.close_try(epoll);
+                        return None;
+                    }
+                }
+                if !http {
+                    return self.ready(epoll);
+                }
+                let path = &cfg.engine.ready().path;
+                let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nUser-Agent: sealnode-readiness\r\n\r\n");
+                if nix::unistd::write(fd, req.as_bytes()).ok() != Some(req.len()) {
+                    self.close_try(epoll);
+                    return None;
+                }
+                c.step = Step::Reading;
+                let _ = epoll.modify(fd.as_fd(), &mut EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_READY));
+            }
+            Step::Reading => {
+                let mut b = [0u8; 512];
+                match nix::unistd::read(fd, &mut b) {
+                    Ok(0) | Err(_) => {
+                        c.last = "the connection closed before an HTTP status line".to_string();
+                        self.close_try(epoll);
+                        return None;
+                    }
+                    Ok(n) => c.buf.extend_from_slice(&b[..n]),
+                }
+                if let Some(end) = c.buf.windows(2).position(|w| w == b"\r\n") {
+                    let line = String::from_utf8_lossy(&c.buf[..end]).into_owned();
+                    if line.split_whitespace().nth(1) == Some("200") {
+                        return self.ready(epoll);
+                    }
+                    // The engine's words, escaped like its own output (it could forge a line).
+                    tracing::debug!(status = %crate::log::clean(line.as_bytes()), "engine not ready yet");
+                    c.last = format!("answered {:?}", line.chars().take(120).collect::<String>());
+                    self.close_try(epoll);
+                    return None;
+                }
+                if c.buf.len() > 4096 {
+                    c.last = "answered 4 KiB without an HTTP status line".to_string();
+                    self.close_try(epoll);
+                }
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,133 @@
+//! What the roles say, as a component of the event loop: each role's stdout and stderr
+//! pipes (re-emitted line by line under its rate limit: crate::output, crate::log) under
+//! [`TOKEN_OUTPUT`], and its denial log (the syscalls its filter refused, answered and
+//! counted: crate::denylog) under [`TOKEN_REFUSED`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Instant;
+
+use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
+
+use crate::config::Role;
+
+/// A role's stdout or stderr pipe (output.rs); the low bits are the capture's id.
+pub(super) const TOKEN_OUTPUT: u64 = 8 << 56;
+/// A role's denial-log listener (its refused syscalls); the low bits are the role.
+pub(super) const TOKEN_REFUSED: u64 = 9 << 56;
+/// Refused syscalls answered per wake-up (the rest wait: a role cannot starve the loop).
+const REFUSED_BUDGET: usize = 256;
+
+#[derive(Debug)]
+pub(super) struct RoleIo {
+    /// The roles' stdout and stderr pipes still open (a restarted role's old ones drain to EOF).
+    outputs: HashMap<u64, crate::output::Capture>,
+    next_output: u64,
+    /// Each role's output rate limit, shared by its stdout and stderr.
+    buckets: [crate::output::Bucket; 2],
+    /// Each role's denial log (its current run's listener).
+    refusals: [Option<crate::denylog::DenyLog>; 2],
+    /// Refusals of each role's earlier runs, per syscall name.
+    refused_before: [BTreeMap<String, u64>; 2],
+}
+
+impl Default for RoleIo {
+    fn default() -> Self {
+        let now = Instant::now();
+        RoleIo {
+            outputs: HashMap::new(),
+            next_output: 1,
+            buckets: [crate::output::bucket(now), crate::output::bucket(now)],
+            refusals: [None, None],
+            refused_before: [BTreeMap::new(), BTreeMap::new()],
+        }
+    }
+}
+
+impl RoleIo {
+    /// Watch one of a role's output pipes.
+    pub(super) fn capture(&mut self, role: Role, pid: i32, generation: u64, err: bool, fd: OwnedFd, epoll: &Epoll) {
+        let id = self.next_output;
+        self.next_output += 1;
+        if let Err(e) = epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_OUTPUT | id)) {
+            // The role keeps running; its output is lost (the pipe closes and it gets EPIPE).
+            tracing::warn!(role = %role, pid, error = %e, "cannot watch the role's output; it is dropped");
+            return;
+        }
+        self.outputs.insert(id, crate::output::Capture::new(role, pid, generation, err, fd));
+    }
+
+    /// A role's pipe is readable: re-emit its lines (bounded per wake-up), forget it at EOF.
+    pub(super) fn on_output(&mut self, id: u64, epoll: &Epoll) {
+        let Some(c) = self.outputs.get_mut(&id) else { return };
+        let bucket = &mut self.buckets[c.role as usize];
+        let done = c.read(bucket, &mut |c, line| {
+            crate::log::role_line(c.role, c.pid, c.generation, c.err, &crate::log::clean(line))
+        });
+        if done == crate::output::Read::Eof {
+            if let Some(c) = self.outputs.remove(&id) {
+                let _ = epoll.delete(c.fd.as_fd());
+                if c.cut > 0 {
+                    tracing::warn!(role = %c.role, pid = c.pid, lines = c.cut, max_bytes = crate::output::MAX_LINE, "role output: lines longer than the limit were cut");
+                }
+            }
+        }
+    }
+
+    /// Lines a role wrote above its rate, said once a second at most.
+    pub(super) fn report_dropped(&mut self) {
+        let now = Instant::now();
+        for role in Role::ALL {
+            if let Some(n) = self.buckets[role as usize].report(now) {
+                tracing::warn!(role = %role, dropped = n, lines_per_s = crate::output::RATE, "role output over its rate limit: lines dropped");
+            }
+        }
+    }
+
+    /// Lines of `role` dropped over its rate limit, all its runs.
+    pub(super) fn dropped_lines(&self, role: Role) -> u64 {
+        self.buckets[role as usize].dropped_total
+    }
+
+    /// Serve a role's denial-log listener (replacing its previous run's, which closes).
+    pub(super) fn watch_refusals(&mut self, role: Role, listener: Option<OwnedFd>, errno: Option<i32>, epoll: &Epoll) {
+        if let Some(old) = self.refusals[role as usize].take() {
+            let _ = epoll.delete(old.fd.as_fd());
+            for (k, v) in old.counts() {
+                *self.refused_before[role as usize].entry(k).or_insert(0) += v;
+            }
+        }
+        let (Some(fd), Some(errno)) = (listener, errno) else { return };
+        match epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_REFUSED | role as u64)) {
+            Ok(()) => self.refusals[role as usize] = Some(crate::denylog::DenyLog::new(role, fd, errno)),
+            // Dropped: its refusals then fail with ENOSYS in the kernel, unlogged.
+            Err(e) => tracing::warn!(role = %role, error = %e, "cannot watch the denial log; refusals are not logged"),
+        }
+    }
+
+    /// Refused syscalls of a role wait on its listener: answer and log them (denylog.rs),
+    /// at most REFUSED_BUDGET per wake-up; forget the listener once its run ended.
+    pub(super) fn on_refused(&mut self, i: usize, epoll: &Epoll) {
+        let Some(d) = self.refusals.get_mut(i).and_then(|d| d.as_mut()) else { return };
+        if d.serve(REFUSED_BUDGET) == crate::denylog::Served::Closed {
+            let _ = epoll.delete(d.fd.as_fd());
+            // Its counts stay for ctl status and the metrics.
+            let counts = d.counts();
+            for (k, v) in counts {
+                *self.refused_before[i].entry(k).or_insert(0) += v;
+            }
+            self.refusals[i] = None;
+        }
+    }
+
+    /// Refusals the denial log saw for `role` (all its runs), per syscall name.
+    pub(super) fn refused_counts(&self, role: Role) -> BTreeMap<String, u64> {
+        let mut all = self.refused_before[role as usize].clone();
+        if let Some(d) = &self.refusals[role as usize] {
+            for (k, v) in d.counts() {
+                *all.entry(k).or_insert(0) += v;
+            }
+        }
+        all
+    }
+}

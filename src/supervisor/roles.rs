@@ -1,0 +1,246 @@
+//! The roles' processes: start one from the plan the gate admitted, act on its exit by the
+//! lifecycle's rules (lifecycle.rs: restart after a backoff, give up, stop), stop both in
+//! reverse order (SIGTERM, then SIGKILL after the grace period), and start the node once the
+//! engine is ready.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sd_notify::NotifyState;
+
+use super::lifecycle::{self, After, Decision, Phase, Stop};
+use super::{gate, notify, output_pipes, Supervisor};
+use crate::config::{Restart, Role};
+use crate::error::Error;
+use crate::exit;
+use crate::sandbox;
+
+impl Supervisor {
+    /// The engine runs and answered its readiness check.
+    pub(super) fn engine_is_ready(&self) -> bool {
+        !self.ready.pending() && matches!(self.roles[Role::Engine as usize].phase, Phase::Running(_))
+    }
+
+    /// Start a role from the plan the gate admitted for it. Errors stop the cell (returned as
+    /// the exit code when nothing runs yet).
+    pub(super) fn start(&mut self, role: Role) -> std::result::Result<(), i32> {
+        // Only what the gate admitted starts: fail closed if there is none.
+        let mut pipes = None;
+        let errno = self.current.prepared[role as usize].as_ref().and_then(|a| a.plan().refusal_log);
+        let started = match self.current.prepared[role as usize].take().map(gate::Admitted::into_plan) {
+            Some(mut plan) => match output_pipes() {
+                Ok((stdio, out, err)) => {
+                    plan.stdio = Some(stdio);
+                    pipes = Some((out, err));
+                    // The plan (and with it the pipes' write ends) is dropped once spawned.
+                    sandbox::spawn_in(&plan, Some(&self.base.cell))
+                }
+                Err(e) => Err(e),
+            },
+            None => Err(Error::errno(
+                format!("{role}: no start passed the gate (internal error)"),
+                nix::errno::Errno::EPERM,
+            )),
+        };
+        match started {
+            Ok(sb) => {
+                let generation = self.generation();
+                let epoll = &self.base.epoll;
+                tracing::info!(role = %role, pid = sb.pid.as_raw(), generation, "role started");
+                if let Some((out, err)) = pipes {
+                    self.io.capture(role, sb.pid.as_raw(), generation, false, out, epoll);
+                    self.io.capture(role, sb.pid.as_raw(), generation, true, err, epoll);
+                }
+                self.io.watch_refusals(role, sb.listener, errno, epoll);
+                let s = self.slot(role);
+                s.phase = Phase::Running(sb.pid);
+                s.started = Some(Instant::now());
+                s.starts += 1;
+                notify(&[NotifyState::Status(&format!("{role} started"))]);
+                if role == Role::Engine {
+                    self.ready.begin(&self.base.cfg);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(role = %role, error = %e, "role failed to start");
+                crate::log::say(&format!("{e}"));
+                let nothing_running = self.roles.iter().all(|s| s.phase.idle());
+                self.begin_stop(exit::FAILED, After::Exit);
+                if nothing_running {
+                    Err(exit::CONFIG)
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// A child that is none of the loop's own helpers exited: a role stopping, or a role
+    /// running.
+    pub(super) fn role_process_exited(&mut self, pid: Pid, code: i32) {
+        for i in 0..2 {
+            let role = self.roles[i].role;
+            match self.roles[i].phase {
+                Phase::Stopping(p, _) if p == pid => {
+                    tracing::info!(role = %role, pid = pid.as_raw(), code, "role stopped");
+                    self.roles[i].phase = Phase::Down;
+                }
+                Phase::Running(p) if p == pid => self.role_exited(role, pid, code),
+                _ => {}
+            }
+        }
+    }
+
+    /// A running role exited: its OOM kill said, then the lifecycle's decision applied.
+    fn role_exited(&mut self, role: Role, pid: Pid, code: i32) {
+        // The kernel's OOM killer killed the role's whole leaf (memory.oom.group): say so, with
+        // the limit, before the restart policy applies as to any other exit.
+        let oom =
+            self.base.cell.cgroups.as_ref().map(|t| (t.oom_kills(role), t.limits(role).and_then(|l| l.memory_max_mb)));
+        if let Some((kills, max)) = oom {
+            let seen = std::mem::replace(&mut self.slot(role).oom_kills, kills);
+            if kills > seen {
+                tracing::error!(role = %role, pid = pid.as_raw(), code, memory_max_mb = max, oom_kills = kills, "role OOM-killed: it reached its memory limit");
+            }
+        }
+        let policy = self.base.cfg.role(role).restart;
+        let limit = self.base.cfg.role(role).restart_limit;
+        let now = Instant::now();
+        let stopping = self.stop.is_some();
+        let s = self.slot(role);
+        let ran = s.started.map(|t| now.duration_since(t));
+        let decision = s.restarts.on_exit(lifecycle::Exited { code, ran, stopping, now }, policy, limit);
+        match decision {
+            Decision::Restart(delay) => {
+                s.phase = Phase::Waiting(now + delay);
+                let restarts = s.restarts.count;
+                tracing::warn!(role = %role, pid = pid.as_raw(), code, restart_in_ms = delay.as_millis() as u64, restarts, "role exited; restarting");
+                notify(&[NotifyState::Status(&format!("{role} exited with {code}; restarting"))]);
+                if role == Role::Engine {
+                    self.ready.cancel(&self.base.epoll);
+                }
+            }
+            Decision::GiveUp => {
+                s.phase = Phase::Down;
+                tracing::error!(role = %role, pid = pid.as_raw(), code, burst = limit.burst, interval_s = limit.interval_s, "role exited; restart limit reached, stopping the cell");
+                crate::log::say(&format!(
+                    "{role} exited with status {code}; it was restarted {} times within {} s already (restart_limit.burst); stopping the cell",
+                    limit.burst, limit.interval_s
+                ));
+            }
+            Decision::Stop => {
+                s.phase = Phase::Down;
+                let policy = match policy {
+                    Restart::No => "no",
+                    Restart::OnFailure => "on-failure",
+                    Restart::Always => "always",
+                };
+                tracing::error!(role = %role, pid = pid.as_raw(), code, "role exited; stopping the cell (restart = \"{policy}\")");
+                crate::log::say(&format!("{role} exited with status {code}; stopping the cell"));
+            }
+            Decision::StayDown => s.phase = Phase::Down,
+        }
+        if let Some(code) = decision.stop_code() {
+            self.begin_stop(code, After::Exit);
+        }
+    }
+
+    /// Stop both roles (node first), for `after`; a stop already under way keeps the stricter
+    /// outcome (lifecycle::Stop::merge). Whatever was about to start does not: the readiness
+    /// check, a pass through the gate (its processes killed), a reload's dry run, restarts
+    /// waiting out their backoff.
+    pub(super) fn begin_stop(&mut self, code: i32, after: After) {
+        self.stop = Some(match self.stop {
+            Some(s) => s.merge(code, after),
+            None => Stop { code, after },
+        });
+        if after == After::Exit {
+            notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+            // A recycle in progress will not complete: say so rather than hang up.
+            self.control.recycle_done(&crate::control::error("sealnode is stopping; the recycle did not complete"));
+        }
+        self.ready.cancel(&self.base.epoll);
+        if self.gate.busy() {
+            tracing::info!("preflight abandoned: a stop was requested (the gate's measurement and probes are killed)");
+            self.gate.abandon(&self.base.epoll);
+        }
+        self.reload.abandon();
+        for s in self.roles.iter_mut() {
+            if matches!(s.phase, Phase::Waiting(_) | Phase::Starting) {
+                s.phase = Phase::Down;
+            }
+        }
+        self.arm_wipe_deadline();
+        self.stop_next();
+    }
+
+    /// Stop in reverse order: the node first, the engine once the node is down.
+    pub(super) fn stop_next(&mut self) {
+        let grace = Duration::from_secs(self.base.cfg.cell.stop_timeout_s);
+        for role in [Role::Node, Role::Engine] {
+            let s = self.slot(role);
+            match s.phase {
+                Phase::Running(pid) => {
+                    tracing::info!(role = %role, pid = pid.as_raw(), "stopping role (SIGTERM)");
+                    let _ = kill(pid, Signal::SIGTERM);
+                    s.phase = Phase::Stopping(pid, Instant::now() + grace);
+                    return;
+                }
+                Phase::Stopping(..) => return,
+                _ => {}
+            }
+        }
+    }
+
+    /// The roles' timers: SIGKILL after the grace period; a restart whose backoff is over
+    /// enters the gate when it may (lifecycle::may_restart).
+    pub(super) fn roles_timer(&mut self, now: Instant) {
+        for i in 0..2 {
+            match self.roles[i].phase {
+                Phase::Stopping(pid, at) if at <= now => {
+                    tracing::warn!(role = %self.roles[i].role, pid = pid.as_raw(), "grace period over; SIGKILL");
+                    let _ = kill(pid, Signal::SIGKILL);
+                    self.roles[i].phase = Phase::Stopping(pid, now + Duration::from_secs(3600));
+                }
+                Phase::Waiting(at) if at <= now && self.stop.is_none() => {
+                    let role = self.roles[i].role;
+                    // Either passes the gate first: its program measured, its preflight, a
+                    // new receipt; then it starts.
+                    if lifecycle::may_restart(role == Role::Engine, self.engine_is_ready(), self.gate.busy()) {
+                        self.roles[i].phase = Phase::Down;
+                        if let Err(code) = self.enter_gate(&[role]) {
+                            self.begin_stop(code, After::Exit);
+                        }
+                    } else {
+                        self.roles[i].phase = Phase::Waiting(now + super::readiness::READY_INTERVAL);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The engine answered its readiness check: start the node (if down), tell systemd, end a
+    /// reload or answer a recycle.
+    pub(super) fn engine_ready(&mut self) {
+        if self.stop.is_some() {
+            return;
+        }
+        if self.roles[Role::Node as usize].phase == Phase::Down && self.start(Role::Node).is_err() {
+            return;
+        }
+        if matches!(self.roles[Role::Node as usize].phase, Phase::Running(_)) {
+            self.sd.roles_up(self.reload.in_progress());
+            if self.reload.finish() {
+                tracing::info!(generation = self.current.receipt.as_ref().map(|r| r.generation), "reload complete");
+            }
+        }
+        let generation = self.current.receipt.as_ref().map(|r| r.generation);
+        if self.control.recycle_waiting() {
+            tracing::info!(generation, "recycle complete");
+        }
+        self.control.recycle_done(&serde_json::json!({ "ok": true, "recycled": true, "generation": generation }));
+    }
+}

@@ -1,0 +1,109 @@
+//! SIGHUP, step by step: the config read again and checked (reload.rs says what may change),
+//! its dry run through the gate in a throwaway cell while the old roles run on, then the
+//! switch (both roles stopped and started again through the gate with it), or the refusal,
+//! said and kept for `ctl status`.
+
+use sd_notify::NotifyState;
+
+use super::lifecycle::After;
+use super::reload::refused;
+use super::{gate, log_devices_from, notify, Supervisor};
+use crate::config::{Config, Role};
+use crate::error::Error;
+use crate::exit;
+
+impl Supervisor {
+    /// SIGHUP: read the config and its policies again through the checked path. Invalid, or a
+    /// change only a new cell could apply: keep running as is, log why, show it in `ctl
+    /// status`. Valid: the new config passes the gate first, in a throwaway cell of its own
+    /// (its programs measured, its preflight; in this cell the running engine listens, and
+    /// an engine allowed to connect would reach it and look like an escape), while the old
+    /// roles keep running; then both roles are stopped and started again through the gate.
+    pub(super) fn reload(&mut self) {
+        // Busy includes the wipes before the first start: that start's pass is next, and a
+        // dry run begun meanwhile would meet it (tests/gate.rs:
+        // a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on).
+        if self.stop.is_some() || self.control.recycle_waiting() || self.gate.busy() || self.wipes.busy() {
+            tracing::warn!("SIGHUP ignored: a start, stop, restart, recycle or reload is in progress");
+            self.reload.last = Some(serde_json::json!({
+                "ok": false,
+                "at": crate::sys::unix_now(),
+                "error": "a start, stop, restart, recycle or reload was in progress",
+            }));
+            return;
+        }
+        let cfg = &self.base.cfg;
+        let loaded = Config::load(&cfg.file, &self.base.inv).and_then(|new| match refused(cfg, &new) {
+            changed if changed.is_empty() => Ok(new),
+            changed => Err(Error::config(
+                &cfg.file,
+                changed.join(", "),
+                "changed, but the running cell (its network, listeners, users, dirs and TPM) was built with the old value; restart sealnode to apply it",
+            )),
+        });
+        let new = match loaded {
+            Ok(new) => new,
+            Err(e) => return self.reload_failed(e.to_string()),
+        };
+        log_devices_from(&new);
+        let ctx = gate::Ctx {
+            cfg: &new,
+            inv: &self.base.inv,
+            cell: &self.base.cell,
+            state: &self.base.state_dir,
+            epoll: &self.base.epoll,
+            // The dry run hashes what the start will (its cache makes the start cheap): a
+            // model dir the start could not hash is refused now, with the roles untouched.
+            hash_models: self.attest.signing(),
+            scratch: [&self.roles[0].scratch, &self.roles[1].scratch],
+        };
+        match self.gate.begin(&ctx, &Role::ALL, gate::Purpose::DryRun) {
+            Ok(()) => {
+                tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: the new config passes the gate first (a throwaway cell); the running roles are untouched meanwhile");
+                self.reload.candidate = Some(new);
+            }
+            Err(o) => self.reload_refused(o),
+        }
+    }
+
+    /// The new config's dry run failed: nothing changes.
+    pub(super) fn reload_refused(&mut self, o: gate::Outcome) {
+        let file = self.reload.candidate.take().map(|c| c.file).unwrap_or_else(|| self.base.cfg.file.clone());
+        let gate::Outcome::Refused { code, message, details } = o else { return };
+        let why = match code {
+            exit::PREFLIGHT_FAILED => Error::config(
+                &file,
+                "(policies)",
+                format!("the new config's preflight found escapes: {}", details.join("; ")),
+            )
+            .to_string(),
+            _ => message,
+        };
+        self.reload_failed(why);
+    }
+
+    fn reload_failed(&mut self, e: String) {
+        tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
+        crate::log::say(&format!("reload refused: {e}"));
+        notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
+        self.reload.last = Some(serde_json::json!({ "ok": false, "at": crate::sys::unix_now(), "error": e }));
+    }
+
+    /// The new config passed its dry run: both roles stop and start again through the gate
+    /// with it (the cell's network stays).
+    pub(super) fn reload_passed(&mut self) {
+        let Some(new) = self.reload.candidate.take() else { return };
+        tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: config reloaded; restarting both roles through the gate (the cell's network stays)");
+        let mut states = vec![NotifyState::Reloading, NotifyState::Status("reloading")];
+        if let Ok(usec) = NotifyState::monotonic_usec_now() {
+            states.push(usec);
+        }
+        notify(&states);
+        self.reload.last = Some(
+            serde_json::json!({ "ok": true, "at": crate::sys::unix_now(), "config_sha256": new.loaded.config.sha256 }),
+        );
+        self.reload.next = Some(new);
+        self.reload.in_progress = true;
+        self.begin_stop(exit::OK, After::Restart);
+    }
+}

@@ -1,0 +1,146 @@
+//! The scratch wipes: before the first start and after every stop, both roles' scratch dirs
+//! are emptied, each by a child of its own (cell::Cell::spawn_wipe) that the loop reaps, so a
+//! huge or hostile tree never holds the loop. What follows the wipes: the gate (a start, a
+//! reload's or recycle's re-provision), or the exit. A role never starts on what an earlier
+//! run left: a wipe that fails before a start stops the cell (fail closed); before an exit it
+//! is only reported (the next start wipes again).
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::Pid;
+
+use super::lifecycle::{After, Phase, Stop, WipeFor};
+use super::{stopped_early, Supervisor};
+use crate::cell::{WipeFailed, WipeTarget};
+use crate::config::Role;
+use crate::exit;
+
+impl Supervisor {
+    /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
+    /// after_wipes`] goes on once both are done.
+    pub(super) fn begin_wipes(&mut self, then: WipeFor) {
+        self.wipes.then = Some(then);
+        self.wipes.failed.clear();
+        for role in Role::ALL {
+            let cell = &self.base.cell;
+            let target = match cell.capped_scratch(role) {
+                Some(path) => WipeTarget::Tmpfs(path),
+                None => WipeTarget::Dir(self.roles[role as usize].scratch.as_fd()),
+            };
+            let spawned = cell.spawn_wipe(target, self.base.ids[role as usize]);
+            match spawned {
+                Ok(pid) => self.slot(role).phase = Phase::Wiping(pid),
+                Err(e) => self.wipes.failed.push((role, WipeFailed::Errno(e))),
+            }
+        }
+        self.arm_wipe_deadline();
+    }
+
+    /// `pid` was a wipe child: its role is down, its result kept for [`Supervisor::after_wipes`].
+    pub(super) fn wipe_exited(&mut self, pid: Pid, ws: WaitStatus) -> bool {
+        let Some(i) = self.roles.iter().position(|s| s.phase == Phase::Wiping(pid)) else { return false };
+        self.roles[i].phase = Phase::Down;
+        if let Err(e) = crate::cell::wipe_result(ws) {
+            self.wipes.failed.push((self.roles[i].role, e));
+        }
+        true
+    }
+
+    /// Both wipes done: what they were for. Some(code): the loop ends with it.
+    pub(super) fn after_wipes(&mut self) -> Option<i32> {
+        if self.wipes.then.is_none() || self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_))) {
+            return None;
+        }
+        self.wipes.then = None;
+        self.wipes.deadline = None;
+        let failed = std::mem::take(&mut self.wipes.failed);
+        let next = match self.stop {
+            // A stop that came during a start's wipes ends the loop like any stop.
+            Some(Stop { code, after: After::Exit }) => {
+                for (role, e) in &failed {
+                    let dir = self.base.cfg.role(*role).scratch.display().to_string();
+                    tracing::warn!(role = %role, dir, error = %e, "could not wipe scratch (the next start wipes it)");
+                }
+                return Some(self.finish_stop(code));
+            }
+            Some(Stop { after, .. }) => {
+                self.fwd.close_all(&self.base.epoll);
+                self.stop = None;
+                if let Some(new) = self.reload.take_next() {
+                    self.base.cfg = new;
+                }
+                tracing::info!(recycle = after == After::Recycle, "re-provisioning both roles");
+                "re-provision"
+            }
+            None => "start",
+        };
+        for (role, e) in &failed {
+            let dir = self.base.cfg.role(*role).scratch.display().to_string();
+            let hint = match e {
+                WipeFailed::Errno(Errno::EACCES | Errno::EPERM) => {
+                    " (it holds files the role cannot have left there: another host user's; remove them by hand)"
+                }
+                WipeFailed::Errno(Errno::EBUSY) => " (a mount point inside it: unmount it)",
+                _ => "",
+            };
+            tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
+            crate::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
+        }
+        let entered = if failed.is_empty() { self.enter_gate(&Role::ALL) } else { Err(exit::CONFIG) };
+        match entered {
+            Ok(()) => None,
+            Err(code) => {
+                self.control.recycle_done(&crate::control::error(format!("{next} failed; sealnode stops")));
+                Some(stopped_early(code))
+            }
+        }
+    }
+
+    /// The cell's last words after a stop: forwarding drained, totals logged.
+    fn finish_stop(&mut self, code: i32) -> i32 {
+        // Drain: no forwarded connection outlives the roles.
+        self.fwd.close_all(&self.base.epoll);
+        self.stop = None;
+        self.attest.abandon();
+        for s in self.fwd.stats() {
+            tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
+        }
+        if let Some(s) = self.fwd.engine_stats() {
+            tracing::info!(
+                accepted = s.accepted,
+                bytes_up = s.bytes_up,
+                bytes_down = s.bytes_down,
+                refused = s.refused_over_limit,
+                failed = s.connect_failed,
+                "node-to-engine totals"
+            );
+        }
+        tracing::info!(code, "cell stopped");
+        code
+    }
+
+    /// A stop to exit gives wipes in flight the grace period the roles get.
+    pub(super) fn arm_wipe_deadline(&mut self) {
+        let exiting = matches!(self.stop, Some(Stop { after: After::Exit, .. }));
+        if exiting && self.wipes.deadline.is_none() && self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_))) {
+            self.wipes.deadline = Some(Instant::now() + Duration::from_secs(self.base.cfg.cell.stop_timeout_s));
+        }
+    }
+
+    /// Wipes that outlived the stop's grace period are killed.
+    pub(super) fn wipes_timer(&mut self, now: Instant) {
+        if self.wipes.deadline.is_some_and(|t| t <= now) {
+            self.wipes.deadline = None;
+            for s in &self.roles {
+                if let Phase::Wiping(pid) = s.phase {
+                    tracing::warn!(role = %s.role, pid = pid.as_raw(), "the scratch wipe did not finish within the stop's grace period; killed (the next start wipes again)");
+                    let _ = kill(pid, Signal::SIGKILL);
+                }
+            }
+        }
+    }
+}
