@@ -14,6 +14,5 @@ pub mod table;
 pub mod view;
 
 pub use plan::{Layers, Plan, Program};
-pub use protocol::SETUP_FAILED; // to be removed with it
 pub use spawn::{run_to_exit, spawn, spawn_in, Sandbox};
 pub use stage::Stage;

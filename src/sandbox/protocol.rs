@@ -19,9 +19,6 @@ use nix::unistd::Pid;
 use crate::error::Error;
 use crate::{exit, sys};
 
-/// The old name of [`exit::CONFIG`], the status a child whose setup failed exits with.
-pub const SETUP_FAILED: i32 = exit::CONFIG; // to be removed: only src/supervisor/ still uses it
-
 /// Signals the launcher passes on to a sandbox's init, and the init on to its workload.
 pub const FORWARDED: [Signal; 6] =
     [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];

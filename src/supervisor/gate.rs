@@ -170,7 +170,7 @@ impl Gate {
                 .map(|s| (s.st_dev, s.st_ino));
             if held.is_err() || held != now {
                 return Err(refuse(
-                    sandbox::SETUP_FAILED,
+                    exit::CONFIG,
                     Error::config(
                         &ctx.cfg.file,
                         format!("{role}.scratch"),
@@ -185,7 +185,7 @@ impl Gate {
         }
         let mut plans = Vec::new();
         for role in roles {
-            let plan = Plan::for_run(ctx.cfg, *role, ctx.inv).map_err(|e| refuse(sandbox::SETUP_FAILED, e))?;
+            let plan = Plan::for_run(ctx.cfg, *role, ctx.inv).map_err(|e| refuse(exit::CONFIG, e))?;
             plans.push((*role, plan));
         }
         // Model files are hashed for the statements (only with a key), and only from a
@@ -378,7 +378,7 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
         Err(e) => return refused(exit::PREFLIGHT_ERROR, format!("measuring what runs: {e}")),
     };
     if let Some(e) = measured.error(&cfg.file) {
-        return refused(sandbox::SETUP_FAILED, e.to_string());
+        return refused(exit::CONFIG, e.to_string());
     }
     if let Some(why) = &measured.could_not {
         return refused(exit::PREFLIGHT_ERROR, format!("preflight could not run: {why}"));
@@ -424,7 +424,7 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
     for (role, mut plan) in std::mem::take(&mut job.plans) {
         let mut digests = match crate::receipt::policy_digests(cfg, role) {
             Ok(d) => d,
-            Err(e) => return refused(sandbox::SETUP_FAILED, e.to_string()),
+            Err(e) => return refused(exit::CONFIG, e.to_string()),
         };
         if let Some(sp) = plan.sealed_program() {
             let Some(d) = measured.program(role) else {
