@@ -48,7 +48,7 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
             match a {
                 Asked::Shown(code) => Ok(code),
                 Asked::Read(s) => {
-                    print!("{}", sealnode::status_text::render(&serde_json::to_value(&s).unwrap_or_default()));
+                    print!("{}", sealnode::status_text::render(&s));
                     Ok(sealnode::exit::OK)
                 }
             }
@@ -75,7 +75,7 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
                     return Err(Failure::general(e));
                 }
             };
-            let text = sealnode::metrics::render(&serde_json::to_value(&status).unwrap_or_default());
+            let text = sealnode::metrics::render(&status);
             match textfile {
                 // node_exporter's textfile collector reads *.prom files: written whole, atomically.
                 Some(path) => write_textfile(&path, &text).map_err(|e| Failure::general(format!("metrics: {e}")))?,
