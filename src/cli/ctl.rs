@@ -43,20 +43,18 @@ fn socket(target: Target) -> Result<PathBuf, Failure> {
 pub fn ctl(target: Target, show: Show) -> Outcome {
     let path = socket(target)?;
     match show {
-        Show::Status { json } => {
-            let a = ask::<Status>(&path, Request::Status, json, "status")?;
-            match a {
-                Asked::Shown(code) => Ok(code),
-                Asked::Read(s) => {
-                    print!("{}", sealnode::status_text::render(&s));
-                    Ok(sealnode::exit::OK)
-                }
+        Show::Status { json } => match ask::<Status>(&path, Request::Status, json, "status")? {
+            Asked::Shown(code) => Ok(code),
+            Asked::Read(s) => {
+                print!("{}", sealnode::status_text::render(&s));
+                Ok(sealnode::exit::OK)
             }
-        }
+        },
         Show::Recycle { json } => match ask::<Recycled>(&path, Request::Recycle, json, "recycle")? {
             Asked::Shown(code) => Ok(code),
             Asked::Read(r) => {
-                println!("recycled: both roles restarted through the gate, receipt generation {}", r.generation);
+                let generation = r.generation.map_or("?".to_string(), |g| g.to_string());
+                println!("recycled: both roles restarted through the gate, receipt generation {generation}");
                 Ok(sealnode::exit::OK)
             }
         },

@@ -172,12 +172,12 @@ impl From<Refusal> for Value {
 pub struct Recycled {
     pub ok: Always<true>,
     pub recycled: Always<true>,
-    /// The new receipt's generation.
-    pub generation: u64,
+    /// The new receipt's generation (none only without a receipt, which a recycle writes).
+    pub generation: Option<u64>,
 }
 
 impl Recycled {
-    pub fn new(generation: u64) -> Recycled {
+    pub fn new(generation: Option<u64>) -> Recycled {
         Recycled { ok: Always, recycled: Always, generation }
     }
 }
@@ -514,9 +514,9 @@ pub(crate) mod tests {
         assert_eq!(refused, Reply::Refused(Refusal::new("uid 5 is not allowed")));
         let r: Reply<Recycled> =
             serde_json::from_str(r#"{"ok":true,"recycled":true,"generation":4}"#).expect("recycled");
-        assert_eq!(r, Reply::Ok(Recycled::new(4)));
+        assert_eq!(r, Reply::Ok(Recycled::new(Some(4))));
         assert_eq!(
-            serde_json::to_string(&Recycled::new(4)).expect("json"),
+            serde_json::to_string(&Recycled::new(Some(4))).expect("json"),
             r#"{"ok":true,"recycled":true,"generation":4}"#
         );
         // A status whose field is wrong is refused naming it, not as "no variant matched".
