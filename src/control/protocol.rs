@@ -4,8 +4,10 @@
 //!
 //! The wire form is docs/control.md's, field for field: the same names, a null where an
 //! optional value is absent (`engine_ready_ms`, `gate`, a role's `pid`), a field left out only
-//! where the doc says so (the statement's `why`). JSON objects are unordered, so the order a
-//! type writes its fields in carries nothing.
+//! where the doc says so (the statement's `why`, the reload's `error` or `config_sha256`); and
+//! two fields the supervisor writes that the doc's table does not list, `log_dropped_lines`
+//! and a role's `refused_syscalls`. JSON objects are unordered, so the order a type writes its
+//! fields in carries nothing.
 //!
 //! Requests are read strictly ([`parse`]: unknown fields, unknown commands and a misplaced
 //! nonce refused, each with the message docs/control.md lists). Answers are read liberally:
