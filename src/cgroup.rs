@@ -324,24 +324,45 @@ impl Tree {
         keyed(&l.path.join("memory.events")).get("oom_kill").copied().unwrap_or(0)
     }
 
-    /// Usage and events of the role's leaf, for `ctl status`.
-    pub fn usage(&self, role: Role) -> serde_json::Value {
-        let Some(l) = self.leaf(role) else { return serde_json::Value::Null };
+    /// Usage and events of the role's leaf, for `ctl status` (none without a leaf).
+    pub fn usage(&self, role: Role) -> Option<Usage> {
+        let l = self.leaf(role)?;
         let num = |f: &str| read(&l.path.join(f)).ok().and_then(|s| s.parse::<u64>().ok());
         let cpu = keyed(&l.path.join("cpu.stat"));
-        serde_json::json!({
-            "cgroup": l.path.display().to_string(),
-            "limits": l.written,
-            "memory_current": num("memory.current"),
-            "memory_peak": num("memory.peak"),
-            "memory_events": keyed(&l.path.join("memory.events")),
-            "pids_current": num("pids.current"),
-            "pids_events": keyed(&l.path.join("pids.events")),
-            "cpu_usage_usec": cpu.get("usage_usec"),
-            "cpu_nr_throttled": cpu.get("nr_throttled"),
-            "cpu_throttled_usec": cpu.get("throttled_usec"),
+        Some(Usage {
+            cgroup: l.path.display().to_string(),
+            limits: l.written.clone(),
+            memory_current: num("memory.current"),
+            memory_peak: num("memory.peak"),
+            memory_events: keyed(&l.path.join("memory.events")),
+            pids_current: num("pids.current"),
+            pids_events: keyed(&l.path.join("pids.events")),
+            cpu_usage_usec: cpu.get("usage_usec").copied(),
+            cpu_nr_throttled: cpu.get("nr_throttled").copied(),
+            cpu_throttled_usec: cpu.get("throttled_usec").copied(),
         })
     }
+}
+
+/// A role leaf's usage and events as `ctl status` shows them (its `resources`); a counter the
+/// kernel does not offer (its controller off) is none.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// The leaf's path.
+    pub cgroup: String,
+    /// The limit files written in the leaf and their values.
+    pub limits: BTreeMap<String, String>,
+    pub memory_current: Option<u64>,
+    pub memory_peak: Option<u64>,
+    /// memory.events: `low`, `high`, `max`, `oom`, `oom_kill`, ... as the kernel lists them.
+    pub memory_events: BTreeMap<String, u64>,
+    pub pids_current: Option<u64>,
+    /// pids.events: `max` (forks refused at pids.max).
+    pub pids_events: BTreeMap<String, u64>,
+    /// cpu.stat's `usage_usec`, `nr_throttled` and `throttled_usec`.
+    pub cpu_usage_usec: Option<u64>,
+    pub cpu_nr_throttled: Option<u64>,
+    pub cpu_throttled_usec: Option<u64>,
 }
 
 impl Drop for Tree {

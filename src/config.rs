@@ -61,7 +61,11 @@ pub const SYSTEM_RO: &[&str] = &[
 /// them (`/` only exactly).
 pub const RESERVED_INSIDE: &[&str] = &["/", "/proc", "/dev", "/tmp", "/etc", INSIDE_SCRATCH, INSIDE_MODELS, "/run"];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+/// A role; as JSON (the control protocol's status) its name, `"engine"` or `"node"`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     Engine,
     Node,

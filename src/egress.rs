@@ -22,7 +22,7 @@ use nix::sys::socket::{
     accept4, connect, getsockopt, shutdown, socket, sockopt, AddressFamily, Shutdown, SockFlag, SockType,
     SockaddrStorage,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Epoll token kinds (top byte of the 64-bit token).
 pub const TOKEN_LISTENER: u64 = 2 << 56;
@@ -43,8 +43,9 @@ const PIPE_SIZE: usize = 256 * 1024;
 /// How long a resolved upstream address is reused before resolving again.
 const RESOLVE_TTL: Duration = Duration::from_secs(60);
 
-/// Counters per upstream, shown in the supervisor's status and logs.
-#[derive(Debug, Clone, Default, Serialize)]
+/// Counters per upstream, shown in the supervisor's status and logs (read back by `ctl`:
+/// `control::protocol::Status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
     pub upstream: String,
     pub accepted: u64,

@@ -347,28 +347,34 @@ pub fn cdi(data: &[u8]) {
     }
 }
 
-/// A control-socket reply as `ctl status` and `ctl metrics` read it (a JSON line), shown as
-/// the status table and as Prometheus text. Never a panic; the table carries no control
-/// character but newlines (a string in the reply cannot drive the operator's terminal); each
-/// exposition line is a comment or one well-formed sample.
+/// A control-socket reply as `ctl status` and `ctl metrics` read it (a JSON line, read into
+/// the protocol's status answer: `control::Reply<Status>`), shown as the status table and as
+/// Prometheus text. Never a panic; the table carries no control character but newlines (a
+/// string in the reply cannot drive the operator's terminal); each exposition line is a
+/// comment or one well-formed sample. The other answers (recycle, attest) are read too.
 pub fn control_reply(data: &[u8]) {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { return };
-    let table = crate::status_text::render(&v);
-    assert!(
-        !table.chars().any(|c| c != '\n' && (c.is_control() || crate::log::invisible_or_reordering(c))),
-        "a control character in the status table: {table:?}"
-    );
-    // "What is sealed" (in the table above too, and `check`'s, which has the same shape): the
-    // same escaping, and the line count its shape gives, whatever the values (none forges one).
+    let clean = |what: &str, t: &str| {
+        assert!(
+            !t.chars().any(|c| c != '\n' && (c.is_control() || crate::log::invisible_or_reordering(c))),
+            "a control character in {what}: {t:?}"
+        );
+    };
+    // "What is sealed" takes any JSON of the status's shape (`check`'s too, which is not a
+    // reply): the same escaping, and the line count its shape gives, whatever the values (none
+    // forges one).
     let sealed = crate::sealed_text::render(&v);
-    assert!(
-        !sealed.chars().any(|c| c != '\n' && (c.is_control() || crate::log::invisible_or_reordering(c))),
-        "a control character in what is sealed: {sealed:?}"
-    );
+    clean("what is sealed", &sealed);
     let roles =
         v["roles"].as_array().map(|r| r.iter().map(|r| if r["sealed"].is_object() { 10 } else { 2 }).sum::<usize>());
     assert_eq!(sealed.lines().count(), 2 + roles.unwrap_or(0), "{sealed}");
-    let text = crate::metrics::render(&v);
+    use crate::control::protocol::{Attested, Recycled, Reply, Status};
+    let _ = Reply::<Recycled>::from_value(v.clone());
+    let _ = Reply::<Attested>::from_value(v.clone());
+    // An answer that is not a status (a refusal, or none `ctl` can read) shows no table.
+    let Ok(Reply::Ok(status)) = Reply::<Status>::from_value(v) else { return };
+    clean("the status table", &crate::status_text::render(&status));
+    let text = crate::metrics::render(&status);
     for line in text.lines() {
         if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
             continue;

@@ -1,9 +1,10 @@
 //! `sealnode ctl metrics`: the supervisor's status (control socket, `status`) as Prometheus
 //! text exposition (format 0.0.4), for a scrape through node_exporter's textfile collector or
-//! any agent that runs a command. Rendered client-side from the status JSON, so the control
-//! protocol has no second way to read the same facts (docs/operator-guide.md, "Metrics").
+//! any agent that runs a command. Rendered client-side from the status answer
+//! (`control::protocol::Status`), so the control protocol has no second way to read the same
+//! facts (docs/operator-guide.md, "Metrics").
 
-use serde_json::Value;
+use crate::control::protocol::{RoleState, RoleStatus, Status};
 
 /// One metric family being written: HELP and TYPE once, then its samples.
 struct Out {
@@ -25,26 +26,24 @@ impl Out {
         self.text.push_str(&format!("{name}{labels} {value}\n"));
     }
     /// A family with one sample per role that has the value (`get` on the role's status).
-    fn per_role(&mut self, status: &Value, name: &str, kind: &str, help: &str, get: impl Fn(&Value) -> Option<f64>) {
-        let roles = status["roles"].as_array().cloned().unwrap_or_default();
-        let samples: Vec<(String, f64)> =
-            roles.iter().filter_map(|r| Some((r["role"].as_str()?.to_string(), get(r)?))).collect();
+    fn per_role(
+        &mut self,
+        status: &Status,
+        name: &str,
+        kind: &str,
+        help: &str,
+        get: impl Fn(&RoleStatus) -> Option<f64>,
+    ) {
+        let samples: Vec<(&str, f64)> = status.roles.iter().filter_map(|r| Some((r.role.name(), get(r)?))).collect();
         if samples.is_empty() {
             return;
         }
         self.family(name, kind, help);
         for (role, v) in samples {
-            self.sample(name, &[("role", &role)], v);
+            self.sample(name, &[("role", role)], v);
         }
     }
 }
-
-fn num(v: &Value) -> Option<f64> {
-    v.as_f64()
-}
-
-/// The states a role reports (`ctl status`), each a sample of `sealnode_role_state`.
-const STATES: [&str; 6] = ["running", "starting", "stopping", "restarting", "wiping", "down"];
 
 /// The exposition when the supervisor does not answer: `sealnode_up 0`.
 pub fn down() -> String {
@@ -55,21 +54,19 @@ pub fn down() -> String {
 }
 
 /// The exposition of one `status` answer.
-pub fn render(status: &Value) -> String {
+pub fn render(status: &Status) -> String {
     let mut o = Out { text: String::new() };
     o.family("sealnode_up", "gauge", "1: the supervisor answered on its control socket.");
     o.sample("sealnode_up", &[], 1.0);
     o.family("sealnode_ready", "gauge", "1 once the engine was ready and the node started (READY=1).");
-    o.sample("sealnode_ready", &[], if status["ready"] == true { 1.0 } else { 0.0 });
-    if let Some(v) = num(&status["uptime_s"]) {
-        o.family("sealnode_uptime_seconds", "gauge", "Seconds since sealnode run started.");
-        o.sample("sealnode_uptime_seconds", &[], v);
-    }
-    if let Some(v) = num(&status["receipt"]["generation"]) {
+    o.sample("sealnode_ready", &[], if status.ready { 1.0 } else { 0.0 });
+    o.family("sealnode_uptime_seconds", "gauge", "Seconds since sealnode run started.");
+    o.sample("sealnode_uptime_seconds", &[], status.uptime_s as f64);
+    if let Some(r) = &status.receipt {
         o.family("sealnode_generation", "gauge", "The generation of the last start's receipt.");
-        o.sample("sealnode_generation", &[], v);
+        o.sample("sealnode_generation", &[], r.generation as f64);
     }
-    if let Some(ms) = num(&status["engine_ready_ms"]) {
+    if let Some(ms) = status.engine_ready_ms {
         o.family(
             "sealnode_engine_ready_seconds",
             "gauge",
@@ -77,16 +74,15 @@ pub fn render(status: &Value) -> String {
         );
         o.sample("sealnode_engine_ready_seconds", &[], ms / 1000.0);
     }
-    let roles = status["roles"].as_array().cloned().unwrap_or_default();
-    if !roles.is_empty() {
+    if !status.roles.is_empty() {
+        // One sample per state this client knows (a state it does not know: all of them 0).
         o.family("sealnode_role_state", "gauge", "1 for the state each role is in.");
-        for r in &roles {
-            let role = r["role"].as_str().unwrap_or("?");
-            for s in STATES {
+        for r in &status.roles {
+            for s in RoleState::KNOWN {
                 o.sample(
                     "sealnode_role_state",
-                    &[("role", role), ("state", s)],
-                    if r["state"] == s { 1.0 } else { 0.0 },
+                    &[("role", r.role.name()), ("state", s.as_str())],
+                    if r.state == *s { 1.0 } else { 0.0 },
                 );
             }
         }
@@ -96,159 +92,149 @@ pub fn render(status: &Value) -> String {
         "sealnode_role_starts_total",
         "counter",
         "Starts of the role (first, restarts, reloads, recycles).",
-        |r| num(&r["starts"]),
+        |r| Some(r.starts as f64),
     );
     o.per_role(status, "sealnode_role_restarts_total", "counter", "Restarts of the role after it exited.", |r| {
-        num(&r["restarts"])
+        Some(r.restarts.into())
     });
     o.per_role(status, "sealnode_role_uptime_seconds", "gauge", "Seconds since the role's current run started.", |r| {
-        num(&r["uptime_s"])
+        r.uptime_s.map(|s| s as f64)
     });
     o.per_role(
         status,
         "sealnode_role_generation",
         "gauge",
         "The generation the role's current run passed the gate with.",
-        |r| num(&r["generation"]),
+        |r| r.generation.map(|g| g as f64),
     );
     o.per_role(
         status,
         "sealnode_preflight_duration_seconds",
         "gauge",
         "How long the role's last preflight canary took.",
-        |r| num(&r["preflight"]["ms"]).map(|ms| ms / 1000.0),
+        |r| r.preflight.as_ref().map(|p| p.ms as f64 / 1000.0),
     );
     o.per_role(
         status,
         "sealnode_preflight_attempts",
         "gauge",
         "Escape attempts the role's last preflight made (each refused).",
-        |r| num(&r["preflight"]["attempts"]),
+        |r| r.preflight.as_ref().map(|p| p.attempts as f64),
     );
     o.per_role(
         status,
         "sealnode_role_output_dropped_lines_total",
         "counter",
         "Lines of the role's output dropped over its rate limit.",
-        |r| num(&r["output_dropped_lines"]),
+        |r| Some(r.output_dropped_lines as f64),
     );
     // The denial log's counts, where a role has it (log_refused_syscalls).
-    let refused: Vec<(String, String, f64)> = roles
-        .iter()
-        .flat_map(|r| {
-            let role = r["role"].as_str().unwrap_or("?").to_string();
-            r["refused_syscalls"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter_map(move |(k, v)| Some((role.clone(), k.clone(), v.as_f64()?)))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    if roles.iter().any(|r| r["refused_syscalls"].is_object()) {
+    if status.roles.iter().any(|r| r.refused_syscalls.is_some()) {
         o.family(
             "sealnode_role_refused_syscalls_total",
             "counter",
             "Syscalls the role's policy refused, by name (log_refused_syscalls).",
         );
-        for (role, name, v) in refused {
-            o.sample("sealnode_role_refused_syscalls_total", &[("role", &role), ("syscall", &name)], v);
+        for r in &status.roles {
+            for (name, n) in r.refused_syscalls.iter().flatten() {
+                o.sample(
+                    "sealnode_role_refused_syscalls_total",
+                    &[("role", r.role.name()), ("syscall", name)],
+                    *n as f64,
+                );
+            }
         }
     }
     // cgroup usage, where sealnode has the role's leaf.
-    let res = |k: &'static str| move |r: &Value| num(&r["resources"][k]);
+    let res = |get: fn(&crate::cgroup::Usage) -> Option<u64>| {
+        move |r: &RoleStatus| r.resources.as_ref().and_then(get).map(|v| v as f64)
+    };
     o.per_role(
         status,
         "sealnode_role_memory_bytes",
         "gauge",
         "memory.current of the role's cgroup.",
-        res("memory_current"),
+        res(|u| u.memory_current),
     );
     o.per_role(
         status,
         "sealnode_role_memory_peak_bytes",
         "gauge",
         "memory.peak of the role's cgroup.",
-        res("memory_peak"),
+        res(|u| u.memory_peak),
     );
-    o.per_role(status, "sealnode_role_pids", "gauge", "pids.current of the role's cgroup.", res("pids_current"));
+    o.per_role(status, "sealnode_role_pids", "gauge", "pids.current of the role's cgroup.", res(|u| u.pids_current));
     o.per_role(
         status,
         "sealnode_role_cpu_seconds_total",
         "counter",
         "CPU time of the role's cgroup (cpu.stat usage_usec).",
-        |r| num(&r["resources"]["cpu_usage_usec"]).map(|u| u / 1e6),
+        |r| res(|u| u.cpu_usage_usec)(r).map(|u| u / 1e6),
     );
     o.per_role(
         status,
         "sealnode_role_cpu_throttled_seconds_total",
         "counter",
         "Time the role was throttled by its cpu_max.",
-        |r| num(&r["resources"]["cpu_throttled_usec"]).map(|u| u / 1e6),
+        |r| res(|u| u.cpu_throttled_usec)(r).map(|u| u / 1e6),
     );
     o.per_role(
         status,
         "sealnode_role_oom_kills_total",
         "counter",
         "OOM kills in the role's cgroup (memory.events oom_kill).",
-        |r| num(&r["resources"]["memory_events"]["oom_kill"]),
+        res(|u| u.memory_events.get("oom_kill").copied()),
     );
     o.per_role(
         status,
         "sealnode_role_memory_max_events_total",
         "counter",
         "Times the role hit its memory_max_mb (memory.events max).",
-        |r| num(&r["resources"]["memory_events"]["max"]),
+        res(|u| u.memory_events.get("max").copied()),
     );
     o.per_role(
         status,
         "sealnode_role_pids_max_events_total",
         "counter",
         "Forks refused at the role's pids_max (pids.events max).",
-        |r| num(&r["resources"]["pids_events"]["max"]),
+        res(|u| u.pids_events.get("max").copied()),
     );
     // Forwarding: each egress upstream, and the node's hop to the engine.
-    let mut ups: Vec<(String, Value)> = status["egress"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|u| (u["upstream"].as_str().unwrap_or("?").to_string(), u))
-        .collect();
-    if status["engine_forwarding"].is_object() {
-        ups.push(("engine".to_string(), status["engine_forwarding"].clone()));
-    }
-    let counters: [(&str, &str, &str, &str); 5] = [
+    let ups = status.egress.iter().map(|u| (u.upstream.as_str(), u));
+    let ups: Vec<_> = ups.chain(status.engine_forwarding.iter().map(|e| ("engine", e))).collect();
+    type Get = fn(&crate::egress::Stats) -> u64;
+    let counters: [(&str, &str, Option<Get>, &str); 5] = [
         (
             "sealnode_egress_connections_total",
             "counter",
-            "accepted",
+            Some(|s| s.accepted),
             "Connections the node opened to the upstream (through sealnode).",
         ),
         (
             "sealnode_egress_refused_total",
             "counter",
-            "refused_over_limit",
+            Some(|s| s.refused_over_limit),
             "Connections refused over cell.egress_max_connections.",
         ),
         (
             "sealnode_egress_connect_failures_total",
             "counter",
-            "connect_failed",
+            Some(|s| s.connect_failed),
             "Outbound connects that failed or timed out.",
         ),
-        ("sealnode_egress_active_connections", "gauge", "active", "Connections open now."),
-        ("sealnode_egress_bytes_total", "counter", "", "Bytes forwarded, by direction (up: node to upstream)."),
+        ("sealnode_egress_active_connections", "gauge", Some(|s| s.active as u64), "Connections open now."),
+        ("sealnode_egress_bytes_total", "counter", None, "Bytes forwarded, by direction (up: node to upstream)."),
     ];
     if !ups.is_empty() {
-        for (name, kind, key, help) in counters {
+        for (name, kind, get, help) in counters {
             o.family(name, kind, help);
             for (up, s) in &ups {
-                if key.is_empty() {
-                    o.sample(name, &[("upstream", up), ("direction", "up")], num(&s["bytes_up"]).unwrap_or(0.0));
-                    o.sample(name, &[("upstream", up), ("direction", "down")], num(&s["bytes_down"]).unwrap_or(0.0));
-                } else {
-                    o.sample(name, &[("upstream", up)], num(&s[key]).unwrap_or(0.0));
+                match get {
+                    Some(get) => o.sample(name, &[("upstream", up)], get(s) as f64),
+                    None => {
+                        o.sample(name, &[("upstream", up), ("direction", "up")], s.bytes_up as f64);
+                        o.sample(name, &[("upstream", up), ("direction", "down")], s.bytes_down as f64);
+                    }
                 }
             }
         }
@@ -258,15 +244,35 @@ pub fn render(status: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::control::protocol::tests::sample;
+
     #[test]
     fn label_values_are_escaped() {
-        let v = serde_json::json!({
-            "ready": true, "uptime_s": 3, "roles": [],
-            "egress": [{ "upstream": "gw\"x\\\ny:443", "accepted": 2, "refused_over_limit": 0,
-                         "connect_failed": 0, "active": 1, "bytes_up": 10, "bytes_down": 20 }],
-        });
+        let mut v = sample();
+        v.egress[0].upstream = "gw\"x\\\ny:443".into();
+        v.egress[0].accepted = 2;
         let t = super::render(&v);
         assert!(t.contains("sealnode_egress_connections_total{upstream=\"gw\\\"x\\\\\\ny:443\"} 2\n"), "{t}");
         assert!(t.contains("sealnode_ready 1\n") && t.contains("sealnode_up 1\n"));
+    }
+
+    /// The fixture (a real answer): each role's state, its own preflight, the forwarding.
+    #[test]
+    fn a_status_answer_renders_its_numbers() {
+        let t = super::render(&sample());
+        for line in [
+            "sealnode_uptime_seconds 1\n",
+            "sealnode_generation 1\n",
+            "sealnode_role_state{role=\"engine\",state=\"running\"} 1\n",
+            "sealnode_role_state{role=\"node\",state=\"down\"} 0\n",
+            "sealnode_preflight_attempts{role=\"engine\"} 91\n",
+            "sealnode_preflight_attempts{role=\"node\"} 88\n",
+            "sealnode_preflight_duration_seconds{role=\"node\"} 0.684\n",
+            "sealnode_egress_bytes_total{upstream=\"gw.test:36877\",direction=\"down\"} 20\n",
+            "sealnode_egress_connections_total{upstream=\"engine\"} 0\n",
+        ] {
+            assert!(t.contains(line), "{line:?} is missing:\n{t}");
+        }
+        assert!(!t.contains("refused_syscalls") && !t.contains("sealnode_role_memory_bytes"), "{t}");
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::canary::Layer;
@@ -32,8 +32,9 @@ pub const LAYERS: [Layer; 7] = [
     Layer::Host,
 ];
 
-/// A role's sandbox as its plan holds it, layer by layer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A role's sandbox as its plan holds it, layer by layer (read back by `ctl`: a role's
+/// `sealed` in `control::protocol::Status`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoleSeal {
     /// The user name the role runs as (rootful: the configured one; rootless: the invoker's),
     /// when known.
@@ -41,18 +42,18 @@ pub struct RoleSeal {
     pub uid: u32,
     pub gid: u32,
     /// "rootful" (the role's own host uid) or "rootless" (the invoker's uid).
-    pub mode: &'static str,
-    pub namespaces: Vec<&'static str>,
+    pub mode: String,
+    pub namespaces: Vec<String>,
     /// What the role's network namespace holds besides its loopback.
     pub net: String,
     pub root: Root,
     pub landlock: LandlockSeal,
     pub seccomp: SeccompSeal,
     /// Capabilities left in every set: none.
-    pub capabilities: &'static str,
+    pub capabilities: String,
     pub no_new_privs: bool,
     /// Resource limits (RLIMIT_*), in their units (bytes for fsize and memlock).
-    pub rlimits: BTreeMap<&'static str, u64>,
+    pub rlimits: BTreeMap<String, u64>,
     /// cgroup limits in force: the files written and their values (`run`), or the configured
     /// fields (`check`); empty: none set.
     pub cgroup: BTreeMap<String, String>,
@@ -61,12 +62,12 @@ pub struct RoleSeal {
     pub egress: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Root {
     /// Host system paths bound read-only (the rest of the root is a private tmpfs).
     pub system_ro: usize,
     /// The model dir: "ro", "rw", or none.
-    pub models: Option<&'static str>,
+    pub models: Option<String>,
     /// The scratch dir's size cap, MiB (none: uncapped, the host dir's filesystem).
     pub scratch_max_mb: Option<u64>,
     pub credential: bool,
@@ -76,7 +77,7 @@ pub struct Root {
     pub devices: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LandlockSeal {
     /// The policy's minimum Landlock ABI (the kernel has at least this).
     pub abi: u8,
@@ -84,10 +85,10 @@ pub struct LandlockSeal {
     /// TCP ports the role may bind / connect to; none: that right is not restricted.
     pub tcp_bind: Option<Vec<u16>>,
     pub tcp_connect: Option<Vec<u16>>,
-    pub scopes: Vec<&'static str>,
+    pub scopes: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SeccompSeal {
     pub policy: String,
     /// Syscalls the allowlist names, and how many of them only with argument checks.
@@ -161,22 +162,22 @@ pub fn role(cfg: &Config, plan: &Plan, inv: &Invoker, cgroup: BTreeMap<String, S
     let ports = |right: AccessNet, ports: &[u16]| ll.handled_net.contains(right).then(|| ports.to_vec());
     let mut scopes = Vec::new();
     if ll.scopes.contains(Scope::AbstractUnixSocket) {
-        scopes.push("abstract_unix_socket");
+        scopes.push("abstract_unix_socket".to_string());
     }
     if ll.scopes.contains(Scope::Signal) {
-        scopes.push("signal");
+        scopes.push("signal".to_string());
     }
     let (syscalls, conditional, default) = seccomp_counts(cfg, plan.role);
     RoleSeal {
         user,
         uid: plan.ids.uid,
         gid: plan.ids.gid,
-        mode: if plan.rootful { "rootful" } else { "rootless" },
-        namespaces: NAMESPACES.to_vec(),
+        mode: if plan.rootful { "rootful" } else { "rootless" }.to_string(),
+        namespaces: NAMESPACES.iter().map(|n| n.to_string()).collect(),
         net,
         root: Root {
             system_ro,
-            models: r.models.as_ref().map(|_| if r.models_writable { "rw" } else { "ro" }),
+            models: r.models.as_ref().map(|_| if r.models_writable { "rw" } else { "ro" }.to_string()),
             scratch_max_mb: scratch_max_mb.or(r.scratch_max_mb),
             credential: r.credential.is_some(),
             ro_binds: cfg.binds(plan.role).len(),
@@ -199,7 +200,7 @@ pub fn role(cfg: &Config, plan: &Plan, inv: &Invoker, cgroup: BTreeMap<String, S
         },
         // Every sandbox of `run` has the credentials layer: all five capability sets empty,
         // no_new_privs set (Plan::layers; the preflight checks both from inside).
-        capabilities: if plan.layers.credentials { "none" } else { "kept (matrix only)" },
+        capabilities: if plan.layers.credentials { "none" } else { "kept (matrix only)" }.to_string(),
         no_new_privs: plan.layers.credentials,
         rlimits: plan
             .rlimits
@@ -214,7 +215,7 @@ pub fn role(cfg: &Config, plan: &Plan, inv: &Invoker, cgroup: BTreeMap<String, S
                     R::RLIMIT_MEMLOCK => "memlock",
                     _ => "other",
                 };
-                (name, *v)
+                (name.to_string(), *v)
             })
             .collect(),
         cgroup,

@@ -1,26 +1,21 @@
 //! `sealnode ctl status`: the supervisor's status answer as an operator reads it, a table,
 //! then what is sealed (crate::sealed_text).
-//! Pure: a JSON value in, text out (fuzzed: `fuzzing::control_reply`).
+//! Pure: a status answer in, text out (fuzzed: `fuzzing::control_reply`).
 
-use serde_json::Value;
+use crate::control::protocol::Status;
+use crate::escape::cell;
 
 /// A string of the answer, as shown: escaped like every line sealnode logs (crate::log::clean),
 /// and a tab too (a log line may keep one; a table cell may not: it would shift the columns),
 /// so no value can move the cursor, clear the screen or forge a line or column of the table.
-fn text(v: Option<&str>) -> String {
-    cell(v.unwrap_or("?"))
+fn text(v: &str) -> String {
+    cell(v)
 }
-
-/// Any value of the answer, as shown: its JSON, escaped.
-fn shown(v: &Value) -> String {
-    cell(&v.to_string())
-}
-
-use crate::escape::cell;
 
 /// A unix time as RFC 3339 (UTC), or `?`.
-fn when(v: Option<&Value>) -> String {
-    v.and_then(Value::as_i64)
+fn when(t: u64) -> String {
+    i64::try_from(t)
+        .ok()
         .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
         .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
         .unwrap_or_else(|| "?".into())
@@ -44,110 +39,134 @@ fn bytes(b: f64) -> String {
     }
 }
 
+/// An optional number, or `-`.
+fn opt(v: Option<impl ToString>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
 /// The status as an operator reads it: one line for the cell, one per role, one per upstream.
-pub fn render(v: &Value) -> String {
+pub fn render(v: &Status) -> String {
     let mut s = String::new();
-    let up = v["uptime_s"].as_u64().map(duration).unwrap_or_default();
-    let ready = if v["ready"] == true { "ready" } else { "starting (the engine is not ready yet)" };
-    s.push_str(&format!("sealnode: {ready}, up {up}, cell pid {}\n", shown(&v["cell_pid"])));
-    if let Some(r) = v["receipt"].as_object() {
-        let canary = if r.get("canary_passed") == Some(&Value::Bool(true)) {
-            "preflight passed"
-        } else {
-            "PREFLIGHT NOT PASSED"
-        };
+    let ready = if v.ready { "ready" } else { "starting (the engine is not ready yet)" };
+    s.push_str(&format!("sealnode: {ready}, up {}, cell pid {}\n", duration(v.uptime_s), v.cell_pid));
+    if let Some(r) = &v.receipt {
+        let canary = if r.canary_passed { "preflight passed" } else { "PREFLIGHT NOT PASSED" };
         s.push_str(&format!(
             "receipt:  generation {}, {canary}, {} (started {})\n",
-            shown(r.get("generation").unwrap_or(&Value::Null)),
-            text(r.get("path").and_then(Value::as_str)),
-            when(r.get("started_at")),
+            r.generation,
+            text(&r.path),
+            when(r.started_at),
         ));
     }
-    if let Some(ms) = v["engine_ready_ms"].as_f64() {
+    if let Some(ms) = v.engine_ready_ms {
         s.push_str(&format!("engine:   ready {:.1} s after its start\n", ms / 1000.0));
     }
     s.push_str(&format!(
         "\n{:<7} {:<11} {:>8} {:>8} {:>6} {:>8} {:>6}  {:<22} {}\n",
         "ROLE", "STATE", "PID", "UPTIME", "STARTS", "RESTARTS", "GEN", "PREFLIGHT", "MEMORY / PIDS"
     ));
-    for r in v["roles"].as_array().cloned().unwrap_or_default() {
-        let opt = |x: &Value| if x.is_null() { "-".to_string() } else { shown(x) };
-        let pre = match r["preflight"].as_object() {
-            Some(p) => format!(
-                "{} refused, {:.2} s",
-                shown(p.get("attempts").unwrap_or(&Value::Null)),
-                p.get("ms").and_then(Value::as_f64).unwrap_or(0.0) / 1000.0
-            ),
+    for r in &v.roles {
+        let pre = match &r.preflight {
+            Some(p) => format!("{} refused, {:.2} s", p.attempts, p.ms as f64 / 1000.0),
             None => "-".into(),
         };
-        let res = &r["resources"];
-        let mem = match (res["memory_current"].as_f64(), res["limits"]["memory.max"].as_str()) {
+        let res = r.resources.as_ref();
+        let max = res.and_then(|u| u.limits.get("memory.max"));
+        let mem = match (res.and_then(|u| u.memory_current), max) {
             (Some(m), Some(max)) if max != "max" => {
-                format!("{} of {}", bytes(m), max.parse::<f64>().map(bytes).unwrap_or_else(|_| text(Some(max))))
+                format!("{} of {}", bytes(m as f64), max.parse::<f64>().map(bytes).unwrap_or_else(|_| text(max)))
             }
-            (Some(m), _) => bytes(m),
+            (Some(m), _) => bytes(m as f64),
             _ => "-".into(),
         };
-        let pids = res["pids_current"].as_u64().map(|p| format!(" / {p} pids")).unwrap_or_default();
+        let pids = res.and_then(|u| u.pids_current).map(|p| format!(" / {p} pids")).unwrap_or_default();
         s.push_str(&format!(
             "{:<7} {:<11} {:>8} {:>8} {:>6} {:>8} {:>6}  {:<22} {mem}{pids}\n",
-            text(r["role"].as_str()),
-            text(r["state"].as_str()),
-            opt(&r["pid"]),
-            r["uptime_s"].as_u64().map(duration).unwrap_or_else(|| "-".into()),
-            opt(&r["starts"]),
-            opt(&r["restarts"]),
-            opt(&r["generation"]),
+            r.role.name(),
+            text(r.state.as_str()),
+            opt(r.pid),
+            opt(r.uptime_s.map(duration)),
+            r.starts,
+            r.restarts,
+            opt(r.generation),
             pre,
         ));
-        if let Some(n) = r["output_dropped_lines"].as_u64().filter(|n| *n > 0) {
-            s.push_str(&format!("        ({n} output lines dropped over the rate limit)\n"));
+        if r.output_dropped_lines > 0 {
+            s.push_str(&format!("        ({} output lines dropped over the rate limit)\n", r.output_dropped_lines));
         }
     }
-    let mut ups: Vec<Value> = v["egress"].as_array().cloned().unwrap_or_default();
-    if let Some(e) = v["engine_forwarding"].as_object() {
-        let mut e = Value::Object(e.clone());
-        e["upstream"] = Value::from("node -> engine");
-        ups.push(e);
-    }
+    let ups = v.egress.iter().map(|u| (u.upstream.as_str(), u));
+    let ups: Vec<_> = ups.chain(v.engine_forwarding.iter().map(|e| ("node -> engine", e))).collect();
     if !ups.is_empty() {
         s.push_str(&format!(
             "\n{:<28} {:>7} {:>6} {:>11} {:>11} {:>8} {:>7}\n",
             "FORWARDING", "CONNS", "ACTIVE", "UP", "DOWN", "REFUSED", "FAILED"
         ));
-        for u in ups {
-            let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        for (name, u) in ups {
             s.push_str(&format!(
                 "{:<28} {:>7} {:>6} {:>11} {:>11} {:>8} {:>7}\n",
-                text(u["upstream"].as_str()),
-                n("accepted"),
-                n("active"),
-                bytes(n("bytes_up") as f64),
-                bytes(n("bytes_down") as f64),
-                n("refused_over_limit"),
-                n("connect_failed"),
+                text(name),
+                u.accepted,
+                u.active,
+                bytes(u.bytes_up as f64),
+                bytes(u.bytes_down as f64),
+                u.refused_over_limit,
+                u.connect_failed,
             ));
         }
     }
-    if let Some(r) = v["reload"].as_object() {
-        s.push_str(&format!("\nlast reload: {}\n", shown(&Value::Object(r.clone()))));
+    if let Some(r) = &v.reload {
+        // As its JSON (escaped: the error quotes the config).
+        let json = serde_json::to_value(r).map(|j| j.to_string()).unwrap_or_default();
+        s.push_str(&format!("\nlast reload: {}\n", text(&json)));
     }
-    // Each role's layers, its preflight per layer, the statement (the same text as `check`'s).
+    // Each role's layers, its preflight per layer, the statement (the same text as `check`'s,
+    // whose renderer takes the JSON both share).
     s.push('\n');
-    s.push_str(&crate::sealed_text::render(v));
+    s.push_str(&crate::sealed_text::render(&serde_json::to_value(v).unwrap_or_default()));
     s
 }
 
 #[cfg(test)]
 mod tests {
-    /// A tab in a value (a role's name here) is escaped in the table: the log escaping keeps
+    use crate::control::protocol::{tests::sample, RoleState};
+
+    /// A tab in a value (a role's state here) is escaped in the table: the log escaping keeps
     /// tabs, and a raw one would shift the table's columns.
     #[test]
     fn a_tab_in_a_value_is_escaped_in_the_table() {
-        let v = serde_json::json!({"ok": true, "roles": [{"role": "no\tde", "state": "running\t1"}],
-            "egress": [{"upstream": "a\tb"}]});
+        let mut v = sample();
+        v.roles[0].state = RoleState::Other("running\t1".into());
+        v.egress[0].upstream = "a\tb".into();
         let t = super::render(&v);
         assert!(!t.contains('\t'), "{t}");
-        assert!(t.contains("no\\u{9}de") && t.contains("a\\u{9}b"), "{t}");
+        assert!(t.contains("running\\u{9}1") && t.contains("a\\u{9}b"), "{t}");
+    }
+
+    /// The fixture (a real answer) as an operator reads it.
+    #[test]
+    fn a_status_answer_renders_as_a_table() {
+        let mut v = sample();
+        v.reload = Some(crate::control::protocol::ReloadOutcome::refused(1_700_000_000, "cell.x: changed"));
+        let t = super::render(&v);
+        let head: Vec<&str> = t.lines().take(9).collect();
+        assert_eq!(
+            head,
+            [
+                "sealnode: ready, up 1s, cell pid 6090",
+                "receipt:  generation 1, preflight passed, /var/lib/sealnode/receipt.json (started 2026-12-02T11:31:35Z)",
+                "engine:   ready 0.1 s after its start",
+                "",
+                "ROLE    STATE            PID   UPTIME STARTS RESTARTS    GEN  PREFLIGHT              MEMORY / PIDS",
+                "engine  running         6471       0s      1        0      1  91 refused, 0.68 s     -",
+                "node    running         6477       0s      1        0      1  88 refused, 0.68 s     -",
+                "",
+                "FORWARDING                     CONNS ACTIVE          UP        DOWN  REFUSED  FAILED",
+            ],
+            "{t}"
+        );
+        assert!(t.contains("\nlast reload: {\"at\":1700000000,\"error\":\"cell.x: changed\",\"ok\":false}\n"), "{t}");
+        assert!(t.contains("\nWHAT IS SEALED\nengine: rootful, uid 61001 gid 61001\n"), "{t}");
+        assert!(t.ends_with("statement   none, not signed: no attestation key\n"), "{t}");
     }
 }

@@ -213,17 +213,17 @@ fn readme_exit_codes(command: &str) -> Vec<String> {
 /// string), and each role's own preflight count, as `ctl metrics` exposes it.
 #[test]
 fn ctl_status_shows_the_receipt_time_and_each_roles_own_preflight() {
-    let status = serde_json::json!({
-        "ok": true, "ready": true, "uptime_s": 75, "cell_pid": 4242,
-        "receipt": { "generation": 3, "path": "/var/lib/sealnode/receipt.json", "started_at": 1_700_000_000,
-                     "canary_passed": true },
-        "roles": [
-            { "role": "engine", "state": "running", "pid": 10, "starts": 1, "restarts": 0, "generation": 3,
-              "preflight": { "passed": true, "ms": 150, "attempts": 91 } },
-            { "role": "node", "state": "running", "pid": 11, "starts": 1, "restarts": 0, "generation": 3,
-              "preflight": { "passed": true, "ms": 150, "attempts": 88 } },
-        ],
-    });
+    // A status answer as the supervisor wrote it (tests/fixtures), then this test's numbers.
+    let fixture = std::fs::read_to_string(repo().join("tests/fixtures/control-status.json")).expect("fixture");
+    let mut status: sealnode::control::protocol::Status = serde_json::from_str(&fixture).expect("a status answer");
+    let receipt = status.receipt.as_mut().expect("a receipt");
+    receipt.generation = 3;
+    receipt.started_at = 1_700_000_000;
+    for (r, n) in status.roles.iter_mut().zip([91, 88]) {
+        let p = r.preflight.as_mut().expect("a preflight");
+        p.ms = 150;
+        p.attempts = n;
+    }
     let table = sealnode::status_text::render(&status);
     let receipt = table.lines().find(|l| l.starts_with("receipt:")).expect("a receipt line");
     assert_eq!(

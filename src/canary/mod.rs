@@ -395,12 +395,6 @@ pub struct RoleReport {
     pub succeeded: usize,
 }
 
-impl serde::Serialize for Role {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub schema: u32,

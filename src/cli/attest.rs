@@ -5,6 +5,8 @@ use std::path::Path;
 
 use sealnode::attest::{self, Failure as Why};
 use sealnode::config::{Config, Invoker};
+use sealnode::control::protocol::Attested;
+use sealnode::control::{Reply, Request};
 use sealnode::exit;
 
 use super::{Failure, Outcome};
@@ -108,19 +110,17 @@ pub fn subjects(config: &Path) -> Outcome {
 pub fn request(config: &Path, nonce: &str) -> Outcome {
     let nonce = attest::parse_nonce(nonce).map_err(Failure::usage)?;
     let cfg = Config::read_for_client(config).map_err(Failure::setup)?;
-    let v = sealnode::control::request(
-        &sealnode::control::socket_path(&cfg),
-        &serde_json::json!({ "cmd": "attest", "nonce": nonce }),
-    )
-    .map_err(Failure::general)?;
-    if v["ok"] != true {
-        return Err(Failure::general(v["error"].as_str().unwrap_or("the supervisor refused").to_string()));
-    }
+    let request = Request::Attest { nonce: nonce.clone() };
+    let a = sealnode::control::client::<Attested>(&sealnode::control::socket_path(&cfg), &request)
+        .map_err(Failure::general)?;
+    let envelope = match a.reply {
+        Reply::Ok(a) => a.envelope,
+        Reply::Refused(r) => return Err(Failure::general(r.error)),
+    };
     // What came back answers this request's nonce, or nothing is printed (a check, not a
     // verification: that is verify-attestation's, with the key).
-    let answered = serde_json::from_value::<attest::Envelope>(v["envelope"].clone())
+    let answered = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &envelope.payload)
         .ok()
-        .and_then(|e| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, e.payload).ok())
         .and_then(|b| serde_json::from_slice::<attest::Statement>(&b).ok())
         .and_then(|st| st.predicate.nonce);
     if answered.as_deref() != Some(nonce.as_str()) {
@@ -129,7 +129,7 @@ pub fn request(config: &Path, nonce: &str) -> Outcome {
             answered.as_deref().unwrap_or("none")
         )));
     }
-    println!("{}", serde_json::to_string_pretty(&v["envelope"]).unwrap_or_default());
+    println!("{}", serde_json::to_string_pretty(&envelope).unwrap_or_default());
     Ok(exit::OK)
 }
 

@@ -3,7 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
+
 use sealnode::config::Config;
+use sealnode::control::protocol::{Recycled, Status};
+use sealnode::control::{self, Reply, Request};
 
 use super::{Failure, Outcome};
 
@@ -38,49 +42,72 @@ fn socket(target: Target) -> Result<PathBuf, Failure> {
 
 pub fn ctl(target: Target, show: Show) -> Outcome {
     let path = socket(target)?;
-    let verb = match show {
-        Show::Recycle { .. } => "recycle",
-        _ => "status",
-    };
-    let v = match sealnode::control::client(&path, verb) {
-        Ok(v) => v,
-        // A scrape still gets an answer: sealnode_up 0 (and this command fails, saying why).
-        Err(e) => {
-            if let Show::Metrics { textfile } = &show {
-                let down = sealnode::metrics::down();
-                match textfile {
-                    Some(path) => {
-                        let _ = write_textfile(path, &down);
-                    }
-                    None => print!("{down}"),
-                }
-            }
-            return Err(Failure::general(e));
-        }
-    };
-    let ok = v["ok"] == true;
-    let json = matches!(show, Show::Status { json: true } | Show::Recycle { json: true });
-    if !ok && !json {
-        // A refusal in words, as every other failure (the JSON with --json).
-        let why = v["error"].as_str().unwrap_or("the supervisor refused the request");
-        return Err(Failure::general(format!("ctl {verb}: {}", sealnode::log::clean(why.as_bytes()))));
-    }
     match show {
-        Show::Status { json: false } => print!("{}", sealnode::status_text::render(&v)),
-        Show::Recycle { json: false } => {
-            println!("recycled: both roles restarted through the gate, receipt generation {}", v["generation"])
-        }
+        Show::Status { json } => match ask::<Status>(&path, Request::Status, json, "status")? {
+            Asked::Shown(code) => Ok(code),
+            Asked::Read(s) => {
+                print!("{}", sealnode::status_text::render(&s));
+                Ok(sealnode::exit::OK)
+            }
+        },
+        Show::Recycle { json } => match ask::<Recycled>(&path, Request::Recycle, json, "recycle")? {
+            Asked::Shown(code) => Ok(code),
+            Asked::Read(r) => {
+                let generation = r.generation.map_or("?".to_string(), |g| g.to_string());
+                println!("recycled: both roles restarted through the gate, receipt generation {generation}");
+                Ok(sealnode::exit::OK)
+            }
+        },
         Show::Metrics { textfile } => {
-            let text = sealnode::metrics::render(&v);
+            let status = match control::client::<Status>(&path, &Request::Status) {
+                Ok(a) => refused_in_words(a.reply, "status")?,
+                // A scrape still gets an answer: sealnode_up 0 (and this command fails, saying why).
+                Err(e) => {
+                    let down = sealnode::metrics::down();
+                    match textfile {
+                        Some(path) => {
+                            let _ = write_textfile(&path, &down);
+                        }
+                        None => print!("{down}"),
+                    }
+                    return Err(Failure::general(e));
+                }
+            };
+            let text = sealnode::metrics::render(&status);
             match textfile {
                 // node_exporter's textfile collector reads *.prom files: written whole, atomically.
                 Some(path) => write_textfile(&path, &text).map_err(|e| Failure::general(format!("metrics: {e}")))?,
                 None => print!("{text}"),
             }
+            Ok(sealnode::exit::OK)
         }
-        _ => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
     }
-    Ok(if ok { sealnode::exit::OK } else { sealnode::exit::FAILED })
+}
+
+/// An answer `ctl` printed as it came (`--json`: exit 1 for a refusal), or read for showing.
+enum Asked<T> {
+    Shown(i32),
+    Read(T),
+}
+
+/// Ask `request`; with `--json`, print the answer as it came (any field this `ctl` does not
+/// know included), else read it (a refusal in words, exit 1).
+fn ask<T: DeserializeOwned>(path: &Path, request: Request, json: bool, verb: &str) -> Result<Asked<T>, Failure> {
+    let a = control::client::<T>(path, &request).map_err(Failure::general)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&a.json).unwrap_or_default());
+        let ok = matches!(a.reply, Reply::Ok(_));
+        return Ok(Asked::Shown(if ok { sealnode::exit::OK } else { sealnode::exit::FAILED }));
+    }
+    refused_in_words(a.reply, verb).map(Asked::Read)
+}
+
+/// What was asked for, or the refusal in words, as every other failure.
+fn refused_in_words<T>(reply: Reply<T>, verb: &str) -> Result<T, Failure> {
+    match reply {
+        Reply::Ok(t) => Ok(t),
+        Reply::Refused(r) => Err(Failure::general(format!("ctl {verb}: {}", sealnode::log::clean(r.error.as_bytes())))),
+    }
 }
 
 /// The textfile, replaced atomically in its directory, which is reached without following a

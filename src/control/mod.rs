@@ -1,64 +1,39 @@
 //! The control socket: a unix socket in the runtime dir. Every connection's peer uid is
 //! checked with SO_PEERCRED against `cell.control_uids`; then exactly one request line of
 //! strict JSON (at most [`MAX_REQUEST`] bytes, unknown fields refused) gets one response line.
+//! Both ends are here: the supervisor's (read a request without waiting, answer without
+//! blocking) and the client's (`ctl`, `attest --nonce`: one request, one answer, bounded).
 //!
-//! Requests: `{"cmd":"status"}`, `{"cmd":"recycle"}`, `{"cmd":"attest","nonce":"<hex>"}`
-//! (docs/control.md).
+//! What the lines hold is `control::protocol`'s: the request and every answer as types that
+//! both ends use (docs/control.md). A module of its own because it is pure data: the
+//! renderers of the status answer (`status_text`, `metrics`) and the fuzz entries depend on it
+//! and not on the socket, and it depends on the modules whose data the status carries
+//! (`sealed_text`, `egress`, `cgroup`, `attest`), which this transport does not need.
 
 use std::io::{BufRead, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 
+pub mod protocol;
+
+pub use protocol::{parse, Refusal, Reply, Request, MAX_REQUEST};
+
 pub const SOCKET: &str = "control.sock";
-/// Largest request line accepted, newline included.
-pub const MAX_REQUEST: usize = 4096;
 /// How long a client may take to send its request.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
-    Status,
-    Recycle,
-    /// A signed statement over the current generation and this nonce (lowercase hex).
-    Attest {
-        nonce: String,
-    },
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Wire {
-    cmd: String,
-    nonce: Option<String>,
-}
-
-/// Parse one request line. Pure: no I/O.
-pub fn parse(line: &[u8]) -> std::result::Result<Request, String> {
-    if line.len() > MAX_REQUEST {
-        return Err(format!("request too large (more than {MAX_REQUEST} bytes)"));
-    }
-    let text = std::str::from_utf8(line).map_err(|_| "request is not UTF-8".to_string())?;
-    let w: Wire =
-        serde_json::from_str(text.trim_end_matches(['\n', '\r'])).map_err(|e| format!("malformed request: {e}"))?;
-    match (w.cmd.as_str(), w.nonce) {
-        ("status", None) => Ok(Request::Status),
-        ("recycle", None) => Ok(Request::Recycle),
-        ("attest", Some(n)) => crate::attest::parse_nonce(&n).map(|nonce| Request::Attest { nonce }),
-        ("attest", None) => Err("attest needs a nonce: {\"cmd\":\"attest\",\"nonce\":\"<hex>\"}".into()),
-        ("status" | "recycle", Some(_)) => Err(format!("{} takes no nonce", w.cmd)),
-        (other, _) => Err(format!("unknown command {other:?} (known: status, recycle, attest)")),
-    }
-}
-
+/// A refusal, `{"ok":false,"error":msg}`, as JSON (what the supervisor's answers built as JSON
+/// are matched with; [`Refusal`] is the same answer typed).
 pub fn error(msg: impl Into<String>) -> Value {
-    json!({ "ok": false, "error": msg.into() })
+    Refusal::new(msg).into()
 }
 
 pub fn socket_path(cfg: &Config) -> PathBuf {
@@ -83,10 +58,13 @@ pub fn feed(buf: &mut Vec<u8>, new: &[u8]) -> Option<std::result::Result<Request
     None
 }
 
-/// Send one response line without ever blocking the supervisor (a response is a few hundred
-/// bytes; a client that does not read it loses it).
-pub fn respond(stream: &mut UnixStream, v: &Value) {
-    let mut s = v.to_string();
+/// Send one response line (any answer: a `protocol` type, or JSON) without ever blocking the
+/// supervisor (a response is a few KiB; a client that does not read it loses it).
+pub fn respond<T: Serialize + ?Sized>(stream: &mut UnixStream, answer: &T) {
+    // Only a map with keys that are not strings, or a path that is not UTF-8, fails to
+    // serialize: the client then learns that much rather than nothing.
+    let mut s = serde_json::to_string(answer)
+        .unwrap_or_else(|e| error(format!("internal error: the answer cannot be written: {e}")).to_string());
     s.push('\n');
     let _ = stream.set_nonblocking(true);
     let _ = stream.write_all(s.as_bytes());
@@ -97,9 +75,19 @@ pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
     nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.uid())
 }
 
-/// `sealnode ctl`: send one request, return the response.
-pub fn client(path: &Path, cmd: &str) -> Result<Value> {
-    request(path, &json!({ "cmd": cmd }))
+/// One answer as a client got it: read into its type, and as it came (`ctl --json` shows it
+/// as is, fields this client does not know included).
+#[derive(Debug)]
+pub struct Answer<T> {
+    pub reply: Reply<T>,
+    pub json: Value,
+}
+
+/// `sealnode ctl`, `attest --nonce`: send one request, read the answer as `T` (or a refusal).
+pub fn client<T: DeserializeOwned>(path: &Path, req: &Request) -> Result<Answer<T>> {
+    let json = request(path, req)?;
+    let reply = Reply::from_value(json.clone()).map_err(|e| Error::io("parse response", std::io::Error::other(e)))?;
+    Ok(Answer { reply, json })
 }
 
 /// How long a client waits for its answer.
@@ -107,8 +95,8 @@ pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6
 /// The longest answer a client reads.
 pub const MAX_RESPONSE: u64 = 16 << 20;
 
-/// Send one request (a JSON object), return the response.
-pub fn request(path: &Path, req: &Value) -> Result<Value> {
+/// Send one request, return the answer's JSON, unread.
+pub fn request(path: &Path, req: &Request) -> Result<Value> {
     let mut s = UnixStream::connect(path).map_err(|e| {
         let hint = match e.kind() {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
@@ -126,6 +114,7 @@ pub fn request(path: &Path, req: &Value) -> Result<Value> {
     // request waits for the TPM's quote.
     let _ = s.set_read_timeout(Some(CLIENT_TIMEOUT));
     let _ = s.set_write_timeout(Some(CLIENT_TIMEOUT));
+    let req = serde_json::to_string(req).map_err(|e| Error::io("write request", std::io::Error::other(e)))?;
     let sent = s.write_all(format!("{req}\n").as_bytes());
     let mut line = String::new();
     std::io::BufReader::new(std::io::Read::take(s, MAX_RESPONSE))
@@ -144,16 +133,9 @@ pub fn request(path: &Path, req: &Value) -> Result<Value> {
 mod tests {
     use super::*;
 
+    /// A request fed in pieces is the same request (the strict parse itself: protocol's tests).
     #[test]
-    fn requests_parse_strictly() {
-        assert_eq!(parse(b"{\"cmd\":\"status\"}\n"), Ok(Request::Status));
-        assert_eq!(parse(b"{\"cmd\":\"recycle\"}"), Ok(Request::Recycle));
-        assert!(parse(b"{\"cmd\":\"reboot\"}\n").unwrap_err().contains("unknown command"));
-        assert!(parse(b"{\"cmd\":\"status\",\"x\":1}\n").unwrap_err().contains("unknown field"));
-        assert!(parse(b"status\n").unwrap_err().contains("malformed"));
-        assert!(parse(b"{}\n").unwrap_err().contains("malformed"));
-        assert!(parse(&[0xff, 0xfe, b'\n']).unwrap_err().contains("UTF-8"));
-        assert!(parse(&vec![b' '; MAX_REQUEST + 1]).unwrap_err().contains("too large"));
+    fn requests_are_fed_in_pieces() {
         let mut buf = Vec::new();
         assert_eq!(feed(&mut buf, b"{\"cmd\":"), None);
         assert_eq!(feed(&mut buf, b"\"status\"}\nrest"), Some(Ok(Request::Status)));
@@ -173,8 +155,39 @@ mod tests {
             // Until the client hangs up (past the cap it stops reading).
             while c.write_all(&chunk).is_ok() {}
         });
-        let e = client(&path, "status").expect_err("endless");
+        let e = client::<protocol::Status>(&path, &Request::Status).expect_err("endless");
         assert!(e.to_string().contains(&format!("longer than {MAX_RESPONSE} bytes")), "{e}");
+        server.join().expect("server");
+    }
+
+    /// One exchange end to end: the request line the client writes is the one the supervisor
+    /// parses, and what `respond` writes (typed or as JSON) the client reads back as sent.
+    #[test]
+    fn a_request_and_its_answer_cross_the_socket() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let server = std::thread::spawn(move || {
+            for answer in 0..3 {
+                let (mut c, _) = listener.accept().expect("accept");
+                let mut line = String::new();
+                std::io::BufReader::new(&c).read_line(&mut line).expect("request");
+                let got = parse(line.as_bytes());
+                match answer {
+                    0 => respond(&mut c, &protocol::tests::sample()),
+                    1 => respond(&mut c, &error(format!("{got:?}"))),
+                    _ => respond(&mut c, &Refusal::new(format!("{got:?}"))),
+                }
+            }
+        });
+        let a = client::<protocol::Status>(&path, &Request::Status).expect("status");
+        assert_eq!(a.reply, Reply::Ok(protocol::tests::sample()));
+        assert_eq!(a.json, serde_json::from_str::<Value>(protocol::tests::STATUS).expect("json"));
+        let nonce = "00112233445566ff".to_string();
+        for _ in 0..2 {
+            let a = client::<protocol::Attested>(&path, &Request::Attest { nonce: nonce.clone() }).expect("answer");
+            assert_eq!(a.reply, Reply::Refused(Refusal::new(format!("Ok(Attest {{ nonce: {nonce:?} }})"))));
+        }
         server.join().expect("server");
     }
 }
