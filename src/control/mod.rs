@@ -30,12 +30,6 @@ pub const SOCKET: &str = "control.sock";
 /// How long a client may take to send its request.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A refusal, `{"ok":false,"error":msg}`, as JSON (what the supervisor's answers built as JSON
-/// are matched with; [`Refusal`] is the same answer typed).
-pub fn error(msg: impl Into<String>) -> Value {
-    Refusal::new(msg).into()
-}
-
 pub fn socket_path(cfg: &Config) -> PathBuf {
     cfg.cell.runtime_dir.join(SOCKET)
 }
@@ -63,8 +57,9 @@ pub fn feed(buf: &mut Vec<u8>, new: &[u8]) -> Option<std::result::Result<Request
 pub fn respond<T: Serialize + ?Sized>(stream: &mut UnixStream, answer: &T) {
     // Only a map with keys that are not strings, or a path that is not UTF-8, fails to
     // serialize: the client then learns that much rather than nothing.
-    let mut s = serde_json::to_string(answer)
-        .unwrap_or_else(|e| error(format!("internal error: the answer cannot be written: {e}")).to_string());
+    let mut s = serde_json::to_string(answer).unwrap_or_else(|e| {
+        serde_json::Value::from(Refusal::new(format!("internal error: the answer cannot be written: {e}"))).to_string()
+    });
     s.push('\n');
     let _ = stream.set_nonblocking(true);
     let _ = stream.write_all(s.as_bytes());
@@ -175,7 +170,7 @@ mod tests {
                 let got = parse(line.as_bytes());
                 match answer {
                     0 => respond(&mut c, &protocol::tests::sample()),
-                    1 => respond(&mut c, &error(format!("{got:?}"))),
+                    1 => respond(&mut c, &Refusal::new(format!("{got:?}"))),
                     _ => respond(&mut c, &Refusal::new(format!("{got:?}"))),
                 }
             }

@@ -80,7 +80,7 @@ impl Supervisor {
                 }
             }
             Some(o) => {
-                self.control.recycle_done(&crate::control::error("recycle failed; sealnode stops"));
+                self.control.recycle_done(&crate::control::protocol::Refusal::new("recycle failed; sealnode stops"));
                 let code = self.refused_start(o);
                 self.begin_stop(code, After::Exit);
             }

@@ -14,6 +14,7 @@ use nix::unistd::Pid;
 
 use crate::attest::Envelope;
 use crate::config::{Config, Invoker};
+use crate::control::protocol::{Attested, Refusal, Reply, StatementState, StatementStatus};
 use crate::error::{Error, Result};
 use crate::exit;
 
@@ -129,18 +130,20 @@ impl Publisher {
     /// stop's exit status (a quote that came meanwhile could not be written).
     pub(super) fn request(&mut self, mut stream: UnixStream, nonce: String, f: &Facts) -> std::result::Result<(), i32> {
         let v = match self.statement(f, Some(nonce.clone())) {
-            Ok((env, _)) if self.tpm.is_none() => serde_json::json!({ "ok": true, "envelope": env }),
+            Ok((env, _)) if self.tpm.is_none() => Reply::Ok(Attested::new(env)),
             Ok((env, payload)) => {
                 let waiting = self.waiting_requests();
                 if waiting >= MAX_QUOTING {
-                    crate::control::error(format!("busy: {waiting} statements wait for the TPM's quote; try again"))
+                    Reply::Refused(Refusal::new(format!(
+                        "busy: {waiting} statements wait for the TPM's quote; try again"
+                    )))
                 } else {
                     let nonce = hex::decode(&nonce).ok();
                     self.queue.push_back(Quoting { env, payload, nonce, purpose: Purpose::Control(stream) });
                     return self.pump(f.cfg, generation(f));
                 }
             }
-            Err(e) => crate::control::error(e),
+            Err(e) => Reply::Refused(Refusal::new(e)),
         };
         crate::control::respond(&mut stream, &v);
         Ok(())
@@ -270,10 +273,10 @@ impl Publisher {
         match (purpose, r) {
             (Purpose::Control(mut stream), Ok(quote)) => {
                 env.tpm_quote = Some(quote);
-                crate::control::respond(&mut stream, &serde_json::json!({ "ok": true, "envelope": env }));
+                crate::control::respond(&mut stream, &Attested::new(env));
             }
             (Purpose::Control(mut stream), Err(e)) => {
-                crate::control::respond(&mut stream, &crate::control::error(format!("TPM: {e}")));
+                crate::control::respond(&mut stream, &crate::control::protocol::Refusal::new(format!("TPM: {e}")));
             }
             (Purpose::Publish(g), r) if g == current => match r {
                 Ok(quote) => {
@@ -299,7 +302,7 @@ impl Publisher {
         }
         for q in waiting {
             if let Purpose::Control(mut stream) = q.purpose {
-                crate::control::respond(&mut stream, &crate::control::error("sealnode is stopping"));
+                crate::control::respond(&mut stream, &crate::control::protocol::Refusal::new("sealnode is stopping"));
             }
         }
     }
@@ -333,18 +336,16 @@ impl Publisher {
     }
 
     /// The statement's state for `ctl status` (docs/control.md).
-    pub(super) fn status(&self) -> serde_json::Value {
-        let mut statement = match (&self.key, &self.missing) {
-            (None, _) => serde_json::json!({ "state": "none", "why": "no attestation key" }),
-            (Some(_), Some(why)) => serde_json::json!({ "state": "missing", "why": why }),
+    pub(super) fn status(&self) -> StatementStatus {
+        let (state, why) = match (&self.key, &self.missing) {
+            (None, _) => (StatementState::None, Some("no attestation key".to_string())),
+            (Some(_), Some(why)) => (StatementState::Missing, Some(why.clone())),
             (Some(_), None) if self.in_line().any(|q| matches!(q.purpose, Purpose::Publish(_))) => {
-                serde_json::json!({ "state": "quoting" })
+                (StatementState::Quoting, None)
             }
-            (Some(_), None) => serde_json::json!({ "state": "published" }),
+            (Some(_), None) => (StatementState::Published, None),
         };
-        statement["signed"] = self.key.is_some().into();
-        statement["tpm_quoted"] = self.tpm.is_some().into();
-        statement
+        StatementStatus { state, why, signed: self.key.is_some(), tpm_quoted: self.tpm.is_some() }
     }
 }
 

@@ -72,13 +72,19 @@ impl Server {
                     }
                     crate::control::respond(
                         &mut stream,
-                        &crate::control::error(format!("uid {} is not allowed", uid.unwrap_or(u32::MAX))),
+                        &crate::control::protocol::Refusal::new(format!(
+                            "uid {} is not allowed",
+                            uid.unwrap_or(u32::MAX)
+                        )),
                     );
                     continue;
                 }
             }
             if self.clients.len() >= crate::control::MAX_CLIENTS || stream.set_nonblocking(true).is_err() {
-                crate::control::respond(&mut stream, &crate::control::error("busy: too many control connections"));
+                crate::control::respond(
+                    &mut stream,
+                    &crate::control::protocol::Refusal::new("busy: too many control connections"),
+                );
                 continue;
             }
             let id = self.next_client;
@@ -106,7 +112,7 @@ impl Server {
         match request {
             Ok(r) => Some((stream, r)),
             Err(e) => {
-                crate::control::respond(&mut stream, &crate::control::error(e));
+                crate::control::respond(&mut stream, &crate::control::protocol::Refusal::new(e));
                 None
             }
         }
@@ -118,7 +124,10 @@ impl Server {
         for id in late {
             if let Some((mut s, _, _)) = self.clients.remove(&id) {
                 let _ = epoll.delete(s.as_fd());
-                crate::control::respond(&mut s, &crate::control::error("timed out waiting for the request line"));
+                crate::control::respond(
+                    &mut s,
+                    &crate::control::protocol::Refusal::new("timed out waiting for the request line"),
+                );
             }
         }
     }
@@ -137,7 +146,7 @@ impl Server {
     }
 
     /// The recycle ended (or never will): answer its client, if one waits.
-    pub(super) fn recycle_done(&mut self, v: &serde_json::Value) {
+    pub(super) fn recycle_done<T: serde::Serialize>(&mut self, v: &T) {
         if let Some(mut c) = self.recycle_waiting.take() {
             crate::control::respond(&mut c, v);
         }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use crate::config::{Restart, RestartLimit, Role};
+use crate::control::protocol::RoleState;
 use crate::exit;
 
 /// Restart backoff bounds; a role that ran this long resets its backoff.
@@ -33,14 +34,14 @@ pub(super) enum Phase {
 
 impl Phase {
     /// The name `ctl status` shows, and the process it waits on (docs/control.md).
-    pub(super) fn shown(self) -> (&'static str, Option<Pid>) {
+    pub(super) fn shown(self) -> (RoleState, Option<Pid>) {
         match self {
-            Phase::Down => ("down", None),
-            Phase::Starting => ("starting", None),
-            Phase::Running(p) => ("running", Some(p)),
-            Phase::Stopping(p, _) => ("stopping", Some(p)),
-            Phase::Waiting(_) => ("restarting", None),
-            Phase::Wiping(p) => ("wiping", Some(p)),
+            Phase::Down => (RoleState::Down, None),
+            Phase::Starting => (RoleState::Starting, None),
+            Phase::Running(p) => (RoleState::Running, Some(p)),
+            Phase::Stopping(p, _) => (RoleState::Stopping, Some(p)),
+            Phase::Waiting(_) => (RoleState::Restarting, None),
+            Phase::Wiping(p) => (RoleState::Wiping, Some(p)),
         }
     }
 
@@ -330,7 +331,8 @@ mod tests {
             (Phase::Wiping(p), "wiping", Some(p), false),
         ];
         for (phase, name, pid, idle) in table {
-            assert_eq!(phase.shown(), (name, pid));
+            assert_eq!(phase.shown(), (RoleState::from(name.to_string()), pid));
+            assert_eq!(phase.shown().0.as_str(), name);
             assert_eq!(phase.idle(), idle, "{phase:?}");
         }
     }

@@ -315,7 +315,9 @@ impl Supervisor {
                 if self.stop.is_some() || self.control.recycle_waiting() || self.ready.pending() || self.gate.busy() {
                     crate::control::respond(
                         &mut stream,
-                        &crate::control::error("busy: a start, stop or recycle is in progress; try again"),
+                        &crate::control::protocol::Refusal::new(
+                            "busy: a start, stop or recycle is in progress; try again",
+                        ),
                     );
                 } else {
                     tracing::info!("control: recycle requested");

@@ -9,6 +9,7 @@
 use std::fmt::Debug;
 
 use crate::config::{CellConfig, Config, Role, RoleConfig};
+use crate::control::protocol::ReloadOutcome;
 
 /// A reload in its steps: the candidate in its dry run, then the config applied once both
 /// roles are down, then READY=1 again once the node runs.
@@ -21,7 +22,7 @@ pub(super) struct Reload {
     /// Applied and restarting: READY=1 again once the node runs.
     pub in_progress: bool,
     /// The outcome of the last SIGHUP, for `ctl status`.
-    pub last: Option<serde_json::Value>,
+    pub last: Option<ReloadOutcome>,
 }
 
 impl Reload {
@@ -42,9 +43,7 @@ impl Reload {
     /// The cell stops: a dry run under way is abandoned (and said so).
     pub(super) fn abandon(&mut self) {
         if self.candidate.take().is_some() {
-            self.last = Some(
-                serde_json::json!({ "ok": false, "at": crate::sys::unix_now(), "error": "abandoned: the cell stopped" }),
-            );
+            self.last = Some(ReloadOutcome::refused(crate::sys::unix_now(), "abandoned: the cell stopped"));
         }
     }
 
@@ -52,7 +51,7 @@ impl Reload {
         self.candidate.as_ref()
     }
 
-    pub(super) fn last(&self) -> Option<&serde_json::Value> {
+    pub(super) fn last(&self) -> Option<&ReloadOutcome> {
         self.last.as_ref()
     }
 }

@@ -159,7 +159,9 @@ impl Supervisor {
         if after == After::Exit {
             notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
             // A recycle in progress will not complete: say so rather than hang up.
-            self.control.recycle_done(&crate::control::error("sealnode is stopping; the recycle did not complete"));
+            self.control.recycle_done(&crate::control::protocol::Refusal::new(
+                "sealnode is stopping; the recycle did not complete",
+            ));
         }
         self.ready.cancel(&self.base.epoll);
         if self.gate.busy() {
@@ -241,6 +243,6 @@ impl Supervisor {
         if self.control.recycle_waiting() {
             tracing::info!(generation, "recycle complete");
         }
-        self.control.recycle_done(&serde_json::json!({ "ok": true, "recycled": true, "generation": generation }));
+        self.control.recycle_done(&crate::control::protocol::Recycled::new(generation));
     }
 }

@@ -9,6 +9,7 @@ use super::lifecycle::After;
 use super::reload::refused;
 use super::{gate, log_devices_from, notify, Supervisor};
 use crate::config::{Config, Role};
+use crate::control::protocol::ReloadOutcome;
 use crate::error::Error;
 use crate::exit;
 
@@ -25,11 +26,10 @@ impl Supervisor {
         // a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on).
         if self.stop.is_some() || self.control.recycle_waiting() || self.gate.busy() || self.wipes.busy() {
             tracing::warn!("SIGHUP ignored: a start, stop, restart, recycle or reload is in progress");
-            self.reload.last = Some(serde_json::json!({
-                "ok": false,
-                "at": crate::sys::unix_now(),
-                "error": "a start, stop, restart, recycle or reload was in progress",
-            }));
+            self.reload.last = Some(ReloadOutcome::refused(
+                crate::sys::unix_now(),
+                "a start, stop, restart, recycle or reload was in progress",
+            ));
             return;
         }
         let cfg = &self.base.cfg;
@@ -86,7 +86,7 @@ impl Supervisor {
         tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
         crate::log::say(&format!("reload refused: {e}"));
         notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
-        self.reload.last = Some(serde_json::json!({ "ok": false, "at": crate::sys::unix_now(), "error": e }));
+        self.reload.last = Some(ReloadOutcome::refused(crate::sys::unix_now(), e));
     }
 
     /// The new config passed its dry run: both roles stop and start again through the gate
@@ -99,9 +99,7 @@ impl Supervisor {
             states.push(usec);
         }
         notify(&states);
-        self.reload.last = Some(
-            serde_json::json!({ "ok": true, "at": crate::sys::unix_now(), "config_sha256": new.loaded.config.sha256 }),
-        );
+        self.reload.last = Some(ReloadOutcome::applied(crate::sys::unix_now(), new.loaded.config.sha256.clone()));
         self.reload.next = Some(new);
         self.reload.in_progress = true;
         self.begin_stop(exit::OK, After::Restart);

@@ -94,7 +94,8 @@ impl Supervisor {
         match entered {
             Ok(()) => None,
             Err(code) => {
-                self.control.recycle_done(&crate::control::error(format!("{next} failed; sealnode stops")));
+                self.control
+                    .recycle_done(&crate::control::protocol::Refusal::new(format!("{next} failed; sealnode stops")));
                 Some(stopped_early(code))
             }
         }
