@@ -13,9 +13,10 @@
 //! nonce refused, each with the message docs/control.md lists). Answers are read liberally:
 //! "within this protocol, response fields are only added", so a field this client does not know
 //! is ignored, and a state word it does not know ([`RoleState`], [`StatementState`],
-//! [`GatePurpose`]) is kept as `Other` rather than refused. A field it expects and does not find
-//! refuses the answer: a field added from now on is read with a default (`#[serde(default)]`),
-//! so that a newer `ctl` still reads the answer of an older supervisor still running.
+//! [`GatePurpose`]) is kept as `Other` rather than refused. A counter or part an answer lacks
+//! (an older supervisor's, still running after a package upgrade replaced `ctl`) reads as its
+//! default, and a role's `preflight`, `sealed` or `resources` of a shape this client cannot
+//! read as absent: only `ok`, `roles` and each role's `role` and `state` are required.
 
 use std::collections::BTreeMap;
 
@@ -203,18 +204,23 @@ impl Attested {
 pub struct Status {
     pub ok: Always<true>,
     /// Seconds since `sealnode run` started.
+    #[serde(default)]
     pub uptime_s: u64,
     /// The cell init's pid.
+    #[serde(default)]
     pub cell_pid: i32,
     /// READY=1 was sent: the engine was ready and the node started.
+    #[serde(default)]
     pub ready: bool,
     /// The engine's last start to readiness, in ms; none before its first ready.
     pub engine_ready_ms: Option<f64>,
     /// Lines of sealnode's own log dropped rather than block the loop.
+    #[serde(default)]
     pub log_dropped_lines: LogDropped,
     /// One per role, the engine first.
     pub roles: Vec<RoleStatus>,
     /// Each declared egress upstream's counters.
+    #[serde(default)]
     pub egress: Vec<Stats>,
     /// The node's connections to the engine (the same counters); none without an engine port.
     pub engine_forwarding: Option<Stats>,
@@ -223,10 +229,12 @@ pub struct Status {
     /// The pass through the gate in progress; none when none runs.
     pub gate: Option<GateProgress>,
     /// `attest` requests waiting for the TPM's quote.
+    #[serde(default)]
     pub attest_waiting: usize,
     /// The last start's receipt; none before the first.
     pub receipt: Option<ReceiptSummary>,
     /// The published statement of the seal.
+    #[serde(default = "StatementStatus::unknown")]
     pub statement: StatementStatus,
 }
 
@@ -249,10 +257,13 @@ pub struct RoleStatus {
     /// Seconds since its current run started; none when nothing runs.
     pub uptime_s: Option<u64>,
     /// Restarts after it exited.
+    #[serde(default)]
     pub restarts: u32,
     /// Starts since sealnode started (first, restarts, reloads, recycles).
+    #[serde(default)]
     pub starts: u64,
     /// Lines of its output dropped over its rate limit.
+    #[serde(default)]
     pub output_dropped_lines: u64,
     /// Refusals the denial log saw, per syscall name (all its runs); none without
     /// `log_refused_syscalls`.
@@ -260,10 +271,13 @@ pub struct RoleStatus {
     /// The receipt generation of the gate its current (or next) start passed.
     pub generation: Option<u64>,
     /// That pass's preflight; none before its first pass.
+    #[serde(default, deserialize_with = "lenient")]
     pub preflight: Option<Preflight>,
     /// What that admitted plan holds, layer by layer; none before its first pass.
+    #[serde(default, deserialize_with = "lenient")]
     pub sealed: Option<RoleSeal>,
     /// Its cgroup leaf's usage; none without a leaf.
+    #[serde(default, deserialize_with = "lenient")]
     pub resources: Option<Usage>,
 }
 
@@ -327,6 +341,20 @@ pub struct ReceiptSummary {
     /// Unix seconds.
     pub started_at: u64,
     pub canary_passed: bool,
+}
+
+impl StatementStatus {
+    /// What an answer without a `statement` (an older supervisor's) reads as.
+    pub fn unknown() -> StatementStatus {
+        StatementStatus { state: StatementState::Other("unknown".into()), why: None, signed: false, tpm_quoted: false }
+    }
+}
+
+/// A part of a role's answer this client cannot read (an older or newer supervisor's shape of
+/// it) is read as absent: the rest of the answer still shows.
+fn lenient<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
+    let v = Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
 }
 
 /// The statement of the seal: `state`, `why` (only `missing` and `none` say), whether a key
@@ -442,6 +470,27 @@ pub(crate) mod tests {
         let t: T = serde_json::from_value(v.clone()).expect("reads into the type");
         assert_eq!(serde_json::to_value(&t).expect("writes"), v);
         t
+    }
+
+    /// An older supervisor's answer, still running after a package upgrade replaced `ctl`:
+    /// counters it lacks read as 0, a role part of another shape as absent, and the answer
+    /// still reads (monitoring keeps seeing the cell up).
+    #[test]
+    fn an_older_supervisors_answer_still_reads() {
+        let v: Status = serde_json::from_str(
+            r#"{"ok":true,"roles":[{"role":"engine","state":"running","pid":7,
+                 "preflight":{"passed":true,"ms":5},"sealed":{"user":1},"resources":"odd"}]}"#,
+        )
+        .expect("an older answer reads");
+        let r = &v.roles[0];
+        assert_eq!((r.state.as_str(), r.pid, r.restarts), ("running", Some(7), 0));
+        assert!(r.preflight.is_none() && r.sealed.is_none() && r.resources.is_none(), "{r:?}");
+        assert_eq!(v.statement.state.as_str(), "unknown");
+        assert!(v.egress.is_empty() && v.uptime_s == 0);
+        // What stays required: ok, roles, each role's role and state.
+        for bad in [r#"{"ok":true}"#, r#"{"ok":true,"roles":[{"role":"engine"}]}"#, r#"{"roles":[]}"#] {
+            assert!(serde_json::from_str::<Status>(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
