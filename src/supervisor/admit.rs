@@ -15,15 +15,7 @@ impl Supervisor {
     /// `roles` enter the gate. What is refused before anything runs is refused here, with
     /// the exit status.
     pub(super) fn enter_gate(&mut self, roles: &[Role]) -> std::result::Result<(), i32> {
-        let ctx = gate::Ctx {
-            cfg: &self.base.cfg,
-            inv: &self.base.inv,
-            cell: &self.base.cell,
-            state: &self.base.state_dir,
-            epoll: &self.base.epoll,
-            hash_models: self.attest.signing(),
-            scratch: [&self.roles[0].scratch, &self.roles[1].scratch],
-        };
+        let ctx = super::gate_ctx(&self.base.cfg, &self.base, self.attest.signing(), &self.roles);
         match self.gate.begin(&ctx, roles, gate::Purpose::Start) {
             Ok(()) => {
                 for role in roles {

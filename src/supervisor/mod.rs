@@ -427,6 +427,21 @@ fn facts<'a>(base: &'a Base, current: &'a Current, roles: &[Slot]) -> attestatio
     }
 }
 
+/// What a pass through the gate needs, for `cfg` (the config in force, or a reload's
+/// candidate): this cell, its state dir, each role's locked scratch, and whether statements are
+/// signed (the engine's model files are then hashed for them).
+fn gate_ctx<'a>(cfg: &'a Config, base: &'a Base, signing: bool, roles: &'a [Slot; 2]) -> gate::Ctx<'a> {
+    gate::Ctx {
+        cfg,
+        inv: &base.inv,
+        cell: &base.cell,
+        state: &base.state_dir,
+        epoll: &base.epoll,
+        hash_models: signing,
+        scratch: [&roles[0].scratch, &roles[1].scratch],
+    }
+}
+
 /// The forwarder: the node's declared egress, each through its listener in the node's
 /// namespace, and the node's one way to the engine: its 127.0.0.1:<engine.port>, forwarded
 /// into the engine's namespace, to that port only.

@@ -46,17 +46,9 @@ impl Supervisor {
             Err(e) => return self.reload_failed(e.to_string()),
         };
         log_devices_from(&new);
-        let ctx = gate::Ctx {
-            cfg: &new,
-            inv: &self.base.inv,
-            cell: &self.base.cell,
-            state: &self.base.state_dir,
-            epoll: &self.base.epoll,
-            // The dry run hashes what the start will (its cache makes the start cheap): a
-            // model dir the start could not hash is refused now, with the roles untouched.
-            hash_models: self.attest.signing(),
-            scratch: [&self.roles[0].scratch, &self.roles[1].scratch],
-        };
+        // The dry run hashes what the start will (its cache makes the start cheap): a model dir
+        // the start could not hash is refused now, with the roles untouched.
+        let ctx = super::gate_ctx(&new, &self.base, self.attest.signing(), &self.roles);
         match self.gate.begin(&ctx, &Role::ALL, gate::Purpose::DryRun) {
             Ok(()) => {
                 tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: the new config passes the gate first (a throwaway cell); the running roles are untouched meanwhile");
