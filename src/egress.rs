@@ -46,6 +46,7 @@ const RESOLVE_TTL: Duration = Duration::from_secs(60);
 /// Counters per upstream, shown in the supervisor's status and logs (read back by `ctl`:
 /// `control::protocol::Status`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Stats {
     pub upstream: String,
     pub accepted: u64,

@@ -46,10 +46,12 @@ impl Out {
 }
 
 /// The exposition when the supervisor does not answer: `sealnode_up 0`.
-pub fn down() -> String {
+/// Only `sealnode_up`: 0 when the supervisor did not answer, 1 when it answered in a shape
+/// this `ctl` cannot read (an older or newer supervisor's).
+pub fn up_only(answered: bool) -> String {
     let mut o = Out { text: String::new() };
     o.family("sealnode_up", "gauge", "1: the supervisor answered on its control socket.");
-    o.sample("sealnode_up", &[], 0.0);
+    o.sample("sealnode_up", &[], if answered { 1.0 } else { 0.0 });
     o.text
 }
 

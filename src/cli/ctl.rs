@@ -59,11 +59,18 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
             }
         },
         Show::Metrics { textfile } => {
-            let status = match control::client::<Status>(&path, &Request::Status) {
-                Ok(a) => refused_in_words(a.reply, "status")?,
-                // A scrape still gets an answer: sealnode_up 0 (and this command fails, saying why).
+            // A scrape still gets an answer. No answer (or not JSON): sealnode_up 0; an answer
+            // of a shape this ctl cannot read: sealnode_up 1 and nothing else (the supervisor
+            // did answer). Either way this command fails, saying why.
+            let answered = control::request(&path, &Request::Status);
+            let read = answered
+                .as_ref()
+                .map_err(|e| e.to_string())
+                .and_then(|v| Reply::<Status>::from_value(v.clone()).map_err(|e| format!("parse response: {e}")));
+            let status = match read {
+                Ok(reply) => refused_in_words(reply, "status")?,
                 Err(e) => {
-                    let down = sealnode::metrics::down();
+                    let down = sealnode::metrics::up_only(answered.is_ok());
                     match textfile {
                         Some(path) => {
                             let _ = write_textfile(&path, &down);
@@ -93,12 +100,14 @@ enum Asked<T> {
 /// Ask `request`; with `--json`, print the answer as it came (any field this `ctl` does not
 /// know included), else read it (a refusal in words, exit 1).
 fn ask<T: DeserializeOwned>(path: &Path, request: Request, json: bool, verb: &str) -> Result<Asked<T>, Failure> {
-    let a = control::client::<T>(path, &request).map_err(Failure::general)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&a.json).unwrap_or_default());
-        let ok = matches!(a.reply, Reply::Ok(_));
+        // As it came, whatever its shape: the exit status says only whether it was a refusal.
+        let v = control::request(path, &request).map_err(Failure::general)?;
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        let ok = v.get("ok") == Some(&serde_json::Value::Bool(true));
         return Ok(Asked::Shown(if ok { sealnode::exit::OK } else { sealnode::exit::FAILED }));
     }
+    let a = control::client::<T>(path, &request).map_err(Failure::general)?;
     refused_in_words(a.reply, verb).map(Asked::Read)
 }
 

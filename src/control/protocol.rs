@@ -15,8 +15,10 @@
 //! is ignored, and a state word it does not know ([`RoleState`], [`StatementState`],
 //! [`GatePurpose`]) is kept as `Other` rather than refused. A counter or part an answer lacks
 //! (an older supervisor's, still running after a package upgrade replaced `ctl`) reads as its
-//! default, and a role's `preflight`, `sealed` or `resources` of a shape this client cannot
-//! read as absent: only `ok`, `roles` and each role's `role` and `state` are required.
+//! default (a counter as 0), and a part of a shape this client cannot read (a role's
+//! `preflight`, `sealed`, `resources`; the answer's `gate`, `reload`, `receipt`,
+//! `engine_forwarding`) as absent, the `statement` as "unknown": only `ok`, `roles` and each
+//! role's `role` and `state` are required. `ctl --json` prints the answer as it came.
 
 use std::collections::BTreeMap;
 
@@ -223,18 +225,22 @@ pub struct Status {
     #[serde(default)]
     pub egress: Vec<Stats>,
     /// The node's connections to the engine (the same counters); none without an engine port.
+    #[serde(default, deserialize_with = "lenient")]
     pub engine_forwarding: Option<Stats>,
     /// The last SIGHUP's outcome; none if there was none.
+    #[serde(default, deserialize_with = "lenient")]
     pub reload: Option<ReloadOutcome>,
     /// The pass through the gate in progress; none when none runs.
+    #[serde(default, deserialize_with = "lenient")]
     pub gate: Option<GateProgress>,
     /// `attest` requests waiting for the TPM's quote.
     #[serde(default)]
     pub attest_waiting: usize,
     /// The last start's receipt; none before the first.
+    #[serde(default, deserialize_with = "lenient")]
     pub receipt: Option<ReceiptSummary>,
     /// The published statement of the seal.
-    #[serde(default = "StatementStatus::unknown")]
+    #[serde(default = "StatementStatus::unknown", deserialize_with = "lenient_statement")]
     pub statement: StatementStatus,
 }
 
@@ -285,10 +291,13 @@ pub struct RoleStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preflight {
     /// Always true: a role that did not pass has no pass to show.
+    #[serde(default)]
     pub passed: bool,
     /// The whole pass's duration (its roles' probes run side by side).
+    #[serde(default)]
     pub ms: u64,
     /// This role's own escape attempts (the receipt's count for it).
+    #[serde(default)]
     pub attempts: usize,
     /// How many of them were refused; none when the pass's report is gone.
     pub refused: Option<usize>,
@@ -296,6 +305,7 @@ pub struct Preflight {
     /// to `refused`.
     pub refused_by: Option<BTreeMap<String, usize>>,
     /// When the pass admitted it (Unix seconds).
+    #[serde(default)]
     pub at: u64,
 }
 
@@ -357,6 +367,11 @@ fn lenient<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<Optio
     Ok(serde_json::from_value(v).ok())
 }
 
+/// The statement's state, or "unknown" where it cannot be read.
+fn lenient_statement<'de, D: Deserializer<'de>>(d: D) -> Result<StatementStatus, D::Error> {
+    Ok(lenient(d)?.unwrap_or_else(StatementStatus::unknown))
+}
+
 /// The statement of the seal: `state`, `why` (only `missing` and `none` say), whether a key
 /// signs it and whether the TPM quotes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -364,7 +379,9 @@ pub struct StatementStatus {
     pub state: StatementState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    #[serde(default)]
     pub signed: bool,
+    #[serde(default)]
     pub tpm_quoted: bool,
 }
 
@@ -479,14 +496,22 @@ pub(crate) mod tests {
     fn an_older_supervisors_answer_still_reads() {
         let v: Status = serde_json::from_str(
             r#"{"ok":true,"roles":[{"role":"engine","state":"running","pid":7,
-                 "preflight":{"passed":true,"ms":5},"sealed":{"user":1},"resources":"odd"}]}"#,
+                 "preflight":{"passed":true,"ms":5,"attempts":91},"sealed":{"user":1},"resources":"odd"}],
+                 "statement":{"state":"published"},"receipt":{"path":"/r"},"egress":[{"upstream":"gw:1"}]}"#,
         )
         .expect("an older answer reads");
         let r = &v.roles[0];
         assert_eq!((r.state.as_str(), r.pid, r.restarts), ("running", Some(7), 0));
-        assert!(r.preflight.is_none() && r.sealed.is_none() && r.resources.is_none(), "{r:?}");
-        assert_eq!(v.statement.state.as_str(), "unknown");
-        assert!(v.egress.is_empty() && v.uptime_s == 0);
+        // A preflight without `at` (supervisors before it was added) still shows its counts.
+        assert_eq!(r.preflight.as_ref().map(|p| (p.ms, p.attempts, p.at)), Some((5, 91, 0)), "{r:?}");
+        assert!(r.sealed.is_none() && r.resources.is_none(), "{r:?}");
+        // A statement without `signed` and `tpm_quoted` (supervisors before them) keeps its state.
+        assert_eq!((v.statement.state.as_str(), v.statement.signed), ("published", false));
+        assert!(v.receipt.is_none(), "a receipt of another shape reads as absent");
+        assert_eq!(v.egress[0].upstream, "gw:1");
+        assert_eq!(v.uptime_s, 0);
+        let none: Status = serde_json::from_str(r#"{"ok":true,"roles":[]}"#).expect("bare");
+        assert_eq!(none.statement.state.as_str(), "unknown");
         // What stays required: ok, roles, each role's role and state.
         for bad in [r#"{"ok":true}"#, r#"{"ok":true,"roles":[{"role":"engine"}]}"#, r#"{"roles":[]}"#] {
             assert!(serde_json::from_str::<Status>(bad).is_err(), "{bad}");

@@ -75,9 +75,6 @@ struct Base {
     sigfd: SignalFd,
     /// The state dir, opened and checked once: receipts and the counter are written through it.
     state_dir: OwnedFd,
-    /// Held for the supervisor's lifetime: one `sealnode run` per state, runtime and scratch
-    /// dir (crate::locks).
-    _locks: crate::locks::Locks,
     born: Instant,
 }
 
@@ -143,6 +140,11 @@ pub struct Supervisor {
     reload: reload::Reload,
     wipes: lifecycle::Wipes,
     sd: notify::Notifier,
+    /// Held for the supervisor's lifetime: one `sealnode run` per state, runtime and scratch
+    /// dir (crate::locks). The last field, so the last dropped: every descriptor of the dirs
+    /// it guards (the roles' scratch, the control socket) is closed before another run can
+    /// take them.
+    _locks: crate::locks::Locks,
 }
 
 fn status_code(ws: WaitStatus) -> Option<i32> {
@@ -216,7 +218,7 @@ impl Supervisor {
         let roles = [slot(Role::Engine), slot(Role::Node)];
         let ids = [cfg.role_ids(Role::Engine, &inv)?, cfg.role_ids(Role::Node, &inv)?];
         Ok(Supervisor {
-            base: Base { cfg, inv, ids, cell, epoll, sigfd, state_dir, _locks: locks, born: Instant::now() },
+            base: Base { cfg, inv, ids, cell, epoll, sigfd, state_dir, born: Instant::now() },
             fwd,
             roles,
             stop: None,
@@ -229,6 +231,7 @@ impl Supervisor {
             reload: reload::Reload::default(),
             wipes: lifecycle::Wipes::default(),
             sd: notify::Notifier::from_env(),
+            _locks: locks,
         })
     }
 
