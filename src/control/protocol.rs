@@ -602,7 +602,7 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("expected a sequence"), "{e}");
         assert!(Reply::<Status>::from_value(serde_json::json!({"error": "x"})).is_err());
         assert!(serde_json::from_str::<Recycled>(r#"{"ok":true,"recycled":false,"generation":4}"#).is_err());
-        // The refusal's JSON built by hand (control::error) is its serialized form.
+        // The refusal's JSON built by hand is its serialized form.
         let r = Refusal::new("busy: \"x\"");
         assert_eq!(Value::from(r.clone()), serde_json::to_value(&r).expect("json"));
     }
