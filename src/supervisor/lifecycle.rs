@@ -1,7 +1,8 @@
-//! Each role's lifecycle as data: its phase, its restart record, and the rules the loop applies
-//! when a role exits or a stop is asked for. Everything here is pure (time is an argument, no
-//! process is touched): the tables in the tests below are the rules, as s6-supervise keeps its
-//! state × event table apart from the loop that dispatches into it.
+//! Each role's lifecycle as data: its phase, its restart record, the scratch wipes in flight
+//! and what follows them, and the rules the loop applies when a role exits or a stop is asked
+//! for. Everything here is pure (time is an argument, no process is touched): the tables in
+//! the tests below are the rules, as s6-supervise keeps its state × event table apart from the
+//! loop that dispatches into it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
