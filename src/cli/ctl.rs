@@ -59,16 +59,18 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
             }
         },
         Show::Metrics { textfile } => {
-            // A scrape still gets an answer. No answer (or not JSON): sealnode_up 0; an answer
-            // of a shape this ctl cannot read: sealnode_up 1 and nothing else (the supervisor
-            // did answer). Either way this command fails, saying why.
+            // A scrape still gets an answer. No answer (or not JSON): sealnode_up 0; a refusal
+            // (busy) or an answer of a shape this ctl cannot read: sealnode_up 1 and nothing
+            // else (the supervisor did answer). Either way this command fails, saying why, and
+            // the textfile no longer holds the last scrape's numbers.
             let answered = control::request(&path, &Request::Status);
             let read = answered
                 .as_ref()
                 .map_err(|e| e.to_string())
-                .and_then(|v| Reply::<Status>::from_value(v.clone()).map_err(|e| format!("parse response: {e}")));
+                .and_then(|v| Reply::<Status>::from_value(v.clone()).map_err(|e| format!("parse response: {e}")))
+                .and_then(|reply| refused_in_words(reply, "status").map_err(|f| f.message));
             let status = match read {
-                Ok(reply) => refused_in_words(reply, "status")?,
+                Ok(status) => status,
                 Err(e) => {
                     let down = sealnode::metrics::up_only(answered.is_ok());
                     match textfile {
@@ -101,10 +103,11 @@ enum Asked<T> {
 /// know included), else read it (a refusal in words, exit 1).
 fn ask<T: DeserializeOwned>(path: &Path, request: Request, json: bool, verb: &str) -> Result<Asked<T>, Failure> {
     if json {
-        // As it came, whatever its shape: the exit status says only whether it was a refusal.
+        // As it came, whatever its shape; the exit status is what reading it says, as without
+        // --json: 0 only for the answer asked for (a `"recycled": false` is no recycle).
         let v = control::request(path, &request).map_err(Failure::general)?;
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-        let ok = v.get("ok") == Some(&serde_json::Value::Bool(true));
+        let ok = matches!(Reply::<T>::from_value(v), Ok(Reply::Ok(_)));
         return Ok(Asked::Shown(if ok { sealnode::exit::OK } else { sealnode::exit::FAILED }));
     }
     let a = control::client::<T>(path, &request).map_err(Failure::general)?;
