@@ -183,11 +183,12 @@ fn a_hanging_resolver_never_stalls_the_supervisor() {
         }
         c.err_has("egress name lookup failed", 30);
         assert!(c.err.lock().expect("lock").contains("timed out after 5 s"), "{mode:?}");
-        // The lookup's helper was among the children checked: it is gone with the lookup.
-        assert!(
-            seen.iter().any(|(p, _)| !std::path::Path::new(&format!("/proc/{p}")).exists()),
-            "{mode:?}: none of {seen:?} was the lookup's helper"
-        );
+        // The lookup's helper was among the children checked: it is gone with the lookup
+        // (killed when the failure is logged, reaped by the loop just after).
+        let helper_gone = wait_until(Duration::from_secs(5), || {
+            seen.iter().any(|(p, _)| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        });
+        assert!(helper_gone, "{mode:?}: none of {seen:?} was the lookup's helper (none gone 5 s after the failure)");
         let (code, secs, err) = c.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert!(secs < 5.0, "{mode:?}: stop took {secs:.1}s with a hanging resolver");
