@@ -14,49 +14,48 @@ use std::time::Duration;
 
 use common::*;
 
-/// Building the guest (first run, ~70 s), the package, and two boots under software emulation.
+/// Building the guest (first run, ~5 min), the package, and two boots under software emulation.
 const LIMIT: Duration = Duration::from_secs(3600);
 
-fn run_vm(script: &str, kernel: &str, deb: &Path, cache: &Path, out: &Path) -> (bool, String) {
-    run_vm_with(script, kernel, deb, cache, out, &[])
+/// What scripts/test-guest left: each boot's printout and whether it exited 0. The guest half
+/// runs there, in the background of scripts/test (`SEALNODE_TEST_GUEST_OUT` names its OUT, and
+/// this test waits for it, bounded); `cargo test --test vm` alone runs it here.
+struct Guest {
+    out: PathBuf,
 }
 
-fn run_vm_with(
-    script: &str,
-    kernel: &str,
-    deb: &Path,
-    cache: &Path,
-    out: &Path,
-    env: &[(&str, &str)],
-) -> (bool, String) {
-    let repo = repo();
-    let t = std::time::Instant::now();
-    let deb_dir = deb.parent().expect("deb dir");
-    let share = format!("{}:{}:{}", repo.display(), cache.display(), deb_dir.display());
-    let o = Command::new(repo.join("scripts/vm"))
-        .arg("run")
-        .arg(repo.join(script))
-        .arg(&repo)
-        .arg(cache)
-        .arg(deb)
-        .env("SEALNODE_VM_SHARE", share)
-        .env("SEALNODE_VM_KERNEL", kernel)
-        .env("SEALNODE_VM_OUT", out)
-        .env("SEALNODE_VM_TIMEOUT", if script.ends_with("suite.sh") { "3000" } else { "600" })
-        .envs(env.iter().copied())
-        .output_within(LIMIT);
-    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-    eprintln!("--- {script} on the {kernel} kernel ({:.0} s):\n{text}", t.elapsed().as_secs_f64());
-    // A phase of scripts/test's table (scripts/test-budgets): every boot is warm, the guest
-    // having been built (or found) before.
-    if let Some(p) = std::env::var_os("SEALNODE_TEST_PHASES") {
-        let line = format!("vm:{script} {} warm\n", t.elapsed().as_secs());
-        let _ = std::fs::OpenOptions::new()
-            .append(true)
-            .open(p)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+impl Guest {
+    /// The guest half's results, or why there are none (a skip: it could not build the guest).
+    fn results() -> Result<Guest, String> {
+        let out = match std::env::var_os("SEALNODE_TEST_GUEST_OUT") {
+            Some(dir) => {
+                let out = PathBuf::from(dir);
+                let done = wait_until(LIMIT, || out.join("done").exists());
+                assert!(done, "scripts/test-guest left no {}/done within {} s", out.display(), LIMIT.as_secs());
+                out
+            }
+            None => {
+                let out = repo().join("target/vm/out");
+                let o = Command::new(repo().join("scripts/test-guest")).arg(&out).output_within(LIMIT);
+                assert!(o.status.success(), "scripts/test-guest: {}", String::from_utf8_lossy(&o.stderr));
+                out
+            }
+        };
+        let done = std::fs::read_to_string(out.join("done")).unwrap_or_default();
+        match done.trim() {
+            "0" => Ok(Guest { out }),
+            why => Err(why.to_string()),
+        }
     }
-    (o.status.success(), text)
+
+    /// A boot's printout (scripts/vm's and the guest's lines) and whether it exited 0.
+    fn boot(&self, name: &str) -> (bool, String) {
+        let text = std::fs::read_to_string(self.out.join(format!("{name}.txt")))
+            .unwrap_or_else(|e| panic!("no printout of the {name} boot: {e}"));
+        let status = std::fs::read_to_string(self.out.join(format!("{name}.status"))).unwrap_or_default();
+        eprintln!("--- the {name} boot (exit {}):\n{text}", status.trim());
+        (status.trim() == "0", text)
+    }
 }
 
 /// A guest script passed: it exited 0, printed no FAIL line and every `needed` check line.
@@ -87,31 +86,19 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
     if !is_root() {
         return unavailable("vm", "the guest is built with debootstrap and chroot (root)");
     }
-    let cache = PathBuf::from(std::env::var("SEALNODE_TEST_CACHE").unwrap_or_else(|_| "/var/tmp/sealnode-test".into()));
-    if std::env::var("SEALNODE_TEST_VENV").is_err() || !cache.join("env").exists() {
+    if std::env::var("SEALNODE_TEST_VENV").is_err() {
         return unavailable("vm", "the Python + frutebox-node venv is not prepared (scripts/prepare-python)");
     }
-    let build = Command::new(repo().join("scripts/vm")).arg("build").output_within(LIMIT);
-    if !build.status.success() {
-        let why = String::from_utf8_lossy(&build.stderr).into_owned();
-        return unavailable("vm", &format!("the guest could not be built: {why}"));
-    }
-    // Its own target dir: this test runs inside `cargo test`, which holds the usual one
-    // (scripts/test's package test then reuses this build).
-    let deb = Command::new(repo().join("scripts/build-deb"))
-        .env("CARGO_TARGET_DIR", repo().join("target/vm"))
-        .output_within(LIMIT);
-    assert!(deb.status.success(), "build-deb: {}", String::from_utf8_lossy(&deb.stderr));
-    let deb = PathBuf::from(String::from_utf8_lossy(&deb.stdout).lines().last().expect("deb path").trim());
-    // Kept after the run (the guest's test log, journal and console), replaced by the next.
-    let out = repo().join("target/vm/out");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).expect("target/vm/out");
-
-    // One boot for every 6.12 scenario, with a software TPM attached (tpm.sh needs it; the
-    // others do not touch it).
-    let tpm_out = out.join("suite");
-    let (_, all) = run_vm_with("tests/vm/suite.sh", "trixie", &deb, &cache, &tpm_out, &[("SEALNODE_VM_TPM", "1")]);
+    let guest = match Guest::results() {
+        Ok(g) => g,
+        // The guest could not be built or the venv is missing: a skip, loud (a failure where
+        // SEALNODE_TEST_REQUIRE names vm); a package that does not build is a failure.
+        Err(why) if !why.starts_with("build-deb") => return unavailable("vm", &why),
+        Err(why) => panic!("{why}"),
+    };
+    // One boot for every 6.12 scenario, with a software TPM attached.
+    let (_, all) = guest.boot("suite");
+    let tpm_out = guest.out.join("suite");
 
     let (ok, text) = section(&all, "tests/vm/unit.sh");
     let needed = [
@@ -176,7 +163,7 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
     passed(ok, text, &needed, "the TPM");
     tpm_statements_verify_here(&tpm_out);
 
-    let (ok, text) = run_vm("tests/vm/old-kernel.sh", "bookworm", &deb, &cache, &out.join("old"));
+    let (ok, text) = guest.boot("old");
     assert!(text.contains("guest: 6.1."), "not the 6.1 kernel:\n{text}");
     assert!(ok && !text.contains("FAIL:"), "6.1 kernel:\n{text}");
 }
