@@ -267,7 +267,7 @@ impl Cell {
     /// The cell `run` and the canary use for `cfg`: both roles' ids mapped, one listener per
     /// node egress upstream, the engine-port listener when the engine has a port.
     pub fn for_config(cfg: &Config, inv: &Invoker) -> Result<Cell> {
-        let (ids, abi) = Cell::ids_and_abi(cfg, inv)?;
+        let (ids, abi) = Cell::ids_and_abi(cfg)?;
         let egress: Vec<(Ipv4Addr, u16)> =
             cfg.node.egress.iter().enumerate().map(|(i, e)| (Config::egress_addr(i), e.port as u16)).collect();
         let mut scratch = Vec::new();
@@ -283,8 +283,8 @@ impl Cell {
 
     /// The host ids the cell maps (each role's) and the Landlock ABI its init confines itself
     /// with, which this kernel must have: refused here with the fix, not with the init's EPERM.
-    fn ids_and_abi(cfg: &Config, inv: &Invoker) -> Result<(Vec<Ids>, u8)> {
-        let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r, inv)).collect::<Result<_>>()?;
+    fn ids_and_abi(cfg: &Config) -> Result<(Vec<Ids>, u8)> {
+        let ids: Vec<_> = Role::ALL.iter().map(|r| cfg.role_ids(*r)).collect::<Result<_>>()?;
         let (_, ll) = cfg.policy_files(Role::Node)?;
         let abi = policy::landlock::Rules::from_loaded(&ll.bytes, &cfg.node.landlock)?.min_abi;
         policy::landlock::require_kernel_abi(abi, &cfg.node.landlock)?;
@@ -292,8 +292,8 @@ impl Cell {
     }
 
     /// For `sealnode check`: what [`Cell::for_config`] needs before it creates anything.
-    pub fn requirements(cfg: &Config, inv: &Invoker) -> Result<String> {
-        let (ids, abi) = Cell::ids_and_abi(cfg, inv)?;
+    pub fn requirements(cfg: &Config) -> Result<String> {
+        let (ids, abi) = Cell::ids_and_abi(cfg)?;
         let ids: Vec<_> = ids.iter().map(|i| format!("{}:{}", i.uid, i.gid)).collect();
         Ok(format!("maps {}; Landlock ABI {abi}", ids.join(" and ")))
     }

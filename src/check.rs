@@ -146,7 +146,7 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         let meaning = "the role's own dir: its owner, no one else may write it, no other running cell's \
                        (wiped before the cell starts its roles, at a reload and a recycle; a role's own restart keeps it)";
         // Locked by the `run` that uses it: another cell's is refused, as `run` refuses it.
-        v.push(match crate::locks::scratch_status(&cfg, inv, role) {
+        v.push(match crate::locks::scratch_status(&cfg, role) {
             Ok(None) => Check {
                 name,
                 level: Level::Ok,
@@ -184,7 +184,7 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
     add(
         &mut v,
         "cell",
-        crate::cell::Cell::requirements(&cfg, inv).map_err(|e| e.to_string()),
+        crate::cell::Cell::requirements(&cfg).map_err(|e| e.to_string()),
         "the cell's user namespace maps the roles' ids; its init confines itself with Landlock",
     );
     add(

@@ -98,14 +98,16 @@ pub struct Config {
     /// The file this config was read from (not part of the TOML).
     #[serde(skip)]
     pub file: PathBuf,
-    /// The config's and the policies' bytes as [`Config::load`] read them, once, through the
-    /// checked path (not part of the TOML). Every start uses these, never the files again.
+    /// What [`Config::load`] read and resolved, once, through the checked path (not part of
+    /// the TOML): every start uses these, never the files or the user database again. None for
+    /// a config that was only parsed ([`Config::parse`]), from which nothing starts.
     #[serde(skip)]
-    pub loaded: Loaded,
+    pub loaded: Option<Loaded>,
 }
 
-/// What [`Config::load`] read: the config file and each role's policy files.
-#[derive(Debug, Clone, Default)]
+/// What [`Config::load`] read: the config file, each role's policy files, and the host ids
+/// each role runs as.
+#[derive(Debug, Clone)]
 pub struct Loaded {
     pub config: TrustedFile,
     /// Indexed by [`Role`]: engine, node.
@@ -113,8 +115,9 @@ pub struct Loaded {
     pub landlock: [TrustedFile; 2],
     /// Each role's CDI devices, when it takes any.
     pub cdi: [Option<CdiLoaded>; 2],
-    /// Set once all of the above were read.
-    pub complete: bool,
+    /// The host uid and gid each role runs as, the user names looked up once, here (a reload
+    /// looks them up anew).
+    pub ids: [Ids; 2],
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -794,26 +797,36 @@ impl Config {
         let config = crate::trusted::read(file, inv.uid).map_err(|e| Error::config(file, "(config file)", e))?;
         let text = std::str::from_utf8(&config.bytes)
             .map_err(|e| Error::config(file, "(config file)", format!("not UTF-8: {e}")))?;
+        let ids = std::cell::Cell::new(None);
         let mut cfg = every_problem(text, file, &|t| {
             let cfg = Config::parse_once(t, file)?;
-            cfg.check_host(inv).map_err(|e| rootless_hint(e, &cfg, inv))?;
+            ids.set(Some(cfg.check_host(inv).map_err(|e| rootless_hint(e, &cfg, inv))?));
             Ok(cfg)
         })?;
-        let mut loaded = Loaded { config, ..Loaded::default() };
-        for role in Role::ALL {
+        let ids =
+            ids.get().ok_or_else(|| Error::config(file, "(config file)", "no host check ran (internal error)"))?;
+        let read =
+            |path: &Path, field: String| crate::trusted::read(path, inv.uid).map_err(|e| Error::config(file, field, e));
+        // Each role's policies and CDI spec, read through the checked path.
+        let role_files = |role: Role| -> Result<(TrustedFile, TrustedFile, Option<CdiLoaded>)> {
             let r = cfg.role(role);
-            let read = |path: &Path, field: &str| {
-                crate::trusted::read(path, inv.uid).map_err(|e| Error::config(file, format!("{role}.{field}"), e))
+            let seccomp = read(&r.seccomp, format!("{role}.seccomp"))?;
+            let landlock = read(&r.landlock, format!("{role}.landlock"))?;
+            let cdi = match &r.devices_from {
+                Some(d) => Some(cfg.load_cdi(role, d, read(&d.cdi, format!("{role}.devices_from.cdi"))?)?),
+                None => None,
             };
-            loaded.seccomp[role as usize] = read(&r.seccomp, "seccomp")?;
-            loaded.landlock[role as usize] = read(&r.landlock, "landlock")?;
-            if let Some(d) = &r.devices_from {
-                let spec = read(&d.cdi, "devices_from.cdi")?;
-                loaded.cdi[role as usize] = Some(cfg.load_cdi(role, d, spec)?);
-            }
-        }
-        loaded.complete = true;
-        cfg.loaded = loaded;
+            Ok((seccomp, landlock, cdi))
+        };
+        let (engine_seccomp, engine_landlock, engine_cdi) = role_files(Role::Engine)?;
+        let (node_seccomp, node_landlock, node_cdi) = role_files(Role::Node)?;
+        cfg.loaded = Some(Loaded {
+            config,
+            seccomp: [engine_seccomp, node_seccomp],
+            landlock: [engine_landlock, node_landlock],
+            cdi: [engine_cdi, node_cdi],
+            ids,
+        });
         cfg.check_no_role_tpm()?;
         Ok(cfg)
     }
@@ -840,14 +853,21 @@ impl Config {
     /// The role's policy files as loaded: (seccomp, landlock). An error for a config that was
     /// only parsed: nothing may start from policies that were not read through the checks.
     pub fn policy_files(&self, role: Role) -> Result<(&TrustedFile, &TrustedFile)> {
-        if !self.loaded.complete {
-            return Err(Error::config(
-                &self.file,
-                format!("{role}.seccomp"),
-                "the policies were not loaded (internal error: Config::load was not used)",
-            ));
-        }
-        Ok((&self.loaded.seccomp[role as usize], &self.loaded.landlock[role as usize]))
+        let l = self.loaded(format!("{role}.seccomp"))?;
+        Ok((&l.seccomp[role as usize], &l.landlock[role as usize]))
+    }
+
+    /// What [`Config::load`] read, or an error naming `field` for a config that was only
+    /// parsed: nothing may start from policies or ids that were not read through the checks.
+    pub fn loaded(&self, field: impl Into<String>) -> Result<&Loaded> {
+        self.loaded.as_ref().ok_or_else(|| {
+            Error::config(&self.file, field, "the config was not loaded (internal error: Config::load was not used)")
+        })
+    }
+
+    /// The sha256 of the config file's bytes as loaded (empty for a config only parsed).
+    pub fn config_sha256(&self) -> &str {
+        self.loaded.as_ref().map_or("", |l| l.config.sha256.as_str())
     }
 
     /// The config's `cell.runtime_dir` alone (where the control socket is), read from its TOML
@@ -880,7 +900,7 @@ impl Config {
 
     /// The role's CDI devices as loaded (None without `devices_from`, or before [`Config::load`]).
     pub fn cdi(&self, role: Role) -> Option<&CdiLoaded> {
-        self.loaded.cdi[role as usize].as_ref()
+        self.loaded.as_ref().and_then(|l| l.cdi[role as usize].as_ref())
     }
 
     /// Every device node the role gets beyond the base ones: `devices`, then its CDI spec's,
@@ -1634,8 +1654,16 @@ impl Config {
         Ok(())
     }
 
-    /// Which host ids each role runs as.
-    pub fn role_ids(&self, role: Role, inv: &Invoker) -> Result<Ids> {
+    /// Which host ids `role` runs as, as [`Config::load`] resolved them (the user database is
+    /// not asked again while the cell runs).
+    pub fn role_ids(&self, role: Role) -> Result<Ids> {
+        let field = if self.cell.rootful.is_some() { format!("cell.rootful.{role}") } else { "cell.rootful".into() };
+        Ok(self.loaded(field)?.ids[role as usize])
+    }
+
+    /// Which host ids each role runs as: a user name is looked up in the user database (at
+    /// load only: [`Config::role_ids`] after).
+    fn resolve_role_ids(&self, role: Role, inv: &Invoker) -> Result<Ids> {
         if !inv.rootful() {
             return Ok(Ids { uid: inv.uid, gid: inv.gid });
         }
@@ -1699,14 +1727,12 @@ impl Config {
         Ok(())
     }
 
-    /// Host checks: files exist, no symlinks on role paths, ownership and modes.
-    fn check_host(&self, inv: &Invoker) -> Result<()> {
+    /// Host checks: files exist, no symlinks on role paths, ownership and modes. Returns the
+    /// host ids each role runs as (looked up here, once).
+    fn check_host(&self, inv: &Invoker) -> Result<[Ids; 2]> {
         self.check_trusted_outside_roles()?;
         self.check_rlimits_within_the_launchers()?;
-        let mut ids = Vec::new();
-        for role in Role::ALL {
-            ids.push(self.role_ids(role, inv)?);
-        }
+        let ids = [self.resolve_role_ids(Role::Engine, inv)?, self.resolve_role_ids(Role::Node, inv)?];
         if inv.rootful() && ids[0] == ids[1] {
             return Err(self.err("cell.rootful.node", "engine and node must run as different users"));
         }
@@ -1738,7 +1764,7 @@ impl Config {
         for role in Role::ALL {
             let r = self.role(role);
             for p in self.host_paths(role) {
-                self.checked_role_path(role, &p, inv)?;
+                self.check_role_path(role, &p, ids[role as usize], inv)?;
             }
             for (i, b) in r.ro_binds.iter().enumerate() {
                 if b.src.starts_with("/proc") {
@@ -1768,15 +1794,19 @@ impl Config {
                 }
             }
         }
-        Ok(())
+        Ok(ids)
     }
 
     /// Open a role path without following symlinks and check it (type, mode, owner) on that
     /// very descriptor. Returns its metadata, so the caller records (dev, inode) of exactly
-    /// what was checked: a path swapped later is caught in the child (ESTALE).
+    /// what was checked: a path swapped later is caught in the child (ESTALE). At every start
+    /// (the path may have changed since load); the role's ids are the loaded ones.
     pub fn checked_role_path(&self, role: Role, p: &RolePath, inv: &Invoker) -> Result<std::fs::Metadata> {
+        self.check_role_path(role, p, self.role_ids(role)?, inv)
+    }
+
+    fn check_role_path(&self, role: Role, p: &RolePath, owner: Ids, inv: &Invoker) -> Result<std::fs::Metadata> {
         let (field, path, writable) = (p.field.as_str(), p.path, p.writable);
-        let owner = self.role_ids(role, inv)?;
         let md = self.no_symlink_stat(field, path)?;
         match p.kind {
             PathKind::Dir if !md.is_dir() => {

@@ -120,7 +120,7 @@ impl Taken {
     fn scratch(&mut self, cfg: &Config, inv: &Invoker, role: Role) -> Result<OwnedFd> {
         let field = format!("{role}.scratch");
         let path = &cfg.role(role).scratch;
-        let dir = open_scratch(cfg, inv, role)?;
+        let dir = open_scratch(cfg, role)?;
         let st = self.distinct(cfg, &field, path, &dir)?;
         // A running cell's state or runtime dir: its `lock` file, sealnode's own (owned by the
         // launcher's uid: a role cannot make one in its rootful scratch), is held.
@@ -132,7 +132,7 @@ impl Taken {
         {
             return Err(in_use(cfg, &field, path, None));
         }
-        let uid = cfg.role_ids(role, inv)?.uid;
+        let uid = cfg.role_ids(role)?.uid;
         let readable =
             open_readable(&dir, uid, true).map_err(|e| Error::errno(format!("open {}", path.display()), e))?;
         match self.lock_dir(readable) {
@@ -349,11 +349,11 @@ fn lock_file_held(lock: &Path) -> bool {
 /// nothing is changed), and whether a running sealnode holds it. Ok(None): free;
 /// Ok(Some(what)): this config's own running cell holds it (a reload is fine); Err: `run`
 /// would refuse it, with the very error `run` gives (another cell holds it, among others).
-pub fn scratch_status(cfg: &Config, inv: &Invoker, role: Role) -> Result<Option<String>> {
+pub fn scratch_status(cfg: &Config, role: Role) -> Result<Option<String>> {
     let field = format!("{role}.scratch");
     let path = &cfg.role(role).scratch;
-    let dir = open_scratch(cfg, inv, role)?;
-    let (held, pid) = dir_held(&dir, cfg.role_ids(role, inv)?.uid);
+    let dir = open_scratch(cfg, role)?;
+    let (held, pid) = dir_held(&dir, cfg.role_ids(role)?.uid);
     if !held {
         return Ok(None);
     }
@@ -380,14 +380,14 @@ pub fn scratch_status(cfg: &Config, inv: &Invoker, role: Role) -> Result<Option<
 /// A role's scratch dir, reached without following symlinks (an O_PATH descriptor) and
 /// checked to be a directory owned by the role's user (rootless: the launcher) that no one
 /// else may write.
-pub fn open_scratch(cfg: &Config, inv: &Invoker, role: Role) -> Result<OwnedFd> {
+pub fn open_scratch(cfg: &Config, role: Role) -> Result<OwnedFd> {
     let dir = &cfg.role(role).scratch;
     let field = format!("{role}.scratch");
     // O_PATH: no read permission needed here (the unit has no CAP_DAC_OVERRIDE and the dir is
     // the role's, mode 0700); the wipe opens it for reading as the role itself.
     let fd = crate::sys::open_path_no_symlinks(dir).map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
     let st = fstat(&fd).map_err(|e| Error::errno(format!("stat {}", dir.display()), e))?;
-    let ids = cfg.role_ids(role, inv)?;
+    let ids = cfg.role_ids(role)?;
     // Not readable by group or others either: a reader could open it and hold its flock, the
     // lock that keeps one cell per scratch dir, and keep every start refused (found by
     // review). Search (x) is harmless: an O_PATH descriptor takes no flock.

@@ -166,7 +166,7 @@ pub fn artifacts(cfg: &Config) -> (Artifact, Artifact) {
         version: Some(env!("CARGO_PKG_VERSION").into()),
     };
     let config =
-        Artifact { path: cfg.file.display().to_string(), sha256: cfg.loaded.config.sha256.clone(), version: None };
+        Artifact { path: cfg.file.display().to_string(), sha256: cfg.config_sha256().to_string(), version: None };
     (sealnode, config)
 }
 

@@ -979,3 +979,53 @@ fn fill_scratch(f: &Fixture, n: usize) {
         }
     }
 }
+
+/// User names are looked up once, when the config loads (#28): the event loop never asks the
+/// user database again. A rootful cell whose users are named runs; the node's user is then
+/// taken out of the user database (a private /etc/passwd in sealnode's mount namespace) and
+/// the node crashes: its restart passes the gate with the ids the config loaded with, where a
+/// lookup at the restart would refuse it ("no such user", 125).
+#[test]
+fn a_restart_does_not_look_the_users_up_again() {
+    if !is_root() {
+        return unavailable("rootful", "named users in the user database, and a private /etc/passwd (root)");
+    }
+    let node_sh = "echo node-up; if [ -e /scratch/crashed ]; then exec sleep 1000; fi; : > /scratch/crashed; \
+                   while [ ! -e /opt/trigger/go ]; do sleep 0.05; done; exit 1";
+    let mut f = cell(Mode::Rootful, "users-once", HTTPD, node_sh, "", "");
+    std::fs::create_dir(f.p("trigger")).expect("mkdir");
+    std::fs::set_permissions(f.p("trigger"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let trigger = f.p("trigger").display().to_string();
+    f.node_extra = format!("{}\nro_binds = [{{ src = \"{}\", dst = \"/opt/sealnode\" }}, {{ src = \"{trigger}\", dst = \"/opt/trigger\" }}]\nrestart = \"on-failure\"",
+        "", f.p("bin").display());
+    f.write_config();
+    let text = std::fs::read_to_string(&f.config).expect("config");
+    let ids = format!(
+        "rootful = {{ engine = \"{}:{}\", node = \"{}:{}\" }}",
+        ENGINE_IDS.0, ENGINE_IDS.1, NODE_IDS.0, NODE_IDS.1
+    );
+    assert!(text.contains(&ids), "the fixture's rootful line: {text}");
+    std::fs::write(&f.config, text.replace(&ids, "rootful = { engine = \"sn-test-engine\", node = \"sn-test-node\" }"))
+        .expect("config");
+    let host = std::fs::read_to_string("/etc/passwd").expect("/etc/passwd");
+    let engine = format!("sn-test-engine:x:{}:{}::/nonexistent:/usr/sbin/nologin\n", ENGINE_IDS.0, ENGINE_IDS.1);
+    let node = format!("sn-test-node:x:{}:{}::/nonexistent:/usr/sbin/nologin\n", NODE_IDS.0, NODE_IDS.1);
+    let passwd = f.p("passwd");
+    std::fs::write(&passwd, format!("{host}{engine}{node}")).expect("passwd");
+    let prefix = format!(
+        "exec /usr/bin/unshare -m --propagation private /bin/sh -c 'mount --bind {} /etc/passwd && exec \"$@\"' sh \"$@\"; ",
+        passwd.display()
+    );
+    let run = start_logged_in_shell(&f, &[], &prefix);
+    run.out_line(60, |l| l == "node-up");
+    // The same file (the bind holds its inode), now without the node's user.
+    std::fs::write(&passwd, format!("{host}{engine}")).expect("rewrite passwd");
+    std::fs::write(f.p("trigger/go"), "").expect("go");
+    let restarted = wait_until(Duration::from_secs(60), || {
+        LoggedRun::text(&run.out).lines().filter(|l| *l == "node-up").count() >= 2
+    });
+    let (code, _, err) = run.stop();
+    assert!(restarted, "the node's restart did not run with the loaded ids:\n{err}");
+    assert!(!err.contains("no such user"), "the loop looked a user up:\n{err}");
+    assert_eq!(code, Some(0), "{err}");
+}

@@ -524,7 +524,7 @@ fn view_roots(cfg: &Config, role: Role) -> Vec<String> {
     v
 }
 
-fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers) -> Ctx {
+fn ctx_for(cfg: &Config, role: Role, t: &Targets, layers: Layers) -> Ctx {
     let r = cfg.role(role);
     let other = cfg.role(match role {
         Role::Engine => Role::Node,
@@ -542,7 +542,6 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, inv: &Invoker, layers: Layers)
     let engine_port = cfg.engine.port.unwrap_or(0) as u16;
     let egress =
         cfg.node.egress.iter().enumerate().map(|(i, e)| format!("{}:{}", Config::egress_addr(i), e.port)).collect();
-    let _ = inv;
     Ctx {
         role: role.name().into(),
         scratch: if layers.namespaces { crate::config::INSIDE_SCRATCH.into() } else { r.scratch.display().to_string() },
@@ -587,8 +586,19 @@ pub struct Probe {
     _pty: OwnedFd,
 }
 
-/// Start the battery for `role`: in `cell` (preflight, `canary`) or standalone with `layers`
-/// (the matrix).
+/// The probe's command line: sealnode's sealed copy, told the context and the attempts that
+/// apply to `role`.
+pub fn probe_argv(cfg: &Config, role: Role, t: &Targets, layers: Layers) -> Result<Vec<String>> {
+    let ctx = ctx_for(cfg, role, t, layers);
+    let ctx_json = serde_json::to_string(&ctx).map_err(|e| Error::io("canary context", std::io::Error::other(e)))?;
+    let mut argv = vec!["sealnode-canary".to_string(), "__canary-inside".to_string(), ctx_json];
+    argv.extend(SPECS.iter().filter(|s| s.applies(cfg, role)).map(|s| s.id.to_string()));
+    Ok(argv)
+}
+
+/// Start the battery for `role` in a sandbox built here: in `cell` (`canary`) or standalone
+/// with `layers` (the matrix). The preflight does not: it runs the plan the gate admits
+/// ([`start_plan`] with [`Plan::probe`]).
 pub fn start(
     cfg: &Config,
     role: Role,
@@ -597,18 +607,15 @@ pub fn start(
     layers: Layers,
     t: &Targets,
 ) -> Result<Probe> {
-    let ctx = ctx_for(cfg, role, t, inv, layers);
-    let ctx_json = serde_json::to_string(&ctx).map_err(|e| Error::io("canary context", std::io::Error::other(e)))?;
-    let mut argv = vec!["sealnode-canary".to_string(), "__canary-inside".to_string(), ctx_json];
-    argv.extend(SPECS.iter().filter(|s| s.applies(cfg, role)).map(|s| s.id.to_string()));
-    let plan = Plan::build_layers(
-        cfg,
-        role,
-        inv,
-        Some(argv),
-        Some(Program::SealedSelf(crate::sandbox::plan::sealed_self()?)),
-        layers,
-    )?;
+    let argv = probe_argv(cfg, role, t, layers)?;
+    let program = Program::SealedSelf(crate::sandbox::plan::sealed_self()?);
+    start_plan(Plan::build_layers(cfg, role, inv, Some(argv), Some(program), layers)?, cell)
+}
+
+/// Start a probe's plan (its command the battery: [`probe_argv`]) in `cell`, its stdin a pty
+/// and its stdout the report's pipe.
+pub fn start_plan(mut plan: Plan, cell: Option<&Cell>) -> Result<Probe> {
+    let role = plan.role;
     // The attempts' stdin is a pty whose other end we hold: TIOCSTI has a real target.
     let pty = nix::pty::openpty(None, None).map_err(|e| Error::errno("openpty", e))?;
     // Close-on-exec like every other fd of the supervisor's (the child dup2s the slave).
@@ -617,7 +624,6 @@ pub fn start(
             .map_err(|e| Error::errno("pty FD_CLOEXEC", e))?;
     }
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
-    let mut plan = plan;
     plan.stdio = Some(crate::sandbox::plan::Stdio { stdin: pty.slave, stdout: out_w, stderr: None });
     let spawned = sandbox::spawn_in(&plan, cell);
     // Our copies of the role's stdio close now: EOF on the pipe is then the probe's exit.

@@ -272,13 +272,63 @@ impl Plan {
 
     /// The plan a role of `run` starts with: the role's own command (its program resolved in
     /// its view, a memfd for the sealed copy), with its denial log when it has
-    /// `log_refused_syscalls` (the preflight's own sandboxes refuse in the kernel, as always).
+    /// `log_refused_syscalls`.
     pub fn for_run(cfg: &Config, role: Role, inv: &Invoker) -> Result<Plan> {
+        Ok(Plan::for_run_and_probe(cfg, role, inv, None)?.0)
+    }
+
+    /// [`Plan::for_run`], and with `probe` (the battery's command line and sealnode's sealed
+    /// copy) the preflight's plan made from it ([`Plan::probe`]) before the denial log
+    /// replaces its filter: the probe's refusals are refused in the kernel, as the role's are
+    /// without the log.
+    pub fn for_run_and_probe(
+        cfg: &Config,
+        role: Role,
+        inv: &Invoker,
+        probe: Option<(Vec<String>, std::os::fd::OwnedFd)>,
+    ) -> Result<(Plan, Option<Plan>)> {
         let mut plan = Plan::build(cfg, role, inv, None, None)?;
+        let probe = match probe {
+            Some((argv, fd)) => Some(plan.probe(argv, fd)?),
+            None => None,
+        };
         if cfg.role(role).log_refused_syscalls {
             plan.log_refusals(cfg)?;
         }
-        Ok(plan)
+        Ok((plan, probe))
+    }
+
+    /// The same sandbox running sealnode's sealed copy (`fd`, [`sealed_self`]) with `argv`
+    /// instead of the role's program: the preflight runs the very plan the role starts from
+    /// (its ids, view with the (dev, inode) of each bind as checked, Landlock rules, seccomp
+    /// filter, rlimits and environment), built and checked once. Only the sealed copy of the
+    /// role's program is not mounted (the probe does not run it; the gate measures it).
+    pub fn probe(&self, argv: Vec<String>, fd: std::os::fd::OwnedFd) -> Result<Plan> {
+        use std::os::fd::AsRawFd;
+        if self.refusal_log.is_some() {
+            return Err(Error::io(
+                "probe plan",
+                std::io::Error::other("made after the denial log replaced the filter (internal error)"),
+            ));
+        }
+        Ok(Plan {
+            layers: self.layers,
+            role: self.role,
+            ids: self.ids,
+            rootful: self.rootful,
+            hostname: self.hostname.clone(),
+            mounts: self.mounts.iter().filter(|m| !matches!(m, Mount::SealedProgram { .. })).cloned().collect(),
+            workdir: self.workdir.clone(),
+            rlimits: self.rlimits.clone(),
+            landlock: self.landlock.clone(),
+            seccomp: self.seccomp.clone(),
+            refusal_log: None,
+            exec_paths: vec![cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()))?],
+            argv: argv.iter().map(cstr).collect::<Result<_>>()?,
+            envp: self.envp.clone(),
+            program: Program::SealedSelf(fd),
+            stdio: None,
+        })
     }
 
     /// `run`, for a role with `log_refused_syscalls`: its refusals go to a listener the
@@ -319,7 +369,7 @@ impl Plan {
         layers: Layers,
     ) -> Result<Plan> {
         let r = cfg.role(role);
-        let ids = cfg.role_ids(role, inv)?;
+        let ids = cfg.role_ids(role)?;
         let (landlock, seccomp) = policies(cfg, role)?;
         let (mut mounts, workdir, landlock) = if layers.namespaces {
             (mount_table(cfg, role, inv, ids)?, cstr(INSIDE_SCRATCH)?, landlock)

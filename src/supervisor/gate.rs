@@ -183,10 +183,18 @@ impl Gate {
                 ));
             }
         }
+        // Each role's plan, built and checked once: the preflight's probe runs a copy of it
+        // (only its program replaced), and what passes is what the role starts from.
         let mut plans = Vec::new();
+        let mut probe_plans = Vec::new();
         for role in roles {
-            let plan = Plan::for_run(ctx.cfg, *role, ctx.inv).map_err(|e| refuse(exit::CONFIG, e))?;
+            let probe = canary::probe_argv(ctx.cfg, *role, &targets, sandbox::Layers::ALL)
+                .and_then(|argv| Ok((argv, sandbox::plan::sealed_self()?)))
+                .map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
+            let (plan, probe) =
+                Plan::for_run_and_probe(ctx.cfg, *role, ctx.inv, Some(probe)).map_err(|e| refuse(exit::CONFIG, e))?;
             plans.push((*role, plan));
+            probe_plans.extend(probe);
         }
         // Model files are hashed for the statements (only with a key), and only from a
         // read-only dir: a writable one binds nothing and would be rehashed at every start.
@@ -228,8 +236,8 @@ impl Gate {
                 job._throwaway = Some(Cell::for_config(ctx.cfg, ctx.inv)?);
             }
             let cell = job._throwaway.as_ref().unwrap_or(ctx.cell);
-            for (i, role) in roles.iter().enumerate() {
-                let probe = canary::start(ctx.cfg, *role, ctx.inv, Some(cell), sandbox::Layers::ALL, &job._targets)?;
+            for (i, plan) in probe_plans.into_iter().enumerate() {
+                let probe = canary::start_plan(plan, Some(cell))?;
                 nix::fcntl::fcntl(&probe.out, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))
                     .map_err(|e| Error::errno("fcntl (probe)", e))?;
                 let token = 1 + i as u64;

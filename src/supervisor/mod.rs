@@ -216,7 +216,7 @@ impl Supervisor {
             scratch: scratch.next().expect("one scratch per role"),
         };
         let roles = [slot(Role::Engine), slot(Role::Node)];
-        let ids = [cfg.role_ids(Role::Engine, &inv)?, cfg.role_ids(Role::Node, &inv)?];
+        let ids = [cfg.role_ids(Role::Engine)?, cfg.role_ids(Role::Node)?];
         Ok(Supervisor {
             base: Base { cfg, inv, ids, cell, epoll, sigfd, state_dir, born: Instant::now() },
             fwd,

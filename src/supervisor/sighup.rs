@@ -51,7 +51,7 @@ impl Supervisor {
         let ctx = super::gate_ctx(&new, &self.base, self.attest.signing(), &self.roles);
         match self.gate.begin(&ctx, &Role::ALL, gate::Purpose::DryRun) {
             Ok(()) => {
-                tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: the new config passes the gate first (a throwaway cell); the running roles are untouched meanwhile");
+                tracing::info!(config_sha256 = %new.config_sha256(), "SIGHUP: the new config passes the gate first (a throwaway cell); the running roles are untouched meanwhile");
                 self.reload.candidate = Some(new);
             }
             Err(o) => self.reload_refused(o),
@@ -85,13 +85,13 @@ impl Supervisor {
     /// with it (the cell's network stays).
     pub(super) fn reload_passed(&mut self) {
         let Some(new) = self.reload.candidate.take() else { return };
-        tracing::info!(config_sha256 = %new.loaded.config.sha256, "SIGHUP: config reloaded; restarting both roles through the gate (the cell's network stays)");
+        tracing::info!(config_sha256 = %new.config_sha256(), "SIGHUP: config reloaded; restarting both roles through the gate (the cell's network stays)");
         let mut states = vec![NotifyState::Reloading, NotifyState::Status("reloading")];
         if let Ok(usec) = NotifyState::monotonic_usec_now() {
             states.push(usec);
         }
         notify(&states);
-        self.reload.last = Some(ReloadOutcome::applied(crate::sys::unix_now(), new.loaded.config.sha256.clone()));
+        self.reload.last = Some(ReloadOutcome::applied(crate::sys::unix_now(), new.config_sha256().to_string()));
         self.reload.next = Some(new);
         self.reload.in_progress = true;
         self.begin_stop(exit::OK, After::Restart);
