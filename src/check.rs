@@ -16,7 +16,7 @@ pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
     run(file, inv).0
 }
 
-/// The checks, and "what is sealed" (crate::sealed_text) from the plans they built: `roles`
+/// The checks, and "what is sealed" (crate::proof::sealed_text) from the plans they built: `roles`
 /// (each role's layers, and the preflight it would run) and `statement`; `null` until the
 /// config loads.
 pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
@@ -42,7 +42,7 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         Ok(format!("{} (schema 1)", cfg.file.display())),
         "parsed; owned by root or sealnode's user and writable by no one else, as are the policies it names",
     );
-    let signing = matches!(crate::attest::load_signing(&cfg.cell.state_dir, inv.uid), Ok(Some(_)));
+    let signing = matches!(crate::proof::attest::load_signing(&cfg.cell.state_dir, inv.uid), Ok(Some(_)));
     let state = nix::fcntl::open(
         &cfg.cell.state_dir,
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
@@ -58,16 +58,16 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         // bind checked, the program found in the role's view, copied, sealed and hashed (a pin
         // verified), the trees the role sees walked, and what the role opens besides (each bind's
         // source, the credential, the model files its command names, its devices) opened as
-        // the role (crate::access), as the gate's measurement does at every start.
+        // the role (crate::sandbox::access), as the gate's measurement does at every start.
         // With a signing key, the engine's read-only model files are hashed as `run` hashes
         // them (through the digests' cache, which check reads and never writes).
         let plan = crate::sandbox::Plan::for_run(&cfg, role, inv).map_err(|e| e.to_string()).and_then(|p| {
-            let mut job = crate::measure::job_for(&cfg, inv, &[(role, &p)]);
+            let mut job = crate::proof::measure::job_for(&cfg, inv, &[(role, &p)]);
             let r = cfg.role(role);
             if let (Some(dir), false, true) = (&r.models, r.models_writable, signing) {
-                job.models = Some(crate::measure::ModelsJob { dir: dir.clone(), keep_cache: false });
+                job.models = Some(crate::proof::measure::ModelsJob { dir: dir.clone(), keep_cache: false });
             }
-            let m = crate::measure::run(&job, state.as_ref().map(|fd| (fd, cfg.cell.state_dir.as_path())));
+            let m = crate::proof::measure::run(&job, state.as_ref().map(|fd| (fd, cfg.cell.state_dir.as_path())));
             match (m.error(&cfg.file), &m.could_not) {
                 (Some(e), _) => Err(e.to_string()),
                 (None, Some(why)) => Err(format!("could not be checked: {why}")),
@@ -82,11 +82,11 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
             .and_then(|l| l.as_object())
             .map(|o| o.iter().map(|(k, x)| (k.clone(), x.to_string())).collect())
             .unwrap_or_default();
-        let layers = plan.as_ref().ok().map(|(p, _)| crate::sealed_text::role(&cfg, p, inv, limits));
+        let layers = plan.as_ref().ok().map(|(p, _)| crate::proof::sealed_text::role(&cfg, p, inv, limits));
         sealed.push(serde_json::json!({
             "role": role.name(),
             "sealed": layers,
-            "preflight": { "planned": crate::sealed_text::planned_attempts(&cfg, role) },
+            "preflight": { "planned": crate::proof::sealed_text::planned_attempts(&cfg, role) },
         }));
         let plan = plan.map(|(p, m)| {
             let program = match (p.sealed_program(), m.program(role)) {
@@ -146,7 +146,7 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         let meaning = "the role's own dir: its owner, no one else may write it, no other running cell's \
                        (wiped before the cell starts its roles, at a reload and a recycle; a role's own restart keeps it)";
         // Locked by the `run` that uses it: another cell's is refused, as `run` refuses it.
-        v.push(match crate::locks::scratch_status(&cfg, role) {
+        v.push(match crate::sandbox::locks::scratch_status(&cfg, role) {
             Ok(None) => Check {
                 name,
                 level: Level::Ok,
@@ -168,7 +168,8 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
     // SystemCallFilter= may deny: try it on ourselves, so check fails where the start would
     // (tests/check_run.rs: check_tries_the_denial_logs_pidfd_getfd).
     if Role::ALL.iter().any(|r| cfg.role(*r).log_refused_syscalls) {
-        let probe = crate::sys::pidfd_open(std::process::id() as i32).and_then(|p| crate::sys::pidfd_getfd(&p, 0));
+        let probe =
+            crate::os::sys::pidfd_open(std::process::id() as i32).and_then(|p| crate::os::sys::pidfd_getfd(&p, 0));
         add(
             &mut v,
             "denial log",
@@ -184,13 +185,13 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
     add(
         &mut v,
         "cell",
-        crate::cell::Cell::requirements(&cfg).map_err(|e| e.to_string()),
+        crate::sandbox::cell::Cell::requirements(&cfg).map_err(|e| e.to_string()),
         "the cell's user namespace maps the roles' ids; its init confines itself with Landlock",
     );
     add(
         &mut v,
         "cgroup limits",
-        crate::cgroup::check(&cfg)
+        crate::sandbox::cgroup::check(&cfg)
             .map(|at| match at {
                 Some(p) => format!("enforced under {}", p.display()),
                 None => "none set".to_string(),
@@ -201,10 +202,10 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
     add(
         &mut v,
         "attestation",
-        crate::attest::signer_status(&cfg, inv).map_err(|e| e.to_string()),
+        crate::proof::attest::signer_status(&cfg, inv).map_err(|e| e.to_string()),
         "the key statements are signed with (owner-only) and, with cell.tpm, the TPM that quotes them",
     );
-    v.push(match crate::locks::lock_status(&cfg, inv) {
+    v.push(match crate::sandbox::locks::lock_status(&cfg, inv) {
         Ok(None) => Check {
             name: "state and runtime dirs",
             level: Level::Ok,

@@ -5,7 +5,7 @@ use std::path::Path;
 use nix::errno::Errno;
 use serde::Serialize;
 
-use crate::sys;
+use crate::os::sys;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -125,15 +125,15 @@ fn host_hardening() -> Vec<Check> {
     let mut v = Vec::new();
     let cg2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
-    let own = crate::cgroup::own_cgroup().unwrap_or_default();
+    let own = crate::sandbox::cgroup::own_cgroup().unwrap_or_default();
     let base = if cg2 { "/sys/fs/cgroup" } else { "/sys/fs/cgroup/unified" };
-    let delegated = if cg2 { crate::cgroup::delegated() } else { None };
+    let delegated = if cg2 { crate::sandbox::cgroup::delegated() } else { None };
     let offered = delegated
         .as_ref()
         .and_then(|p| std::fs::read_to_string(p.join("cgroup.controllers")).ok())
         .or_else(|| std::fs::read_to_string(Path::new(base).join("cgroup.controllers")).ok())
         .unwrap_or_default();
-    let v1 = crate::cgroup::v1_controllers();
+    let v1 = crate::sandbox::cgroup::v1_controllers();
     v.push(Check {
         name: "cgroup v2",
         level: if cg2 { Level::Ok } else { Level::Warn },

@@ -66,7 +66,7 @@ pub struct Upstream {
     pub listener: OwnedFd,
     resolved: Option<(SocketAddr, Instant)>,
     /// The engine route: outer sockets come from the engine's namespace, to 127.0.0.1:port.
-    engine: Option<crate::cell::EngineSockets>,
+    engine: Option<crate::sandbox::cell::EngineSockets>,
     /// Private (RFC 1918, CGNAT, ULA) addresses are allowed for this upstream's name.
     allow_private: bool,
     /// The node's connections waiting for a lookup of `host`.
@@ -103,7 +103,7 @@ impl Upstream {
     }
 
     /// The node's way to the engine: `listener` is the node's 127.0.0.1:`port`.
-    pub fn engine(port: u16, listener: OwnedFd, sockets: crate::cell::EngineSockets) -> Upstream {
+    pub fn engine(port: u16, listener: OwnedFd, sockets: crate::sandbox::cell::EngineSockets) -> Upstream {
         let stats = Stats { upstream: format!("engine 127.0.0.1:{port}"), ..Stats::default() };
         let to = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
         Upstream {
@@ -261,22 +261,22 @@ fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, OwnedFd), Er
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
             // Dies with the supervisor, and if it already died before PDEATHSIG was armed.
-            let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            let _ = crate::os::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
             if nix::unistd::getppid() != parent {
-                crate::sys::exit_now(1);
+                crate::os::sys::exit_now(1);
             }
             // Holds nothing of the supervisor's but its answer pipe while it waits on the
             // resolver: not the listeners, the connections or the cell's socket factory
             // (tests/egress.rs: a_hanging_resolver_never_stalls_the_supervisor).
-            if crate::sys::close_all_except(&[w.as_raw_fd()]).is_err() {
-                crate::sys::exit_now(1);
+            if crate::os::sys::close_all_except(&[w.as_raw_fd()]).is_err() {
+                crate::os::sys::exit_now(1);
             }
             let text: String = match (host, port).to_socket_addrs() {
                 Ok(addrs) => addrs.map(|a| format!("{}\n", a.ip())).collect(),
                 Err(e) => format!("error {e}\n"),
             };
-            let _ = crate::sys::write_all(w.as_raw_fd(), text.as_bytes());
-            crate::sys::exit_now(0)
+            let _ = crate::os::sys::write_all(w.as_raw_fd(), text.as_bytes());
+            crate::os::sys::exit_now(0)
         }
         nix::unistd::ForkResult::Parent { child } => Ok((child, r)),
     }
@@ -408,7 +408,7 @@ pub struct Forwarder {
     /// connection, so a level-triggered listener never spins.
     spare: Option<OwnedFd>,
     /// One forwarder warning a second at most: a node can cause them at will.
-    quiet: crate::ratelimit::Quiet,
+    quiet: crate::logging::ratelimit::Quiet,
 }
 
 /// Fds one forwarded connection holds: the node's socket, the outer one, two pipes.
@@ -461,7 +461,7 @@ impl Forwarder {
             next_sweep: None,
             lookups: HashMap::new(),
             spare: spare_fd(),
-            quiet: crate::ratelimit::Quiet::default(),
+            quiet: crate::logging::ratelimit::Quiet::default(),
         })
     }
 
@@ -1008,7 +1008,7 @@ mod tests {
                     // Returned, with the spare taken again and nothing counted as refused.
                     Some(fw.spare.is_some() && fw.upstreams[0].stats.refused_over_limit == 0)
                 })();
-                crate::sys::exit_now(match code {
+                crate::os::sys::exit_now(match code {
                     Some(true) => 0,
                     Some(false) => 3,
                     None => 2,

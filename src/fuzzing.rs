@@ -135,7 +135,7 @@ pub fn control(data: &[u8]) {
 
 /// A receipt file (what `verify-receipt` reads).
 pub fn receipt(data: &[u8]) {
-    if let Err(e) = crate::receipt::parse(data, Path::new(FILE)) {
+    if let Err(e) = crate::proof::receipt::parse(data, Path::new(FILE)) {
         clear(&e);
     }
 }
@@ -171,20 +171,20 @@ pub fn attestation_case(data: &[u8]) -> Option<AttestationCase> {
         rest.to_vec()
     } else {
         let key = fuzz_key();
-        let sig = key.sign(&crate::attest::pae(crate::attest::PAYLOAD_TYPE, rest));
+        let sig = key.sign(&crate::proof::attest::pae(crate::proof::attest::PAYLOAD_TYPE, rest));
         let b64 = base64::engine::general_purpose::STANDARD;
-        serde_json::to_vec(&crate::attest::Envelope {
-            payload_type: crate::attest::PAYLOAD_TYPE.into(),
+        serde_json::to_vec(&crate::proof::attest::Envelope {
+            payload_type: crate::proof::attest::PAYLOAD_TYPE.into(),
             payload: b64.encode(rest),
-            signatures: vec![crate::attest::Signature {
-                keyid: crate::attest::keyid(&key.verifying_key()),
+            signatures: vec![crate::proof::attest::Signature {
+                keyid: crate::proof::attest::keyid(&key.verifying_key()),
                 sig: b64.encode(sig.to_bytes()),
             }],
             tpm_quote: None,
         })
         .ok()?
     };
-    let x = crate::atomic::sha256_hex(b"x");
+    let x = crate::os::atomic::sha256_hex(b"x");
     Some(AttestationCase {
         envelope,
         nonce: (flags & 2 != 0).then(|| FUZZ_NONCE.to_string()),
@@ -203,17 +203,17 @@ pub fn attestation_case(data: &[u8]) -> Option<AttestationCase> {
 /// v2 predicate; no subject twice).
 pub fn attestation(data: &[u8]) {
     let Some(c) = attestation_case(data) else { return };
-    let expect = crate::attest::Expect {
+    let expect = crate::proof::attest::Expect {
         nonce: c.nonce.clone(),
         subjects: c.subjects.clone(),
         min_generation: c.min_generation,
         tpm_ak: None,
     };
-    match crate::attest::verify(&c.envelope, &fuzz_key().verifying_key(), &expect) {
+    match crate::proof::attest::verify(&c.envelope, &fuzz_key().verifying_key(), &expect) {
         Err(f) => assert!(!format!("{f:?}").is_empty()),
         Ok((st, said)) => {
             assert!(!said.is_empty(), "accepted without saying what was verified");
-            assert_eq!(st.predicate_type, crate::attest::PREDICATE_TYPE);
+            assert_eq!(st.predicate_type, crate::proof::attest::PREDICATE_TYPE);
             assert!(st.predicate.nonce.as_deref().map(str::to_ascii_lowercase) == c.nonce, "nonce");
             if let Some(min) = c.min_generation {
                 assert!(st.predicate.generation >= min, "generation");
@@ -258,7 +258,7 @@ pub struct QuoteCase {
     pub attest: Vec<u8>,
     pub signature: Vec<u8>,
     pub nonce: Option<Vec<u8>>,
-    pub quote: crate::tpm::Quote,
+    pub quote: crate::proof::tpm::Quote,
 }
 
 /// Byte 0 chooses: bit 0, the signature is made here by [`fuzz_ak`] over the TPMS_ATTEST
@@ -280,10 +280,10 @@ pub fn quote_case(data: &[u8]) -> Option<QuoteCase> {
     for i in 0..8 {
         pcrs.insert(i.to_string(), hex::encode([0u8; 32]));
     }
-    pcrs.insert(crate::tpm::PCR.to_string(), hex::encode(crate::tpm::expected_pcr(FUZZ_PAYLOAD)));
+    pcrs.insert(crate::proof::tpm::PCR.to_string(), hex::encode(crate::proof::tpm::expected_pcr(FUZZ_PAYLOAD)));
     let b64 = base64::engine::general_purpose::STANDARD;
-    let quote = crate::tpm::Quote {
-        ak: crate::tpm::ak_id(fuzz_ak().verifying_key()),
+    let quote = crate::proof::tpm::Quote {
+        ak: crate::proof::tpm::ak_id(fuzz_ak().verifying_key()),
         pcrs,
         attest: b64.encode(&attest),
         signature: b64.encode(&signature),
@@ -297,16 +297,16 @@ pub fn quote_case(data: &[u8]) -> Option<QuoteCase> {
 /// holds: the quote is over this payload's PCR 23, with this nonce's qualifying data.
 pub fn tpm_quote(data: &[u8]) {
     if let Some(c) = quote_case(data) {
-        match crate::tpm::verify(&c.quote, fuzz_ak().verifying_key(), FUZZ_PAYLOAD, c.nonce.as_deref()) {
+        match crate::proof::tpm::verify(&c.quote, fuzz_ak().verifying_key(), FUZZ_PAYLOAD, c.nonce.as_deref()) {
             Err(e) => assert!(!e.is_empty(), "an empty TPM error"),
             Ok(said) => {
-                let a = crate::tpm::parse_attest(&c.attest).expect("accepted, so it parses");
-                assert_eq!(a.extra_data, crate::tpm::qualifying_data(c.nonce.as_deref()), "nonce");
-                assert!(a.pcrs.contains(&crate::tpm::PCR) && !said.is_empty());
+                let a = crate::proof::tpm::parse_attest(&c.attest).expect("accepted, so it parses");
+                assert_eq!(a.extra_data, crate::proof::tpm::qualifying_data(c.nonce.as_deref()), "nonce");
+                assert!(a.pcrs.contains(&crate::proof::tpm::PCR) && !said.is_empty());
             }
         }
     }
-    if let Err(e) = crate::tpm::parse_ak_public(data) {
+    if let Err(e) = crate::proof::tpm::parse_ak_public(data) {
         assert!(!e.is_empty(), "an empty AK error");
     }
 }
@@ -320,7 +320,7 @@ pub const FUZZ_CDI_DEVICES: &[&str] = &["nvidia.com/gpu=0", "nvidia.com/gpu=all"
 /// valid variable names, only the devices asked for.
 pub fn cdi(data: &[u8]) {
     let wanted: Vec<String> = FUZZ_CDI_DEVICES.iter().map(|s| s.to_string()).collect();
-    match crate::cdi::edits(data, &wanted) {
+    match crate::config::cdi::edits(data, &wanted) {
         Err(e) => assert!(e.len() > 4, "an unclear CDI error: {e:?}"),
         Ok(ed) => {
             let clean = |p: &Path| {
@@ -356,14 +356,14 @@ pub fn control_reply(data: &[u8]) {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { return };
     let clean = |what: &str, t: &str| {
         assert!(
-            !t.chars().any(|c| c != '\n' && (c.is_control() || crate::log::invisible_or_reordering(c))),
+            !t.chars().any(|c| c != '\n' && (c.is_control() || crate::logging::log::invisible_or_reordering(c))),
             "a control character in {what}: {t:?}"
         );
     };
     // "What is sealed" takes any JSON of the status's shape (`check`'s too, which is not a
     // reply): the same escaping, and the line count its shape gives, whatever the values (none
     // forges one).
-    let sealed = crate::sealed_text::render(&v);
+    let sealed = crate::proof::sealed_text::render(&v);
     clean("what is sealed", &sealed);
     let roles =
         v["roles"].as_array().map(|r| r.iter().map(|r| if r["sealed"].is_object() { 10 } else { 2 }).sum::<usize>());
@@ -373,8 +373,8 @@ pub fn control_reply(data: &[u8]) {
     let _ = Reply::<Attested>::from_value(v.clone());
     // An answer that is not a status (a refusal, or none `ctl` can read) shows no table.
     let Ok(Reply::Ok(status)) = Reply::<Status>::from_value(v) else { return };
-    clean("the status table", &crate::status_text::render(&status));
-    let text = crate::metrics::render(&status);
+    clean("the status table", &crate::control::status_text::render(&status));
+    let text = crate::control::metrics::render(&status);
     for line in text.lines() {
         if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
             continue;

@@ -324,8 +324,8 @@ fn main() -> ExitCode {
         Command::Init(args) => cli::init::init(*args),
         Command::Exec { config, role, command } => cli::exec::exec(&config, role, command),
         Command::Probe { config, role, args } => cli::exec::probe(&config, role, args),
-        Command::ProbeInside { args } => Ok(sealnode::probe::run_inside(&args)),
-        Command::CanaryInside { ctx, ids } => Ok(sealnode::canary::inside::main(&ctx, &ids)),
+        Command::ProbeInside { args } => Ok(sealnode::proof::probe::run_inside(&args)),
+        Command::CanaryInside { ctx, ids } => Ok(sealnode::proof::canary::inside::main(&ctx, &ids)),
         Command::Ctl { config, socket, command, json, textfile } => cli::ctl::ctl(
             match &socket {
                 Some(s) => cli::ctl::Target::Socket(s),

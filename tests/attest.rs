@@ -269,7 +269,7 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         verify_both(&f, &changed, &key_pem, &["--nonce", nonce], 10, &ctx);
         let other = f.p("other.pem");
         let other_key = ed25519_dalek::SigningKey::from_bytes(&[3u8; 32]).verifying_key();
-        std::fs::write(&other, sealnode::attest::public_pem(&other_key)).expect("write");
+        std::fs::write(&other, sealnode::proof::attest::public_pem(&other_key)).expect("write");
         verify_both(&f, &f1, &other, &["--nonce", nonce], 10, &ctx);
         let junk = f.p("junk.json");
         std::fs::write(&junk, "{\"payloadType\":\"text/plain\",\"payload\":\"\",\"signatures\":[]}").expect("write");
@@ -304,16 +304,17 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         }
         // A statement with one subject name twice, signed with the node's own key: refused by
         // both, whichever entry each would have read.
-        let key = sealnode::attest::load_signing(&f.p("state"), if mode == Mode::Rootful { 0 } else { NOBODY })
+        let key = sealnode::proof::attest::load_signing(&f.p("state"), if mode == Mode::Rootful { 0 } else { NOBODY })
             .expect("key")
             .expect("a key");
-        let mut forged: sealnode::attest::Statement = serde_json::from_value(statement(&env1)).expect("statement");
+        let mut forged: sealnode::proof::attest::Statement =
+            serde_json::from_value(statement(&env1)).expect("statement");
         let first = forged.subject[0].clone();
-        forged.subject.push(sealnode::attest::Subject {
+        forged.subject.push(sealnode::proof::attest::Subject {
             name: first.name.clone(),
             digest: [("sha256".to_string(), "0".repeat(64))].into(),
         });
-        std::fs::write(&weird, serde_json::to_vec(&sealnode::attest::sign(&key, &forged)).expect("json"))
+        std::fs::write(&weird, serde_json::to_vec(&sealnode::proof::attest::sign(&key, &forged)).expect("json"))
             .expect("write");
         verify_both(&f, &weird, &key_pem, &["--nonce", nonce], 13, &ctx);
         // The key is in neither role's view.
@@ -707,7 +708,7 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
             verify_both(&f, &f1, &key_pem, &args, want, &format!("{ctx} {args:?}"));
         }
         let raw = f.p("pubkey.hex");
-        let vk = sealnode::attest::parse_public(&std::fs::read(&key_pem).expect("pem")).expect("key");
+        let vk = sealnode::proof::attest::parse_public(&std::fs::read(&key_pem).expect("pem")).expect("key");
         std::fs::write(&raw, hex::encode(vk.as_bytes())).expect("write");
         verify_both(&f, &f1, &raw, &["--nonce", n1], 0, &ctx);
         let led = f.p("ak-led.pem");
@@ -718,7 +719,7 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         verify_both(&f, &f1, &key_pem, &["--nonce", n1, "--tpm-ak", &key_pem.display().to_string()], 125, &ctx);
         // Signed statements of the wrong types, or naming another PCR: refused alike.
         let uid = if mode == Mode::Rootful { 0 } else { NOBODY };
-        let key = sealnode::attest::load_signing(&f.p("state"), uid).expect("key").expect("a key");
+        let key = sealnode::proof::attest::load_signing(&f.p("state"), uid).expect("key").expect("a key");
         for (path, value, want) in [
             ("/predicate/tpm/present", serde_json::json!(1), 13),
             ("/predicate/generation", serde_json::json!(true), 13),
@@ -728,7 +729,10 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
             let mut st = statement(&env1);
             *st.pointer_mut(path).expect("member") = value;
             let body = serde_json::to_vec(&st).expect("json");
-            let sig = ed25519_dalek::Signer::sign(&key, &sealnode::attest::pae(sealnode::attest::PAYLOAD_TYPE, &body));
+            let sig = ed25519_dalek::Signer::sign(
+                &key,
+                &sealnode::proof::attest::pae(sealnode::proof::attest::PAYLOAD_TYPE, &body),
+            );
             let mut e: serde_json::Value = serde_json::from_str(&env1).expect("json");
             e["payload"] = b64.encode(&body).into();
             e["signatures"][0]["sig"] = b64.encode(sig.to_bytes()).into();
@@ -938,13 +942,14 @@ fn statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails() {
         let (code, _, err) = out(&f, &["attest", "--nonce", n1, "--config", &cfg]);
         // README's exit table: 1, the supervisor cannot be reached.
         assert_eq!(code, 1, "{ctx}: no supervisor: {err}");
-        let plain = sealnode::attest::sign(
-            &sealnode::attest::load_signing(&f.p("state"), if mode == Mode::Rootful { 0 } else { NOBODY })
+        let plain = sealnode::proof::attest::sign(
+            &sealnode::proof::attest::load_signing(&f.p("state"), if mode == Mode::Rootful { 0 } else { NOBODY })
                 .expect("key")
                 .expect("a key"),
             &{
-                let mut s: sealnode::attest::Statement = serde_json::from_value(statement(&env1)).expect("statement");
-                s.predicate.tpm = sealnode::attest::Tpm::of(None);
+                let mut s: sealnode::proof::attest::Statement =
+                    serde_json::from_value(statement(&env1)).expect("statement");
+                s.predicate.tpm = sealnode::proof::attest::Tpm::of(None);
                 s
             },
         );

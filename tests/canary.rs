@@ -236,7 +236,7 @@ fn battery_refuses_every_attempt_with_the_expected_errno() {
                 assert_eq!(a["outcome"], "refused", "{ctx}");
                 match want[id] {
                     Some(Ok(e)) => {
-                        assert_eq!(a["errno"], e, "{ctx}: expected {}", sealnode::canary::errno_name(e));
+                        assert_eq!(a["errno"], e, "{ctx}: expected {}", sealnode::proof::canary::errno_name(e));
                         assert!(a["signal"].is_null(), "{ctx}");
                     }
                     Some(Err(sig)) => assert_eq!(a["signal"], sig, "{ctx}: expected signal {sig}"),

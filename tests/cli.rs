@@ -224,7 +224,7 @@ fn ctl_status_shows_the_receipt_time_and_each_roles_own_preflight() {
         p.ms = 150;
         p.attempts = n;
     }
-    let table = sealnode::status_text::render(&status);
+    let table = sealnode::control::status_text::render(&status);
     let receipt = table.lines().find(|l| l.starts_with("receipt:")).expect("a receipt line");
     assert_eq!(
         receipt,
@@ -234,7 +234,7 @@ fn ctl_status_shows_the_receipt_time_and_each_roles_own_preflight() {
         let line = table.lines().find(|l| l.starts_with(&format!("{role:<7} "))).expect("the role's line");
         assert!(line.contains(&format!(" {n} refused, 0.15 s")), "{line}");
     }
-    let metrics = sealnode::metrics::render(&status);
+    let metrics = sealnode::control::metrics::render(&status);
     assert!(metrics.contains("sealnode_preflight_attempts{role=\"engine\"} 91\n"), "{metrics}");
     assert!(metrics.contains("sealnode_preflight_attempts{role=\"node\"} 88\n"), "{metrics}");
 }

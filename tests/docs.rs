@@ -77,7 +77,7 @@ fn table_rows(section: &str) -> Vec<Vec<String>> {
 /// its table of exceptions is SINGLE_LAYER, both ways.
 #[test]
 fn canary_doc_tables_are_the_battery() {
-    use sealnode::canary::{Roles, SINGLE_LAYER, SPECS};
+    use sealnode::proof::canary::{Roles, SINGLE_LAYER, SPECS};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("docs/canary.md")).expect("doc");
     let attempts = doc.split("\n## The attempts\n").nth(1).expect("attempts section");

@@ -38,7 +38,7 @@ fn the_seed_inputs_are_accepted() {
     for p in ["landlock_rules/seed-engine.toml", "landlock_rules/seed-node.toml"] {
         sealnode::policy::landlock::Rules::parse(&read(p), file).unwrap_or_else(|e| panic!("{p}: {e}"));
     }
-    sealnode::receipt::parse(read("receipt/seed-valid.json").as_bytes(), file).expect("receipt seed");
+    sealnode::proof::receipt::parse(read("receipt/seed-valid.json").as_bytes(), file).expect("receipt seed");
     assert!(sealnode::control::parse(read("control/seed-status").as_bytes()).is_ok());
     // Status answers of today's shape, so the replay reaches the table and the metrics (the
     // older seeds lack fields a status answer now has: only "what is sealed" reads them).
@@ -69,7 +69,8 @@ fn the_attestation_corpus_gets_one_verdict_from_both_verifiers() {
     }
     let dir = scratch("attestation");
     let key = dir.path().join("key.pem");
-    std::fs::write(&key, sealnode::attest::public_pem(&sealnode::fuzzing::fuzz_key().verifying_key())).expect("key");
+    std::fs::write(&key, sealnode::proof::attest::public_pem(&sealnode::fuzzing::fuzz_key().verifying_key()))
+        .expect("key");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/attestation");
     let (mut n, mut verified) = (0, 0);
     for entry in std::fs::read_dir(&root).expect("corpus") {
@@ -135,16 +136,20 @@ fn the_tpm_quote_corpus_is_never_more_lenient_than_tpm2_checkquote() {
     for entry in std::fs::read_dir(&root).expect("corpus") {
         let path = entry.expect("entry").path();
         let Some(c) = sealnode::fuzzing::quote_case(&std::fs::read(&path).expect("read")) else { continue };
-        let ours =
-            sealnode::tpm::verify(&c.quote, ak.verifying_key(), sealnode::fuzzing::FUZZ_PAYLOAD, c.nonce.as_deref());
-        let sig_ok = sealnode::tpm::parse_signature(&c.signature)
+        let ours = sealnode::proof::tpm::verify(
+            &c.quote,
+            ak.verifying_key(),
+            sealnode::fuzzing::FUZZ_PAYLOAD,
+            c.nonce.as_deref(),
+        );
+        let sig_ok = sealnode::proof::tpm::parse_signature(&c.signature)
             .is_ok_and(|s| p256::ecdsa::signature::Verifier::verify(ak.verifying_key(), &c.attest, &s).is_ok());
         let (m, s) = (dir.path().join("attest.bin"), dir.path().join("sig.bin"));
         std::fs::write(&m, &c.attest).expect("write");
         std::fs::write(&s, &c.signature).expect("write");
         let mut cmd = std::process::Command::new(&checkquote);
         cmd.args(["-g", "sha256", "-u"]).arg(&ak_file).arg("-m").arg(&m).arg("-s").arg(&s);
-        let q = sealnode::tpm::qualifying_data(c.nonce.as_deref());
+        let q = sealnode::proof::tpm::qualifying_data(c.nonce.as_deref());
         if !q.is_empty() {
             cmd.args(["-q", &hex::encode(&q)]);
         }

@@ -2,7 +2,7 @@
 //! SmolLM2 and the real frutebox node, which registers with a stand-in gateway and answers its
 //! jobs (rootful and rootless); and its refusals (an existing config, a missing answer off a
 //! terminal, paths and interpreter prefixes another user controls), before it changes
-//! anything. The config generation itself is unit-tested in src/init.rs.
+//! anything. The config generation itself is unit-tested in src/config/init.rs.
 
 mod common;
 

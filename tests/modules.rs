@@ -435,3 +435,72 @@ fn the_reader_finds_paths_in_use_trees_and_skips_comments_and_tests() {
     g.entry("c".into()).or_default().insert("a".into());
     assert_eq!(cycles(&g), vec![vec!["a".to_string(), "b".to_string()]]);
 }
+
+/// docs/architecture.md's "Folders and their layers": each numbered item names the top-level
+/// modules of one layer, bottom up.
+fn documented_layers() -> Vec<Vec<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("doc");
+    let section = doc
+        .split("## Folders and their layers")
+        .nth(1)
+        .expect("a \"## Folders and their layers\" section")
+        .split("\n## ")
+        .next()
+        .expect("end");
+    let mut layers = Vec::new();
+    for line in section.lines() {
+        // `3. `config` — ...`, `4. `policy`, `logging` — ...`
+        let Some((n, rest)) = line.split_once(". ") else { continue };
+        if n.is_empty() || !n.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let names = rest.split(" — ").next().unwrap_or_default();
+        layers.push(names.split(',').map(|x| x.trim().trim_matches('`').to_string()).collect());
+    }
+    layers
+}
+
+/// The layer of each top-level module, and the modules that break the rule: a file that uses
+/// a module of its own layer (another folder) or of a higher one.
+fn layer_violations(g: &Graph, layers: &[Vec<String>]) -> Vec<String> {
+    let top = |m: &str| m.split("::").next().unwrap_or(m).to_string();
+    let layer_of = |m: &str| layers.iter().position(|l| l.contains(&top(m)));
+    let mut bad = Vec::new();
+    for (m, deps) in g {
+        let Some(own) = layer_of(m) else {
+            bad.push(format!("`{}` (of {m}) is in no layer", top(m)));
+            continue;
+        };
+        for d in deps {
+            if top(d) == top(m) {
+                continue;
+            }
+            match layer_of(d) {
+                Some(l) if l < own => {}
+                Some(l) => bad.push(format!("{m} (layer {}) uses {d} (layer {})", own + 1, l + 1)),
+                None => bad.push(format!("`{}` (used by {m}) is in no layer", top(d))),
+            }
+        }
+    }
+    bad
+}
+
+/// Each folder uses only the layers below it (docs/architecture.md, "Folders and their
+/// layers"): config no proof or supervisor, `check` not the supervisor, the OS layer nothing
+/// of sealnode's own but the error type.
+#[test]
+fn each_folder_uses_only_the_layers_below_it() {
+    let g = load().graph();
+    let layers = documented_layers();
+    assert!(layers.len() >= 10, "the layer list in docs/architecture.md: {layers:?}");
+    let bad = layer_violations(&g, &layers);
+    assert!(bad.is_empty(), "the module graph breaks docs/architecture.md's layers:\n{}", bad.join("\n"));
+    // The rule can fail: a config that used the proof, or check that used the supervisor.
+    let mut broken = g.clone();
+    broken.entry("config".into()).or_default().insert("proof::tpm".into());
+    broken.entry("check".into()).or_default().insert("supervisor".into());
+    let found = layer_violations(&broken, &layers);
+    assert!(found.iter().any(|v| v.starts_with("config (layer 3) uses proof::tpm")), "{found:?}");
+    assert!(found.iter().any(|v| v.starts_with("check (layer 10) uses supervisor")), "{found:?}");
+}

@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use sealnode::attest::{self, Failure as Why};
 use sealnode::config::{Config, Invoker};
 use sealnode::control::protocol::Attested;
 use sealnode::control::{Reply, Request};
 use sealnode::exit;
+use sealnode::proof::attest::{self, Failure as Why};
 
 use super::{Failure, Outcome};
 
@@ -44,8 +44,13 @@ pub fn tpm_init(config: &Path, force: bool) -> Outcome {
             config.display()
         )));
     };
-    if let Some(tool) = sealnode::tpm::INIT_TOOLS.iter().find(|x| !Path::new(sealnode::tpm::TOOLS).join(x).is_file()) {
-        return Err(Failure::setup(format!("{}/{tool} is missing: install Debian's tpm2-tools", sealnode::tpm::TOOLS)));
+    if let Some(tool) =
+        sealnode::layout::TPM_INIT_TOOLS.iter().find(|x| !Path::new(sealnode::layout::TPM_TOOLS).join(x).is_file())
+    {
+        return Err(Failure::setup(format!(
+            "{}/{tool} is missing: install Debian's tpm2-tools",
+            sealnode::layout::TPM_TOOLS
+        )));
     }
     let ak = attest::tpm_init(&cfg.cell.state_dir, inv.uid, t.target(), force).map_err(Failure::general)?;
     print_ak(&ak.key, Some(&hex::encode(&ak.name)));
@@ -53,7 +58,7 @@ pub fn tpm_init(config: &Path, force: bool) -> Outcome {
     println!(
         "persisted at handle {:#010x}; endorsement key: {}",
         t.ak_handle,
-        dir.join(sealnode::tpm::EK_FILE).display()
+        dir.join(sealnode::proof::tpm::EK_FILE).display()
     );
     println!("restart `sealnode run` to quote its statements (docs/attestation.md: enrolling the key)");
     Ok(exit::OK)
@@ -69,9 +74,12 @@ pub fn tpm_pubkey(config: &Path) -> Outcome {
     // As `attest pubkey`: the PEM alone on stdout, what identifies it on stderr.
     use p256::pkcs8::EncodePublicKey as _;
     println!("{}", ak.to_public_key_pem(Default::default()).unwrap_or_default().trim_end());
-    eprintln!("id: sha256:{}", sealnode::tpm::ak_id(&ak));
+    eprintln!("id: sha256:{}", sealnode::proof::tpm::ak_id(&ak));
     if let Some(n) = attest::load_tpm_ak_name(&cfg.cell.state_dir, inv.uid) {
-        eprintln!("name: {n} (the TPM's name of the key: its public area is attest/{})", sealnode::tpm::AK_PUBLIC_FILE);
+        eprintln!(
+            "name: {n} (the TPM's name of the key: its public area is attest/{})",
+            sealnode::proof::tpm::AK_PUBLIC_FILE
+        );
     }
     Ok(exit::OK)
 }
@@ -79,9 +87,12 @@ pub fn tpm_pubkey(config: &Path) -> Outcome {
 fn print_ak(ak: &p256::ecdsa::VerifyingKey, name: Option<&str>) {
     use p256::pkcs8::EncodePublicKey as _;
     println!("{}", ak.to_public_key_pem(Default::default()).unwrap_or_default().trim_end());
-    println!("id: sha256:{}", sealnode::tpm::ak_id(ak));
+    println!("id: sha256:{}", sealnode::proof::tpm::ak_id(ak));
     if let Some(n) = name {
-        println!("name: {n} (the TPM's name of the key: its public area is attest/{})", sealnode::tpm::AK_PUBLIC_FILE);
+        println!(
+            "name: {n} (the TPM's name of the key: its public area is attest/{})",
+            sealnode::proof::tpm::AK_PUBLIC_FILE
+        );
     }
 }
 
@@ -91,12 +102,13 @@ fn print_ak(ak: &p256::ecdsa::VerifyingKey, name: Option<&str>) {
 pub fn subjects(config: &Path) -> Outcome {
     let inv = Invoker::current();
     let cfg = Config::load(config, &inv).map_err(Failure::setup)?;
-    let (sealnode, conf, mut roles) = sealnode::receipt::current_digests(&cfg, &inv).map_err(Failure::general)?;
-    let state = sealnode::trusted::own_dir(&cfg.cell.state_dir, inv.uid, 0o750)
+    let (sealnode, conf, mut roles) =
+        sealnode::proof::receipt::current_digests(&cfg, &inv).map_err(Failure::general)?;
+    let state = sealnode::os::trusted::own_dir(&cfg.cell.state_dir, inv.uid, 0o750)
         .map_err(|e| Failure::setup(format!("cell.state_dir: {e}")))?;
     if let (Some(d), Some(engine)) = (&cfg.engine.models, roles.get_mut("engine")) {
         let (files, _) =
-            sealnode::digests::models(d, &state, &cfg.cell.state_dir, &|| false).map_err(Failure::general)?;
+            sealnode::proof::digests::models(d, &state, &cfg.cell.state_dir, &|| false).map_err(Failure::general)?;
         engine.models = files.into_iter().collect();
     }
     for s in attest::subjects(&cfg, &sealnode.sha256, &conf.sha256, &roles) {
@@ -158,7 +170,7 @@ pub fn verify(
     let tpm_ak = match tpm_ak {
         Some(p) => {
             let b = std::fs::read(p).map_err(|e| Failure::setup(format!("read {}: {e}", p.display())))?;
-            Some(sealnode::tpm::parse_ak(&b).map_err(|e| Failure::setup(format!("{}: {e}", p.display())))?)
+            Some(sealnode::proof::tpm::parse_ak(&b).map_err(|e| Failure::setup(format!("{}: {e}", p.display())))?)
         }
         None => None,
     };

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use sealnode::canary::{self, ci_report, Report};
 use sealnode::config::{Config, Invoker, Role};
+use sealnode::proof::canary::{self, ci_report, Report};
 
 use super::{Failure, Outcome};
 
@@ -63,7 +63,7 @@ fn write_ci_reports(r: &Report, junit: Option<&Path>, tap: Option<&Path>) -> Res
             print!("{text}");
         } else {
             // New file then rename: never follows a planted symlink, never leaves half a report.
-            sealnode::atomic::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| format!("canary: {e}"))?;
+            sealnode::os::atomic::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| format!("canary: {e}"))?;
         }
     }
     Ok(())

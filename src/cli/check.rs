@@ -17,7 +17,7 @@ pub fn check(config: &Path, json: bool) -> Outcome {
         sealnode::doctor::print(&checks);
         // What the plans hold, layer by layer (once the config loads).
         if sealed.is_object() {
-            print!("\n{}", sealnode::sealed_text::render(&sealed));
+            print!("\n{}", sealnode::proof::sealed_text::render(&sealed));
         }
         if ok {
             println!("\n{}: `sealnode run` would start (the preflight canary runs at every start).", config.display());

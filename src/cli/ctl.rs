@@ -46,7 +46,7 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
         Show::Status { json } => match ask::<Status>(&path, Request::Status, json, "status")? {
             Asked::Shown(code) => Ok(code),
             Asked::Read(s) => {
-                print!("{}", sealnode::status_text::render(&s));
+                print!("{}", sealnode::control::status_text::render(&s));
                 Ok(sealnode::exit::OK)
             }
         },
@@ -72,7 +72,7 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
             let status = match read {
                 Ok(status) => status,
                 Err(e) => {
-                    let down = sealnode::metrics::up_only(answered.is_ok());
+                    let down = sealnode::control::metrics::up_only(answered.is_ok());
                     match textfile {
                         Some(path) => {
                             let _ = write_textfile(&path, &down);
@@ -82,7 +82,7 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
                     return Err(Failure::general(e));
                 }
             };
-            let text = sealnode::metrics::render(&status);
+            let text = sealnode::control::metrics::render(&status);
             match textfile {
                 // node_exporter's textfile collector reads *.prom files: written whole, atomically.
                 Some(path) => write_textfile(&path, &text).map_err(|e| Failure::general(format!("metrics: {e}")))?,
@@ -118,7 +118,9 @@ fn ask<T: DeserializeOwned>(path: &Path, request: Request, json: bool, verb: &st
 fn refused_in_words<T>(reply: Reply<T>, verb: &str) -> Result<T, Failure> {
     match reply {
         Reply::Ok(t) => Ok(t),
-        Reply::Refused(r) => Err(Failure::general(format!("ctl {verb}: {}", sealnode::log::clean(r.error.as_bytes())))),
+        Reply::Refused(r) => {
+            Err(Failure::general(format!("ctl {verb}: {}", sealnode::logging::log::clean(r.error.as_bytes()))))
+        }
     }
 }
 
@@ -135,7 +137,7 @@ fn write_textfile(path: &Path, text: &str) -> Result<(), String> {
         return Err(format!("{}: not a file path", abs.display()));
     };
     let walked =
-        sealnode::sys::open_path_no_symlinks(dir).map_err(|e| format!("open {}: {}", dir.display(), e.desc()))?;
+        sealnode::os::sys::open_path_no_symlinks(dir).map_err(|e| format!("open {}: {}", dir.display(), e.desc()))?;
     let dirfd = nix::fcntl::openat(
         &walked,
         ".",
@@ -143,5 +145,5 @@ fn write_textfile(path: &Path, text: &str) -> Result<(), String> {
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| format!("open {}: {}", dir.display(), e.desc()))?;
-    sealnode::atomic::write_atomic_at(&dirfd, name, text.as_bytes(), 0o644, &abs).map_err(|e| e.to_string())
+    sealnode::os::atomic::write_atomic_at(&dirfd, name, text.as_bytes(), 0o644, &abs).map_err(|e| e.to_string())
 }

@@ -30,7 +30,7 @@ pub fn man(top: clap::Command, dir: &Path) -> Outcome {
             .push((sub.get_name().to_string(), sub.clone().name(format!("sealnode-{}", sub.get_name())).bin_name(bin)));
     }
     let write =
-        |path: &Path, out: &[u8]| sealnode::atomic::write_atomic(path, out, 0o644).map_err(|e| fail(e.to_string()));
+        |path: &Path, out: &[u8]| sealnode::os::atomic::write_atomic(path, out, 0o644).map_err(|e| fail(e.to_string()));
     for (command, page) in pages {
         let path = dir.join(format!("{}.1", page.get_name()));
         let mut out = Vec::new();

@@ -19,7 +19,7 @@ pub fn doctor(config: Option<PathBuf>, json: bool) -> Outcome {
             min_abi = min_abi.max(rules.min_abi);
         }
         // A configured limit this host cannot enforce: the same refusal `run` gives.
-        sealnode::cgroup::check(&cfg).map_err(Failure::setup)?;
+        sealnode::sandbox::cgroup::check(&cfg).map_err(Failure::setup)?;
     }
     Ok(sealnode::doctor::report(&sealnode::doctor::checks(min_abi), json))
 }

@@ -42,7 +42,7 @@ fn run_sandboxed(config: &Path, role: Role, argv: Vec<String>, program: Option<P
     tracing::info!(role = %role, pid = sb.pid.as_raw(), "sandbox started");
     if let (Some(fd), Some(errno)) = (sb.listener.take(), plan.refusal_log) {
         // A thread of its own (the sandbox is started: nothing forks from here on).
-        let log = sealnode::denylog::DenyLog::new(role, fd, errno);
+        let log = sealnode::logging::denylog::DenyLog::new(role, fd, errno);
         std::thread::spawn(move || log.serve_until_closed());
     }
     Ok(sandbox::run_to_exit(sb))

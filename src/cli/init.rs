@@ -1,14 +1,14 @@
 //! `sealnode init`: ask (or take from flags) the engine, the model, the node's venv and the
-//! gateway; write the config (sealnode::init generates it), the role users, the dirs with their
+//! gateway; write the config (sealnode::config::init generates it), the role users, the dirs with their
 //! owners, the interpreter copy and the credential; then run `check` on the result.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use sealnode::config::init::{self as gen, Answers, BindSpec, EngineKind, Interpreter, Owner};
 use sealnode::config::{Invoker, DEFAULT_CONFIG};
 use sealnode::doctor::Level;
-use sealnode::init::{self as gen, Answers, BindSpec, EngineKind, Interpreter, Owner};
 
 use super::{Failure, Outcome};
 
@@ -449,7 +449,7 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 
 /// What must hold before `x` is applied (nothing is changed here).
 fn preflight(x: &Action, a: &Answers, inv: &Invoker) -> Result<(), String> {
-    use sealnode::trusted;
+    use sealnode::os::trusted;
     match x {
         Action::User(_) => Ok(()),
         // sealnode's own dirs: as `run` checks them (a missing one is made with a safe mode).
@@ -520,7 +520,7 @@ fn role_dir_as_made(m: &std::fs::Metadata, ids: Option<(u32, u32)>, path: &Path)
 /// init_copies_only_a_python_prefix_no_one_else_controls).
 fn trusted_prefix(prefix: &Path, inv: &Invoker) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    sealnode::trusted::check_dirs_to(prefix, inv.uid)?;
+    sealnode::os::trusted::check_dirs_to(prefix, inv.uid)?;
     let m = std::fs::symlink_metadata(prefix).map_err(|e| format!("{}: {e}", prefix.display()))?;
     if !m.file_type().is_dir() || !(m.uid() == 0 || m.uid() == inv.uid) || m.mode() & 0o022 != 0 {
         return Err(format!("{}: not a dir of root's (or yours) that no one else can write", prefix.display()));
@@ -550,7 +550,7 @@ fn trusted_prefix(prefix: &Path, inv: &Invoker) -> Result<(), String> {
 /// above it (`check` refuses it otherwise, but only after init acted on it).
 fn trusted_venv(i: &Interpreter, inv: &Invoker) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    sealnode::trusted::check_dirs_to(&i.venv.join("bin"), inv.uid)?;
+    sealnode::os::trusted::check_dirs_to(&i.venv.join("bin"), inv.uid)?;
     for d in [i.venv.clone(), i.venv.join("bin")] {
         let m = std::fs::symlink_metadata(&d).map_err(|e| format!("{}: {e}", d.display()))?;
         if !(m.uid() == 0 || m.uid() == inv.uid) || m.mode() & 0o022 != 0 {
@@ -567,7 +567,7 @@ fn trusted_venv(i: &Interpreter, inv: &Invoker) -> Result<(), String> {
 
 /// A trusted dir's descriptor (made if missing, as sealnode makes its own dirs).
 fn dir_fd(path: &Path, inv: &Invoker) -> Result<std::os::fd::OwnedFd, String> {
-    sealnode::trusted::own_dir(path, inv.uid, 0o755)
+    sealnode::os::trusted::own_dir(path, inv.uid, 0o755)
 }
 
 /// Write `bytes` as `name` in the dir `dir` race-free: a new file (O_EXCL, no symlink
@@ -625,7 +625,7 @@ fn apply(x: &Action, a: &Answers, inv: &Invoker) -> Result<(), String> {
             u,
         ])),
         Action::Dir { path, owner: Owner::Launcher, mode } => {
-            sealnode::trusted::own_dir(path, inv.uid, *mode).map(drop)
+            sealnode::os::trusted::own_dir(path, inv.uid, *mode).map(drop)
         }
         Action::Dir { path, owner, mode } => {
             let (parent, name) = leaf(path)?;
@@ -669,7 +669,7 @@ fn apply(x: &Action, a: &Answers, inv: &Invoker) -> Result<(), String> {
             run(Command::new("chmod").args(["-R", "u-s,g-s,a+rX,go-w", "--"]).arg(to))
         }
         Action::Credential { from, to } => {
-            let src = sealnode::trusted::open(from, inv.uid)?;
+            let src = sealnode::os::trusted::open(from, inv.uid)?;
             let mut bytes = Vec::new();
             std::io::Read::read_to_end(&mut std::fs::File::from(src), &mut bytes).map_err(|e| format!("read: {e}"))?;
             let (parent, name) = leaf(to)?;

@@ -53,7 +53,7 @@ pub fn exit(outcome: Outcome) -> ExitCode {
 }
 
 /// Logging: to the journal when stderr is the journal, plain lines on stderr otherwise
-/// (sealnode::log), filtered by `SEALNODE_LOG` (else `default`).
+/// (sealnode::logging::log), filtered by `SEALNODE_LOG` (else `default`).
 pub fn init_logging(default: &str) {
-    sealnode::log::init(default);
+    sealnode::logging::log::init(default);
 }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use sealnode::config::{Config, Invoker};
-use sealnode::receipt;
+use sealnode::proof::receipt;
 
 use super::{Failure, Outcome};
 

@@ -481,7 +481,7 @@ fn role_only_fields_in_the_wrong_role_are_refused() {
 fn a_tpm_is_a_local_device_or_a_loopback_software_tpm() {
     let tpm = |t: &str| with("runtime_dir = \"/run/sealnode\"", &format!("runtime_dir = \"/run/sealnode\"\ntpm = {t}"));
     let c = parse(&tpm("{ tcti = \"device:/dev/tpmrm0\" }")).expect("valid");
-    assert_eq!(c.cell.tpm.as_ref().map(|t| t.ak_handle), Some(crate::tpm::DEFAULT_AK_HANDLE));
+    assert_eq!(c.cell.tpm.as_ref().map(|t| t.ak_handle), Some(crate::config::DEFAULT_AK_HANDLE));
     parse(&tpm("{ tcti = \"swtpm:host=127.0.0.1,port=2321\", ak_handle = 0x81010005 }")).expect("valid");
     for (t, field, why) in [
         ("{ tcti = \"device:tpmrm0\" }", "cell.tpm.tcti", "under /dev"),

@@ -22,7 +22,9 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
+pub mod metrics;
 pub mod protocol;
+pub mod status_text;
 
 pub use protocol::{parse, Refusal, Reply, Request, MAX_REQUEST};
 

@@ -26,11 +26,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::attest::Envelope;
-use crate::cgroup::Usage;
 use crate::config::Role;
 use crate::egress::Stats;
-use crate::sealed_text::RoleSeal;
+use crate::proof::attest::Envelope;
+use crate::proof::sealed_text::RoleSeal;
+use crate::sandbox::cgroup::Usage;
 
 /// Largest request line accepted, newline included.
 pub const MAX_REQUEST: usize = 4096;
@@ -66,7 +66,7 @@ impl TryFrom<Wire> for Request {
         match (w.cmd.as_str(), w.nonce) {
             ("status", None) => Ok(Request::Status),
             ("recycle", None) => Ok(Request::Recycle),
-            ("attest", Some(n)) => crate::attest::parse_nonce(&n).map(|nonce| Request::Attest { nonce }),
+            ("attest", Some(n)) => crate::proof::attest::parse_nonce(&n).map(|nonce| Request::Attest { nonce }),
             ("attest", None) => Err("attest needs a nonce: {\"cmd\":\"attest\",\"nonce\":\"<hex>\"}".into()),
             ("status" | "recycle", Some(_)) => Err(format!("{} takes no nonce", w.cmd)),
             (other, _) => Err(format!("unknown command {other:?} (known: status, recycle, attest)")),

@@ -14,8 +14,9 @@ use landlock::{
 };
 use serde::Deserialize;
 
-use crate::config::{Config, Role, INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
+use crate::config::{Config, Role};
 use crate::error::{Error, Result};
+use crate::layout::{INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
 
 /// Newest ABI whose rights sealnode knows how to use.
 pub const KNOWN_ABI: u8 = 7;
@@ -285,7 +286,7 @@ impl Rules {
 /// itself with the same ABI, and without this a 6.1 kernel got only "confine: cell: EPERM"
 /// (found in the test guest, tests/vm).
 pub fn require_kernel_abi(min_abi: u8, file: &Path) -> Result<()> {
-    let kernel_abi = crate::sys::landlock_abi();
+    let kernel_abi = crate::os::sys::landlock_abi();
     if kernel_abi >= i32::from(min_abi) {
         return Ok(());
     }

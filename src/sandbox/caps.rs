@@ -5,7 +5,7 @@ use nix::errno::Errno;
 use nix::unistd::{setresgid, setresuid, Gid, Uid};
 
 use crate::config::Ids;
-use crate::sys;
+use crate::os::sys;
 
 fn caps_err(_: caps::errors::CapsError) -> Errno {
     Errno::EPERM

@@ -11,8 +11,8 @@ use super::plan::{ptr_array, Plan, NEWROOT};
 use super::protocol::{fail, must};
 use super::stage::{ChildFds, Stage};
 use super::{caps, init, mounts};
+use crate::os::sys;
 use crate::policy::{landlock, seccomp};
-use crate::sys;
 
 /// Runs in the clone()d child: pid 1 of the new pid namespace, inside new user, mount, net,
 /// ipc, uts and cgroup namespaces. Never returns: execs the workload or exits 125.

@@ -12,8 +12,8 @@ use super::plan::Plan;
 use super::protocol::{fail, FORWARDED};
 use super::stage::ChildFds;
 use super::stage::Stage;
+use crate::os::sys;
 use crate::policy::landlock;
-use crate::sys;
 
 extern "C" fn noop(_: libc::c_int) {}
 

@@ -1,13 +1,21 @@
-//! One role's sandbox: plan in the parent, clone, id maps, the child's setup, wait.
+//! One role's sandbox: plan in the parent, clone, id maps, the child's setup, wait; the cell
+//! the roles share ([`cell`]: the user namespace and network namespaces made once), their
+//! cgroup leaves ([`cgroup`]), the locks a cell holds on its dirs ([`locks`]), what a role
+//! opens as itself ([`access`]) and the sealed memfd copies of what it runs ([`sealed`]).
 
+pub mod access;
 pub mod caps;
+pub mod cell;
+pub mod cgroup;
 pub mod child;
 pub mod idmap;
 pub mod init;
+pub mod locks;
 pub mod mounts;
 pub mod namespaces;
 pub mod plan;
 pub mod protocol;
+pub mod sealed;
 pub mod spawn;
 pub mod stage;
 pub mod table;

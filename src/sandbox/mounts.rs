@@ -11,7 +11,7 @@ use nix::sys::stat::{fstat, lstat, Mode};
 use nix::unistd::{chdir, mkdir};
 
 use super::plan::{Check, Mount};
-use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+use crate::os::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
 type R = Result<(), Errno>;
 

@@ -11,13 +11,12 @@ use std::path::{Path, PathBuf};
 
 use seccompiler::BpfProgram;
 
-use crate::config::{
-    Config, Ids, Invoker, PathKind, Role, RoleConfig, RolePath, INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH,
-};
+use crate::config::{Config, Ids, Invoker, PathKind, Role, RoleConfig, RolePath};
 use crate::error::{Error, Result};
+use crate::layout::{INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
 use crate::policy::{landlock, seccomp};
 
-pub use crate::config::SYSTEM_RO;
+pub use crate::layout::SYSTEM_RO;
 
 /// System directories the canary tries to create files in (empty on Debian). With the
 /// namespaces layer on they are inside read-only binds (or absent); in the layer matrix's
@@ -49,7 +48,7 @@ pub const PROC_MASK_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/asound"
 /// /proc subtrees kept visible but read-only.
 pub const PROC_READONLY: &[&str] = &["/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"];
 
-use crate::sys::{
+use crate::os::sys::{
     MOUNT_ATTR_NODEV as NODEV, MOUNT_ATTR_NOEXEC as NOEXEC, MOUNT_ATTR_NOSUID as NOSUID, MOUNT_ATTR_RDONLY as RDONLY,
 };
 
@@ -69,7 +68,7 @@ pub enum Program {
 
 /// A role's program as the gate measures it: the file its `command[0]` resolves to in the
 /// role's view (sandbox::view), to be copied into `fd` (a sealable memfd), sealed and hashed
-/// off the event loop (crate::measure). The copy is what the role runs.
+/// off the event loop (crate::proof::measure). The copy is what the role runs.
 #[derive(Debug)]
 pub struct SealedProgram {
     pub fd: std::os::fd::OwnedFd,
@@ -498,12 +497,12 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
     }
     // The node's view of the latest signed statement: `run`'s dir for it, read-only, where the
     // file is replaced at every start (a dir bind shows each new file). Only once `run` made it.
-    let attest = cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR);
+    let attest = cfg.cell.runtime_dir.join(crate::layout::RUNTIME_ATTEST_DIR);
     if role == Role::Node && std::fs::symlink_metadata(&attest).is_ok_and(|m| m.is_dir()) {
         mounts.push(role_bind(
             "cell.runtime_dir (attest/)".into(),
             &attest,
-            Path::new(crate::config::INSIDE_ATTESTATION_DIR),
+            Path::new(crate::layout::INSIDE_ATTESTATION_DIR),
             false,
             false,
             PathKind::Dir,
@@ -636,9 +635,9 @@ fn placed(cfg: &Config, role: Role) -> Vec<(PathBuf, PathBuf)> {
     v.push((PathBuf::from(INSIDE_SCRATCH), r.scratch.clone()));
     v.extend(r.credential.iter().map(|c| (PathBuf::from(INSIDE_CREDENTIAL), c.clone())));
     v.extend(cfg.binds(role).iter().map(|(_, b)| (b.inside().to_path_buf(), b.src.clone())));
-    let attest = cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR);
+    let attest = cfg.cell.runtime_dir.join(crate::layout::RUNTIME_ATTEST_DIR);
     if role == Role::Node && std::fs::symlink_metadata(&attest).is_ok_and(|m| m.is_dir()) {
-        v.push((PathBuf::from(crate::config::INSIDE_ATTESTATION_DIR), attest));
+        v.push((PathBuf::from(crate::layout::INSIDE_ATTESTATION_DIR), attest));
     }
     v
 }
@@ -748,7 +747,7 @@ fn sealed_program(cfg: &Config, role: Role, prog0: &str, mounts: &mut Vec<Mount>
                 "{prog0} resolves to {} (host {}), which is {}, not a regular file",
                 found.inside.display(),
                 found.host.display(),
-                crate::sys::file_kind(found.mode)
+                crate::os::sys::file_kind(found.mode)
             ),
         ));
     }
@@ -764,7 +763,7 @@ fn sealed_program(cfg: &Config, role: Role, prog0: &str, mounts: &mut Vec<Mount>
             ),
         ));
     }
-    let fd = crate::sealed::memfd(&format!("sealnode-{role}"))?;
+    let fd = crate::sandbox::sealed::memfd(&format!("sealnode-{role}"))?;
     // Mode 0 until measured (Plan::measured): an unmeasured copy cannot be executed.
     mounts.push(Mount::SealedProgram { dst: under_root(&found.inside)?, fd: fd.as_raw_fd(), mode: 0 });
     Ok(SealedProgram {
@@ -786,12 +785,12 @@ pub fn sealed_self() -> Result<std::os::fd::OwnedFd> {
     let copy = match COPY.get() {
         Some(c) => c,
         None => {
-            let fd = crate::sealed::memfd("sealnode-probe")?;
+            let fd = crate::sandbox::sealed::memfd("sealnode-probe")?;
             let mut src = std::fs::File::open("/proc/self/exe").map_err(|e| Error::io("open /proc/self/exe", e))?;
             let mut dst = std::fs::File::from(fd);
             std::io::copy(&mut src, &mut dst).map_err(|e| Error::io("copy sealnode into memfd", e))?;
             let fd: std::os::fd::OwnedFd = dst.into();
-            crate::sealed::seal(&fd)?;
+            crate::sandbox::sealed::seal(&fd)?;
             COPY.get_or_init(|| fd)
         }
     };

@@ -17,7 +17,8 @@ use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
 use crate::error::Error;
-use crate::{exit, sys};
+use crate::exit;
+use crate::os::sys;
 
 /// Signals the launcher passes on to a sandbox's init, and the init on to its workload.
 pub const FORWARDED: [Signal; 6] =

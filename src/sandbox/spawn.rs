@@ -15,9 +15,9 @@ use super::plan::{Mount, Plan};
 use super::protocol::{self, Failure, Frame, Reap, Step, FORWARDED};
 use super::stage::{ChildFds, Stage};
 use super::{idmap, namespaces};
-use crate::cell::Cell;
 use crate::error::{Error, Result};
-use crate::sys;
+use crate::os::sys;
+use crate::sandbox::cell::Cell;
 
 /// The steps of the short-lived intermediate that puts a role into a cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +78,8 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
             drop(pid_r);
             let w = pid_w.as_raw_fd();
             let net = match plan.role {
-                crate::config::Role::Engine => crate::cell::Net::Engine,
-                crate::config::Role::Node => crate::cell::Net::Node,
+                crate::config::Role::Engine => crate::sandbox::cell::Net::Engine,
+                crate::config::Role::Node => crate::sandbox::cell::Net::Node,
             };
             protocol::must(w, Enter::JoinCell, 0, cell.join(net));
             let leaf = cell.cgroups.as_ref().and_then(|t| t.dir(plan.role));

@@ -31,14 +31,14 @@ impl Supervisor {
     fn refused_start(&mut self, outcome: gate::Outcome) -> i32 {
         let gate::Outcome::Refused { code, message, details } = outcome else { return exit::FAILED };
         for d in &details {
-            crate::log::say(d);
+            crate::logging::log::say(d);
         }
         match code {
             exit::PREFLIGHT_ERROR => tracing::error!(error = %message, "preflight canary could not run"),
             exit::PREFLIGHT_FAILED => tracing::error!("preflight found an escape; not starting"),
             _ => tracing::error!(error = %message, "cannot prepare the role"),
         }
-        crate::log::say(&message);
+        crate::logging::log::say(&message);
         for s in self.roles.iter_mut() {
             if s.phase == Phase::Starting {
                 s.phase = Phase::Down;
@@ -120,30 +120,35 @@ impl Supervisor {
             .iter()
             .filter_map(|r| {
                 let (cgroup, files) = cell.cgroups.as_ref()?.record(*r)?;
-                Some((r.name().to_string(), crate::receipt::Resources { cgroup, files }))
+                Some((r.name().to_string(), crate::proof::receipt::Resources { cgroup, files }))
             })
             .collect();
-        let written = crate::receipt::write(cfg, inv, &self.base.state_dir, &report, digests, &p.roles, resources);
+        let written =
+            crate::proof::receipt::write(cfg, inv, &self.base.state_dir, &report, digests, &p.roles, resources);
         self.current.report = Some(report);
         let r = match written {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the receipt");
-                crate::log::say(&format!("{e}"));
+                crate::logging::log::say(&format!("{e}"));
                 return Err(exit::FAILED);
             }
         };
         let names: Vec<&str> = p.roles.iter().map(|r| r.name()).collect();
-        tracing::info!(roles = %names.join(","), attempts = p.attempts, ms = p.ms, generation = r.generation, path = %crate::receipt::path(cfg).display(), "preflight passed; receipt written");
+        tracing::info!(roles = %names.join(","), attempts = p.attempts, ms = p.ms, generation = r.generation, path = %crate::proof::receipt::path(cfg).display(), "preflight passed; receipt written");
         for (role, mut a) in p.admitted {
             a.digests.generation = r.generation;
             // The role's own attempts (the pass's total covers every role it ran).
             let attempts = fresh.roles.iter().find(|x| x.role == role).map_or(0, |x| x.attempts.len());
             let cgroup = cell.cgroups.as_ref().and_then(|t| t.record(role)).map(|(_, f)| f).unwrap_or_default();
-            let sealed = crate::sealed_text::role(cfg, a.plan(), inv, cgroup);
+            let sealed = crate::proof::sealed_text::role(cfg, a.plan(), inv, cgroup);
             let s = &mut self.roles[role as usize];
-            s.passed =
-                Some(GatePass { generation: r.generation, preflight_ms: p.ms, attempts, at: crate::sys::unix_now() });
+            s.passed = Some(GatePass {
+                generation: r.generation,
+                preflight_ms: p.ms,
+                attempts,
+                at: crate::os::sys::unix_now(),
+            });
             s.sealed = Some(sealed);
             s.digests = Some(a.digests.clone());
             s.phase = Phase::Down;

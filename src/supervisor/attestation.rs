@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::unistd::Pid;
 
-use crate::attest::Envelope;
 use crate::config::{Config, Invoker};
 use crate::control::protocol::{Attested, Refusal, Reply, StatementState, StatementStatus};
 use crate::error::{Error, Result};
 use crate::exit;
+use crate::proof::attest::Envelope;
 
 /// At most this many control requests wait for the TPM; more are answered "busy".
 const MAX_QUOTING: usize = 4;
@@ -42,8 +42,8 @@ enum Purpose {
 pub(super) struct Facts<'a> {
     pub cfg: &'a Config,
     pub inv: &'a Invoker,
-    pub receipt: Option<&'a crate::receipt::Receipt>,
-    pub report: Option<&'a crate::canary::Report>,
+    pub receipt: Option<&'a crate::proof::receipt::Receipt>,
+    pub report: Option<&'a crate::proof::canary::Report>,
     /// Each role's restarts so far, by name.
     pub restarts: BTreeMap<String, u32>,
 }
@@ -57,13 +57,13 @@ pub(super) struct Publisher {
     /// The runtime dir's `attest/`, which the node sees read-only: the statement of each gate.
     dir: OwnedFd,
     /// With `cell.tpm`: the tools and the attestation key every statement is quoted by.
-    tpm: Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>,
+    tpm: Option<(crate::proof::tpm::Tools, p256::ecdsa::VerifyingKey)>,
     /// Signed statements waiting for their quote, in order.
     queue: VecDeque<Quoting>,
     /// The statement being quoted, with its job: out of the queue, so that nothing done to
     /// the queue meanwhile can give its quote to another statement (tests/attest.rs:
     /// statements_are_quoted_by_the_tpm_and_a_replayed_quote_fails).
-    job: Option<(crate::tpm::QuoteJob, Quoting)>,
+    job: Option<(crate::proof::tpm::QuoteJob, Quoting)>,
     /// The current generation's start statement could not be made: why, and when to try again.
     missing: Option<String>,
     republish_at: Option<Instant>,
@@ -74,18 +74,18 @@ impl Publisher {
     /// cannot quote, refuses the start), and the node's view of the statements emptied of an
     /// earlier run's: a node never reads a stale one.
     pub(super) fn open(cfg: &Config, inv: &Invoker) -> Result<Publisher> {
-        let key = crate::attest::load_signing(&cfg.cell.state_dir, inv.uid)
+        let key = crate::proof::attest::load_signing(&cfg.cell.state_dir, inv.uid)
             .map_err(|e| Error::config(&cfg.file, "cell.state_dir", format!("attestation key: {e}")))?
             .map(|k| k.verifying_key());
         match &key {
-            Some(k) => tracing::info!(key = %crate::attest::keyid(k), "attestation key checked"),
+            Some(k) => tracing::info!(key = %crate::proof::attest::keyid(k), "attestation key checked"),
             None => tracing::info!("no attestation key (sealnode attest init makes one): no signed statements"),
         }
-        let tpm = crate::attest::tpm_checked(cfg, inv, key.is_some())?;
+        let tpm = crate::proof::attest::tpm_checked(cfg, inv, key.is_some())?;
         let dir =
-            crate::trusted::own_dir(&cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR), inv.uid, 0o755)
+            crate::os::trusted::own_dir(&cfg.cell.runtime_dir.join(crate::layout::RUNTIME_ATTEST_DIR), inv.uid, 0o755)
                 .map_err(|e| Error::config(&cfg.file, "cell.runtime_dir", e))?;
-        match nix::unistd::unlinkat(&dir, crate::config::STATEMENT_FILE, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+        match nix::unistd::unlinkat(&dir, crate::layout::STATEMENT_FILE, nix::unistd::UnlinkatFlags::NoRemoveDir) {
             Ok(()) | Err(Errno::ENOENT) => {}
             Err(e) => return Err(Error::errno("remove the previous run's statement", e)),
         }
@@ -106,7 +106,7 @@ impl Publisher {
                 f.cfg.file.display()
             ));
         };
-        let key = match crate::attest::load_signing(&f.cfg.cell.state_dir, f.inv.uid) {
+        let key = match crate::proof::attest::load_signing(&f.cfg.cell.state_dir, f.inv.uid) {
             Ok(Some(k)) if k.verifying_key() == *public => k,
             Ok(Some(_)) => {
                 return Err("the attestation key changed since the start: restart sealnode run to sign with it".into())
@@ -115,15 +115,15 @@ impl Publisher {
             Err(e) => return Err(format!("attestation key: {e}")),
         };
         let Some(receipt) = f.receipt else { return Err("no generation yet: the cell has not started".into()) };
-        let st = crate::attest::build(&crate::attest::Inputs {
+        let st = crate::proof::attest::build(&crate::proof::attest::Inputs {
             cfg: f.cfg,
             receipt,
             report: f.report,
             nonce,
             restarts: f.restarts.clone(),
-            tpm_ak: self.tpm.as_ref().map(|(_, ak)| crate::tpm::ak_id(ak)),
+            tpm_ak: self.tpm.as_ref().map(|(_, ak)| crate::proof::tpm::ak_id(ak)),
         });
-        Ok((crate::attest::sign(&key, &st), crate::attest::statement_bytes(&st)))
+        Ok((crate::proof::attest::sign(&key, &st), crate::proof::attest::statement_bytes(&st)))
     }
 
     /// An `attest` control request: answered now, or (with `cell.tpm`) once quoted. Err: a
@@ -179,11 +179,11 @@ impl Publisher {
     fn write(&mut self, cfg: &Config, env: &Envelope) -> std::result::Result<(), i32> {
         let mut bytes = serde_json::to_vec(env).unwrap_or_default();
         bytes.push(b'\n');
-        let file = crate::config::STATEMENT_FILE;
-        let shown = cfg.cell.runtime_dir.join(crate::config::RUNTIME_ATTEST_DIR).join(file);
-        if let Err(e) = crate::atomic::write_atomic_at(&self.dir, file, &bytes, 0o644, &shown) {
+        let file = crate::layout::STATEMENT_FILE;
+        let shown = cfg.cell.runtime_dir.join(crate::layout::RUNTIME_ATTEST_DIR).join(file);
+        if let Err(e) = crate::os::atomic::write_atomic_at(&self.dir, file, &bytes, 0o644, &shown) {
             tracing::error!(error = %e, "cannot write the statement");
-            crate::log::say(&format!("{e}"));
+            crate::logging::log::say(&format!("{e}"));
             return Err(exit::FAILED);
         }
         self.missing = None;
@@ -192,17 +192,17 @@ impl Publisher {
 
     fn remove(&self) {
         let _ =
-            nix::unistd::unlinkat(&self.dir, crate::config::STATEMENT_FILE, nix::unistd::UnlinkatFlags::NoRemoveDir);
+            nix::unistd::unlinkat(&self.dir, crate::layout::STATEMENT_FILE, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
 
     /// The start statement could not be made: the node finds none (not an older
     /// generation's), `ctl status` says why, and it is tried again after the TPM's backoff.
     fn failed(&mut self, e: String) {
         tracing::error!(error = %e, "no statement for this generation");
-        crate::log::say(&format!("no statement for this generation: {e}"));
+        crate::logging::log::say(&format!("no statement for this generation: {e}"));
         self.remove();
         self.missing = Some(e);
-        self.republish_at = Some(Instant::now() + crate::tpm::UNRESPONSIVE_BACKOFF + Duration::from_secs(1));
+        self.republish_at = Some(Instant::now() + crate::proof::tpm::UNRESPONSIVE_BACKOFF + Duration::from_secs(1));
     }
 
     /// Start quoting the first waiting statement unless one is being quoted; those the TPM
@@ -239,14 +239,14 @@ impl Publisher {
         let Some((tools, _)) = &self.tpm else { return Ok(()) };
         let progress = match exit {
             Some(code) => tools.on_exit(&mut job, code == 0, &format!("exit status {code}")),
-            None => crate::tpm::Progress::Done(Err(tools.expire(&mut job))),
+            None => crate::proof::tpm::Progress::Done(Err(tools.expire(&mut job))),
         };
         match progress {
-            crate::tpm::Progress::Running => {
+            crate::proof::tpm::Progress::Running => {
                 self.job = Some((job, q));
                 Ok(())
             }
-            crate::tpm::Progress::Done(r) => {
+            crate::proof::tpm::Progress::Done(r) => {
                 let written = self.quoted(q, r, cfg, current);
                 let pumped = self.pump(cfg, current);
                 written.and(pumped)
@@ -259,7 +259,7 @@ impl Publisher {
     fn quoted(
         &mut self,
         q: Quoting,
-        r: std::result::Result<crate::tpm::Quote, String>,
+        r: std::result::Result<crate::proof::tpm::Quote, String>,
         cfg: &Config,
         current: u64,
     ) -> std::result::Result<(), i32> {
@@ -267,7 +267,7 @@ impl Publisher {
         // The quote is this statement's, or it is not used: checked again here, where it is
         // attached (cheap; the job checked it against the payload it was given).
         let r = r.and_then(|quote| match &self.tpm {
-            Some((_, ak)) => crate::tpm::verify(&quote, ak, &payload, nonce.as_deref()).map(|_| quote),
+            Some((_, ak)) => crate::proof::tpm::verify(&quote, ak, &payload, nonce.as_deref()).map(|_| quote),
             None => Err("no TPM".into()),
         });
         match (purpose, r) {

@@ -28,7 +28,7 @@ pub(super) struct Server {
     clients: HashMap<u64, Client>,
     next_client: u64,
     /// Refused control clients are logged once a second at most (any local user can connect).
-    quiet: crate::ratelimit::Quiet,
+    quiet: crate::logging::ratelimit::Quiet,
     /// The client waiting for a recycle to finish (answered when the node runs again, or
     /// told why not).
     recycle_waiting: Option<UnixStream>,
@@ -45,7 +45,7 @@ impl Server {
             listener,
             clients: HashMap::new(),
             next_client: 1,
-            quiet: crate::ratelimit::Quiet::default(),
+            quiet: crate::logging::ratelimit::Quiet::default(),
             recycle_waiting: None,
         })
     }

@@ -4,7 +4,7 @@
 //!
 //! One pass, for the roles about to start:
 //! 1. each role's plan (its sandbox; its program resolved in its view, a memfd for the copy);
-//! 2. the measurement, forked (crate::measure): programs copied into their memfds, sealed and
+//! 2. the measurement, forked (crate::proof::measure): programs copied into their memfds, sealed and
 //!    hashed, every bind walked for what must not be in a role's view, the engine's models
 //!    hashed; it runs beside
 //! 3. the preflight: sealnode's canary probe in each role's exact sandbox, in the cell.
@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::unistd::Pid;
 
-use crate::canary::{self, Probe, Report};
-use crate::cell::Cell;
 use crate::config::{Config, Invoker, Role};
 use crate::error::Error;
 use crate::exit;
-use crate::measure::{self, Measured};
-use crate::receipt::RoleDigests;
+use crate::proof::canary::{self, Probe, Report};
+use crate::proof::measure::{self, Measured};
+use crate::proof::receipt::RoleDigests;
+use crate::sandbox::cell::Cell;
 use crate::sandbox::{self, Plan};
 
 /// The gate's pipes: the measurement's (low bits 0) and each probe's (1 + its index).
@@ -165,7 +165,7 @@ impl Gate {
         for role in roles {
             let r = ctx.cfg.role(*role);
             let held = nix::sys::stat::fstat(ctx.scratch[*role as usize]).map(|s| (s.st_dev, s.st_ino));
-            let now = crate::sys::open_path_no_symlinks(&r.scratch)
+            let now = crate::os::sys::open_path_no_symlinks(&r.scratch)
                 .and_then(|fd| nix::sys::stat::fstat(&fd))
                 .map(|s| (s.st_dev, s.st_ino));
             if held.is_err() || held != now {
@@ -430,7 +430,7 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
     }
     let mut admitted = Vec::new();
     for (role, mut plan) in std::mem::take(&mut job.plans) {
-        let mut digests = match crate::receipt::policy_digests(cfg, role) {
+        let mut digests = match crate::proof::receipt::policy_digests(cfg, role) {
             Ok(d) => d,
             Err(e) => return refused(exit::CONFIG, e.to_string()),
         };
@@ -444,7 +444,7 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
             // The worker sealed the copy it hashed; a copy not sealed, or of another size,
             // is not what was hashed.
             let size = nix::sys::stat::fstat(&sp.fd).map(|st| st.st_size as u64).ok();
-            if !crate::sealed::is_sealed(&sp.fd) || size != Some(d.bytes) {
+            if !crate::sandbox::sealed::is_sealed(&sp.fd) || size != Some(d.bytes) {
                 return refused(
                     exit::PREFLIGHT_ERROR,
                     format!("measuring what runs: the copy of {} is not the one hashed", sp.host.display()),

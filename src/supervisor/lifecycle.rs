@@ -180,7 +180,7 @@ pub(super) enum WipeFor {
 pub(super) struct Wipes {
     /// Wipes in flight (their roles in Phase::Wiping), and what follows them.
     pub then: Option<WipeFor>,
-    pub failed: Vec<(Role, crate::cell::WipeFailed)>,
+    pub failed: Vec<(Role, crate::sandbox::cell::WipeFailed)>,
     /// A stop to exit waits this long for wipes in flight, then kills them: the next start
     /// wipes again (tests/gate.rs: a_stop_gives_a_held_wipe_its_grace_period_only).
     pub deadline: Option<Instant>,

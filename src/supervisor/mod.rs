@@ -48,12 +48,12 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use sd_notify::NotifyState;
 
-use crate::cell::Cell;
 use crate::config::{Config, Invoker, Role};
 use crate::egress::{Forwarder, Upstream, TOKEN_KIND};
 use crate::error::{Error, Result};
 use crate::exit;
 use crate::sandbox;
+use crate::sandbox::cell::Cell;
 
 use lifecycle::{After, Phase, Stop};
 use notify::notify;
@@ -91,10 +91,10 @@ struct Slot {
     passed: Option<GatePass>,
     /// What this role's current (or next) process is started from, as the gate measured it:
     /// every receipt and statement carries it unchanged while that process lives.
-    digests: Option<crate::receipt::RoleDigests>,
+    digests: Option<crate::proof::receipt::RoleDigests>,
     /// What this role's current (or next) sandbox holds, layer by layer, from the plan the
     /// gate admitted (`ctl status`'s "what is sealed").
-    sealed: Option<crate::sealed_text::RoleSeal>,
+    sealed: Option<crate::proof::sealed_text::RoleSeal>,
     /// OOM kills seen in the role's cgroup leaf so far (memory.events oom_kill).
     oom_kills: u64,
     /// The role's scratch dir, opened once (no symlinks, owner checked): every wipe works on
@@ -119,8 +119,8 @@ struct GatePass {
 /// each role's plan as the gate admitted it (the next start of that role runs exactly this).
 #[derive(Debug, Default)]
 struct Current {
-    receipt: Option<crate::receipt::Receipt>,
-    report: Option<crate::canary::Report>,
+    receipt: Option<crate::proof::receipt::Receipt>,
+    report: Option<crate::proof::canary::Report>,
     prepared: [Option<gate::Admitted>; 2],
 }
 
@@ -141,10 +141,10 @@ pub struct Supervisor {
     wipes: lifecycle::Wipes,
     sd: notify::Notifier,
     /// Held for the supervisor's lifetime: one `sealnode run` per state, runtime and scratch
-    /// dir (crate::locks). The last field, so the last dropped: every descriptor of the dirs
+    /// dir (crate::sandbox::locks). The last field, so the last dropped: every descriptor of the dirs
     /// it guards (the roles' scratch, the control socket) is closed before another run can
     /// take them.
-    _locks: crate::locks::Locks,
+    _locks: crate::sandbox::locks::Locks,
 }
 
 fn status_code(ws: WaitStatus) -> Option<i32> {
@@ -169,7 +169,8 @@ impl Supervisor {
             }
         }
         // Orphans of anything we start are reaped here.
-        crate::sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1).map_err(|e| Error::errno("PR_SET_CHILD_SUBREAPER", e))?;
+        crate::os::sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
+            .map_err(|e| Error::errno("PR_SET_CHILD_SUBREAPER", e))?;
         let set = sandbox::spawn::launcher_sigset();
         nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, Some(&set), None)
             .map_err(|e| Error::errno("sigprocmask", e))?;
@@ -180,15 +181,16 @@ impl Supervisor {
             .add(sigfd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNAL))
             .map_err(|e| Error::errno("epoll_ctl", e))?;
 
-        // One cell per dir, before anything is made, wiped or started (crate::locks): a second
+        // One cell per dir, before anything is made, wiped or started (crate::sandbox::locks): a second
         // `run` naming this state dir would share its generations, this runtime dir take over
         // the control socket, this scratch dir wipe a live role's files. Each dir is opened
         // (and checked) once, here; the receipt, the counter, the control socket and every
         // wipe work through these descriptors for the supervisor's lifetime.
-        let crate::locks::Held { state_dir, runtime_dir, scratch, locks } = crate::locks::take(&cfg, &inv)?;
+        let crate::sandbox::locks::Held { state_dir, runtime_dir, scratch, locks } =
+            crate::sandbox::locks::take(&cfg, &inv)?;
         // The roles' cgroup leaves and their limits, before anything is forked: a limit that
         // cannot be enforced refuses the start here, with nothing running (cgroup.rs).
-        let cgroups = crate::cgroup::Tree::setup(&cfg)?;
+        let cgroups = crate::sandbox::cgroup::Tree::setup(&cfg)?;
         log_devices_from(&cfg);
         // A key file that is there but not safe (readable by others, foreign owner) refuses
         // the start: statements signed with a key others could read prove nothing. The TPM
@@ -290,7 +292,7 @@ impl Supervisor {
             self.on_timers();
             self.io.report_dropped();
             // Lines held back while a reader of sealnode's stdout or stderr was not reading.
-            crate::logsink::pump();
+            crate::logging::logsink::pump();
             // Once every role is down after a stop: both scratch dirs wiped (off the loop).
             if self.stop.is_some() && !self.wipes.busy() && self.roles.iter().all(|s| s.phase == Phase::Down) {
                 self.begin_wipes(lifecycle::WipeFor::Stop);

@@ -13,8 +13,8 @@ use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::socket::{connect, getsockopt, sockopt, SockaddrIn};
 
-use crate::cell::Cell;
 use crate::config::{Config, ReadyKind};
+use crate::sandbox::cell::Cell;
 
 pub(super) const TOKEN_READY: u64 = 4 << 56;
 /// Time between readiness attempts.
@@ -102,7 +102,7 @@ impl Readiness {
                 ReadyKind::Tcp => format!("a TCP connect to 127.0.0.1:{port}"),
             };
             tracing::error!(timeout_s = ready.timeout_s, last = %c.last, "engine not ready in time");
-            crate::log::say(&format!(
+            crate::logging::log::say(&format!(
                 "the engine did not become ready within {} s ({what}); last try: {}\n  \
                  next: check the engine's own output above (a model still loading needs a larger \
                  engine.ready.timeout_s; a wrong engine.port or --port never answers)",
@@ -201,7 +201,7 @@ impl Readiness {
                         return self.ready(epoll);
                     }
                     // The engine's words, escaped like its own output (it could forge a line).
-                    tracing::debug!(status = %crate::log::clean(line.as_bytes()), "engine not ready yet");
+                    tracing::debug!(status = %crate::logging::log::clean(line.as_bytes()), "engine not ready yet");
                     c.last = format!("answered {:?}", line.chars().take(120).collect::<String>());
                     self.close_try(epoll);
                     return None;

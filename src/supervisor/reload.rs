@@ -43,7 +43,7 @@ impl Reload {
     /// The cell stops: a dry run under way is abandoned (and said so).
     pub(super) fn abandon(&mut self) {
         if self.candidate.take().is_some() {
-            self.last = Some(ReloadOutcome::refused(crate::sys::unix_now(), "abandoned: the cell stopped"));
+            self.last = Some(ReloadOutcome::refused(crate::os::sys::unix_now(), "abandoned: the cell stopped"));
         }
     }
 

@@ -1,7 +1,7 @@
 //! What the roles say, as a component of the event loop: each role's stdout and stderr
-//! pipes (re-emitted line by line under its rate limit: crate::output, crate::log) under
+//! pipes (re-emitted line by line under its rate limit: crate::logging::output, crate::logging::log) under
 //! [`TOKEN_OUTPUT`], and its denial log (the syscalls its filter refused, answered and
-//! counted: crate::denylog) under [`TOKEN_REFUSED`].
+//! counted: crate::logging::denylog) under [`TOKEN_REFUSED`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
@@ -21,12 +21,12 @@ const REFUSED_BUDGET: usize = 256;
 #[derive(Debug)]
 pub(super) struct RoleIo {
     /// The roles' stdout and stderr pipes still open (a restarted role's old ones drain to EOF).
-    outputs: HashMap<u64, crate::output::Capture>,
+    outputs: HashMap<u64, crate::logging::output::Capture>,
     next_output: u64,
     /// Each role's output rate limit, shared by its stdout and stderr.
-    buckets: [crate::output::Bucket; 2],
+    buckets: [crate::logging::output::Bucket; 2],
     /// Each role's denial log (its current run's listener).
-    refusals: [Option<crate::denylog::DenyLog>; 2],
+    refusals: [Option<crate::logging::denylog::DenyLog>; 2],
     /// Refusals of each role's earlier runs, per syscall name.
     refused_before: [BTreeMap<String, u64>; 2],
 }
@@ -37,7 +37,7 @@ impl Default for RoleIo {
         RoleIo {
             outputs: HashMap::new(),
             next_output: 1,
-            buckets: [crate::output::bucket(now), crate::output::bucket(now)],
+            buckets: [crate::logging::output::bucket(now), crate::logging::output::bucket(now)],
             refusals: [None, None],
             refused_before: [BTreeMap::new(), BTreeMap::new()],
         }
@@ -54,7 +54,7 @@ impl RoleIo {
             tracing::warn!(role = %role, pid, error = %e, "cannot watch the role's output; it is dropped");
             return;
         }
-        self.outputs.insert(id, crate::output::Capture::new(role, pid, generation, err, fd));
+        self.outputs.insert(id, crate::logging::output::Capture::new(role, pid, generation, err, fd));
     }
 
     /// A role's pipe is readable: re-emit its lines (bounded per wake-up), forget it at EOF.
@@ -62,13 +62,13 @@ impl RoleIo {
         let Some(c) = self.outputs.get_mut(&id) else { return };
         let bucket = &mut self.buckets[c.role as usize];
         let done = c.read(bucket, &mut |c, line| {
-            crate::log::role_line(c.role, c.pid, c.generation, c.err, &crate::log::clean(line))
+            crate::logging::log::role_line(c.role, c.pid, c.generation, c.err, &crate::logging::log::clean(line))
         });
-        if done == crate::output::Read::Eof {
+        if done == crate::logging::output::Read::Eof {
             if let Some(c) = self.outputs.remove(&id) {
                 let _ = epoll.delete(c.fd.as_fd());
                 if c.cut > 0 {
-                    tracing::warn!(role = %c.role, pid = c.pid, lines = c.cut, max_bytes = crate::output::MAX_LINE, "role output: lines longer than the limit were cut");
+                    tracing::warn!(role = %c.role, pid = c.pid, lines = c.cut, max_bytes = crate::logging::output::MAX_LINE, "role output: lines longer than the limit were cut");
                 }
             }
         }
@@ -79,7 +79,7 @@ impl RoleIo {
         let now = Instant::now();
         for role in Role::ALL {
             if let Some(n) = self.buckets[role as usize].report(now) {
-                tracing::warn!(role = %role, dropped = n, lines_per_s = crate::output::RATE, "role output over its rate limit: lines dropped");
+                tracing::warn!(role = %role, dropped = n, lines_per_s = crate::logging::output::RATE, "role output over its rate limit: lines dropped");
             }
         }
     }
@@ -99,7 +99,7 @@ impl RoleIo {
         }
         let (Some(fd), Some(errno)) = (listener, errno) else { return };
         match epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_REFUSED | role as u64)) {
-            Ok(()) => self.refusals[role as usize] = Some(crate::denylog::DenyLog::new(role, fd, errno)),
+            Ok(()) => self.refusals[role as usize] = Some(crate::logging::denylog::DenyLog::new(role, fd, errno)),
             // Dropped: its refusals then fail with ENOSYS in the kernel, unlogged.
             Err(e) => tracing::warn!(role = %role, error = %e, "cannot watch the denial log; refusals are not logged"),
         }
@@ -109,7 +109,7 @@ impl RoleIo {
     /// at most REFUSED_BUDGET per wake-up; forget the listener once its run ended.
     pub(super) fn on_refused(&mut self, i: usize, epoll: &Epoll) {
         let Some(d) = self.refusals.get_mut(i).and_then(|d| d.as_mut()) else { return };
-        if d.serve(REFUSED_BUDGET) == crate::denylog::Served::Closed {
+        if d.serve(REFUSED_BUDGET) == crate::logging::denylog::Served::Closed {
             let _ = epoll.delete(d.fd.as_fd());
             // Its counts stay for ctl status and the metrics.
             let counts = d.counts();

@@ -65,7 +65,7 @@ impl Supervisor {
             }
             Err(e) => {
                 tracing::error!(role = %role, error = %e, "role failed to start");
-                crate::log::say(&format!("{e}"));
+                crate::logging::log::say(&format!("{e}"));
                 let nothing_running = self.roles.iter().all(|s| s.phase.idle());
                 self.begin_stop(exit::FAILED, After::Exit);
                 if nothing_running {
@@ -125,7 +125,7 @@ impl Supervisor {
             Decision::GiveUp => {
                 s.phase = Phase::Down;
                 tracing::error!(role = %role, pid = pid.as_raw(), code, burst = limit.burst, interval_s = limit.interval_s, "role exited; restart limit reached, stopping the cell");
-                crate::log::say(&format!(
+                crate::logging::log::say(&format!(
                     "{role} exited with status {code}; it was restarted {} times within {} s already (restart_limit.burst); stopping the cell",
                     limit.burst, limit.interval_s
                 ));
@@ -138,7 +138,7 @@ impl Supervisor {
                     Restart::Always => "always",
                 };
                 tracing::error!(role = %role, pid = pid.as_raw(), code, "role exited; stopping the cell (restart = \"{policy}\")");
-                crate::log::say(&format!("{role} exited with status {code}; stopping the cell"));
+                crate::logging::log::say(&format!("{role} exited with status {code}; stopping the cell"));
             }
             Decision::StayDown => s.phase = Phase::Down,
         }

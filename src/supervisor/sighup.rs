@@ -27,7 +27,7 @@ impl Supervisor {
         if self.stop.is_some() || self.control.recycle_waiting() || self.gate.busy() || self.wipes.busy() {
             tracing::warn!("SIGHUP ignored: a start, stop, restart, recycle or reload is in progress");
             self.reload.last = Some(ReloadOutcome::refused(
-                crate::sys::unix_now(),
+                crate::os::sys::unix_now(),
                 "a start, stop, restart, recycle or reload was in progress",
             ));
             return;
@@ -76,9 +76,9 @@ impl Supervisor {
 
     fn reload_failed(&mut self, e: String) {
         tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
-        crate::log::say(&format!("reload refused: {e}"));
+        crate::logging::log::say(&format!("reload refused: {e}"));
         notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
-        self.reload.last = Some(ReloadOutcome::refused(crate::sys::unix_now(), e));
+        self.reload.last = Some(ReloadOutcome::refused(crate::os::sys::unix_now(), e));
     }
 
     /// The new config passed its dry run: both roles stop and start again through the gate
@@ -91,7 +91,7 @@ impl Supervisor {
             states.push(usec);
         }
         notify(&states);
-        self.reload.last = Some(ReloadOutcome::applied(crate::sys::unix_now(), new.config_sha256().to_string()));
+        self.reload.last = Some(ReloadOutcome::applied(crate::os::sys::unix_now(), new.config_sha256().to_string()));
         self.reload.next = Some(new);
         self.reload.in_progress = true;
         self.begin_stop(exit::OK, After::Restart);

@@ -9,7 +9,7 @@ use super::Supervisor;
 
 impl Supervisor {
     pub(super) fn status(&self) -> Status {
-        let dropped = crate::logsink::dropped();
+        let dropped = crate::logging::logsink::dropped();
         let cfg = &self.base.cfg;
         let roles = self
             .roles
@@ -35,7 +35,10 @@ impl Supervisor {
                         attempts: g.attempts,
                         refused: latest.map(|x| x.refused),
                         refused_by: latest.map(|x| {
-                            crate::sealed_text::refused_by(x).into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+                            crate::proof::sealed_text::refused_by(x)
+                                .into_iter()
+                                .map(|(k, v)| (k.to_string(), v))
+                                .collect()
                         }),
                         at: g.at,
                     }),
@@ -50,7 +53,11 @@ impl Supervisor {
             cell_pid: self.base.cell.pid.as_raw(),
             ready: self.sd.ready_sent(),
             engine_ready_ms: self.ready.last_ms(),
-            log_dropped_lines: LogDropped { stdout: dropped.0, stderr: dropped.1, journal: crate::journal::dropped() },
+            log_dropped_lines: LogDropped {
+                stdout: dropped.0,
+                stderr: dropped.1,
+                journal: crate::logging::journal::dropped(),
+            },
             roles,
             egress: self.fwd.stats(),
             engine_forwarding: self.fwd.engine_stats(),
@@ -66,7 +73,7 @@ impl Supervisor {
             // `attest` requests waiting for the TPM's quote (at most 4).
             attest_waiting: self.attest.waiting_requests(),
             receipt: self.current.receipt.as_ref().map(|r| ReceiptSummary {
-                path: crate::receipt::path(cfg).display().to_string(),
+                path: crate::proof::receipt::path(cfg).display().to_string(),
                 generation: r.generation,
                 started_at: r.started_at,
                 canary_passed: r.canary.passed,

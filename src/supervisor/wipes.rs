@@ -15,9 +15,9 @@ use nix::unistd::Pid;
 
 use super::lifecycle::{After, Phase, Stop, WipeFor};
 use super::{stopped_early, Supervisor};
-use crate::cell::{WipeFailed, WipeTarget};
 use crate::config::Role;
 use crate::exit;
+use crate::sandbox::cell::{WipeFailed, WipeTarget};
 
 impl Supervisor {
     /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
@@ -44,7 +44,7 @@ impl Supervisor {
     pub(super) fn wipe_exited(&mut self, pid: Pid, ws: WaitStatus) -> bool {
         let Some(i) = self.roles.iter().position(|s| s.phase == Phase::Wiping(pid)) else { return false };
         self.roles[i].phase = Phase::Down;
-        if let Err(e) = crate::cell::wipe_result(ws) {
+        if let Err(e) = crate::sandbox::cell::wipe_result(ws) {
             self.wipes.failed.push((self.roles[i].role, e));
         }
         true
@@ -88,7 +88,7 @@ impl Supervisor {
                 _ => "",
             };
             tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
-            crate::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
+            crate::logging::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
         }
         let entered = if failed.is_empty() { self.enter_gate(&Role::ALL) } else { Err(exit::CONFIG) };
         match entered {

@@ -87,8 +87,8 @@ pub fn modes() -> Vec<Mode> {
         unavailable("rootful", "tests are not running as root");
         v.push(Mode::Rootless);
     }
-    if sealnode::sys::landlock_abi() < 6 {
-        unavailable("landlock", &format!("kernel Landlock ABI {} < 6", sealnode::sys::landlock_abi()));
+    if sealnode::os::sys::landlock_abi() < 6 {
+        unavailable("landlock", &format!("kernel Landlock ABI {} < 6", sealnode::os::sys::landlock_abi()));
         return vec![];
     }
     v

@@ -7,7 +7,7 @@
 //! Every lock is an flock(2) the supervisor takes through a descriptor of its own; the kernel
 //! drops it with the last descriptor of that open file, so a supervisor that dies, however it
 //! dies, leaves nothing locked. No role ever holds such a descriptor: they are close-on-exec,
-//! and every child closes what it inherited first thing (`sys::close_all_except`), so no role
+//! and every child closes what it inherited first thing (`os::sys::close_all_except`), so no role
 //! can release (LOCK_UN) a lock it does not hold.
 //!
 //! - **State and runtime dirs**: the dir itself, then a `lock` file in it (what `check` looks
@@ -78,7 +78,7 @@ impl Taken {
     /// `lock` file; refuse if another `sealnode run` holds either. The dir first: another
     /// cell's scratch gets no lock file of ours.
     fn own_dir(&mut self, cfg: &Config, inv: &Invoker, field: &str, path: &Path, mode: u32) -> Result<OwnedFd> {
-        let dir = crate::trusted::own_dir(path, inv.uid, mode).map_err(|e| Error::config(&cfg.file, field, e))?;
+        let dir = crate::os::trusted::own_dir(path, inv.uid, mode).map_err(|e| Error::config(&cfg.file, field, e))?;
         let st = self.distinct(cfg, field, path, &dir)?;
         let shown = path.join("lock");
         let held = || {
@@ -299,13 +299,13 @@ fn holder_in(locks: &str, dev_ino: &str) -> Option<i32> {
 pub fn lock_status(cfg: &Config, inv: &Invoker) -> Result<Option<String>> {
     let mut held = Vec::new();
     for (field, dir) in [("cell.state_dir", &cfg.cell.state_dir), ("cell.runtime_dir", &cfg.cell.runtime_dir)] {
-        crate::trusted::check_own_dir(dir, inv.uid).map_err(|e| Error::config(&cfg.file, field, e))?;
+        crate::os::trusted::check_own_dir(dir, inv.uid).map_err(|e| Error::config(&cfg.file, field, e))?;
         let lock = dir.join("lock");
         if lock_file_held(&lock) {
             held.push(format!("{} is held by a running sealnode", lock.display()));
             continue;
         }
-        let Ok(fd) = crate::sys::open_path_no_symlinks(dir) else { continue };
+        let Ok(fd) = crate::os::sys::open_path_no_symlinks(dir) else { continue };
         // As `run` asks (Taken::own_dir): a dir others can read tells nothing by its flock.
         let Ok(st) = fstat(&fd) else { continue };
         if readable_by_others(&st) {
@@ -385,7 +385,8 @@ pub fn open_scratch(cfg: &Config, role: Role) -> Result<OwnedFd> {
     let field = format!("{role}.scratch");
     // O_PATH: no read permission needed here (the unit has no CAP_DAC_OVERRIDE and the dir is
     // the role's, mode 0700); the wipe opens it for reading as the role itself.
-    let fd = crate::sys::open_path_no_symlinks(dir).map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
+    let fd =
+        crate::os::sys::open_path_no_symlinks(dir).map_err(|e| Error::errno(format!("open {}", dir.display()), e))?;
     let st = fstat(&fd).map_err(|e| Error::errno(format!("stat {}", dir.display()), e))?;
     let ids = cfg.role_ids(role)?;
     // Not readable by group or others either: a reader could open it and hold its flock, the

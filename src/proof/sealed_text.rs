@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::canary::Layer;
 use crate::config::{Config, Invoker, Role};
+use crate::proof::canary::Layer;
 use crate::sandbox::plan::{Check, Mount, Plan, BASE_DEVICES, NEWROOT, SYSTEM_RO};
 
 /// The namespaces every role gets (its own net, pid, mount, ipc, uts and cgroup namespaces in
@@ -239,7 +239,7 @@ fn seccomp_counts(cfg: &Config, role: Role) -> (usize, usize, String) {
         Some(Value::Object(o)) if o.len() == 1 => {
             let (k, v) = o.iter().next().map(|(k, v)| (k.as_str(), v)).unwrap_or(("?", &Value::Null));
             match (k, v.as_i64()) {
-                ("errno", Some(e)) => format!("errno {e} ({})", crate::canary::errno_name(e as i32)),
+                ("errno", Some(e)) => format!("errno {e} ({})", crate::proof::canary::errno_name(e as i32)),
                 (k, _) => format!("{k} {v}"),
             }
         }
@@ -250,7 +250,7 @@ fn seccomp_counts(cfg: &Config, role: Role) -> (usize, usize, String) {
 }
 
 /// A preflight's refused attempts per layer (every layer named, zero included).
-pub fn refused_by(report: &crate::canary::RoleReport) -> BTreeMap<&'static str, usize> {
+pub fn refused_by(report: &crate::proof::canary::RoleReport) -> BTreeMap<&'static str, usize> {
     let mut by: BTreeMap<&'static str, usize> = LAYERS.iter().map(|l| (l.name(), 0)).collect();
     for a in &report.attempts {
         if let Some(l) = a.refused_by {
@@ -262,12 +262,12 @@ pub fn refused_by(report: &crate::canary::RoleReport) -> BTreeMap<&'static str, 
 
 /// The attempts the preflight makes in `role` under `cfg`.
 pub fn planned_attempts(cfg: &Config, role: Role) -> usize {
-    crate::canary::SPECS.iter().filter(|s| s.applies(cfg, role)).count()
+    crate::proof::canary::SPECS.iter().filter(|s| s.applies(cfg, role)).count()
 }
 
 // ---- rendering: any JSON in, text out ----
 
-use crate::escape::cell;
+use crate::os::escape::cell;
 
 fn text(v: &Value) -> String {
     match v {
@@ -517,7 +517,10 @@ statement   published: signed, not TPM-quoted
         r["sealed"]["cgroup"] = serde_json::json!({"a\nb": "c\nd"});
         let v = serde_json::json!({"roles": [r], "statement": {"state": "missing", "why": "w\nstatement   published"}});
         let t = render(&v);
-        assert!(!t.chars().any(|c| c != '\n' && (c.is_control() || crate::log::invisible_or_reordering(c))), "{t:?}");
+        assert!(
+            !t.chars().any(|c| c != '\n' && (c.is_control() || crate::logging::log::invisible_or_reordering(c))),
+            "{t:?}"
+        );
         assert_eq!(t.lines().count(), 12, "{t}");
         assert_eq!(t.lines().filter(|l| l.starts_with("statement")).count(), 1, "{t}");
         assert!(t.contains("engine\\u{a}node: rootless\\u{1b}[2J\\u{9}: rootful"), "{t}");

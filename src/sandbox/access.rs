@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 
-use crate::config::{Config, Ids, Invoker, Role, INSIDE_MODELS};
+use crate::config::{Config, Ids, Invoker, Role};
+use crate::layout::INSIDE_MODELS;
 use crate::sandbox::table::{Check, Mount};
 
 /// One role's paths, and the ids it will have.
@@ -82,7 +83,7 @@ pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::P
     if let Some(c) = &r.credential {
         items.push(Item {
             field: format!("{role}.credential"),
-            what: What::Read { host: c.clone(), inside: PathBuf::from(crate::config::INSIDE_CREDENTIAL) },
+            what: What::Read { host: c.clone(), inside: PathBuf::from(crate::layout::INSIDE_CREDENTIAL) },
         });
     }
     if let (Some(dir), false) = (&r.models, r.models_writable) {
@@ -196,10 +197,10 @@ const READ: OFlag = OFlag::O_RDONLY.union(OFlag::O_NONBLOCK).union(OFlag::O_NOCT
 /// leave it, EXDEV), as the engine will find it under `/models`. Where openat2 is refused
 /// (systemd's RestrictSUIDSGID= answers ENOSYS), no symlink at all (stricter).
 fn open_beneath(dir: &Path, rest: &str) -> Result<(), Errno> {
-    let d = crate::sys::open_path_no_symlinks(dir)?;
+    let d = crate::os::sys::open_path_no_symlinks(dir)?;
     let name = std::ffi::CString::new(rest).map_err(|_| Errno::EINVAL)?;
     let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    match crate::sys::openat2(d.as_raw_fd(), &name, READ.bits() as u64, resolve) {
+    match crate::os::sys::openat2(d.as_raw_fd(), &name, READ.bits() as u64, resolve) {
         Ok(fd) => {
             // SAFETY: fd was just returned by openat2 and is owned here.
             drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
@@ -207,7 +208,7 @@ fn open_beneath(dir: &Path, rest: &str) -> Result<(), Errno> {
         }
         Err(Errno::ENOSYS) => {
             let path = dir.join(rest);
-            drop(crate::sys::open_path_no_symlinks(&path)?);
+            drop(crate::os::sys::open_path_no_symlinks(&path)?);
             nix::fcntl::open(&path, READ | OFlag::O_NOFOLLOW, nix::sys::stat::Mode::empty()).map(drop)
         }
         Err(e) => Err(e),
@@ -227,7 +228,7 @@ fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
     match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
         nix::unistd::ForkResult::Child => {
             drop(r);
-            let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            let _ = crate::os::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
             let mut out = Vec::with_capacity(job.items.len() * 4);
             match become_role(job.ids) {
                 Ok(()) => {
@@ -238,8 +239,8 @@ fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
                 }
                 Err(e) => out.extend_from_slice(&(-(e as i32)).to_le_bytes()),
             }
-            let code = if crate::sys::write_all(w.as_raw_fd(), &out).is_ok() { 0 } else { 1 };
-            crate::sys::exit_now(code)
+            let code = if crate::os::sys::write_all(w.as_raw_fd(), &out).is_ok() { 0 } else { 1 };
+            crate::os::sys::exit_now(code)
         }
         nix::unistd::ForkResult::Parent { child } => {
             drop(w);
@@ -270,7 +271,7 @@ fn become_role(ids: Ids) -> Result<(), Errno> {
     let (g, u) = (nix::unistd::Gid::from_raw(ids.gid), nix::unistd::Uid::from_raw(ids.uid));
     nix::unistd::setresgid(g, g, g)?;
     nix::unistd::setresuid(u, u, u)?;
-    crate::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map(drop)
+    crate::os::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map(drop)
 }
 
 /// Owner and mode of `p`, as the launcher sees them, for the message.
@@ -283,7 +284,7 @@ fn bits(p: &Path) -> String {
 
 fn reason(job: &Job, item: &Item, e: Errno) -> String {
     let who = format!("the {} role (uid {}, gid {})", job.role, job.ids.uid, job.ids.gid);
-    let shown = |p: &Path| crate::escape::clean(p.as_os_str().as_encoded_bytes());
+    let shown = |p: &Path| crate::os::escape::clean(p.as_os_str().as_encoded_bytes());
     match (&item.what, e) {
         (What::Source { host, .. }, Errno::EACCES) => format!(
             "{}: {who} cannot reach it (EACCES): a directory on the way is not searchable by that uid (a 0700 home, \
@@ -390,7 +391,7 @@ mod tests {
                                 .any(|l| l.starts_with("Uid:") && l.split_whitespace().skip(1).all(|u| u == "61001"))
                             && s.lines().any(|l| l.trim_end() == "Groups:")
                     });
-                crate::sys::exit_now(if ok { 0 } else { 1 })
+                crate::os::sys::exit_now(if ok { 0 } else { 1 })
             }
             nix::unistd::ForkResult::Parent { child } => {
                 let st = nix::sys::wait::waitpid(child, None).expect("waitpid");

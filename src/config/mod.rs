@@ -4,6 +4,9 @@
 //! unit-tested and fuzzed without privileges. [`Config::load`] adds the host checks
 //! (existence, symlinks, ownership, permissions) that must pass before any process exists.
 
+pub mod cdi;
+pub mod init;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::os::unix::fs::MetadataExt;
@@ -12,54 +15,25 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::trusted::TrustedFile;
+use crate::layout::{RESERVED_INSIDE, RUNTIME_ATTEST_DIR, SYSTEM_RO};
+use crate::os::trusted::TrustedFile;
 
 /// Default config location.
 pub const DEFAULT_CONFIG: &str = "/etc/sealnode/sealnode.toml";
 /// The config schema this build understands.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// Where role directories appear inside the sandbox. Fixed, so policies can name them.
-pub const INSIDE_MODELS: &str = "/models";
-pub const INSIDE_SCRATCH: &str = "/scratch";
-pub const INSIDE_CREDENTIAL: &str = "/run/sealnode/credential";
-/// The node's read-only view of the latest signed statement (docs/attestation.md): a dir of the
-/// runtime dir (`attest/`), bound read-only, in which `run` replaces the file at every start of
-/// either role ([`STATEMENT_FILE`]), so the node always reads the current generation's.
-pub const INSIDE_ATTESTATION_DIR: &str = "/run/sealnode/attest";
-pub const RUNTIME_ATTEST_DIR: &str = "attest";
-pub const STATEMENT_FILE: &str = "statement.json";
-/// The attestation key pair's dir and files in the state dir (never in a role's view).
-pub const ATTEST_KEY_DIR: &str = "attest";
-pub const ATTEST_KEY_FILE: &str = "ed25519.key";
+/// Where `attest tpm-init` persists the attestation key unless `cell.tpm.ak_handle` says.
+pub const DEFAULT_AK_HANDLE: u32 = 0x8101_0002;
 
-/// Where the attestation signing key of a state dir lives.
-pub fn attest_key_path(state_dir: &Path) -> PathBuf {
-    state_dir.join(ATTEST_KEY_DIR).join(ATTEST_KEY_FILE)
+/// `cell.tpm`: how to reach the TPM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpmTarget {
+    /// A tpm2-tools TCTI: `device:/dev/tpmrm0`, or `swtpm:host=127.0.0.1,port=2321` for a
+    /// software TPM on loopback.
+    pub tcti: String,
+    pub ak_handle: u32,
 }
-
-/// Read-only system paths every role sees (when they exist on the host). Symlinks (e.g.
-/// Debian's /lib -> usr/lib) are recreated as symlinks rather than bound.
-pub const SYSTEM_RO: &[&str] = &[
-    "/usr",                             // programs, libraries, Python's and the CA store's real files
-    "/bin",                             // usually a symlink into /usr
-    "/sbin",                            // usually a symlink into /usr
-    "/lib",                             // dynamic loader and libc (symlink on merged-/usr systems)
-    "/lib64",                           // x86_64 loader path
-    "/etc/ld.so.cache",                 // library lookup without scanning
-    "/etc/localtime",                   // time zone (llama-server, Python)
-    "/etc/ssl",                         // CA bundle and OpenSSL config for TLS to the gateway
-    "/etc/ca-certificates",             // targets of /etc/ssl/certs links on Debian
-    "/etc/alternatives",                // targets of /usr/bin/* alternatives links
-    "/etc/protocols",                   // getprotobyname (Python's socket module)
-    "/etc/services",                    // getservbyname
-    "/sys/devices/system/cpu/possible", // CPU count (llama.cpp, Python's os.cpu_count)
-    "/sys/devices/system/cpu/online",   // CPU count
-];
-
-/// Paths inside a role that sealnode lays out itself: no extra bind may land on or under
-/// them (`/` only exactly).
-pub const RESERVED_INSIDE: &[&str] = &["/", "/proc", "/dev", "/tmp", "/etc", INSIDE_SCRATCH, INSIDE_MODELS, "/run"];
 
 /// A role; as JSON (the control protocol's status) its name, `"engine"` or `"node"`.
 #[derive(
@@ -193,7 +167,7 @@ fn is_tpm_device(p: &Path) -> bool {
 }
 
 fn default_ak_handle() -> u32 {
-    crate::tpm::DEFAULT_AK_HANDLE
+    DEFAULT_AK_HANDLE
 }
 
 impl TpmConfig {
@@ -205,8 +179,8 @@ impl TpmConfig {
         Some([port, port.wrapping_add(1)])
     }
 
-    pub fn target(&self) -> crate::tpm::Target {
-        crate::tpm::Target { tcti: self.tcti.clone(), ak_handle: self.ak_handle }
+    pub fn target(&self) -> TpmTarget {
+        TpmTarget { tcti: self.tcti.clone(), ak_handle: self.ak_handle }
     }
 
     /// The TCTI's form, without touching the host: a device under /dev, or a software TPM on
@@ -563,7 +537,7 @@ pub struct DevicesFrom {
 pub struct CdiLoaded {
     pub spec: PathBuf,
     pub sha256: String,
-    pub edits: crate::cdi::Edits,
+    pub edits: crate::config::cdi::Edits,
     /// The spec's files that need a bind of their own (read-only), with their entry.
     pub binds: Vec<(String, Bind)>,
     /// The spec's files already in the role's view, the same file at the same path, through
@@ -794,7 +768,7 @@ impl Config {
             let abs = std::env::current_dir().map_err(|e| Error::io("current directory", e))?.join(file);
             return Config::load(&abs, inv);
         }
-        let config = crate::trusted::read(file, inv.uid).map_err(|e| Error::config(file, "(config file)", e))?;
+        let config = crate::os::trusted::read(file, inv.uid).map_err(|e| Error::config(file, "(config file)", e))?;
         let text = std::str::from_utf8(&config.bytes)
             .map_err(|e| Error::config(file, "(config file)", format!("not UTF-8: {e}")))?;
         let ids = std::cell::Cell::new(None);
@@ -805,8 +779,9 @@ impl Config {
         })?;
         let ids =
             ids.get().ok_or_else(|| Error::config(file, "(config file)", "no host check ran (internal error)"))?;
-        let read =
-            |path: &Path, field: String| crate::trusted::read(path, inv.uid).map_err(|e| Error::config(file, field, e));
+        let read = |path: &Path, field: String| {
+            crate::os::trusted::read(path, inv.uid).map_err(|e| Error::config(file, field, e))
+        };
         // Each role's policies and CDI spec, read through the checked path.
         let role_files = |role: Role| -> Result<(TrustedFile, TrustedFile, Option<CdiLoaded>)> {
             let r = cfg.role(role);
@@ -942,7 +917,7 @@ impl Config {
         if spec.bytes.len() > 4 << 20 {
             return Err(fail(format!("{} bytes: a CDI spec is at most 4 MiB", spec.bytes.len())));
         }
-        let edits = crate::cdi::edits(&spec.bytes, &d.devices).map_err(fail)?;
+        let edits = crate::config::cdi::edits(&spec.bytes, &d.devices).map_err(fail)?;
         for n in &edits.nodes {
             if let Some(link) = symlink_on_the_way(&n.path) {
                 return Err(fail(format!(
@@ -1350,7 +1325,8 @@ impl Config {
                 );
             }
             for (i, q) in d.devices.iter().enumerate() {
-                crate::cdi::parse_qualified(q).map_err(|e| self.err(f(&format!("devices_from.devices[{i}]")), e))?;
+                crate::config::cdi::parse_qualified(q)
+                    .map_err(|e| self.err(f(&format!("devices_from.devices[{i}]")), e))?;
             }
         }
         Ok(())
@@ -1740,10 +1716,13 @@ impl Config {
             self.check_own_dir(field, dir, inv)?;
         }
         if let Some(t) = &self.cell.tpm {
-            if let Some(tool) = crate::tpm::QUOTE_TOOLS.iter().find(|t| !Path::new(crate::tpm::TOOLS).join(t).is_file())
+            if let Some(tool) =
+                crate::layout::TPM_QUOTE_TOOLS.iter().find(|t| !Path::new(crate::layout::TPM_TOOLS).join(t).is_file())
             {
-                return Err(self
-                    .err("cell.tpm", format!("{}/{tool} is missing: install Debian's tpm2-tools", crate::tpm::TOOLS)));
+                return Err(self.err(
+                    "cell.tpm",
+                    format!("{}/{tool} is missing: install Debian's tpm2-tools", crate::layout::TPM_TOOLS),
+                ));
             }
             if let Some(dev) = t.tcti.strip_prefix("device:") {
                 use std::os::unix::fs::FileTypeExt;
@@ -1864,12 +1843,12 @@ impl Config {
     /// swap files (or a symlink for the control socket) under sealnode's feet.
     fn check_own_dir(&self, field: &str, dir: &Path, inv: &Invoker) -> Result<()> {
         // The same walk and checks `run` does when it opens the dir (trusted::own_dir).
-        crate::trusted::check_own_dir(dir, inv.uid).map_err(|e| self.err(field, e))
+        crate::os::trusted::check_own_dir(dir, inv.uid).map_err(|e| self.err(field, e))
     }
 
     /// Stat a path, refusing symlinks in any component.
     fn no_symlink_stat(&self, field: &str, path: &Path) -> Result<std::fs::Metadata> {
-        match crate::sys::open_path_no_symlinks(path) {
+        match crate::os::sys::open_path_no_symlinks(path) {
             Ok(fd) => {
                 std::fs::File::from(fd).metadata().map_err(|e| self.err(field, format!("{}: {e}", path.display())))
             }
@@ -1959,7 +1938,7 @@ fn toml_error(file: &Path, text: &str, e: toml::de::Error, path: Option<String>)
     // A key is the file's text: shown escaped, as every value is, so a key holding an escape
     // sequence cannot drive the operator's terminal (unit test:
     // config::tests::keys_are_shown_escaped).
-    Error::config(file, crate::escape::clean(field.as_bytes()), crate::escape::clean(reason.as_bytes()))
+    Error::config(file, crate::os::escape::clean(field.as_bytes()), crate::os::escape::clean(reason.as_bytes()))
 }
 
 /// The port of `http://host:port`, `host:port` or `:port` (an address as OLLAMA_HOST takes it),

@@ -150,7 +150,9 @@ pub fn delegated() -> Option<PathBuf> {
 /// cgroup::tests::a_delegation_mark_counts_only_on_a_cgroup_of_ours).
 fn delegated_to(p: &Path, euid: u32) -> bool {
     nix::sys::stat::stat(p).is_ok_and(|st| st.st_uid == euid)
-        && ["user.delegate", "trusted.delegate"].iter().any(|x| crate::sys::getxattr(p, x).is_some_and(|v| v == b"1"))
+        && ["user.delegate", "trusted.delegate"]
+            .iter()
+            .any(|x| crate::os::sys::getxattr(p, x).is_some_and(|v| v == b"1"))
         && writable(&p.join("cgroup.subtree_control"))
         && writable(&p.join("cgroup.procs"))
 }

@@ -148,7 +148,7 @@ pub fn render(status: &Status) -> String {
         }
     }
     // cgroup usage, where sealnode has the role's leaf.
-    let res = |get: fn(&crate::cgroup::Usage) -> Option<u64>| {
+    let res = |get: fn(&crate::sandbox::cgroup::Usage) -> Option<u64>| {
         move |r: &RoleStatus| r.resources.as_ref().and_then(get).map(|v| v as f64)
     };
     o.per_role(

@@ -29,7 +29,7 @@ pub fn bucket(now: Instant) -> Bucket {
     Bucket::new(now, RATE, BURST)
 }
 
-pub use crate::ratelimit::Bucket;
+pub use crate::logging::ratelimit::Bucket;
 
 /// One captured stream of one run of a role.
 #[derive(Debug)]

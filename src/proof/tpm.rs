@@ -30,13 +30,7 @@ use sha2::{Digest, Sha256};
 pub const PCR: u32 = 23;
 /// The boot-state PCRs quoted beside it (firmware, boot loader, Secure Boot policy).
 pub const BOOT_PCRS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
-/// Where `attest tpm-init` persists the attestation key unless `cell.tpm.ak_handle` says.
-pub const DEFAULT_AK_HANDLE: u32 = 0x8101_0002;
-/// The tpm2-tools, by absolute path (Debian's package).
-pub const TOOLS: &str = "/usr/bin";
-/// The tools a statement needs; `tpm-init` needs the others too.
-pub const QUOTE_TOOLS: &[&str] = &["tpm2_pcrreset", "tpm2_pcrextend", "tpm2_quote", "tpm2_readpublic"];
-pub const INIT_TOOLS: &[&str] = &["tpm2_createek", "tpm2_createak", "tpm2_evictcontrol", "tpm2_flushcontext"];
+use crate::layout::TPM_TOOLS as TOOLS;
 /// In the state dir's attest/: the attestation key's public key (SPKI PEM), its public area
 /// (TPM2B_PUBLIC) and name (hex), and the endorsement key's public key, for enrolment.
 pub const AK_FILE: &str = "tpm-ak.pem";
@@ -63,14 +57,7 @@ pub struct Quote {
     pub signature: String,
 }
 
-/// `cell.tpm`: how to reach the TPM.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// A tpm2-tools TCTI: `device:/dev/tpmrm0`, or `swtpm:host=127.0.0.1,port=2321` for a
-    /// software TPM on loopback.
-    pub tcti: String,
-    pub ak_handle: u32,
-}
+use crate::config::TpmTarget as Target;
 
 /// hex sha256 of a P-256 key's SubjectPublicKeyInfo DER: the `ak` of quotes and predicates.
 pub fn ak_id(ak: &p256::ecdsa::VerifyingKey) -> String {
@@ -497,7 +484,7 @@ impl Tools {
             cmd.pre_exec(move || {
                 // SAFETY: `dir` stays open in the child until exec (self outlives the spawn).
                 nix::unistd::fchdir(std::os::fd::BorrowedFd::borrow_raw(dir)).map_err(std::io::Error::from)?;
-                crate::sys::cloexec_from(3).map_err(std::io::Error::from)
+                crate::os::sys::cloexec_from(3).map_err(std::io::Error::from)
             });
         }
         let child = cmd.spawn().map_err(|e| failed(format!("{}: {e} (install tpm2-tools)", path.display())))?;
@@ -840,7 +827,7 @@ impl Tools {
 
 /// The work dir's fd, for [`Tools::new`].
 pub fn work_dir(path: &Path, uid: u32) -> Result<OwnedFd, String> {
-    crate::trusted::own_dir(path, uid, 0o700).map_err(|e| format!("{}: {e}", path.display()))
+    crate::os::trusted::own_dir(path, uid, 0o700).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]

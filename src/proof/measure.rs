@@ -85,8 +85,8 @@ pub struct Job {
     pub programs: Vec<ProgramJob>,
     pub trees: Vec<TreeJob>,
     pub models: Option<ModelsJob>,
-    /// What each role opens besides its program, opened as the role (crate::access).
-    pub access: Vec<crate::access::Job>,
+    /// What each role opens besides its program, opened as the role (crate::sandbox::access).
+    pub access: Vec<crate::sandbox::access::Job>,
 }
 
 /// Something that refuses the start, with the config field it belongs to.
@@ -202,7 +202,7 @@ pub fn job_for(
             .collect(),
         trees,
         models: None,
-        access: plans.iter().map(|(role, plan)| crate::access::job_for(cfg, inv, *role, plan)).collect(),
+        access: plans.iter().map(|(role, plan)| crate::sandbox::access::job_for(cfg, inv, *role, plan)).collect(),
     }
 }
 
@@ -217,7 +217,7 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
         }
     }
     for a in &job.access {
-        let o = crate::access::check(a);
+        let o = crate::sandbox::access::check(a);
         for (field, reason) in o.problems {
             m.problem(&field, reason);
         }
@@ -237,7 +237,7 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
             Some((fd, shown)) => (Some(fd), shown),
             None => (None, Path::new("-")),
         };
-        match crate::digests::models_with(&mj.dir, fd, mj.keep_cache, state_shown, &|| false) {
+        match crate::proof::digests::models_with(&mj.dir, fd, mj.keep_cache, state_shown, &|| false) {
             Ok((files, st)) => {
                 m.models = Some(Models {
                     files,
@@ -260,17 +260,17 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
     let bad = |why: String| (p.field.clone(), why);
     // O_PATH first: nothing about the file is opened for reading until it is known to be a
     // regular file (a FIFO would block, a device would be opened).
-    let at = crate::sys::open_path_no_symlinks(&p.host).map_err(|e| match e {
+    let at = crate::os::sys::open_path_no_symlinks(&p.host).map_err(|e| match e {
         Errno::ELOOP => bad(format!("{shown}: a symlink on the way (the view had none: changed since?)")),
         e => bad(format!("{shown}: {}", e.desc())),
     })?;
     let st = fstat(&at).map_err(|e| bad(format!("fstat {shown}: {}", e.desc())))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(bad(format!("{shown} is {}, not a regular file", crate::sys::file_kind(st.st_mode))));
+        return Err(bad(format!("{shown} is {}, not a regular file", crate::os::sys::file_kind(st.st_mode))));
     }
-    crate::trusted::check_dirs_to(&p.host, uid)
+    crate::os::trusted::check_dirs_to(&p.host, uid)
         .map_err(|e| bad(format!("{e}: what runs would not be what was measured")))?;
-    if let Some(why) = crate::trusted::entry_problem(&st, uid) {
+    if let Some(why) = crate::os::trusted::entry_problem(&st, uid) {
         return Err(bad(format!(
             "{shown} can be rewritten by a user other than root or sealnode's user: it {why}; what runs would not be what was measured"
         )));
@@ -331,7 +331,7 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
     // The copy is granted from the mode bits alone, so a program with an ACL is refused: the
     // copy would lose what the ACL grants or denies (unit test:
     // measure::tests::a_program_with_an_acl_is_refused).
-    match crate::sys::has_access_acl(fd.as_fd()) {
+    match crate::os::sys::has_access_acl(fd.as_fd()) {
         Ok(false) => {}
         Ok(true) => {
             return Err(bad(format!(
@@ -350,7 +350,7 @@ fn program(p: &ProgramJob, uid: u32) -> std::result::Result<ProgramDigest, (Stri
     }
     // SAFETY: as above: the memfd outlives this borrow.
     let memfd = unsafe { BorrowedFd::borrow_raw(p.memfd) };
-    crate::sealed::seal(&memfd).map_err(|e| bad(e.to_string()))?;
+    crate::sandbox::sealed::seal(&memfd).map_err(|e| bad(e.to_string()))?;
     let (sha256, head) = hash_at(memfd, size).map_err(|e| bad(format!("read the sealed copy of {shown}: {e}")))?;
     if head.starts_with(b"#!") {
         return Err(bad(format!(
@@ -413,10 +413,10 @@ fn hash_at(fd: BorrowedFd, len: u64) -> std::result::Result<(String, Vec<u8>), E
 /// no symlink, a regular file, at most [`MAX_PROGRAM_BYTES`]). Never on the event loop.
 pub fn file_sha256(path: &Path) -> std::result::Result<String, String> {
     let shown = path.display();
-    let at = crate::sys::open_path_no_symlinks(path).map_err(|e| format!("{shown}: {}", e.desc()))?;
+    let at = crate::os::sys::open_path_no_symlinks(path).map_err(|e| format!("{shown}: {}", e.desc()))?;
     let st = fstat(&at).map_err(|e| format!("fstat {shown}: {}", e.desc()))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(format!("{shown} is {}, not a regular file", crate::sys::file_kind(st.st_mode)));
+        return Err(format!("{shown} is {}, not a regular file", crate::os::sys::file_kind(st.st_mode)));
     }
     if st.st_size as u64 > MAX_PROGRAM_BYTES {
         return Err(format!("{shown} is larger than {MAX_PROGRAM_BYTES} bytes"));
@@ -431,19 +431,19 @@ pub fn file_sha256(path: &Path) -> std::result::Result<String, String> {
 }
 
 /// A path (or a message holding one) as sealnode may print it: a name a role or a local user
-/// chose could carry terminal escapes or a forged log line (crate::log::clean).
+/// chose could carry terminal escapes or a forged log line (crate::logging::log::clean).
 fn shown(s: String) -> String {
-    crate::log::clean(s.as_bytes())
+    crate::logging::log::clean(s.as_bytes())
 }
 
 /// Walk `t.root` (and check every directory above it) for what must not be in a role's view.
 fn scan_tree(t: &TreeJob, uid: u32, budget: &mut usize, m: &mut Measured) {
     let shown = shown(t.root.display().to_string());
-    if let Err(e) = crate::trusted::check_dirs_to(&t.root, uid) {
+    if let Err(e) = crate::os::trusted::check_dirs_to(&t.root, uid) {
         m.problem(&t.field, e);
         return;
     }
-    let root = match crate::sys::open_path_no_symlinks(&t.root) {
+    let root = match crate::os::sys::open_path_no_symlinks(&t.root) {
         Ok(fd) => fd,
         Err(e) => return m.problem(&t.field, format!("{shown}: {}", e.desc())),
     };
@@ -477,14 +477,14 @@ fn entry(t: &TreeJob, path: &Path, st: &FileStat, uid: u32, m: &mut Measured) ->
                 format!(
                     "{} is {} in the role's view: a way to whatever host process has it open; remove it",
                     shown(path.display().to_string()),
-                    crate::sys::file_kind(st.st_mode)
+                    crate::os::sys::file_kind(st.st_mode)
                 ),
             );
             false
         }
         // Device nodes do nothing there: every bind is nodev.
         libc::S_IFCHR | libc::S_IFBLK => false,
-        _ => match crate::trusted::entry_problem(st, uid) {
+        _ => match crate::os::trusted::entry_problem(st, uid) {
             Some(why) => {
                 m.problem(&t.field, format!("{} {why}", shown(path.display().to_string())));
                 false
@@ -590,9 +590,9 @@ impl Worker {
         match unsafe { nix::unistd::fork() }.map_err(|e| Error::errno("fork (measure)", e))? {
             nix::unistd::ForkResult::Child => {
                 drop(r);
-                let _ = crate::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                let _ = crate::os::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
                 if nix::unistd::getppid() != parent {
-                    crate::sys::exit_now(1);
+                    crate::os::sys::exit_now(1);
                 }
                 // Named for `ps` (and the tests that find it): the gate's measurement (15 bytes at most).
                 let _ = nix::sys::prctl::set_name(c"sealnode-gate");
@@ -600,13 +600,13 @@ impl Worker {
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
                 let mut keep = vec![w.as_raw_fd(), state.as_raw_fd()];
                 keep.extend(job.programs.iter().map(|p| p.memfd));
-                if crate::sys::close_all_except(&keep).is_err() {
-                    crate::sys::exit_now(1);
+                if crate::os::sys::close_all_except(&keep).is_err() {
+                    crate::os::sys::exit_now(1);
                 }
                 let m = run(job, Some((state, shown)));
                 let bytes = serde_json::to_vec(&m).unwrap_or_default();
-                let code = if crate::sys::write_all(w.as_raw_fd(), &bytes).is_ok() { 0 } else { 1 };
-                crate::sys::exit_now(code)
+                let code = if crate::os::sys::write_all(w.as_raw_fd(), &bytes).is_ok() { 0 } else { 1 };
+                crate::os::sys::exit_now(code)
             }
             nix::unistd::ForkResult::Parent { child } => {
                 drop(w);
@@ -712,7 +712,7 @@ mod tests {
         let bytes = std::fs::read("/usr/bin/true").expect("read true");
         std::fs::write(&prog, &bytes).expect("write");
         std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let memfd = crate::sealed::memfd("t").expect("memfd");
+        let memfd = crate::sandbox::sealed::memfd("t").expect("memfd");
         let want = hex::encode(Sha256::digest(&bytes));
         let m = run(&job_for(&prog, memfd.as_raw_fd(), Some(want.to_uppercase())), None);
         assert!(m.problems.is_empty(), "{m:?}");
@@ -720,11 +720,11 @@ mod tests {
             m.programs,
             vec![ProgramDigest { role: "engine".into(), sha256: want.clone(), bytes: bytes.len() as u64, mode: 0o555 }]
         );
-        assert!(crate::sealed::is_sealed(&memfd), "the copy is sealed");
+        assert!(crate::sandbox::sealed::is_sealed(&memfd), "the copy is sealed");
         let (copied, head) = hash_at(memfd.as_fd(), bytes.len() as u64).expect("read the copy");
         assert!(copied == want && head.starts_with(b"\x7fELF"), "the memfd holds the program");
         // A wrong pin names the pin's field.
-        let memfd = crate::sealed::memfd("t").expect("memfd");
+        let memfd = crate::sandbox::sealed::memfd("t").expect("memfd");
         let m = run(&job_for(&prog, memfd.as_raw_fd(), Some("0".repeat(64))), None);
         assert_eq!(m.problems[0].field, "engine.sha256");
         assert!(m.problems[0].reason.contains("does not match its pin"), "{m:?}");
@@ -750,7 +750,7 @@ mod tests {
             (0o644, me(), gid, Err("may not execute")),
         ] {
             std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(file_mode)).expect("chmod");
-            let memfd = crate::sealed::memfd("t").expect("memfd");
+            let memfd = crate::sandbox::sealed::memfd("t").expect("memfd");
             let mut job = job_for(&prog, memfd.as_raw_fd(), None);
             (job.programs[0].uid, job.programs[0].gid) = (uid, gid_);
             let m = run(&job, None);
@@ -787,7 +787,7 @@ mod tests {
             libc::setxattr(path.as_ptr(), c"system.posix_acl_access".as_ptr(), acl.as_ptr().cast(), acl.len(), 0)
         };
         assert_eq!(r, 0, "setxattr: {}", Errno::last());
-        let memfd = crate::sealed::memfd("t").expect("memfd");
+        let memfd = crate::sandbox::sealed::memfd("t").expect("memfd");
         let m = run(&job_for(&prog, memfd.as_raw_fd(), None), None);
         assert!(m.problems.first().is_some_and(|p| p.reason.contains("carries a POSIX ACL")), "{m:?}");
     }
@@ -815,7 +815,7 @@ mod tests {
             (writable.as_path(), "can be rewritten by a user other than root or sealnode's user"),
             (text.as_path(), "is not an ELF executable"),
         ] {
-            let memfd = crate::sealed::memfd("t").expect("memfd");
+            let memfd = crate::sandbox::sealed::memfd("t").expect("memfd");
             let t = std::time::Instant::now();
             let m = run(&job_for(path, memfd.as_raw_fd(), None), None);
             assert!(t.elapsed() < std::time::Duration::from_secs(5), "{} took {:?}", path.display(), t.elapsed());
@@ -864,7 +864,7 @@ mod tests {
         let d = tree();
         let prog = d.path().join("prog");
         std::fs::copy("/usr/bin/true", &prog).expect("copy");
-        let memfd = crate::sealed::memfd("t").expect("memfd");
+        let memfd = crate::sandbox::sealed::memfd("t").expect("memfd");
         let state: OwnedFd = std::fs::File::open(d.path()).expect("open").into();
         let mut w = Worker::spawn(&job_for(&prog, memfd.as_raw_fd(), None), &state, d.path()).expect("spawn");
         let code = match nix::sys::wait::waitpid(w.pid, None).expect("wait") {
@@ -875,6 +875,6 @@ mod tests {
         let m = w.answer().expect("answer");
         assert_eq!(m.programs.len(), 1, "{m:?}");
         assert_eq!(m.programs[0].sha256, hex::encode(Sha256::digest(std::fs::read("/usr/bin/true").expect("read"))));
-        assert!(crate::sealed::is_sealed(&memfd), "sealed by the worker");
+        assert!(crate::sandbox::sealed::is_sealed(&memfd), "sealed by the worker");
     }
 }

@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::canary::Report;
 use crate::config::{Config, Invoker, Role};
 use crate::error::{Error, Result};
+use crate::proof::canary::Report;
 
 /// Version of the receipt format.
 pub const SCHEMA: u32 = 2;
@@ -150,7 +150,7 @@ fn self_sha256() -> String {
         .get_or_init(|| {
             // The magic link is the running binary itself (no path lookup to race).
             std::fs::File::open("/proc/self/exe")
-                .and_then(|mut f| crate::atomic::sha256_read(&mut f))
+                .and_then(|mut f| crate::os::atomic::sha256_read(&mut f))
                 .unwrap_or_default()
         })
         .clone()
@@ -225,7 +225,7 @@ pub fn current_digests(cfg: &Config, inv: &Invoker) -> Result<(Artifact, Artifac
             if let Some(p) = plan.sealed_program() {
                 d.program_resolved = Some(p.inside.display().to_string());
                 d.program_host = Some(p.host.display().to_string());
-                d.program_sha256 = crate::measure::file_sha256(&p.host).ok();
+                d.program_sha256 = crate::proof::measure::file_sha256(&p.host).ok();
             }
         }
         roles.insert(role.name().to_string(), d);
@@ -257,7 +257,7 @@ fn next_generation(state: &std::os::fd::OwnedFd, shown: &Path) -> Result<u64> {
     let next = counter.max(last).checked_add(1).ok_or_else(|| {
         Error::io(format!("generation counter in {} is exhausted", shown.display()), std::io::Error::other("u64::MAX"))
     })?;
-    crate::atomic::write_atomic_at(
+    crate::os::atomic::write_atomic_at(
         state,
         GENERATION_FILE,
         format!("{next}\n").as_bytes(),
@@ -306,7 +306,7 @@ pub fn write(
         roles,
         kernel: Kernel {
             release: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
-            landlock_abi: crate::sys::landlock_abi(),
+            landlock_abi: crate::os::sys::landlock_abi(),
             userns_mode: if inv.rootful() { "rootful" } else { "rootless" }.into(),
         },
         canary: CanarySummary {
@@ -317,13 +317,13 @@ pub fn write(
                 .iter()
                 .map(|r| (r.role.name().to_string(), [r.attempts.len(), r.refused, r.succeeded]))
                 .collect(),
-            report_sha256: crate::atomic::sha256_hex(&report),
+            report_sha256: crate::os::atomic::sha256_hex(&report),
         },
         resources,
     };
     let mut bytes = serde_json::to_vec_pretty(&receipt).map_err(|e| Error::io("receipt", std::io::Error::other(e)))?;
     bytes.push(b'\n');
-    crate::atomic::write_atomic_at(dir, FILE, &bytes, 0o640, &path(cfg))?;
+    crate::os::atomic::write_atomic_at(dir, FILE, &bytes, 0o640, &path(cfg))?;
     Ok(receipt)
 }
 
@@ -453,7 +453,7 @@ mod tests {
     #[test]
     fn the_next_generation_is_above_the_counter_and_the_last_receipt() {
         let dir = tempfile::tempdir().expect("tmp");
-        let fd = crate::trusted::own_dir(dir.path(), nix::unistd::geteuid().as_raw(), 0o700).expect("dir");
+        let fd = crate::os::trusted::own_dir(dir.path(), nix::unistd::geteuid().as_raw(), 0o700).expect("dir");
         let next_generation = |_: &Path| super::next_generation(&fd, dir.path());
         assert_eq!(next_generation(dir.path()).expect("first"), 1);
         assert_eq!(next_generation(dir.path()).expect("second"), 2);

@@ -31,9 +31,10 @@ use nix::unistd::{pipe2, Pid};
 
 use crate::config::{Config, Ids, Invoker, Role};
 use crate::error::{Error, Result};
+use crate::os::sys;
+use crate::policy;
 use crate::sandbox::protocol::{must, Failure, Frame, Reap, Step as _};
 use crate::sandbox::{caps, idmap, namespaces};
-use crate::{policy, sys};
 
 /// The cell init's setup steps, in order ([`cell_main`]); a failure names one of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +105,7 @@ pub struct Cell {
     pub engine_listener: Option<OwnedFd>,
     /// The roles' cgroup leaves, when the cell has them (cgroup::Tree::setup): every role
     /// and preflight sandbox of this cell is cloned into its role's leaf.
-    pub cgroups: Option<crate::cgroup::Tree>,
+    pub cgroups: Option<crate::sandbox::cgroup::Tree>,
     _alive: OwnedFd,
 }
 
@@ -418,7 +419,7 @@ impl Cell {
         self.scratch.iter().find(|s| s.role == role).map(|s| s.path.as_c_str())
     }
 
-    /// Empty a role's scratch (crate::wipe) in a short-lived child that joins the cell's user
+    /// Empty a role's scratch (crate::os::wipe) in a short-lived child that joins the cell's user
     /// namespace (and its mount namespace for a capped scratch) and becomes the role's own
     /// ids there: it can remove whatever the role could have left, and nothing else (a file
     /// of another host user, a mount point: EACCES, EBUSY). The supervisor needs no host
@@ -471,7 +472,7 @@ impl Cell {
                 root
             }
         };
-        crate::wipe::empty(root)
+        crate::os::wipe::empty(root)
     }
 }
 

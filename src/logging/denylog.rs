@@ -27,9 +27,9 @@ pub struct DenyLog {
     /// The errno every refusal is answered with (the policy's own).
     pub errno: i32,
     /// Refusals per syscall name (known syscalls, and "unknown"), and each name's rate limit.
-    seen: BTreeMap<&'static str, (u64, crate::ratelimit::Quiet)>,
+    seen: BTreeMap<&'static str, (u64, crate::logging::ratelimit::Quiet)>,
     /// The role's log lines in all.
-    lines: crate::ratelimit::Bucket,
+    lines: crate::logging::ratelimit::Bucket,
 }
 
 /// What serving found.
@@ -74,7 +74,7 @@ pub fn syscall_name(nr: i32) -> &'static str {
 
 impl DenyLog {
     pub fn new(role: Role, fd: OwnedFd, errno: i32) -> DenyLog {
-        let lines = crate::ratelimit::Bucket::new(Instant::now(), LINES_PER_S, LINES_BURST);
+        let lines = crate::logging::ratelimit::Bucket::new(Instant::now(), LINES_PER_S, LINES_BURST);
         DenyLog { role, fd, errno, seen: BTreeMap::new(), lines }
     }
 
@@ -87,7 +87,7 @@ impl DenyLog {
                 Pending::Nothing => return Served::Open,
                 Pending::HungUp => return Served::Closed,
             }
-            let n = match crate::sys::seccomp_notif_recv(fd) {
+            let n = match crate::os::sys::seccomp_notif_recv(fd) {
                 Ok(n) => n,
                 // The task died before it was seen: nothing to answer.
                 Err(Errno::ENOENT) | Err(Errno::EINTR) => continue,
@@ -97,7 +97,7 @@ impl DenyLog {
                 }
             };
             // Answer first: the task is waiting. ENOENT: it died meanwhile.
-            let _ = crate::sys::seccomp_notif_fail(fd, n.id, self.errno);
+            let _ = crate::os::sys::seccomp_notif_fail(fd, n.id, self.errno);
             let name = syscall_name(n.data.nr);
             let entry = self.seen.entry(name).or_insert_with(|| (0, Default::default()));
             entry.0 += 1;

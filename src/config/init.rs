@@ -6,7 +6,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use crate::config::{INSIDE_CREDENTIAL, INSIDE_MODELS, SYSTEM_RO};
+use crate::layout::{INSIDE_CREDENTIAL, INSIDE_MODELS, SYSTEM_RO};
 
 /// Which engine API the config is written for: it decides the policies, the command, the
 /// port's flag and the node's variables.

@@ -1,11 +1,11 @@
 //! `sealnode ctl status`: the supervisor's status answer as an operator reads it, a table,
-//! then what is sealed (crate::sealed_text).
+//! then what is sealed (crate::proof::sealed_text).
 //! Pure: a status answer in, text out (fuzzed: `fuzzing::control_reply`).
 
 use crate::control::protocol::Status;
-use crate::escape::cell;
+use crate::os::escape::cell;
 
-/// A string of the answer, as shown: escaped like every line sealnode logs (crate::log::clean),
+/// A string of the answer, as shown: escaped like every line sealnode logs (crate::logging::log::clean),
 /// and a tab too (a log line may keep one; a table cell may not: it would shift the columns),
 /// so no value can move the cursor, clear the screen or forge a line or column of the table.
 fn text(v: &str) -> String {
@@ -123,7 +123,7 @@ pub fn render(v: &Status) -> String {
     // Each role's layers, its preflight per layer, the statement (the same text as `check`'s,
     // whose renderer takes the JSON both share).
     s.push('\n');
-    s.push_str(&crate::sealed_text::render(&serde_json::to_value(v).unwrap_or_default()));
+    s.push_str(&crate::proof::sealed_text::render(&serde_json::to_value(v).unwrap_or_default()));
     s
 }
 

@@ -12,7 +12,7 @@
 
 use std::sync::OnceLock;
 
-use crate::logsink::{self, Out};
+use crate::logging::logsink::{self, Out};
 
 use tracing_subscriber::filter::{filter_fn, EnvFilter};
 use tracing_subscriber::prelude::*;
@@ -57,9 +57,9 @@ pub fn init(default: &str) {
     if stderr_is_journal() {
         // sealnode's own events with their fields in MESSAGE too; a role's line as it wrote it.
         let layers = (
-            crate::journal::Layer::new("sealnode", true),
-            crate::journal::Layer::new("sealnode-engine", false),
-            crate::journal::Layer::new("sealnode-node", false),
+            crate::logging::journal::Layer::new("sealnode", true),
+            crate::logging::journal::Layer::new("sealnode-engine", false),
+            crate::logging::journal::Layer::new("sealnode-node", false),
         );
         if let (Ok(main), Ok(engine), Ok(node)) = layers {
             let _ = SINK.set(Sink::Journal);
@@ -95,7 +95,7 @@ pub fn say(message: &str) {
     }
 }
 
-pub use crate::escape::{clean, invisible_or_reordering};
+pub use crate::os::escape::{clean, invisible_or_reordering};
 
 /// One role line, from its stdout (`err` false) or stderr: in the journal under the role's
 /// own identifier, with ROLE, PID, GENERATION and STREAM; on sealnode's own stdout or stderr

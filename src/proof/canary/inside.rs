@@ -10,7 +10,7 @@ use std::io::Write;
 use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 
-use crate::sys::{syscall_args, Arg};
+use crate::os::sys::{syscall_args, Arg};
 
 /// What the runner tells the inside about the world.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -110,7 +110,7 @@ fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
 /// role's earlier run cannot have planted something there (the files are created O_EXCL and
 /// never followed through a symlink, too).
 fn unique() -> String {
-    format!("{}-{:016x}", std::process::id(), crate::sys::random_u64().unwrap_or(0))
+    format!("{}-{:016x}", std::process::id(), crate::os::sys::random_u64().unwrap_or(0))
 }
 
 /// Create a fresh file in `dir` and remove it again.
@@ -253,7 +253,7 @@ pub const ATTEMPTS: &[(&str, Attempt)] = &[
     ("unshare_pid", |_| sc(libc::SYS_unshare, [i(libc::CLONE_NEWPID), Z, Z, Z, Z, Z])),
     ("clone_newuser", |_| {
         match syscall_args(libc::SYS_clone, [i((libc::CLONE_NEWUSER | libc::SIGCHLD) as u64), Z, Z, Z, Z, Z]) {
-            Ok(0) => crate::sys::exit_now(0),
+            Ok(0) => crate::os::sys::exit_now(0),
             Ok(pid) => {
                 let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
                 Ok(())
@@ -266,7 +266,7 @@ pub const ATTEMPTS: &[(&str, Attempt)] = &[
         args[..8].copy_from_slice(&(libc::CLONE_NEWUSER as u64).to_ne_bytes());
         args[32..40].copy_from_slice(&(libc::SIGCHLD as u64).to_ne_bytes());
         match syscall_args(libc::SYS_clone3, [Arg::B(&mut args), i(88u64), Z, Z, Z, Z]) {
-            Ok(0) => crate::sys::exit_now(0),
+            Ok(0) => crate::os::sys::exit_now(0),
             Ok(pid) => {
                 let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
                 Ok(())
@@ -544,7 +544,7 @@ pub const ATTEMPTS: &[(&str, Attempt)] = &[
     // ---- compat syscall entry points ----
     #[cfg(target_arch = "x86_64")]
     ("int80_getpid", |_| {
-        let r = crate::sys::int80(20);
+        let r = crate::os::sys::int80(20);
         if r > 0 {
             Ok(())
         } else {
@@ -564,7 +564,7 @@ pub const ATTEMPTS: &[(&str, Attempt)] = &[
     ("socket_pfkey", |_| sock(libc::AF_KEY, libc::SOCK_RAW, 2 /* PF_KEY_V2 */)),
     ("socket_autoload", |_| sock(libc::AF_APPLETALK, libc::SOCK_DGRAM, 0)),
     // ---- network ----
-    ("interfaces_only_lo", |_| fact(crate::probe::interface_names().iter().any(|n| n != "lo"))),
+    ("interfaces_only_lo", |_| fact(crate::proof::probe::interface_names().iter().any(|n| n != "lo"))),
     ("host_loopback_service", |ctx| connect_tcp(&format!("127.0.0.1:{}", ctx.host_port))),
     ("host_abstract_socket", |ctx| {
         use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
@@ -719,14 +719,14 @@ fn fork_attempt(attempt: Attempt, ctx: &Ctx) -> Outcome {
             rec[0] = ok;
             rec[1..].copy_from_slice(&errno.to_ne_bytes());
             use std::os::fd::AsRawFd;
-            let _ = crate::sys::write_all(w.as_raw_fd(), &rec);
-            crate::sys::exit_now(0)
+            let _ = crate::os::sys::write_all(w.as_raw_fd(), &rec);
+            crate::os::sys::exit_now(0)
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             drop(w);
             let mut rec = [0u8; 5];
             use std::os::fd::AsRawFd;
-            let n = crate::sys::read_retry(r.as_raw_fd(), &mut rec).unwrap_or(0);
+            let n = crate::os::sys::read_retry(r.as_raw_fd(), &mut rec).unwrap_or(0);
             let status = nix::sys::wait::waitpid(child, None);
             let signal = match status {
                 Ok(nix::sys::wait::WaitStatus::Signaled(_, s, _)) => Some(s as i32),

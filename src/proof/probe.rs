@@ -147,7 +147,7 @@ fn fds() -> Vec<i32> {
 
 /// The built-in escape attempts: each must fail in a role's sandbox.
 fn builtin_attempts() -> Vec<Attempt> {
-    use crate::sys::{syscall_ints as ints, syscall_with_buf as with_buf};
+    use crate::os::sys::{syscall_ints as ints, syscall_with_buf as with_buf};
     let drop_ok = |r: Result<i64, Errno>| r.map(drop);
     let mut v = Vec::new();
     v.push(attempt("unshare_user", drop_ok(ints(libc::SYS_unshare, [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]))));
@@ -155,7 +155,7 @@ fn builtin_attempts() -> Vec<Attempt> {
     // fork-style clone with a namespace flag; a child, should one exist, exits at once.
     let clone_r = ints(libc::SYS_clone, [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0]);
     if clone_r == Ok(0) {
-        crate::sys::exit_now(0);
+        crate::os::sys::exit_now(0);
     }
     if let Ok(pid) = clone_r {
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
@@ -166,7 +166,7 @@ fn builtin_attempts() -> Vec<Attempt> {
     args[..8].copy_from_slice(&(libc::CLONE_NEWUSER as u64).to_ne_bytes());
     let c3 = with_buf(libc::SYS_clone3, [0, 88, 0, 0, 0, 0], 0, &mut args);
     if c3 == Ok(0) {
-        crate::sys::exit_now(0);
+        crate::os::sys::exit_now(0);
     }
     v.push(attempt("clone3", drop_ok(c3)));
     v.push(attempt(
@@ -275,7 +275,7 @@ fn requested_attempts(args: &[String]) -> Vec<Attempt> {
 fn refuse_numbers(n: &str) -> Result<(), Errno> {
     let n: u64 = n.parse().map_err(|_| Errno::EINVAL)?;
     for i in 0..n {
-        match crate::sys::syscall_ints(100_000 + i as libc::c_long, [0; 6]) {
+        match crate::os::sys::syscall_ints(100_000 + i as libc::c_long, [0; 6]) {
             Err(Errno::ENOSYS) => {}
             Err(e) => return Err(e),
             Ok(_) => return Err(Errno::EPROTO),
@@ -298,7 +298,7 @@ fn ioctl(arg: &str) -> Result<(), Errno> {
     .map_err(|_| Errno::EINVAL)?;
     let f = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(io_errno)?;
     let mut buf = vec![0u8; 16 << 10];
-    crate::sys::syscall_with_buf(libc::SYS_ioctl, [f.as_raw_fd() as u64, req, 0, 0, 0, 0], 2, &mut buf).map(drop)
+    crate::os::sys::syscall_with_buf(libc::SYS_ioctl, [f.as_raw_fd() as u64, req, 0, 0, 0, 0], 2, &mut buf).map(drop)
 }
 
 /// Connect, send a line, and succeed only if the peer answers with some bytes.
@@ -368,7 +368,7 @@ fn exec_file(path: &str) -> Result<(), Errno> {
         nix::unistd::ForkResult::Child => {
             let p = CString::new(path).unwrap_or_default();
             let r = nix::unistd::execv(&p, &[c"probe-exec", c"--version"]);
-            crate::sys::exit_now(100 + r.err().map(|e| e as i32).unwrap_or(0).min(100))
+            crate::os::sys::exit_now(100 + r.err().map(|e| e as i32).unwrap_or(0).min(100))
         }
         nix::unistd::ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None)? {
             nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),

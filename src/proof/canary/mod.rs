@@ -14,9 +14,9 @@ use std::os::unix::fs::MetadataExt;
 
 use serde::Serialize;
 
-use crate::cell::Cell;
 use crate::config::{Config, Invoker, Role};
 use crate::error::{Error, Result};
+use crate::sandbox::cell::Cell;
 use crate::sandbox::{self, Layers, Plan, Program};
 pub use inside::{Ctx, Outcome};
 
@@ -497,7 +497,7 @@ pub fn targets(cfg: &Config) -> Result<Targets> {
     // Unpredictable: abstract names are shared by every user of the host's network namespace,
     // so another user cannot take the name first and stop the preflight (tests/gate.rs:
     // a_squatted_canary_name_does_not_stop_the_cell).
-    let r = crate::sys::random_u64().map_err(|e| Error::errno("canary: getrandom", e))?;
+    let r = crate::os::sys::random_u64().map_err(|e| Error::errno("canary: getrandom", e))?;
     let name = format!("sealnode-canary-{r:016x}");
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(|e| Error::io("canary: abstract name", e))?;
@@ -516,9 +516,9 @@ pub fn targets(cfg: &Config) -> Result<Targets> {
 /// The parts of a role's view the `unix_socket_in_view` attempt walks for sockets and FIFOs.
 fn view_roots(cfg: &Config, role: Role) -> Vec<String> {
     let mut v: Vec<String> =
-        ["/etc", "/run", "/tmp", "/dev/shm", crate::config::INSIDE_SCRATCH].iter().map(|s| s.to_string()).collect();
+        ["/etc", "/run", "/tmp", "/dev/shm", crate::layout::INSIDE_SCRATCH].iter().map(|s| s.to_string()).collect();
     if cfg.role(role).models.is_some() {
-        v.push(crate::config::INSIDE_MODELS.into());
+        v.push(crate::layout::INSIDE_MODELS.into());
     }
     v.extend(cfg.binds(role).iter().map(|(_, b)| b.inside().display().to_string()));
     v
@@ -534,8 +534,8 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, layers: Layers) -> Ctx {
     foreign.extend(other.credential.iter().map(|p| p.display().to_string()));
     foreign.extend(other.models.iter().map(|p| p.display().to_string()));
     match role {
-        Role::Engine => foreign.push(crate::config::INSIDE_CREDENTIAL.into()),
-        Role::Node => foreign.push(crate::config::INSIDE_MODELS.into()),
+        Role::Engine => foreign.push(crate::layout::INSIDE_CREDENTIAL.into()),
+        Role::Node => foreign.push(crate::layout::INSIDE_MODELS.into()),
     }
     let launcher_env: Vec<(String, String)> = std::env::vars().collect();
     let expected_env = crate::sandbox::plan::build_env(cfg, role, &launcher_env).into_iter().map(|(k, _)| k).collect();
@@ -544,11 +544,11 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, layers: Layers) -> Ctx {
         cfg.node.egress.iter().enumerate().map(|(i, e)| format!("{}:{}", Config::egress_addr(i), e.port)).collect();
     Ctx {
         role: role.name().into(),
-        scratch: if layers.namespaces { crate::config::INSIDE_SCRATCH.into() } else { r.scratch.display().to_string() },
+        scratch: if layers.namespaces { crate::layout::INSIDE_SCRATCH.into() } else { r.scratch.display().to_string() },
         models: match (&r.models, layers.namespaces) {
-            (Some(_), true) => crate::config::INSIDE_MODELS.into(),
+            (Some(_), true) => crate::layout::INSIDE_MODELS.into(),
             (Some(m), false) => m.display().to_string(),
-            (None, _) => crate::config::INSIDE_MODELS.into(),
+            (None, _) => crate::layout::INSIDE_MODELS.into(),
         },
         host_port: t.port,
         host_abstract: t.name.clone(),
@@ -561,7 +561,7 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, layers: Layers) -> Ctx {
         config_path: cfg.file.display().to_string(),
         root_home: std::fs::metadata("/root").ok().map(|m| (m.dev(), m.ino())),
         // The key once `attest init` made it; before, the state dir that will hold it.
-        attest_key: Some(crate::config::attest_key_path(&cfg.cell.state_dir))
+        attest_key: Some(crate::layout::attest_key_path(&cfg.cell.state_dir))
             .filter(|k| k.exists())
             .unwrap_or_else(|| cfg.cell.state_dir.clone())
             .display()
@@ -754,7 +754,7 @@ pub fn battery_until(
     let cell = match cell {
         Some(c) => c,
         None => {
-            owned = crate::cell::Cell::for_config(cfg, inv)?;
+            owned = crate::sandbox::cell::Cell::for_config(cfg, inv)?;
             &owned
         }
     };
@@ -987,7 +987,7 @@ mod tests {
         assert_eq!(super::read_until_eof(r, Duration::from_millis(150), &|| false), Err(nix::errno::Errno::ETIMEDOUT));
         assert!(t.elapsed() < Duration::from_secs(2));
         let (r, w) = nix::unistd::pipe().expect("pipe");
-        crate::sys::write_all(std::os::fd::AsRawFd::as_raw_fd(&w), b"{}").expect("write");
+        crate::os::sys::write_all(std::os::fd::AsRawFd::as_raw_fd(&w), b"{}").expect("write");
         drop(w);
         assert_eq!(super::read_until_eof(r, Duration::from_secs(5), &|| false), Ok(b"{}".to_vec()));
     }
@@ -1010,13 +1010,13 @@ mod tests {
         let mut set = SigSet::empty();
         set.add(Signal::SIGUSR2);
         set.thread_block().expect("block");
-        assert!(!crate::sys::signal_pending(&[Signal::SIGUSR2]));
+        assert!(!crate::os::sys::signal_pending(&[Signal::SIGUSR2]));
         nix::sys::signal::raise(Signal::SIGUSR2).expect("raise"); // to this thread
-        assert!(crate::sys::signal_pending(&[Signal::SIGUSR2]));
-        assert!(!crate::sys::signal_pending(&[Signal::SIGTERM]));
+        assert!(crate::os::sys::signal_pending(&[Signal::SIGUSR2]));
+        assert!(!crate::os::sys::signal_pending(&[Signal::SIGTERM]));
         // Still there to be taken.
         assert_eq!(set.wait(), Ok(Signal::SIGUSR2));
-        assert!(!crate::sys::signal_pending(&[Signal::SIGUSR2]));
+        assert!(!crate::os::sys::signal_pending(&[Signal::SIGUSR2]));
         let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
     }
 }

@@ -26,8 +26,8 @@ pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// The predicate's type and version: a change to its fields is a new version.
 pub const PREDICATE_TYPE: &str = "urn:sealnode:seal:v2";
 /// In the state dir: the key pair (the dir 0700, the private key 0600, never in a role's view).
-pub const KEY_DIR: &str = crate::config::ATTEST_KEY_DIR;
-pub const KEY_FILE: &str = crate::config::ATTEST_KEY_FILE;
+pub const KEY_DIR: &str = crate::layout::ATTEST_KEY_DIR;
+pub const KEY_FILE: &str = crate::layout::ATTEST_KEY_FILE;
 pub const PUB_FILE: &str = "ed25519.pub";
 /// Nonces: 8 to 64 bytes, given in hex.
 pub const NONCE_MIN: usize = 8;
@@ -47,7 +47,7 @@ pub struct Envelope {
     /// With `cell.tpm`: the TPM's quote over this payload (DSSE verifiers ignore the member;
     /// [`verify`] checks it when given the attestation key).
     #[serde(rename = "tpmQuote", default, skip_serializing_if = "Option::is_none")]
-    pub tpm_quote: Option<crate::tpm::Quote>,
+    pub tpm_quote: Option<crate::proof::tpm::Quote>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,11 +181,11 @@ impl Tpm {
         match ak {
             Some(id) => Tpm {
                 present: true,
-                pcr: Some(crate::tpm::PCR),
+                pcr: Some(crate::proof::tpm::PCR),
                 ak: Some(id.to_string()),
                 note: Some(format!(
                     "quoted by the TPM: the envelope's tpmQuote, PCR {} = sha256(0^32 || sha256(payload)), extraData = sha256(nonce)",
-                    crate::tpm::PCR
+                    crate::proof::tpm::PCR
                 )),
             },
             None => Tpm { present: false, pcr: None, ak: None, note: Some("no TPM: bound to the signing key only".into()) },
@@ -196,13 +196,13 @@ impl Tpm {
 /// What a statement is made of, beyond the receipt: the supervisor's facts of the moment.
 pub struct Inputs<'a> {
     pub cfg: &'a crate::config::Config,
-    pub receipt: &'a crate::receipt::Receipt,
+    pub receipt: &'a crate::proof::receipt::Receipt,
     /// The latest preflight of each role (the receipt summarises it).
-    pub report: Option<&'a crate::canary::Report>,
+    pub report: Option<&'a crate::proof::canary::Report>,
     pub nonce: Option<String>,
     /// Restarts of each role since `run` started, by role name.
     pub restarts: BTreeMap<String, u32>,
-    /// With `cell.tpm`: the attestation key's id ([`crate::tpm::ak_id`]).
+    /// With `cell.tpm`: the attestation key's id ([`crate::proof::tpm::ak_id`]).
     pub tpm_ak: Option<String>,
 }
 
@@ -218,7 +218,7 @@ pub fn subjects(
     cfg: &crate::config::Config,
     sealnode: &str,
     config: &str,
-    roles: &BTreeMap<String, crate::receipt::RoleDigests>,
+    roles: &BTreeMap<String, crate::proof::receipt::RoleDigests>,
 ) -> Vec<Subject> {
     let sha = |d: &str| -> BTreeMap<String, String> { [("sha256".to_string(), d.to_string())].into() };
     let mut subject = vec![
@@ -347,7 +347,7 @@ pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
 
 /// hex sha256 of the raw public key: the envelope's keyid and the key's fingerprint.
 pub fn keyid(vk: &VerifyingKey) -> String {
-    crate::atomic::sha256_hex(vk.as_bytes())
+    crate::os::atomic::sha256_hex(vk.as_bytes())
 }
 
 /// The statement's bytes, as signed.
@@ -583,16 +583,16 @@ pub fn verify(
     }
     match (&expect.tpm_ak, &env.tpm_quote) {
         (Some(ak), quote) => {
-            let id = crate::tpm::ak_id(ak);
+            let id = crate::proof::tpm::ak_id(ak);
             let t = &st.predicate.tpm;
             if !t.present {
                 return Err(Failure::Tpm("the statement says no TPM: it is bound to the signing key only".into()));
             }
-            if t.pcr != Some(crate::tpm::PCR) {
+            if t.pcr != Some(crate::proof::tpm::PCR) {
                 return Err(Failure::Tpm(format!(
                     "the statement names PCR {}; sealnode's quotes hold the statement in PCR {}",
                     t.pcr.map_or("none".to_string(), |p| p.to_string()),
-                    crate::tpm::PCR
+                    crate::proof::tpm::PCR
                 )));
             }
             if !t.ak.as_deref().is_some_and(|a| a.eq_ignore_ascii_case(&id)) {
@@ -611,7 +611,7 @@ pub fn verify(
                 .map(hex::decode)
                 .transpose()
                 .map_err(|_| Failure::Malformed("the statement's nonce is not hex".into()))?;
-            said.extend(crate::tpm::verify(q, ak, &body, nonce.as_deref()).map_err(Failure::Tpm)?);
+            said.extend(crate::proof::tpm::verify(q, ak, &body, nonce.as_deref()).map_err(Failure::Tpm)?);
         }
         (None, Some(_)) => said.push("TPM: a quote is attached, not checked (give --tpm-ak)".into()),
         (None, None) => {}
@@ -665,7 +665,7 @@ pub fn verify(
 /// writable by no one else (trusted::own_dir).
 fn key_dir(state_dir: &Path, uid: u32) -> Result<OwnedFd> {
     let p = state_dir.join(KEY_DIR);
-    crate::trusted::own_dir(&p, uid, 0o700)
+    crate::os::trusted::own_dir(&p, uid, 0o700)
         .map_err(|e| Error::io(format!("key dir {}", p.display()), std::io::Error::other(e)))
 }
 
@@ -688,7 +688,7 @@ pub fn init(state_dir: &Path, uid: u32, force: bool) -> Result<VerifyingKey> {
             .map_err(|e| Error::errno(format!("retire {}", shown.display()), e))?;
     }
     let mut seed = [0u8; 32];
-    crate::sys::random_bytes(&mut seed).map_err(|e| Error::errno("getrandom", e))?;
+    crate::os::sys::random_bytes(&mut seed).map_err(|e| Error::errno("getrandom", e))?;
     let key = SigningKey::from_bytes(&seed);
     // PKCS#8 v1 (the private key alone): what OpenSSL and Python's cryptography load; v2,
     // with the public key beside it, they refuse (tests/attest.rs:
@@ -697,12 +697,18 @@ pub fn init(state_dir: &Path, uid: u32, force: bool) -> Result<VerifyingKey> {
         .to_pkcs8_pem(Default::default())
         .map_err(|e| Error::io("encode the private key", std::io::Error::other(e.to_string())))?;
     zeroize::Zeroize::zeroize(&mut seed);
-    crate::atomic::write_atomic_at(&dir, KEY_FILE, pem.as_bytes(), 0o600, &shown)?;
+    crate::os::atomic::write_atomic_at(&dir, KEY_FILE, pem.as_bytes(), 0o600, &shown)?;
     let vk = key.verifying_key();
     let public = vk
         .to_public_key_pem(Default::default())
         .map_err(|e| Error::io("encode the public key", std::io::Error::other(e.to_string())))?;
-    crate::atomic::write_atomic_at(&dir, PUB_FILE, public.as_bytes(), 0o644, &state_dir.join(KEY_DIR).join(PUB_FILE))?;
+    crate::os::atomic::write_atomic_at(
+        &dir,
+        PUB_FILE,
+        public.as_bytes(),
+        0o644,
+        &state_dir.join(KEY_DIR).join(PUB_FILE),
+    )?;
     Ok(vk)
 }
 
@@ -745,7 +751,7 @@ fn read_key_file(dir: &impl AsFd, name: &str, shown: &Path, uid: u32, private: b
 /// The signing key, if `sealnode attest init` made one (None: no key file).
 pub fn load_signing(state_dir: &Path, uid: u32) -> Result<Option<SigningKey>> {
     let p = state_dir.join(KEY_DIR);
-    let Ok(dir) = crate::trusted::open_dir(&p, uid) else {
+    let Ok(dir) = crate::os::trusted::open_dir(&p, uid) else {
         return Ok(None);
     };
     let shown = p.join(KEY_FILE);
@@ -764,7 +770,7 @@ pub fn load_signing(state_dir: &Path, uid: u32) -> Result<Option<SigningKey>> {
 /// The public key, from the key dir (readable by anyone who can reach the state dir).
 pub fn load_public(state_dir: &Path, uid: u32) -> Result<VerifyingKey> {
     let p = state_dir.join(KEY_DIR);
-    let dir = crate::trusted::open_dir(&p, uid).map_err(|e| {
+    let dir = crate::os::trusted::open_dir(&p, uid).map_err(|e| {
         Error::io(format!("{}: {e}", p.display()), std::io::Error::other("run `sealnode attest init` first"))
     })?;
     let shown = p.join(PUB_FILE);
@@ -776,13 +782,13 @@ pub fn load_public(state_dir: &Path, uid: u32) -> Result<VerifyingKey> {
 /// The TPM attestation key's public half `attest tpm-init` stored (None: no file).
 pub fn load_tpm_ak(state_dir: &Path, uid: u32) -> Result<Option<p256::ecdsa::VerifyingKey>> {
     let p = state_dir.join(KEY_DIR);
-    let Ok(dir) = crate::trusted::open_dir(&p, uid) else { return Ok(None) };
-    if nix::sys::stat::fstatat(&dir, crate::tpm::AK_FILE, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_err() {
+    let Ok(dir) = crate::os::trusted::open_dir(&p, uid) else { return Ok(None) };
+    if nix::sys::stat::fstatat(&dir, crate::proof::tpm::AK_FILE, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_err() {
         return Ok(None);
     }
-    let shown = p.join(crate::tpm::AK_FILE);
-    let pem = read_key_file(&dir, crate::tpm::AK_FILE, &shown, uid, false)?;
-    crate::tpm::parse_ak(&pem)
+    let shown = p.join(crate::proof::tpm::AK_FILE);
+    let pem = read_key_file(&dir, crate::proof::tpm::AK_FILE, &shown, uid, false)?;
+    crate::proof::tpm::parse_ak(&pem)
         .map(Some)
         .map_err(|e| Error::io(format!("{}: {e}", shown.display()), std::io::Error::other("not an attestation key")))
 }
@@ -790,14 +796,20 @@ pub fn load_tpm_ak(state_dir: &Path, uid: u32) -> Result<Option<p256::ecdsa::Ver
 /// The attestation key's TPM name (hex) `attest tpm-init` stored, if any.
 pub fn load_tpm_ak_name(state_dir: &Path, uid: u32) -> Option<String> {
     let p = state_dir.join(KEY_DIR);
-    let dir = crate::trusted::open_dir(&p, uid).ok()?;
-    let b = read_key_file(&dir, crate::tpm::AK_NAME_FILE, &p.join(crate::tpm::AK_NAME_FILE), uid, false).ok()?;
+    let dir = crate::os::trusted::open_dir(&p, uid).ok()?;
+    let b = read_key_file(&dir, crate::proof::tpm::AK_NAME_FILE, &p.join(crate::proof::tpm::AK_NAME_FILE), uid, false)
+        .ok()?;
     Some(String::from_utf8_lossy(&b).trim().to_string())
 }
 
 /// `attest tpm-init`: make the TPM's attestation key (persisted at `cell.tpm.ak_handle`) and
 /// store its public half and the endorsement key's beside the signing key.
-pub fn tpm_init(state_dir: &Path, uid: u32, target: crate::tpm::Target, force: bool) -> Result<crate::tpm::AkPublic> {
+pub fn tpm_init(
+    state_dir: &Path,
+    uid: u32,
+    target: crate::config::TpmTarget,
+    force: bool,
+) -> Result<crate::proof::tpm::AkPublic> {
     let dir = key_dir(state_dir, uid)?;
     let tools = tpm_tools(state_dir, uid, target)?;
     let (raw, ak, ek) = tools.init(force).map_err(|e| Error::io("attest tpm-init", std::io::Error::other(e)))?;
@@ -809,22 +821,23 @@ pub fn tpm_init(state_dir: &Path, uid: u32, target: crate::tpm::Target, force: b
         .map_err(|e| Error::io("encode the attestation key", std::io::Error::other(e.to_string())))?;
     let name = format!("{}\n", hex::encode(&ak.name));
     for (file, bytes) in [
-        (crate::tpm::EK_FILE, ek.as_slice()),
-        (crate::tpm::AK_PUBLIC_FILE, raw.as_slice()),
-        (crate::tpm::AK_NAME_FILE, name.as_bytes()),
-        (crate::tpm::AK_FILE, pem.as_bytes()),
+        (crate::proof::tpm::EK_FILE, ek.as_slice()),
+        (crate::proof::tpm::AK_PUBLIC_FILE, raw.as_slice()),
+        (crate::proof::tpm::AK_NAME_FILE, name.as_bytes()),
+        (crate::proof::tpm::AK_FILE, pem.as_bytes()),
     ] {
-        crate::atomic::write_atomic_at(&dir, file, bytes, 0o644, &p.join(file))?;
+        crate::os::atomic::write_atomic_at(&dir, file, bytes, 0o644, &p.join(file))?;
     }
     Ok(ak)
 }
 
 /// The tpm2-tools for a target, working in the key dir's `tpm/` (0700, the launcher's).
-pub fn tpm_tools(state_dir: &Path, uid: u32, target: crate::tpm::Target) -> Result<crate::tpm::Tools> {
+pub fn tpm_tools(state_dir: &Path, uid: u32, target: crate::config::TpmTarget) -> Result<crate::proof::tpm::Tools> {
     key_dir(state_dir, uid)?;
     let work = state_dir.join(KEY_DIR).join("tpm");
-    let fd = crate::tpm::work_dir(&work, uid).map_err(|e| Error::io("TPM work dir", std::io::Error::other(e)))?;
-    Ok(crate::tpm::Tools::new(target, fd))
+    let fd =
+        crate::proof::tpm::work_dir(&work, uid).map_err(|e| Error::io("TPM work dir", std::io::Error::other(e)))?;
+    Ok(crate::proof::tpm::Tools::new(target, fd))
 }
 
 /// A public key file: SPKI PEM (what `attest pubkey` prints), or the raw key in hex.
@@ -845,7 +858,7 @@ pub fn public_pem(vk: &VerifyingKey) -> String {
 
 /// Where the key and the latest statement live for a config.
 pub fn key_path(state_dir: &Path) -> PathBuf {
-    crate::config::attest_key_path(state_dir)
+    crate::layout::attest_key_path(state_dir)
 }
 
 /// What `run` would sign its statements with, checked as at a start (for `sealnode check`).
@@ -860,7 +873,7 @@ pub fn signer_status(cfg: &crate::config::Config, inv: &crate::config::Invoker) 
         (Some(k), Some((_, ak))) => format!(
             "signed by key sha256:{}; quoted by the TPM's attestation key sha256:{}",
             keyid(&k),
-            crate::tpm::ak_id(&ak)
+            crate::proof::tpm::ak_id(&ak)
         ),
     })
 }
@@ -872,7 +885,7 @@ pub fn tpm_checked(
     cfg: &crate::config::Config,
     inv: &crate::config::Invoker,
     signing: bool,
-) -> Result<Option<(crate::tpm::Tools, p256::ecdsa::VerifyingKey)>> {
+) -> Result<Option<(crate::proof::tpm::Tools, p256::ecdsa::VerifyingKey)>> {
     let Some(t) = &cfg.cell.tpm else { return Ok(None) };
     let bad = |why: String| Error::config(&cfg.file, "cell.tpm", why);
     if !signing {
@@ -890,7 +903,7 @@ pub fn tpm_checked(
         return Err(bad(format!(
             "the key at handle {:#010x} is not the one `attest tpm-init` stored ({}): run tpm-init again and enrol the new key",
             t.ak_handle,
-            crate::tpm::AK_FILE
+            crate::proof::tpm::AK_FILE
         )));
     }
     // One quote now, of a throwaway payload: a key that needs a password, or a TPM in lockout,
@@ -898,14 +911,14 @@ pub fn tpm_checked(
     tools
         .quote(&ak.key, b"sealnode: the start's check of the TPM", None, &stop_pending)
         .map_err(|e| bad(format!("the TPM cannot quote with the key at {:#010x}: {e}", t.ak_handle)))?;
-    tracing::info!(ak = %crate::tpm::ak_id(&ak.key), name = %hex::encode(&ak.name), tcti = %t.tcti, "TPM attestation key checked");
+    tracing::info!(ak = %crate::proof::tpm::ak_id(&ak.key), name = %hex::encode(&ak.name), tcti = %t.tcti, "TPM attestation key checked");
     Ok(Some((tools, ak.key)))
 }
 
 /// A stop signal waits on the signalfd: the TPM's check at the start gives up for it.
 fn stop_pending() -> bool {
     use nix::sys::signal::Signal;
-    crate::sys::signal_pending(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT])
+    crate::os::sys::signal_pending(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT])
 }
 
 #[cfg(test)]

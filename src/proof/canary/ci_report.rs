@@ -74,8 +74,8 @@ pub fn tap(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::canary::{Layer, RoleReport};
     use crate::config::Role;
+    use crate::proof::canary::{Layer, RoleReport};
 
     fn attempt(id: &'static str, refused: bool) -> AttemptResult {
         AttemptResult {

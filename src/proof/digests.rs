@@ -231,7 +231,7 @@ pub fn models_with(
         let mut bytes =
             serde_json::to_vec_pretty(&new).map_err(|e| Error::io("model digests", std::io::Error::other(e)))?;
         bytes.push(b'\n');
-        crate::atomic::write_atomic_at(state, CACHE_FILE, &bytes, 0o640, &shown.join(CACHE_FILE))?;
+        crate::os::atomic::write_atomic_at(state, CACHE_FILE, &bytes, 0o640, &shown.join(CACHE_FILE))?;
     }
     Ok((out, stats))
 }

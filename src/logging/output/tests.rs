@@ -64,12 +64,15 @@ fn a_flood_is_cut_to_the_rate_and_counted() {
 
 #[test]
 fn control_characters_are_escaped() {
-    assert_eq!(crate::log::clean(b"\x1b[31mred\x1b[0m\rINFO x"), "\\u{1b}[31mred\\u{1b}[0m\\u{d}INFO x");
-    assert_eq!(crate::log::clean(b"tab\tok \xff"), "tab\tok \u{fffd}");
+    assert_eq!(crate::logging::log::clean(b"\x1b[31mred\x1b[0m\rINFO x"), "\\u{1b}[31mred\\u{1b}[0m\\u{d}INFO x");
+    assert_eq!(crate::logging::log::clean(b"tab\tok \xff"), "tab\tok \u{fffd}");
     // The role's own text "\u{1b}" is not sealnode's escape of ESC: its backslash is doubled.
-    assert_eq!(crate::log::clean(b"\\u{1b}"), "\\\\u{1b}");
+    assert_eq!(crate::logging::log::clean(b"\\u{1b}"), "\\\\u{1b}");
     // Separators and bidirectional overrides cannot reorder or split what the reader sees.
-    assert_eq!(crate::log::clean("a\u{2028}b\u{202e}c\u{2066}d".as_bytes()), "a\\u{2028}b\\u{202e}c\\u{2066}d");
+    assert_eq!(
+        crate::logging::log::clean("a\u{2028}b\u{202e}c\u{2066}d".as_bytes()),
+        "a\\u{2028}b\\u{202e}c\\u{2066}d"
+    );
     // Invisible text: zero-width spaces, soft hyphens, tag characters.
-    assert_eq!(crate::log::clean("x\u{200b}\u{ad}\u{e0041}y".as_bytes()), "x\\u{200b}\\u{ad}\\u{e0041}y");
+    assert_eq!(crate::logging::log::clean("x\u{200b}\u{ad}\u{e0041}y".as_bytes()), "x\\u{200b}\\u{ad}\\u{e0041}y");
 }
