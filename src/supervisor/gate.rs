@@ -158,44 +158,8 @@ impl Gate {
             message: format!("preflight could not run: {e}"),
             details: Vec::new(),
         })?;
-        // The scratch path is still the dir this run locked and wipes: a dir renamed away while
-        // the cell ran, with a new one at its path, refuses the start (a restart would bind the
-        // new dir, which another cell could lock, while the wipes empty the renamed one)
-        // (tests/check_run.rs: a_scratch_dir_replaced_while_running_refuses_the_restart).
-        for role in roles {
-            let r = ctx.cfg.role(*role);
-            let held = nix::sys::stat::fstat(ctx.scratch[*role as usize]).map(|s| (s.st_dev, s.st_ino));
-            let now = crate::os::sys::open_path_no_symlinks(&r.scratch)
-                .and_then(|fd| nix::sys::stat::fstat(&fd))
-                .map(|s| (s.st_dev, s.st_ino));
-            if held.is_err() || held != now {
-                return Err(refuse(
-                    exit::CONFIG,
-                    Error::config(
-                        &ctx.cfg.file,
-                        format!("{role}.scratch"),
-                        format!(
-                            "{} is no longer the dir this `sealnode run` locked and wipes (renamed or replaced while \
-                             the cell ran): put it back, or restart sealnode",
-                            r.scratch.display()
-                        ),
-                    ),
-                ));
-            }
-        }
-        // Each role's plan, built and checked once: the preflight's probe runs a copy of it
-        // (only its program replaced), and what passes is what the role starts from.
-        let mut plans = Vec::new();
-        let mut probe_plans = Vec::new();
-        for role in roles {
-            let probe = canary::probe_argv(ctx.cfg, *role, &targets, sandbox::Layers::ALL)
-                .and_then(|argv| Ok((argv, sandbox::plan::sealed_self()?)))
-                .map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
-            let (plan, probe) =
-                Plan::for_run_and_probe(ctx.cfg, *role, ctx.inv, Some(probe)).map_err(|e| refuse(exit::CONFIG, e))?;
-            plans.push((*role, plan));
-            probe_plans.extend(probe);
-        }
+        scratch_still_held(ctx, roles).map_err(|e| refuse(exit::CONFIG, e))?;
+        let (plans, probe_plans) = plans_and_probes(ctx, roles, &targets)?;
         // Model files are hashed for the statements (only with a key), and only from a
         // read-only dir: a writable one binds nothing and would be rehashed at every start.
         let hash_models = roles.contains(&Role::Engine) && ctx.hash_models && ctx.cfg.engine.models.is_some();
@@ -355,6 +319,57 @@ impl Gate {
     pub fn progress(&self) -> Option<(Purpose, Vec<Role>, Duration)> {
         self.job.as_ref().map(|j| (j.purpose, j.roles.clone(), j.began.elapsed()))
     }
+}
+
+/// The scratch path is still the dir this run locked and wipes: a dir renamed away while the
+/// cell ran, with a new one at its path, refuses the start (a restart would bind the new dir,
+/// which another cell could lock, while the wipes empty the renamed one)
+/// (tests/check_run.rs: a_scratch_dir_replaced_while_running_refuses_the_restart).
+fn scratch_still_held(ctx: &Ctx, roles: &[Role]) -> crate::error::Result<()> {
+    for role in roles {
+        let r = ctx.cfg.role(*role);
+        let held = nix::sys::stat::fstat(ctx.scratch[*role as usize]).map(|s| (s.st_dev, s.st_ino));
+        let now = crate::os::sys::open_path_no_symlinks(&r.scratch)
+            .and_then(|fd| nix::sys::stat::fstat(&fd))
+            .map(|s| (s.st_dev, s.st_ino));
+        if held.is_err() || held != now {
+            return Err(Error::config(
+                &ctx.cfg.file,
+                format!("{role}.scratch"),
+                format!(
+                    "{} is no longer the dir this `sealnode run` locked and wipes (renamed or replaced while the \
+                     cell ran): put it back, or restart sealnode",
+                    r.scratch.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The plans of a pass, by role.
+type RolePlans = Vec<(Role, Plan)>;
+
+/// Each role's plan, built and checked once, and the preflight's probe plan made from it
+/// ([`Plan::probe`]: only its program replaced): what passes is what the role starts from.
+fn plans_and_probes(
+    ctx: &Ctx,
+    roles: &[Role],
+    targets: &canary::Targets,
+) -> Result<(RolePlans, Vec<Plan>), Outcome> {
+    let refuse = |code: i32, e: Error| Outcome::Refused { code, message: e.to_string(), details: Vec::new() };
+    let mut plans = Vec::new();
+    let mut probe_plans = Vec::new();
+    for role in roles {
+        let probe = canary::probe_argv(ctx.cfg, *role, targets, sandbox::Layers::ALL)
+            .and_then(|argv| Ok((argv, sandbox::plan::sealed_self()?)))
+            .map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
+        let (plan, probe) =
+            Plan::for_run_and_probe(ctx.cfg, *role, ctx.inv, Some(probe)).map_err(|e| refuse(exit::CONFIG, e))?;
+        plans.push((*role, plan));
+        probe_plans.extend(probe);
+    }
+    Ok((plans, probe_plans))
 }
 
 fn pump(p: &mut ProbeRun) {
