@@ -106,9 +106,9 @@ pub fn request(path: &Path, req: &Request) -> Result<Value> {
     })?;
     // A refused peer is answered at once, without its request being read: the write may then
     // fail (EPIPE) while the answer is already waiting to be read.
-    // Bounded (found by review): a socket that never answers, or answers without end, must
-    // not hang `ctl` or a metrics scrape, nor grow it without limit. Generous: an attest
-    // request waits for the TPM's quote.
+    // Bounded: a socket that never answers, or answers without end, must not hang `ctl` or a
+    // metrics scrape, nor grow it without limit (tests: an_endless_answer_is_cut_and_refused
+    // below). Generous: an attest request waits for the TPM's quote.
     let _ = s.set_read_timeout(Some(CLIENT_TIMEOUT));
     let _ = s.set_write_timeout(Some(CLIENT_TIMEOUT));
     let req = serde_json::to_string(req).map_err(|e| Error::io("write request", std::io::Error::other(e)))?;
@@ -140,7 +140,7 @@ mod tests {
         assert!(feed(&mut buf, &vec![b'x'; MAX_REQUEST + 1]).is_some_and(|r| r.is_err()));
     }
 
-    /// Found by review: an answer without end grew `ctl` without limit.
+    /// An answer without end is cut at MAX_RESPONSE and refused: `ctl` does not grow with it.
     #[test]
     fn an_endless_answer_is_cut_and_refused() {
         let dir = tempfile::tempdir().expect("tmp");

@@ -352,11 +352,7 @@ type RolePlans = Vec<(Role, Plan)>;
 
 /// Each role's plan, built and checked once, and the preflight's probe plan made from it
 /// ([`Plan::probe`]: only its program replaced): what passes is what the role starts from.
-fn plans_and_probes(
-    ctx: &Ctx,
-    roles: &[Role],
-    targets: &canary::Targets,
-) -> Result<(RolePlans, Vec<Plan>), Outcome> {
+fn plans_and_probes(ctx: &Ctx, roles: &[Role], targets: &canary::Targets) -> Result<(RolePlans, Vec<Plan>), Outcome> {
     let refuse = |code: i32, e: Error| Outcome::Refused { code, message: e.to_string(), details: Vec::new() };
     let mut plans = Vec::new();
     let mut probe_plans = Vec::new();
