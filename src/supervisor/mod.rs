@@ -485,22 +485,6 @@ fn stopped_early(code: i32) -> i32 {
     code
 }
 
-/// A role's stdio for `run`: stdin /dev/null, stdout and stderr each a pipe whose read end
-/// (non-blocking) the supervisor keeps: (the role's stdio, stdout's read end, stderr's).
-fn output_pipes() -> Result<(sandbox::plan::Stdio, OwnedFd, OwnedFd)> {
-    use nix::fcntl::OFlag;
-    let pipe = || {
-        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2 (role output)", e))?;
-        nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
-            .map_err(|e| Error::errno("fcntl (role output)", e))?;
-        Ok::<_, Error>((r, w))
-    };
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
-    let null = std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?;
-    Ok((sandbox::plan::Stdio { stdin: null.into(), stdout: out_w, stderr: Some(err_w) }, out_r, err_r))
-}
-
 /// What each role takes from its CDI spec, and what of the spec it leaves out and why: an
 /// operator comparing the spec with the role's view finds every difference here.
 fn log_devices_from(cfg: &Config) {

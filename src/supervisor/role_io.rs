@@ -131,3 +131,20 @@ impl RoleIo {
         all
     }
 }
+
+/// A role's stdio for `run`: stdin /dev/null, stdout and stderr each a pipe whose read end
+/// (non-blocking) the supervisor keeps: (the role's stdio, stdout's read end, stderr's).
+pub(super) fn output_pipes() -> crate::error::Result<(crate::sandbox::plan::Stdio, OwnedFd, OwnedFd)> {
+    use nix::fcntl::OFlag;
+    let pipe = || {
+        let (r, w) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| crate::error::Error::errno("pipe2 (role output)", e))?;
+        nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+            .map_err(|e| crate::error::Error::errno("fcntl (role output)", e))?;
+        Ok::<_, crate::error::Error>((r, w))
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| crate::error::Error::io("open /dev/null", e))?;
+    Ok((crate::sandbox::plan::Stdio { stdin: null.into(), stdout: out_w, stderr: Some(err_w) }, out_r, err_r))
+}

@@ -10,7 +10,8 @@ use nix::unistd::Pid;
 use sd_notify::NotifyState;
 
 use super::lifecycle::{self, After, Decision, Phase, Stop};
-use super::{gate, notify, output_pipes, Supervisor};
+use super::role_io::output_pipes;
+use super::{gate, notify, Supervisor};
 use crate::config::{Restart, Role};
 use crate::error::Error;
 use crate::exit;
