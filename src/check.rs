@@ -82,7 +82,7 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
             .and_then(|l| l.as_object())
             .map(|o| o.iter().map(|(k, x)| (k.clone(), x.to_string())).collect())
             .unwrap_or_default();
-        let layers = plan.as_ref().ok().map(|(p, _)| crate::proof::sealed_text::role(&cfg, p, inv, limits));
+        let layers = plan.as_ref().ok().map(|(p, _)| crate::proof::sealed_text::role(&cfg, p, limits));
         sealed.push(serde_json::json!({
             "role": role.name(),
             "sealed": layers,

@@ -5,7 +5,8 @@
 
 mod common;
 
-use std::process::Stdio;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -980,24 +981,13 @@ fn fill_scratch(f: &Fixture, n: usize) {
     }
 }
 
-/// User names are looked up once, when the config loads (#28): the event loop never asks the
-/// user database again. A rootful cell whose users are named runs; the node's user is then
-/// taken out of the user database (a private /etc/passwd in sealnode's mount namespace) and
-/// the node crashes: its restart passes the gate with the ids the config loaded with, where a
-/// lookup at the restart would refuse it ("no such user", 125).
-#[test]
-fn a_restart_does_not_look_the_users_up_again() {
-    if !is_root() {
-        return unavailable("rootful", "named users in the user database, and a private /etc/passwd (root)");
-    }
-    let node_sh = "echo node-up; if [ -e /scratch/crashed ]; then exec sleep 1000; fi; : > /scratch/crashed; \
-                   while [ ! -e /opt/trigger/go ]; do sleep 0.05; done; exit 1";
-    let mut f = cell(Mode::Rootful, "users-once", HTTPD, node_sh, "", "");
-    std::fs::create_dir(f.p("trigger")).expect("mkdir");
-    std::fs::set_permissions(f.p("trigger"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    let trigger = f.p("trigger").display().to_string();
-    f.node_extra = format!("{}\nro_binds = [{{ src = \"{}\", dst = \"/opt/sealnode\" }}, {{ src = \"{trigger}\", dst = \"/opt/trigger\" }}]\nrestart = \"on-failure\"",
-        "", f.p("bin").display());
+/// A rootful cell whose users are named (sn-test-engine, sn-test-node) in a private
+/// /etc/passwd, bound over the host's in sealnode's own mount namespace: the test can take a
+/// user out of the database (rewrite the bound file) or make it hang (bind a FIFO over it).
+/// Returns the fixture, the bound file, and the run (the node says "node-up").
+fn named_users_cell(name: &str, node_sh: &str, setup: impl FnOnce(&mut Fixture)) -> (Fixture, PathBuf, LoggedRun) {
+    let mut f = cell(Mode::Rootful, name, HTTPD, node_sh, "", "");
+    setup(&mut f);
     f.write_config();
     let text = std::fs::read_to_string(&f.config).expect("config");
     let ids = format!(
@@ -1007,19 +997,51 @@ fn a_restart_does_not_look_the_users_up_again() {
     assert!(text.contains(&ids), "the fixture's rootful line: {text}");
     std::fs::write(&f.config, text.replace(&ids, "rootful = { engine = \"sn-test-engine\", node = \"sn-test-node\" }"))
         .expect("config");
-    let host = std::fs::read_to_string("/etc/passwd").expect("/etc/passwd");
-    let engine = format!("sn-test-engine:x:{}:{}::/nonexistent:/usr/sbin/nologin\n", ENGINE_IDS.0, ENGINE_IDS.1);
-    let node = format!("sn-test-node:x:{}:{}::/nonexistent:/usr/sbin/nologin\n", NODE_IDS.0, NODE_IDS.1);
     let passwd = f.p("passwd");
-    std::fs::write(&passwd, format!("{host}{engine}{node}")).expect("passwd");
+    std::fs::write(
+        &passwd,
+        format!("{}{}{}", host_passwd(), passwd_line("engine", ENGINE_IDS), passwd_line("node", NODE_IDS)),
+    )
+    .expect("passwd");
     let prefix = format!(
         "exec /usr/bin/unshare -m --propagation private /bin/sh -c 'mount --bind {} /etc/passwd && exec \"$@\"' sh \"$@\"; ",
         passwd.display()
     );
     let run = start_logged_in_shell(&f, &[], &prefix);
     run.out_line(60, |l| l == "node-up");
+    (f, passwd, run)
+}
+
+fn host_passwd() -> String {
+    std::fs::read_to_string("/etc/passwd").expect("/etc/passwd")
+}
+
+fn passwd_line(role: &str, ids: (u32, u32)) -> String {
+    format!("sn-test-{role}:x:{}:{}::/nonexistent:/usr/sbin/nologin\n", ids.0, ids.1)
+}
+
+/// User names are looked up once, when the config loads (#28): the event loop never asks the
+/// user database again. A rootful cell whose users are named runs; the node's user is then
+/// taken out of the user database and the node crashes: its restart passes the gate with the
+/// ids the config loaded with, where a lookup at the restart would refuse it ("no such user",
+/// 125).
+#[test]
+fn a_restart_does_not_look_the_users_up_again() {
+    if !is_root() {
+        return unavailable("rootful", "named users in the user database, and a private /etc/passwd (root)");
+    }
+    let node_sh = "echo node-up; if [ -e /scratch/crashed ]; then exec sleep 1000; fi; : > /scratch/crashed; \
+                   while [ ! -e /opt/trigger/go ]; do sleep 0.05; done; exit 1";
+    let (f, passwd, run) = named_users_cell("users-once", node_sh, |f| {
+        std::fs::create_dir(f.p("trigger")).expect("mkdir");
+        std::fs::set_permissions(f.p("trigger"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        f.node_extra = format!(
+            "ro_binds = [{{ src = \"{}\", dst = \"/opt/trigger\" }}]\nrestart = \"on-failure\"",
+            f.p("trigger").display()
+        );
+    });
     // The same file (the bind holds its inode), now without the node's user.
-    std::fs::write(&passwd, format!("{host}{engine}")).expect("rewrite passwd");
+    std::fs::write(&passwd, format!("{}{}", host_passwd(), passwd_line("engine", ENGINE_IDS))).expect("rewrite passwd");
     std::fs::write(f.p("trigger/go"), "").expect("go");
     let restarted = wait_until(Duration::from_secs(60), || {
         LoggedRun::text(&run.out).lines().filter(|l| *l == "node-up").count() >= 2
@@ -1028,4 +1050,56 @@ fn a_restart_does_not_look_the_users_up_again() {
     assert!(restarted, "the node's restart did not run with the loaded ids:\n{err}");
     assert!(!err.contains("no such user"), "the loop looked a user up:\n{err}");
     assert_eq!(code, Some(0), "{err}");
+}
+
+/// A SIGHUP reloads the config without asking the user database (review of #28: the reload
+/// ran the whole load in the event loop, so a FIFO bound over /etc/passwd hung `ctl status`
+/// and SIGTERM with it). The roles keep the ids the cell was built with.
+#[test]
+fn a_reload_looks_no_user_up() {
+    if !is_root() {
+        return unavailable("rootful", "named users in the user database, and a private /etc/passwd (root)");
+    }
+    let (f, _passwd, run) = named_users_cell("users-reload", "echo node-up; exec sleep 1000", |_| {});
+    // /etc/passwd in sealnode's mount namespace is now a FIFO nobody writes: a lookup hangs.
+    let fifo = f.p("passwd.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("mkfifo");
+    let pid = run.pid().as_raw().to_string();
+    let fifo_s = fifo.display().to_string();
+    let o = Command::new("nsenter")
+        .args(["-t", &pid, "-m", "mount", "--bind", &fifo_s, "/etc/passwd"])
+        .output_within(COMMAND_LIMIT);
+    assert!(o.status.success(), "nsenter mount: {}", String::from_utf8_lossy(&o.stderr));
+    kill(run.pid(), Signal::SIGHUP).expect("hup");
+    let answered = std::sync::mpsc::channel();
+    let (tx, rx) = answered;
+    let cfg = f.config.display().to_string();
+    let mut ctl = f.command(&["ctl", "--config", &cfg, "status", "--json"]);
+    std::thread::spawn(move || {
+        let _ = tx.send(ctl.output());
+    });
+    let st = rx.recv_timeout(Duration::from_secs(30));
+    if st.is_err() {
+        // Unblock the old code's lookup so the run can be stopped.
+        let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+    }
+    let restarted = st.is_ok()
+        && wait_until(Duration::from_secs(60), || {
+            LoggedRun::text(&run.out).lines().filter(|l| *l == "node-up").count() >= 2
+        });
+    let st: Value = ctl_json_after_reload(&f);
+    let (code, _, err) = run.stop();
+    assert!(restarted, "`ctl status` hung (or the roles did not restart) after a SIGHUP:\n{err}");
+    assert_eq!(st["reload"]["ok"], true, "{st}\n{err}");
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// `ctl status --json` once the reload has an outcome.
+fn ctl_json_after_reload(f: &Fixture) -> Value {
+    let mut st = Value::Null;
+    wait_until(Duration::from_secs(60), || {
+        st = ctl(f, "status");
+        !st["reload"].is_null()
+    });
+    st
 }

@@ -90,8 +90,11 @@ pub struct Loaded {
     /// Each role's CDI devices, when it takes any.
     pub cdi: [Option<CdiLoaded>; 2],
     /// The host uid and gid each role runs as, the user names looked up once, here (a reload
-    /// looks them up anew).
+    /// keeps them: [`Config::reload`]).
     pub ids: [Ids; 2],
+    /// Rootless: the name of the user sealnode runs as, looked up once, here (the statements
+    /// name it; a reload keeps it).
+    pub launcher_user: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -337,7 +340,7 @@ fn default_hostname() -> String {
     "sealnode".to_string()
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RootfulUsers {
     /// A user name (`"sealnode-engine"`) or numeric `"uid:gid"`.
@@ -762,11 +765,25 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Read, parse and check a config file, including host checks.
+    /// Read, parse and check a config file, including host checks; the role users are looked
+    /// up in the user database.
     pub fn load(file: &Path, inv: &Invoker) -> Result<Config> {
+        Config::load_with(file, inv, None)
+    }
+
+    /// [`Config::load`] for a SIGHUP: the roles keep the ids `running` looked up at its load,
+    /// and nothing is looked up (a user database that hangs, such as a FIFO bound over
+    /// /etc/passwd, would hang the supervisor's loop; tests/gate.rs:
+    /// a_reload_looks_no_user_up). Other users than `running`'s are refused: the running
+    /// cell's user namespace maps those.
+    pub fn reload(file: &Path, inv: &Invoker, running: &Config) -> Result<Config> {
+        Config::load_with(file, inv, Some(running))
+    }
+
+    fn load_with(file: &Path, inv: &Invoker, running: Option<&Config>) -> Result<Config> {
         if !file.is_absolute() {
             let abs = std::env::current_dir().map_err(|e| Error::io("current directory", e))?.join(file);
-            return Config::load(&abs, inv);
+            return Config::load_with(&abs, inv, running);
         }
         let config = crate::os::trusted::read(file, inv.uid).map_err(|e| Error::config(file, "(config file)", e))?;
         let text = std::str::from_utf8(&config.bytes)
@@ -774,7 +791,7 @@ impl Config {
         let ids = std::cell::Cell::new(None);
         let mut cfg = every_problem(text, file, &|t| {
             let cfg = Config::parse_once(t, file)?;
-            ids.set(Some(cfg.check_host(inv).map_err(|e| rootless_hint(e, &cfg, inv))?));
+            ids.set(Some(cfg.check_host(inv, running).map_err(|e| rootless_hint(e, &cfg, inv))?));
             Ok(cfg)
         })?;
         let ids =
@@ -795,12 +812,18 @@ impl Config {
         };
         let (engine_seccomp, engine_landlock, engine_cdi) = role_files(Role::Engine)?;
         let (node_seccomp, node_landlock, node_cdi) = role_files(Role::Node)?;
+        let launcher_user = match running {
+            Some(r) => r.loaded.as_ref().and_then(|l| l.launcher_user.clone()),
+            None if inv.rootful() => None,
+            None => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(inv.uid)).ok().flatten().map(|u| u.name),
+        };
         cfg.loaded = Some(Loaded {
             config,
             seccomp: [engine_seccomp, node_seccomp],
             landlock: [engine_landlock, node_landlock],
             cdi: [engine_cdi, node_cdi],
             ids,
+            launcher_user,
         });
         cfg.check_no_role_tpm()?;
         Ok(cfg)
@@ -1704,11 +1727,20 @@ impl Config {
     }
 
     /// Host checks: files exist, no symlinks on role paths, ownership and modes. Returns the
-    /// host ids each role runs as (looked up here, once).
-    fn check_host(&self, inv: &Invoker) -> Result<[Ids; 2]> {
+    /// host ids each role runs as: looked up here, once, or the `running` config's.
+    fn check_host(&self, inv: &Invoker, running: Option<&Config>) -> Result<[Ids; 2]> {
         self.check_trusted_outside_roles()?;
         self.check_rlimits_within_the_launchers()?;
-        let ids = [self.resolve_role_ids(Role::Engine, inv)?, self.resolve_role_ids(Role::Node, inv)?];
+        let ids = match running {
+            None => [self.resolve_role_ids(Role::Engine, inv)?, self.resolve_role_ids(Role::Node, inv)?],
+            Some(r) if r.cell.rootful == self.cell.rootful => r.loaded("cell.rootful")?.ids,
+            Some(_) => {
+                return Err(self.err(
+                    "cell.rootful",
+                    "changed, but the running cell's user namespace maps the old users (a reload looks no user up); restart sealnode to apply it",
+                ))
+            }
+        };
         if inv.rootful() && ids[0] == ids[1] {
             return Err(self.err("cell.rootful.node", "engine and node must run as different users"));
         }

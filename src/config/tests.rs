@@ -661,3 +661,45 @@ fn only_a_path_under_a_system_path_is_in_the_system_view() {
         assert!(in_system_view(Path::new("/lib")));
     }
 }
+
+/// A reload (SIGHUP) keeps the ids the running cell loaded with and looks no user up; other
+/// users than the running cell's are refused before any lookup (tests/gate.rs:
+/// a_reload_looks_no_user_up runs it against a user database that hangs).
+#[test]
+fn a_reload_keeps_the_running_ids_and_refuses_other_users() {
+    let h = Host::new();
+    let mut running = h.check(&h.config(), h.me()).expect("valid");
+    // The ids the host checks then hold the role paths to are the running cell's.
+    let kept = [Ids { uid: 7001, gid: 7001 }, Ids { uid: 7002, gid: 7002 }];
+    running.loaded.as_mut().expect("loaded").ids = kept;
+    let f = h.p("c.toml");
+    match Config::reload(&f, &h.me(), &running).map_err(plain) {
+        Err(Error::Config { field, reason, .. }) => {
+            assert_eq!(field, "engine.scratch");
+            assert!(reason.contains("runs as uid 7001"), "{reason}");
+        }
+        other => panic!("the running ids were not used: {other:?}"),
+    }
+    let kept = if nix::unistd::geteuid().is_root() {
+        for (p, id) in [("escratch", 7001), ("nscratch", 7002), ("cred", 7002)] {
+            std::os::unix::fs::chown(h.p(p), Some(id), Some(id)).expect("chown");
+        }
+        kept
+    } else {
+        // Rootless, the role paths are the invoker's: only the refusal below is shown.
+        [Ids { uid: h.me().uid, gid: h.me().gid }; 2]
+    };
+    running.loaded.as_mut().expect("loaded").ids = kept;
+    let again = Config::reload(&f, &h.me(), &running).map_err(plain).expect("reload");
+    assert_eq!(again.role_ids(Role::Engine).expect("ids"), kept[0]);
+    assert_eq!(again.role_ids(Role::Node).expect("ids"), kept[1]);
+    let other = h.config().replace("engine = \"61001:61001\"", "engine = \"no-such-user-anywhere\"");
+    std::fs::write(&f, other).expect("write");
+    match Config::reload(&f, &h.me(), &running).map_err(plain) {
+        Err(Error::Config { field, reason, .. }) => {
+            assert_eq!(field, "cell.rootful");
+            assert!(reason.contains("looks no user up"), "{reason}");
+        }
+        other => panic!("another user was not refused: {other:?}"),
+    }
+}

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::{Config, Invoker, Role};
+use crate::config::{Config, Role};
 use crate::proof::canary::Layer;
 use crate::sandbox::plan::{Check, Mount, Plan, BASE_DEVICES, NEWROOT, SYSTEM_RO};
 
@@ -103,7 +103,7 @@ pub struct SeccompSeal {
 
 /// The role's sandbox as `plan` (built for `cfg`, by `inv`) holds it; `cgroup`: its limits
 /// in force.
-pub fn role(cfg: &Config, plan: &Plan, inv: &Invoker, cgroup: BTreeMap<String, String>) -> RoleSeal {
+pub fn role(cfg: &Config, plan: &Plan, cgroup: BTreeMap<String, String>) -> RoleSeal {
     let r = cfg.role(plan.role);
     let user = if plan.rootful {
         // A name as configured (a numeric `uid:gid` says nothing the ids do not).
@@ -116,7 +116,8 @@ pub fn role(cfg: &Config, plan: &Plan, inv: &Invoker, cgroup: BTreeMap<String, S
             })
             .filter(|u| !u.starts_with(|c: char| c.is_ascii_digit()))
     } else {
-        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(inv.uid)).ok().flatten().map(|u| u.name)
+        // Looked up at load: this runs in the supervisor's loop at every start.
+        cfg.loaded.as_ref().and_then(|l| l.launcher_user.clone())
     };
     let engine_port = cfg.engine.port.map(|p| format!("127.0.0.1:{p}"));
     let egress: Vec<String> = r.egress.iter().map(|e| format!("{}:{}", e.host, e.port)).collect();

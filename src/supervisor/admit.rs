@@ -141,7 +141,7 @@ impl Supervisor {
             // The role's own attempts (the pass's total covers every role it ran).
             let attempts = fresh.roles.iter().find(|x| x.role == role).map_or(0, |x| x.attempts.len());
             let cgroup = cell.cgroups.as_ref().and_then(|t| t.record(role)).map(|(_, f)| f).unwrap_or_default();
-            let sealed = crate::proof::sealed_text::role(cfg, a.plan(), inv, cgroup);
+            let sealed = crate::proof::sealed_text::role(cfg, a.plan(), cgroup);
             let s = &mut self.roles[role as usize];
             s.passed = Some(GatePass {
                 generation: r.generation,

@@ -33,7 +33,7 @@ impl Supervisor {
             return;
         }
         let cfg = &self.base.cfg;
-        let loaded = Config::load(&cfg.file, &self.base.inv).and_then(|new| match refused(cfg, &new) {
+        let loaded = Config::reload(&cfg.file, &self.base.inv, cfg).and_then(|new| match refused(cfg, &new) {
             changed if changed.is_empty() => Ok(new),
             changed => Err(Error::config(
                 &cfg.file,
