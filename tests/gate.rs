@@ -1103,3 +1103,32 @@ fn ctl_json_after_reload(f: &Fixture) -> Value {
     });
     st
 }
+
+/// The preflight's probe is sealnode's own code in the role's sandbox: the role's loader
+/// variables (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT...) must not reach it, or a library in a
+/// role's bind would run as the probe and answer for it (review of #28, F2: a preload's
+/// constructor ran inside the canary). Shown with the loader's own debug output, which it
+/// writes into the role's scratch when LD_DEBUG_OUTPUT reaches it: the role's program (a
+/// static busybox) writes none, so any file there is the probe's.
+#[test]
+fn the_probe_runs_without_the_roles_loader_variables() {
+    for mode in modes() {
+        let f = cell(mode, "loader-vars", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let text = std::fs::read_to_string(&f.config).expect("config");
+        let env = "FRUTEBOX_ENGINE = \"llamacpp\" }";
+        assert!(text.contains(env), "the fixture's node env: {text}");
+        let loader = "FRUTEBOX_ENGINE = \"llamacpp\", LD_DEBUG = \"libs\", LD_DEBUG_OUTPUT = \"/scratch/ld-debug\" }";
+        std::fs::write(&f.config, text.replace(env, loader)).expect("config");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let written: Vec<String> = std::fs::read_dir(f.p("node-scratch"))
+            .expect("scratch")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("ld-debug"))
+            .collect();
+        let (code, _, err) = run.stop();
+        assert!(written.is_empty(), "{mode:?}: the loader acted on the role's variables in the probe: {written:?}");
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}

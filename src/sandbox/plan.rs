@@ -236,6 +236,40 @@ pub fn build_env(cfg: &Config, role: Role, launcher_env: &[(String, String)]) ->
     env.into_iter().collect()
 }
 
+/// Variables the dynamic loader and libc act on before `main` or beyond the program's own code:
+/// `LD_*` (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, LD_DEBUG_OUTPUT...), `MALLOC_*`, and the rest
+/// of the list glibc drops for setuid programs (its "unsecure" variables; TMPDIR aside, which
+/// sealnode sets itself). The role's program gets them as configured; sealnode's own sealed
+/// copy (the canary probe) runs without them, or a library in a role's bind would run as the
+/// probe and answer for it (tests/gate.rs: the_probe_runs_without_the_roles_loader_variables).
+pub fn loader_var(name: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "GLIBC_TUNABLES",
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TZDIR",
+    ];
+    name.starts_with("LD_") || name.starts_with("MALLOC_") || NAMES.contains(&name)
+}
+
+/// `envp` ("NAME=value" each) without the [`loader_var`]s: sealnode's own copy runs with it.
+fn without_loader_vars(envp: &[CString]) -> Vec<CString> {
+    envp.iter()
+        .filter(|e| {
+            let name = e.to_bytes().split(|b| *b == b'=').next().unwrap_or_default();
+            !std::str::from_utf8(name).map_or(true, loader_var)
+        })
+        .cloned()
+        .collect()
+}
+
 fn generated_etc(cfg: &Config, role: Role, ids: Ids) -> Vec<(&'static str, String)> {
     let host = &cfg.cell.hostname;
     let mut hosts = format!("127.0.0.1\tlocalhost {host}\n::1\tlocalhost ip6-localhost\n");
@@ -324,7 +358,7 @@ impl Plan {
             refusal_log: None,
             exec_paths: vec![cstr(format!("/proc/self/fd/{}", fd.as_raw_fd()))?],
             argv: argv.iter().map(cstr).collect::<Result<_>>()?,
-            envp: self.envp.clone(),
+            envp: without_loader_vars(&self.envp),
             program: Program::SealedSelf(fd),
             stdio: None,
         })
@@ -724,12 +758,12 @@ impl Exec {
             Program::Sealed(p) => vec![cstr(&p.inside)?],
             Program::Path(_) => exec_candidates(prog0, &env)?,
         };
-        Ok(Exec {
-            program,
-            paths,
-            argv: argv.iter().map(cstr).collect::<Result<_>>()?,
-            envp: env.iter().map(|(k, v)| cstr(format!("{k}={v}"))).collect::<Result<_>>()?,
-        })
+        let envp: Vec<CString> = env.iter().map(|(k, v)| cstr(format!("{k}={v}"))).collect::<Result<_>>()?;
+        let envp = match program {
+            Program::SealedSelf(_) => without_loader_vars(&envp),
+            _ => envp,
+        };
+        Ok(Exec { program, paths, argv: argv.iter().map(cstr).collect::<Result<_>>()?, envp })
     }
 }
 

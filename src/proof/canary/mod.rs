@@ -538,7 +538,13 @@ fn ctx_for(cfg: &Config, role: Role, t: &Targets, layers: Layers) -> Ctx {
         Role::Node => foreign.push(crate::layout::INSIDE_MODELS.into()),
     }
     let launcher_env: Vec<(String, String)> = std::env::vars().collect();
-    let expected_env = crate::sandbox::plan::build_env(cfg, role, &launcher_env).into_iter().map(|(k, _)| k).collect();
+    // The probe runs without the loader's variables (sandbox::plan::loader_var): one that
+    // reaches it is unexpected.
+    let expected_env = crate::sandbox::plan::build_env(cfg, role, &launcher_env)
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| !crate::sandbox::plan::loader_var(k))
+        .collect();
     let engine_port = cfg.engine.port.unwrap_or(0) as u16;
     let egress =
         cfg.node.egress.iter().enumerate().map(|(i, e)| format!("{}:{}", Config::egress_addr(i), e.port)).collect();
