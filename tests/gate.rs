@@ -1132,3 +1132,41 @@ fn the_probe_runs_without_the_roles_loader_variables() {
         assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }
+
+/// `ctl status`'s `ready` says the cell serves now, not that READY=1 was once sent (review of
+/// #28, F4): after the engine crashes, its restart is not ready until it answers its
+/// readiness check again (here it waits 3 s before it listens), and then it is.
+#[test]
+fn ready_follows_the_roles_down_and_up() {
+    let engine_sh = "if [ -e /scratch/second ]; then echo engine-again; sleep 3; \
+                     exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models; fi; : > /scratch/second; \
+                     /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & \
+                     while [ ! -e /opt/trigger/go ]; do sleep 0.05; done; exit 1";
+    for mode in modes() {
+        let mut f = cell(mode, "ready-follows", engine_sh, "echo node-up; exec sleep 1000", "", "");
+        std::fs::create_dir(f.p("trigger")).expect("mkdir");
+        std::fs::set_permissions(f.p("trigger"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        f.engine_extra = format!(
+            "ro_binds = [{{ src = \"{}\", dst = \"/opt/sealnode\" }}, {{ src = \"{}\", dst = \"/opt/trigger\" }}]\nrestart = \"on-failure\"",
+            f.p("bin").display(),
+            f.p("trigger").display()
+        );
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let st = ctl(&f, "status");
+        assert_eq!(st["ready"], true, "{mode:?}: {st}");
+        std::fs::write(f.p("trigger/go"), "").expect("go");
+        run.out_line(60, |l| l == "engine-again");
+        let st = ctl(&f, "status");
+        let mut back = Value::Null;
+        let ready_again = wait_until(Duration::from_secs(60), || {
+            back = ctl(&f, "status");
+            back["ready"] == true
+        });
+        let (code, _, err) = run.stop();
+        assert_eq!(st["ready"], false, "{mode:?}: ready while the engine's restart has not answered: {st}\n{err}");
+        assert!(ready_again, "{mode:?}: not ready again: {back}\n{err}");
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}

@@ -60,7 +60,11 @@ pub fn render(status: &Status) -> String {
     let mut o = Out { text: String::new() };
     o.family("sealnode_up", "gauge", "1: the supervisor answered on its control socket.");
     o.sample("sealnode_up", &[], 1.0);
-    o.family("sealnode_ready", "gauge", "1 once the engine was ready and the node started (READY=1).");
+    o.family(
+        "sealnode_ready",
+        "gauge",
+        "1 while the cell serves: both roles run and the engine answered its readiness check.",
+    );
     o.sample("sealnode_ready", &[], if status.ready { 1.0 } else { 0.0 });
     o.family("sealnode_uptime_seconds", "gauge", "Seconds since sealnode run started.");
     o.sample("sealnode_uptime_seconds", &[], status.uptime_s as f64);

@@ -211,7 +211,8 @@ pub struct Status {
     /// The cell init's pid.
     #[serde(default)]
     pub cell_pid: i32,
-    /// READY=1 was sent: the engine was ready and the node started.
+    /// The cell serves now: both roles run, the engine answered its readiness check since its
+    /// last start, and no stop is under way.
     #[serde(default)]
     pub ready: bool,
     /// The engine's last start to readiness, in ms; none before its first ready.

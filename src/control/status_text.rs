@@ -47,7 +47,7 @@ fn opt(v: Option<impl ToString>) -> String {
 /// The status as an operator reads it: one line for the cell, one per role, one per upstream.
 pub fn render(v: &Status) -> String {
     let mut s = String::new();
-    let ready = if v.ready { "ready" } else { "starting (the engine is not ready yet)" };
+    let ready = if v.ready { "ready" } else { "not ready (a role is starting, restarting or stopping)" };
     s.push_str(&format!("sealnode: {ready}, up {}, cell pid {}\n", duration(v.uptime_s), v.cell_pid));
     if let Some(r) = &v.receipt {
         let canary = if r.canary_passed { "preflight passed" } else { "PREFLIGHT NOT PASSED" };

@@ -45,10 +45,6 @@ impl Notifier {
         Notifier { ready_sent: false, watchdog }
     }
 
-    pub(super) fn ready_sent(&self) -> bool {
-        self.ready_sent
-    }
-
     /// The engine is ready and the node runs: READY=1 the first time; after a reload
     /// (RELOADING=1 holds the unit in "reloading") READY=1 again.
     pub(super) fn roles_up(&mut self, reloading: bool) {

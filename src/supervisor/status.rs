@@ -51,7 +51,7 @@ impl Supervisor {
             ok: Always,
             uptime_s: self.base.born.elapsed().as_secs(),
             cell_pid: self.base.cell.pid.as_raw(),
-            ready: self.sd.ready_sent(),
+            ready: self.serving(),
             engine_ready_ms: self.ready.last_ms(),
             log_dropped_lines: LogDropped {
                 stdout: dropped.0,
@@ -80,5 +80,15 @@ impl Supervisor {
             }),
             statement: self.attest.status(),
         }
+    }
+
+    /// The cell serves now: no stop under way, both roles run and the engine answered its
+    /// readiness check since its last start. READY=1 is said once; this follows the roles
+    /// down and up again (a crash, a restart, a recycle, a reload).
+    pub(super) fn serving(&self) -> bool {
+        self.stop.is_none()
+            && self.ready.last_ms().is_some()
+            && !self.ready.pending()
+            && self.roles.iter().all(|r| matches!(r.phase, super::lifecycle::Phase::Running(_)))
     }
 }
