@@ -916,6 +916,12 @@ fn a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on() {
         let st = ctl(&f, "status");
         assert!(st["reload"]["error"].as_str().is_some_and(|e| e.contains("in progress")), "{mode:?}: {st}");
         assert!(st["gate"].is_null(), "{mode:?}: a pass began while the wipes ran: {st}");
+        // The held wipe is shown as such (review of #28, F3).
+        let held = st["roles"].as_array().into_iter().flatten().find(|r| r["pid"] == wipe.as_raw());
+        assert!(
+            held.is_some_and(|r| r["state"] == "wiping" && r["pid_state"] == "stopped"),
+            "{mode:?}: the held wipe is not shown: {st}"
+        );
         kill(wipe, Signal::SIGCONT).expect("SIGCONT");
         run.out_line(60, |l| l == "node-up");
         let (code, _, err) = run.stop();
@@ -926,20 +932,39 @@ fn a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on() {
 
 /// Found by review (#25): once the probes were done, their hung-up pipes stayed in the epoll
 /// set and the loop spun at 100% CPU for as long as the measurement ran. Here the measurement is
-/// held (SIGSTOP) for 3 s after the probes finished: the supervisor uses almost no CPU.
+/// held (SIGSTOP) for 3 s after the probes finished: the supervisor uses almost no CPU. And
+/// (review of #28, F3) what holds the gate is said: the log once the probes' deadline passed,
+/// `ctl status` (`gate.waiting_for`, the process's state) at any time.
 #[test]
 fn a_held_measurement_costs_the_loop_no_cpu() {
     for mode in modes() {
-        let f = cell(mode, "gate-spin", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let mut f = cell(mode, "gate-spin", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        f.cell_extra = "stop_timeout_s = 2\npreflight_timeout_s = 5".into();
+        f.write_config();
         let run = start(&f, &[]);
         let pid = run.pid().as_raw();
         let worker = stop_gate_measurement(pid, 60);
-        // The probes run to their end meanwhile (their canary battery takes well under a second).
-        std::thread::sleep(Duration::from_secs(2));
+        // The probes run to their end meanwhile (their canary battery takes well under a
+        // second); the measurement's delay is said once their deadline (5 s) is past.
+        run.err_line(60, |l| l.contains("the gate still waits for the measurement"));
         let before = cpu_time(pid);
         std::thread::sleep(Duration::from_secs(3));
         let used = cpu_time(pid) - before;
+        let st = ctl(&f, "status");
+        let waits = &st["gate"]["waiting_for"];
+        let cfg = f.config.display().to_string();
+        let text = f.command(&["ctl", "--config", &cfg, "status"]).output_within(COMMAND_LIMIT);
+        let text = String::from_utf8_lossy(&text.stdout).into_owned();
         kill(worker, Signal::SIGCONT).expect("SIGCONT");
+        assert_eq!(
+            *waits,
+            serde_json::json!([{"what": "measurement", "pid": worker.as_raw(), "state": "stopped"}]),
+            "{mode:?}: {st}"
+        );
+        assert!(
+            text.contains(&format!("waiting for measurement (pid {worker}, stopped)")) && text.contains("SIGCONT"),
+            "{mode:?}: {text}"
+        );
         run.out_line(60, |l| l == "node-up");
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");

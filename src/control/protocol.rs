@@ -261,6 +261,9 @@ pub struct RoleStatus {
     pub state: RoleState,
     /// The role's init (or, `wiping`, the wipe's child); none when nothing runs.
     pub pid: Option<i32>,
+    /// What that process is doing (`stopped` or `traced`: something holds it).
+    #[serde(default)]
+    pub pid_state: Option<ProcessState>,
     /// Seconds since its current run started; none when nothing runs.
     pub uptime_s: Option<u64>,
     /// Restarts after it exited.
@@ -342,6 +345,19 @@ pub struct GateProgress {
     pub roles: Vec<Role>,
     /// How long it has run.
     pub ms: u64,
+    /// What it still waits for: the measurement, a role's preflight probe.
+    #[serde(default, deserialize_with = "lenient")]
+    pub waiting_for: Option<Vec<GateWait>>,
+}
+
+/// A process a pass through the gate waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateWait {
+    /// `measurement`, or `preflight <role>`.
+    pub what: String,
+    pub pid: i32,
+    /// None once it is gone.
+    pub state: Option<ProcessState>,
 }
 
 /// The last start's receipt.
@@ -459,6 +475,40 @@ open_words! {
 }
 
 open_words! {
+    /// What the kernel shows a process doing (the state letter of /proc/PID/stat): a process
+    /// the supervisor waits on that is `stopped` (SIGSTOP) or `traced` (a debugger holds it)
+    /// holds that wait until someone lets it go; `disk-wait` is I/O the kernel has not finished.
+    ProcessState {
+        Running = "running",
+        Sleeping = "sleeping",
+        DiskWait = "disk-wait",
+        Stopped = "stopped",
+        Traced = "traced",
+        Zombie = "zombie",
+    }
+}
+
+impl ProcessState {
+    /// From /proc/PID/stat's state letter.
+    pub fn from_letter(c: char) -> ProcessState {
+        match c {
+            'R' => ProcessState::Running,
+            'S' | 'I' => ProcessState::Sleeping,
+            'D' => ProcessState::DiskWait,
+            'T' => ProcessState::Stopped,
+            't' => ProcessState::Traced,
+            'Z' | 'X' => ProcessState::Zombie,
+            c => ProcessState::Other(c.to_string()),
+        }
+    }
+
+    /// Nothing moves until someone lets it go.
+    pub fn held(&self) -> bool {
+        matches!(self, ProcessState::Stopped | ProcessState::Traced)
+    }
+}
+
+open_words! {
     /// Why the gate runs.
     GatePurpose {
         /// A start (the first, a restart, a recycle).
@@ -537,7 +587,7 @@ pub(crate) mod tests {
     #[test]
     fn every_optional_part_reads_and_writes_back_unchanged() {
         let mut v: Value = serde_json::from_str(STATUS).expect("json");
-        v["gate"] = serde_json::json!({ "purpose": "reload", "roles": ["engine", "node"], "ms": 12 });
+        v["gate"] = serde_json::json!({ "purpose": "reload", "roles": ["engine", "node"], "ms": 12, "waiting_for": [{ "what": "measurement", "pid": 7001, "state": "stopped" }] });
         v["statement"] = serde_json::json!({ "state": "quoting", "signed": true, "tpm_quoted": true });
         v["reload"] = serde_json::json!({ "ok": false, "at": 1_700_000_000u64, "error": "cell.x: changed" });
         v["attest_waiting"] = 2.into();

@@ -2,7 +2,7 @@
 //! then what is sealed (crate::proof::sealed_text).
 //! Pure: a status answer in, text out (fuzzed: `fuzzing::control_reply`).
 
-use crate::control::protocol::Status;
+use crate::control::protocol::{ProcessState, Status};
 use crate::os::escape::cell;
 
 /// A string of the answer, as shown: escaped like every line sealnode logs (crate::logging::log::clean),
@@ -39,6 +39,10 @@ fn bytes(b: f64) -> String {
     }
 }
 
+/// Said under a process the supervisor waits on that something holds.
+const HELD: &str =
+    "        (stopped or traced: it holds what waits on it until it is let go, SIGCONT or the debugger's detach; or stop sealnode)\n";
+
 /// An optional number, or `-`.
 fn opt(v: Option<impl ToString>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
@@ -57,6 +61,25 @@ pub fn render(v: &Status) -> String {
             text(&r.path),
             when(r.started_at),
         ));
+    }
+    if let Some(g) = &v.gate {
+        let roles: Vec<&str> = g.roles.iter().map(|r| r.name()).collect();
+        let waits: Vec<String> = g
+            .waiting_for
+            .iter()
+            .flatten()
+            .map(|w| format!("{} (pid {}, {})", text(&w.what), w.pid, w.state.as_ref().map_or("gone", |s| s.as_str())))
+            .collect();
+        s.push_str(&format!(
+            "gate:     {} of {} for {:.1} s, waiting for {}\n",
+            text(g.purpose.as_str()),
+            roles.join(" and "),
+            g.ms as f64 / 1000.0,
+            if waits.is_empty() { "nothing".to_string() } else { text(&waits.join(", ")) }
+        ));
+        if g.waiting_for.iter().flatten().any(|w| w.state.as_ref().is_some_and(ProcessState::held)) {
+            s.push_str(HELD);
+        }
     }
     if let Some(ms) = v.engine_ready_ms {
         s.push_str(&format!("engine:   ready {:.1} s after its start\n", ms / 1000.0));
@@ -91,6 +114,14 @@ pub fn render(v: &Status) -> String {
             opt(r.generation),
             pre,
         ));
+        if let (Some(pid), Some(st)) = (r.pid, &r.pid_state) {
+            if st.held() || *st == ProcessState::DiskWait {
+                s.push_str(&format!("        (pid {pid} is {})\n", text(st.as_str())));
+            }
+            if st.held() {
+                s.push_str(HELD);
+            }
+        }
         if r.output_dropped_lines > 0 {
             s.push_str(&format!("        ({} output lines dropped over the rate limit)\n", r.output_dropped_lines));
         }

@@ -659,6 +659,14 @@ pub fn file_kind(mode: u32) -> &'static str {
     }
 }
 
+/// A process's state letter as /proc/PID/stat shows it (R, S, D, T, t, Z...); none once it
+/// is gone. The name before it is in parentheses and may hold anything, so the letter is read
+/// after the last ')'.
+pub fn process_state(pid: nix::unistd::Pid) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)

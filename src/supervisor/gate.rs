@@ -105,6 +105,9 @@ struct Job {
     _throwaway: Option<Cell>,
     began: Instant,
     deadline: Instant,
+    /// The measurement outlasted the probes' deadline and that was said (once: a model dir
+    /// of hundreds of GB takes its time; a stopped or hung worker is shown in `ctl status`).
+    said_slow: bool,
     /// A probe could not be started: why. The pass still waits for the measurement, whose
     /// problems (a path the role cannot open, say: a config problem, 125) explain it better
     /// than the sandbox's failed setup (6), and are what `check` reports for the same config.
@@ -193,6 +196,7 @@ impl Gate {
             _throwaway: None,
             began: Instant::now(),
             deadline: Instant::now() + canary::battery_deadline(ctx.cfg),
+            said_slow: false,
             probe_failed: None,
         };
         let started = (|| -> crate::error::Result<()> {
@@ -270,7 +274,8 @@ impl Gate {
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.job.as_ref().filter(|j| j.probes.iter().any(|p| p.status.is_none())).map(|j| j.deadline)
+        let due = |j: &&Job| j.probes.iter().any(|p| p.status.is_none()) || (!j.worker.done() && !j.said_slow);
+        self.job.as_ref().filter(due).map(|j| j.deadline)
     }
 
     /// The pass's outcome once everything answered, or once its probes ran out of time.
@@ -292,6 +297,14 @@ impl Gate {
             });
         }
         if !probes_done || !job.worker.done() {
+            if probes_done && !job.said_slow && Instant::now() >= job.deadline {
+                let (pid, secs) = (job.worker.pid, job.began.elapsed().as_secs());
+                let state = crate::os::sys::process_state(pid).unwrap_or('?');
+                tracing::warn!(pid = pid.as_raw(), state = %state, secs, "the gate still waits for the measurement (hashing what the roles run; `ctl status` shows its state)");
+                if let Some(j) = self.job.as_mut() {
+                    j.said_slow = true;
+                }
+            }
             return None;
         }
         let job = self.job.take()?;
@@ -315,10 +328,36 @@ impl Gate {
         }
     }
 
-    /// How long the pass in progress has run, and for which roles (for `ctl status`).
-    pub fn progress(&self) -> Option<(Purpose, Vec<Role>, Duration)> {
-        self.job.as_ref().map(|j| (j.purpose, j.roles.clone(), j.began.elapsed()))
+    /// How long the pass in progress has run, for which roles, and what it still waits for
+    /// (for `ctl status`).
+    pub fn progress(&self) -> Option<Progress> {
+        self.job.as_ref().map(|j| Progress {
+            purpose: j.purpose,
+            roles: j.roles.clone(),
+            elapsed: j.began.elapsed(),
+            waiting_for: waiting_for(j),
+        })
     }
+}
+
+/// A pass in progress, for `ctl status`.
+pub struct Progress {
+    pub purpose: Purpose,
+    pub roles: Vec<Role>,
+    pub elapsed: Duration,
+    /// What it still waits for (`measurement`, `preflight <role>`) and its pid.
+    pub waiting_for: Vec<(String, Pid)>,
+}
+
+/// The processes a pass still waits for: its measurement, its probes.
+fn waiting_for(j: &Job) -> Vec<(String, Pid)> {
+    let measuring = (!j.worker.done()).then(|| ("measurement".to_string(), j.worker.pid));
+    let probes = j
+        .probes
+        .iter()
+        .filter(|p| p.status.is_none())
+        .map(|p| (format!("preflight {}", p.probe.role), p.probe.sandbox.pid));
+    measuring.into_iter().chain(probes).collect()
 }
 
 /// The scratch path is still the dir this run locked and wipes: a dir renamed away while the

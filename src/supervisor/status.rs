@@ -2,7 +2,8 @@
 //! part reports, in one answer. Read-only: building it changes nothing.
 
 use crate::control::protocol::{
-    Always, GateProgress, GatePurpose, LogDropped, Preflight, ReceiptSummary, RoleStatus, Status,
+    Always, GateProgress, GatePurpose, GateWait, LogDropped, Preflight, ProcessState, ReceiptSummary, RoleStatus,
+    Status,
 };
 
 use super::Supervisor;
@@ -23,6 +24,7 @@ impl Supervisor {
                     role: s.role,
                     state,
                     pid: pid.map(|p| p.as_raw()),
+                    pid_state: pid.and_then(state_of),
                     uptime_s: s.started.filter(|_| pid.is_some()).map(|t| t.elapsed().as_secs()),
                     restarts: s.restarts.count,
                     starts: s.starts,
@@ -62,13 +64,19 @@ impl Supervisor {
             egress: self.fwd.stats(),
             engine_forwarding: self.fwd.engine_stats(),
             reload: self.reload.last().cloned(),
-            gate: self.gate.progress().map(|(purpose, roles, t)| GateProgress {
-                purpose: match purpose {
+            gate: self.gate.progress().map(|p| GateProgress {
+                purpose: match p.purpose {
                     super::gate::Purpose::Start => GatePurpose::Start,
                     super::gate::Purpose::DryRun => GatePurpose::Reload,
                 },
-                roles,
-                ms: t.as_millis() as u64,
+                roles: p.roles,
+                ms: p.elapsed.as_millis() as u64,
+                waiting_for: Some(
+                    p.waiting_for
+                        .into_iter()
+                        .map(|(what, pid)| GateWait { what, pid: pid.as_raw(), state: state_of(pid) })
+                        .collect(),
+                ),
             }),
             // `attest` requests waiting for the TPM's quote (at most 4).
             attest_waiting: self.attest.waiting_requests(),
@@ -91,4 +99,9 @@ impl Supervisor {
             && !self.ready.pending()
             && self.roles.iter().all(|r| matches!(r.phase, super::lifecycle::Phase::Running(_)))
     }
+}
+
+/// What the kernel shows `pid` doing.
+fn state_of(pid: nix::unistd::Pid) -> Option<ProcessState> {
+    crate::os::sys::process_state(pid).map(ProcessState::from_letter)
 }
