@@ -67,7 +67,10 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
             let read = answered
                 .as_ref()
                 .map_err(|e| e.to_string())
-                .and_then(|v| Reply::<Status>::from_value(v.clone()).map_err(|e| format!("parse response: {e}")))
+                .and_then(|v| {
+                    Reply::<Status>::from_value(v.clone())
+                        .map_err(|e| control::peer_error("parse response", e).to_string())
+                })
                 .and_then(|reply| refused_in_words(reply, "status").map_err(|f| f.message));
             let status = match read {
                 Ok(status) => status,

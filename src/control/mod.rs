@@ -10,7 +10,7 @@
 //! and not on the socket, and it depends on the modules whose data the status carries
 //! (`sealed_text`, `egress`, `cgroup`, `attest`), which this transport does not need.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -83,17 +83,30 @@ pub struct Answer<T> {
 /// `sealnode ctl`, `attest --nonce`: send one request, read the answer as `T` (or a refusal).
 pub fn client<T: DeserializeOwned>(path: &Path, req: &Request) -> Result<Answer<T>> {
     let json = request(path, req)?;
-    let reply = Reply::from_value(json.clone()).map_err(|e| Error::io("parse response", std::io::Error::other(e)))?;
+    let reply = Reply::from_value(json.clone()).map_err(|e| peer_error("parse response", e))?;
     Ok(Answer { reply, json })
 }
 
-/// How long a client waits for its answer.
+/// An error whose text quotes the peer's answer (serde's quotes the value it could not read):
+/// escaped, so an answer cannot put terminal escapes or line breaks on the caller's stderr.
+pub fn peer_error(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::io(what, std::io::Error::other(crate::os::escape::clean(e.to_string().as_bytes())))
+}
+
+/// How long a client waits for its whole answer.
 pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// The longest answer a client reads.
 pub const MAX_RESPONSE: u64 = 16 << 20;
 
 /// Send one request, return the answer's JSON, unread.
 pub fn request(path: &Path, req: &Request) -> Result<Value> {
+    request_within(path, req, CLIENT_TIMEOUT)
+}
+
+/// [`request`], the whole exchange within `limit`: an answer that comes a byte at a time
+/// cannot keep the client waiting longer (tests: a_dripping_answer_is_cut_at_the_deadline).
+fn request_within(path: &Path, req: &Request, limit: std::time::Duration) -> Result<Value> {
+    let deadline = std::time::Instant::now() + limit;
     let mut s = UnixStream::connect(path).map_err(|e| {
         let hint = match e.kind() {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
@@ -109,21 +122,48 @@ pub fn request(path: &Path, req: &Request) -> Result<Value> {
     // Bounded: a socket that never answers, or answers without end, must not hang `ctl` or a
     // metrics scrape, nor grow it without limit (tests: an_endless_answer_is_cut_and_refused
     // below). Generous: an attest request waits for the TPM's quote.
-    let _ = s.set_read_timeout(Some(CLIENT_TIMEOUT));
-    let _ = s.set_write_timeout(Some(CLIENT_TIMEOUT));
+    let _ = s.set_write_timeout(Some(limit));
     let req = serde_json::to_string(req).map_err(|e| Error::io("write request", std::io::Error::other(e)))?;
     let sent = s.write_all(format!("{req}\n").as_bytes());
-    let mut line = String::new();
-    std::io::BufReader::new(std::io::Read::take(s, MAX_RESPONSE))
-        .read_line(&mut line)
-        .map_err(|e| Error::io("read response", e))?;
-    if line.len() as u64 >= MAX_RESPONSE && !line.ends_with('\n') {
-        return Err(Error::io("read response", std::io::Error::other(format!("longer than {MAX_RESPONSE} bytes"))));
+    let mut line: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 65536];
+    while !line.contains(&b'\n') {
+        if line.len() as u64 >= MAX_RESPONSE {
+            return Err(Error::io("read response", std::io::Error::other(format!("longer than {MAX_RESPONSE} bytes"))));
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            let why = format!("no complete answer within {} s", limit.as_secs_f64());
+            return Err(Error::io("read response", std::io::Error::new(std::io::ErrorKind::TimedOut, why)));
+        }
+        // Each read waits at most for what is left of the whole exchange's time.
+        let _ = s.set_read_timeout(Some(left));
+        let n = match std::io::Read::read(&mut s, &mut chunk) {
+            Ok(n) => n,
+            // Interrupted, or this read's timeout ran out (the deadline is checked above).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(Error::io("read response", e)),
+        };
+        if n == 0 {
+            break;
+        }
+        line.extend_from_slice(&chunk[..n]);
     }
     if line.is_empty() {
         return Err(Error::io("no response", sent.err().unwrap_or_else(|| std::io::ErrorKind::UnexpectedEof.into())));
     }
-    serde_json::from_str(&line).map_err(|e| Error::io("parse response", std::io::Error::other(e)))
+    let end = line.iter().position(|b| *b == b'\n').unwrap_or(line.len());
+    if end as u64 > MAX_RESPONSE {
+        return Err(Error::io("read response", std::io::Error::other(format!("longer than {MAX_RESPONSE} bytes"))));
+    }
+    serde_json::from_slice(&line[..end]).map_err(|e| peer_error("parse response", e))
 }
 
 #[cfg(test)]
@@ -138,6 +178,48 @@ mod tests {
         assert_eq!(feed(&mut buf, b"\"status\"}\nrest"), Some(Ok(Request::Status)));
         let mut buf = Vec::new();
         assert!(feed(&mut buf, &vec![b'x'; MAX_REQUEST + 1]).is_some_and(|r| r.is_err()));
+    }
+
+    /// An answer that comes a byte at a time is cut at the exchange's deadline: the read
+    /// timeout alone is per read, and each byte would restart it (review of #28, F5).
+    #[test]
+    fn a_dripping_answer_is_cut_at_the_deadline() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().expect("accept");
+            // Until the client hangs up.
+            while c.write_all(b"x").is_ok() {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        });
+        let began = std::time::Instant::now();
+        let e = request_within(&path, &Request::Status, std::time::Duration::from_secs(1)).expect_err("dripping");
+        assert!(e.to_string().contains("no complete answer within 1 s"), "{e}");
+        assert!(began.elapsed() < std::time::Duration::from_secs(20), "{:?}", began.elapsed());
+        server.join().expect("server");
+    }
+
+    /// An answer the client cannot read is said without its terminal escapes or line breaks
+    /// (serde's message quotes the value; review of #28, F5).
+    #[test]
+    fn an_unreadable_answer_is_said_escaped() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let server = std::thread::spawn(move || {
+            for answer in [&b"{\"ok\":true,\"roles\":\"\\u001b[2J\\nsealnode: forged\"}\n"[..], b"\x1b[2J not json\n"] {
+                let (mut c, _) = listener.accept().expect("accept");
+                c.write_all(answer).expect("answer");
+            }
+        });
+        let typed = client::<protocol::Status>(&path, &Request::Status).expect_err("not a status").to_string();
+        let raw = request(&path, &Request::Status).expect_err("not JSON").to_string();
+        server.join().expect("server");
+        for e in [typed, raw] {
+            assert!(e.contains("parse response") && !e.contains('\x1b') && !e.contains('\n'), "{e:?}");
+        }
     }
 
     /// An answer without end is cut at MAX_RESPONSE and refused: `ctl` does not grow with it.
@@ -168,7 +250,7 @@ mod tests {
             for answer in 0..3 {
                 let (mut c, _) = listener.accept().expect("accept");
                 let mut line = String::new();
-                std::io::BufReader::new(&c).read_line(&mut line).expect("request");
+                std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut line).expect("request");
                 let got = parse(line.as_bytes());
                 match answer {
                     0 => respond(&mut c, &protocol::tests::sample()),
