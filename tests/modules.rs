@@ -2,10 +2,11 @@
 //! no import cycle between files (a cycle means neither side can be changed or tested alone),
 //! and docs/architecture.md's "Module graph" section is the graph the code has.
 //!
-//! The graph is read from the source text: every `crate::…` path (in `use` trees too) and every
-//! `super::…` path outside comments and `#[cfg(test)]` modules, resolved to the file that
-//! defines the item (through a `mod.rs`'s `pub use` re-exports). `sealnode::…` paths in the
-//! binary (`src/main.rs`, `src/cli/`) count the same way.
+//! The graph is read from the parsed source (syn: no comment, literal or `#[cfg(test)]` item,
+//! nor a module file declared `#[cfg(test)] mod x;`, counts): every `crate::…` path (in `use`
+//! trees too) and every `super::…` path, resolved to the file that defines the item (through a
+//! `mod.rs`'s `pub use` re-exports). `sealnode::…` paths in the binary (`src/main.rs`,
+//! `src/cli/`) count the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -23,70 +24,111 @@ fn module_of(rel: &Path) -> String {
     parts.join("::")
 }
 
-/// The code of a file without comments, string literals and `#[cfg(test)]` items.
-fn code_of(text: &str) -> String {
-    let mut out = String::new();
-    let mut skip_depth: Option<i32> = None;
-    let mut depth = 0i32;
-    let mut pending_cfg_test = false;
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with("//") {
-            continue;
-        }
-        if trimmed.starts_with("#[cfg(test)]") {
-            pending_cfg_test = true;
-            continue;
-        }
-        // Strip string literals and trailing comments, roughly but enough for paths.
-        let mut code = String::new();
-        let mut in_str = false;
-        let mut prev = ' ';
-        let mut chars = line.chars().peekable();
-        while let Some(c) = chars.next() {
-            if in_str {
-                if c == '"' && prev != '\\' {
-                    in_str = false;
+/// `#[cfg(test)]` (or any cfg that names `test` alone: `cfg(test)`), on an item.
+fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
+    attrs
+        .iter()
+        .any(|a| a.path().is_ident("cfg") && a.meta.require_list().is_ok_and(|l| l.tokens.to_string().trim() == "test"))
+}
+
+/// `items` without their `#[cfg(test)]` items, in modules and impl blocks too; the names of
+/// the test-only module files (`#[cfg(test)] mod tests;`) are kept in `test_files`.
+fn strip_tests(items: &mut Vec<syn::Item>, test_files: &mut Vec<String>) {
+    items.retain(|item| {
+        let attrs = match item {
+            syn::Item::Mod(m) => {
+                if is_cfg_test(&m.attrs) && m.content.is_none() {
+                    test_files.push(m.ident.to_string());
                 }
-                prev = if prev == '\\' && c == '\\' { ' ' } else { c };
-                continue;
+                &m.attrs
             }
-            if c == '"' {
-                in_str = true;
-                prev = ' ';
-                continue;
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            syn::Item::Struct(s) => &s.attrs,
+            syn::Item::Enum(e) => &e.attrs,
+            syn::Item::Const(c) => &c.attrs,
+            syn::Item::Static(s) => &s.attrs,
+            syn::Item::Trait(t) => &t.attrs,
+            syn::Item::Type(t) => &t.attrs,
+            syn::Item::Macro(m) => &m.attrs,
+            _ => return true,
+        };
+        !is_cfg_test(attrs)
+    });
+    for item in items.iter_mut() {
+        match item {
+            syn::Item::Mod(m) => {
+                if let Some((_, inner)) = m.content.as_mut() {
+                    strip_tests(inner, &mut Vec::new());
+                }
             }
-            if c == '/' && chars.peek() == Some(&'/') {
-                break;
-            }
-            code.push(c);
+            syn::Item::Impl(i) => i.items.retain(|it| match it {
+                syn::ImplItem::Fn(f) => !is_cfg_test(&f.attrs),
+                syn::ImplItem::Const(c) => !is_cfg_test(&c.attrs),
+                syn::ImplItem::Type(t) => !is_cfg_test(&t.attrs),
+                _ => true,
+            }),
+            _ => {}
         }
-        if pending_cfg_test && skip_depth.is_none() {
-            pending_cfg_test = false;
-            // The item after `#[cfg(test)]`: one line (`mod tests;`, `use …;`) or a block.
-            if code.contains('{') {
-                skip_depth = Some(depth);
-            } else {
-                continue;
-            }
-        }
-        for c in code.chars() {
-            match c {
-                '{' => depth += 1,
-                '}' => depth -= 1,
-                _ => {}
-            }
-        }
-        if let Some(d) = skip_depth {
-            if depth <= d {
-                skip_depth = None;
-            }
-            continue;
-        }
-        out.push_str(&code);
-        out.push('\n');
     }
-    out
+}
+
+/// Tokens back to text: identifiers and punctuation only (no literal: a string or char that
+/// spells a path is not a use of it; comments are not tokens, doc comments are literals).
+/// `::` stays joined to what follows it (`crate::a`), other punctuation is followed by a space,
+/// two words get a space between them, and a line ends after each `;` and `{…}` (one item or
+/// statement per line, as `mod x;` is looked for).
+fn write_tokens(tokens: proc_macro2::TokenStream, out: &mut String) {
+    use proc_macro2::{Delimiter, Spacing, TokenTree};
+    let mut path_sep = false;
+    for t in tokens {
+        match t {
+            TokenTree::Ident(i) => {
+                if out.ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                    out.push(' ');
+                }
+                out.push_str(&i.to_string());
+            }
+            TokenTree::Punct(p) => {
+                let c = p.as_char();
+                out.push(c);
+                // The second ':' of a `::` (the first is joint to it).
+                let second_colon = c == ':' && path_sep;
+                path_sep = c == ':' && p.spacing() == Spacing::Joint;
+                if c == ';' {
+                    out.push('\n');
+                } else if p.spacing() == Spacing::Alone && !second_colon {
+                    out.push(' ');
+                }
+            }
+            TokenTree::Literal(_) => out.push(' '),
+            TokenTree::Group(g) => {
+                let (open, close) = match g.delimiter() {
+                    Delimiter::Brace => ("{", "}"),
+                    Delimiter::Bracket => ("[", "]"),
+                    Delimiter::Parenthesis => ("(", ")"),
+                    Delimiter::None => ("", ""),
+                };
+                out.push_str(open);
+                write_tokens(g.stream(), out);
+                out.push_str(close);
+                out.push(if g.delimiter() == Delimiter::Brace { '\n' } else { ' ' });
+            }
+        }
+    }
+}
+
+/// The code of a file without comments, literals and `#[cfg(test)]` items, parsed (syn), and
+/// the names of the module files it declares test-only.
+fn code_and_test_files(text: &str) -> (String, Vec<String>) {
+    use quote::ToTokens;
+    let mut file = syn::parse_file(text).expect("a Rust file syn parses");
+    let mut test_files = Vec::new();
+    strip_tests(&mut file.items, &mut test_files);
+    let mut out = String::new();
+    write_tokens(file.into_token_stream(), &mut out);
+    (out, test_files)
 }
 
 /// Every path that follows `prefix` in `code`, with `use` trees expanded:
@@ -184,13 +226,21 @@ fn load() -> Crate {
     walk(&src, &src, &mut files);
     let mut code = BTreeMap::new();
     let mut reexports: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    // Each file's code, and the module files its parent declares `#[cfg(test)] mod x;`.
+    let mut read = Vec::new();
+    let mut test_only = BTreeSet::new();
     for rel in files {
         let module = module_of(&rel);
-        // lib.rs only declares the modules; a `tests.rs` file is a #[cfg(test)] module.
-        if module == "lib" || rel.file_name().is_some_and(|n| n == "tests.rs") {
+        let (text, tests) = code_and_test_files(&std::fs::read_to_string(src.join(&rel)).expect("read"));
+        let base = if module == "lib" || module == "main" { String::new() } else { format!("{module}::") };
+        test_only.extend(tests.into_iter().map(|t| format!("{base}{t}")));
+        read.push((module, text));
+    }
+    for (module, text) in read {
+        // lib.rs only declares the modules.
+        if module == "lib" || test_only.contains(&module) {
             continue;
         }
-        let text = code_of(&std::fs::read_to_string(src.join(&rel)).expect("read"));
         for p in paths_after(&text, "pub use ") {
             // `pub use child::{A, B}` in a module file.
             if p.len() >= 2 && !matches!(p[0].as_str(), "crate" | "super" | "self" | "std" | "sealnode") {
@@ -418,17 +468,53 @@ fn architecture_doc_shows_the_module_graph() {
     }
 }
 
+/// The reader parses the code (review of #28, F6: a line-based reader was fooled by a
+/// one-line `#[cfg(test)]` item, which hid the item after it, by strings over several lines and
+/// by a `'"'` char literal, and it skipped every file named tests.rs).
 #[test]
 fn the_reader_finds_paths_in_use_trees_and_skips_comments_and_tests() {
-    let text = "use crate::a::{b, c::{D, E}};\n// crate::x\nfn f() { crate::g::h(); let s = \"crate::s\"; }\n#[cfg(test)]\nmod tests {\n    use crate::t;\n}\nuse super::p::Q;\n";
-    let code = code_of(text);
+    let text = r##"use crate::a::{b, c::{D, E}};
+// crate::x
+/* crate::y */
+fn f() { crate::g::h(); let s = "crate::s"; let q = '"'; let t: crate::k::T = crate::m::n(q); }
+#[cfg(test)] use crate::t;
+use crate::after::One;
+const LONG: &str = "first line
+crate::in_string::Z";
+const RAW: &str = r#"crate::raw::Z "quoted""#;
+#[cfg(test)]
+mod tests {
+    use crate::t2;
+}
+#[cfg(test)]
+mod in_file;
+impl S {
+    #[cfg(test)]
+    fn only_in_tests() { crate::t3::x(); }
+    fn f() { crate::i::j(); }
+}
+mod child;
+use super::p::Q;
+"##;
+    let (code, test_files) = code_and_test_files(text);
     let got = paths_after(&code, "crate::");
-    let want: Vec<Vec<String>> = [vec!["a", "b"], vec!["a", "c", "D"], vec!["a", "c", "E"], vec!["g", "h"]]
-        .iter()
-        .map(|v| v.iter().map(|s| s.to_string()).collect())
-        .collect();
-    assert_eq!(got, want);
+    let want: Vec<Vec<String>> = [
+        vec!["a", "b"],
+        vec!["a", "c", "D"],
+        vec!["a", "c", "E"],
+        vec!["g", "h"],
+        vec!["k", "T"],
+        vec!["m", "n"],
+        vec!["after", "One"],
+        vec!["i", "j"],
+    ]
+    .iter()
+    .map(|v| v.iter().map(|s| s.to_string()).collect())
+    .collect();
+    assert_eq!(got, want, "{code}");
     assert_eq!(paths_after(&code, "super::"), vec![vec!["p".to_string(), "Q".to_string()]]);
+    assert_eq!(test_files, vec!["in_file".to_string()]);
+    assert!(code.lines().any(|l| l.trim() == "mod child;"), "{code}");
     let mut g = Graph::new();
     g.entry("a".into()).or_default().insert("b".into());
     g.entry("b".into()).or_default().insert("a".into());
