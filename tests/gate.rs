@@ -1160,7 +1160,8 @@ fn the_probe_runs_without_the_roles_loader_variables() {
 
 /// `ctl status`'s `ready` says the cell serves now, not that READY=1 was once sent (review of
 /// #28, F4): after the engine crashes, its restart is not ready until it answers its
-/// readiness check again (here it waits 3 s before it listens), and then it is.
+/// readiness check again (here it waits 3 s before it listens), and then it is. A program
+/// held by SIGSTOP under its role's init does not serve either: not ready, shown `stopped`.
 #[test]
 fn ready_follows_the_roles_down_and_up() {
     let engine_sh = "if [ -e /scratch/second ]; then echo engine-again; sleep 3; \
@@ -1189,9 +1190,29 @@ fn ready_follows_the_roles_down_and_up() {
             back = ctl(&f, "status");
             back["ready"] == true
         });
+        // The engine's program (its init's child), stopped, then let go.
+        let init = back["roles"][0]["pid"].as_i64().unwrap_or(0) as i32;
+        let kids = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap_or_default();
+        let program =
+            nix::unistd::Pid::from_raw(kids.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0));
+        assert!(program.as_raw() > 0, "{mode:?}: no program under the engine's init {init}: {back}");
+        kill(program, Signal::SIGSTOP).expect("SIGSTOP the engine's program");
+        let mut held = Value::Null;
+        let shown_held = wait_until(Duration::from_secs(30), || {
+            held = ctl(&f, "status");
+            held["roles"][0]["pid_state"] == "stopped"
+        });
+        kill(program, Signal::SIGCONT).expect("SIGCONT");
+        let mut free = Value::Null;
+        let ready_after = wait_until(Duration::from_secs(30), || {
+            free = ctl(&f, "status");
+            free["ready"] == true
+        });
         let (code, _, err) = run.stop();
         assert_eq!(st["ready"], false, "{mode:?}: ready while the engine's restart has not answered: {st}\n{err}");
         assert!(ready_again, "{mode:?}: not ready again: {back}\n{err}");
+        assert!(shown_held && held["ready"] == false, "{mode:?}: a stopped engine shown serving: {held}");
+        assert!(ready_after, "{mode:?}: not ready once let go: {free}");
         assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }

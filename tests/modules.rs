@@ -24,11 +24,18 @@ fn module_of(rel: &Path) -> String {
     parts.join("::")
 }
 
-/// `#[cfg(test)]` (or any cfg that names `test` alone: `cfg(test)`), on an item.
+/// `#[cfg(test)]`, or `#[cfg(all(test, …))]`: code built only for the tests.
 fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
-    attrs
-        .iter()
-        .any(|a| a.path().is_ident("cfg") && a.meta.require_list().is_ok_and(|l| l.tokens.to_string().trim() == "test"))
+    fn test_only(m: &syn::Meta) -> bool {
+        match m {
+            syn::Meta::Path(p) => p.is_ident("test"),
+            syn::Meta::List(l) if l.path.is_ident("all") => l
+                .parse_args_with(syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated)
+                .is_ok_and(|all| all.iter().any(test_only)),
+            _ => false,
+        }
+    }
+    attrs.iter().any(|a| a.path().is_ident("cfg") && a.parse_args::<syn::Meta>().is_ok_and(|m| test_only(&m)))
 }
 
 /// `items` without their `#[cfg(test)]` items, in modules and impl blocks too; the names of
@@ -120,10 +127,14 @@ fn write_tokens(tokens: proc_macro2::TokenStream, out: &mut String) {
 }
 
 /// The code of a file without comments, literals and `#[cfg(test)]` items, parsed (syn), and
-/// the names of the module files it declares test-only.
+/// the names of the module files it declares test-only. A file that is test-only itself
+/// (`#![cfg(test)]`) has no code.
 fn code_and_test_files(text: &str) -> (String, Vec<String>) {
     use quote::ToTokens;
     let mut file = syn::parse_file(text).expect("a Rust file syn parses");
+    if is_cfg_test(&file.attrs) {
+        return (String::new(), Vec::new());
+    }
     let mut test_files = Vec::new();
     strip_tests(&mut file.items, &mut test_files);
     let mut out = String::new();
@@ -478,6 +489,8 @@ fn the_reader_finds_paths_in_use_trees_and_skips_comments_and_tests() {
 /* crate::y */
 fn f() { crate::g::h(); let s = "crate::s"; let q = '"'; let t: crate::k::T = crate::m::n(q); }
 #[cfg(test)] use crate::t;
+#[cfg(all(test, target_os = "linux"))] use crate::t4;
+#[cfg(any(test, target_os = "linux"))] use crate::kept::Any;
 use crate::after::One;
 const LONG: &str = "first line
 crate::in_string::Z";
@@ -505,6 +518,7 @@ use super::p::Q;
         vec!["g", "h"],
         vec!["k", "T"],
         vec!["m", "n"],
+        vec!["kept", "Any"],
         vec!["after", "One"],
         vec!["i", "j"],
     ]
@@ -515,6 +529,7 @@ use super::p::Q;
     assert_eq!(paths_after(&code, "super::"), vec![vec!["p".to_string(), "Q".to_string()]]);
     assert_eq!(test_files, vec!["in_file".to_string()]);
     assert!(code.lines().any(|l| l.trim() == "mod child;"), "{code}");
+    assert_eq!(code_and_test_files("#![cfg(test)]\nuse crate::a::B;\n").0, "");
     let mut g = Graph::new();
     g.entry("a".into()).or_default().insert("b".into());
     g.entry("b".into()).or_default().insert("a".into());

@@ -127,7 +127,7 @@ pub fn request(config: &Path, nonce: &str) -> Outcome {
         .map_err(Failure::general)?;
     let envelope = match a.reply {
         Reply::Ok(a) => a.envelope,
-        Reply::Refused(r) => return Err(Failure::general(r.error)),
+        Reply::Refused(r) => return Err(Failure::general(sealnode::os::escape::clean(r.error.as_bytes()))),
     };
     // What came back answers this request's nonce, or nothing is printed (a check, not a
     // verification: that is verify-attestation's, with the key).
@@ -138,10 +138,10 @@ pub fn request(config: &Path, nonce: &str) -> Outcome {
     if answered.as_deref() != Some(nonce.as_str()) {
         return Err(Failure::general(format!(
             "the supervisor answered a statement for nonce {}, not {nonce}",
-            answered.as_deref().unwrap_or("none")
+            sealnode::os::escape::clean(answered.as_deref().unwrap_or("none").as_bytes())
         )));
     }
-    println!("{}", serde_json::to_string_pretty(&envelope).unwrap_or_default());
+    println!("{}", sealnode::os::escape::json(&serde_json::to_string_pretty(&envelope).unwrap_or_default()));
     Ok(exit::OK)
 }
 

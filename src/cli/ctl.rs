@@ -109,7 +109,8 @@ fn ask<T: DeserializeOwned>(path: &Path, request: Request, json: bool, verb: &st
         // As it came, whatever its shape; the exit status is what reading it says, as without
         // --json: 0 only for the answer asked for (a `"recycled": false` is no recycle).
         let v = control::request(path, &request).map_err(Failure::general)?;
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        // As it came, but for what a terminal would act on (escaped the JSON way).
+        println!("{}", sealnode::os::escape::json(&serde_json::to_string_pretty(&v).unwrap_or_default()));
         let ok = matches!(Reply::<T>::from_value(v), Ok(Reply::Ok(_)));
         return Ok(Asked::Shown(if ok { sealnode::exit::OK } else { sealnode::exit::FAILED }));
     }

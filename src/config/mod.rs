@@ -1733,7 +1733,8 @@ impl Config {
         self.check_rlimits_within_the_launchers()?;
         let ids = match running {
             None => [self.resolve_role_ids(Role::Engine, inv)?, self.resolve_role_ids(Role::Node, inv)?],
-            Some(r) if r.cell.rootful == self.cell.rootful => r.loaded("cell.rootful")?.ids,
+            // Rootless, the roles run as sealnode's own user whatever cell.rootful says.
+            Some(r) if !inv.rootful() || r.cell.rootful == self.cell.rootful => r.loaded("cell.rootful")?.ids,
             Some(_) => {
                 return Err(self.err(
                     "cell.rootful",

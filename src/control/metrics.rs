@@ -63,7 +63,7 @@ pub fn render(status: &Status) -> String {
     o.family(
         "sealnode_ready",
         "gauge",
-        "1 while the cell serves: both roles run and the engine answered its readiness check.",
+        "1 while the cell serves: both roles run (none stopped) and the engine answered its readiness check.",
     );
     o.sample("sealnode_ready", &[], if status.ready { 1.0 } else { 0.0 });
     o.family("sealnode_uptime_seconds", "gauge", "Seconds since sealnode run started.");

@@ -98,6 +98,19 @@ pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6
 /// The longest answer a client reads.
 pub const MAX_RESPONSE: u64 = 16 << 20;
 
+/// Connect to the control socket within `limit`: a connect to a socket whose queue is full
+/// waits for room, as long as the socket's send timeout allows (Linux), so that timeout is set
+/// before the connect (tests: a_full_queue_is_given_up_at_the_deadline).
+fn connect_within(path: &Path, limit: std::time::Duration) -> std::io::Result<UnixStream> {
+    use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
+    let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    let tv = nix::sys::time::TimeVal::new(limit.as_secs() as i64, limit.subsec_micros() as i64);
+    setsockopt(&fd, sockopt::SendTimeout, &tv)?;
+    let addr = UnixAddr::new(path)?;
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
+    Ok(UnixStream::from(fd))
+}
+
 /// Send one request, return the answer's JSON, unread.
 pub fn request(path: &Path, req: &Request) -> Result<Value> {
     request_within(path, req, CLIENT_TIMEOUT)
@@ -107,12 +120,16 @@ pub fn request(path: &Path, req: &Request) -> Result<Value> {
 /// cannot keep the client waiting longer (tests: a_dripping_answer_is_cut_at_the_deadline).
 fn request_within(path: &Path, req: &Request, limit: std::time::Duration) -> Result<Value> {
     let deadline = std::time::Instant::now() + limit;
-    let mut s = UnixStream::connect(path).map_err(|e| {
+    let mut s = connect_within(path, limit).map_err(|e| {
         let hint = match e.kind() {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
                 " (is `sealnode run` running with this config? `systemctl status sealnode` says)"
             }
             std::io::ErrorKind::PermissionDenied => " (only root and cell.control_uids may use it)",
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => &format!(
+                " (not accepted within {} s: its queue is full, or sealnode is not serving it)",
+                limit.as_secs_f64()
+            ),
             _ => "",
         };
         Error::io(format!("connect {}{hint}", path.display()), e)
@@ -122,12 +139,13 @@ fn request_within(path: &Path, req: &Request, limit: std::time::Duration) -> Res
     // Bounded: a socket that never answers, or answers without end, must not hang `ctl` or a
     // metrics scrape, nor grow it without limit (tests: an_endless_answer_is_cut_and_refused
     // below). Generous: an attest request waits for the TPM's quote.
-    let _ = s.set_write_timeout(Some(limit));
+    let _ = s.set_write_timeout(Some(deadline.saturating_duration_since(std::time::Instant::now())));
     let req = serde_json::to_string(req).map_err(|e| Error::io("write request", std::io::Error::other(e)))?;
     let sent = s.write_all(format!("{req}\n").as_bytes());
     let mut line: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 65536];
-    while !line.contains(&b'\n') {
+    let mut ended = false;
+    while !ended {
         if line.len() as u64 >= MAX_RESPONSE {
             return Err(Error::io("read response", std::io::Error::other(format!("longer than {MAX_RESPONSE} bytes"))));
         }
@@ -154,6 +172,8 @@ fn request_within(path: &Path, req: &Request, limit: std::time::Duration) -> Res
         if n == 0 {
             break;
         }
+        // Only the new bytes are looked at: a long answer is not scanned again at each read.
+        ended = chunk[..n].contains(&b'\n');
         line.extend_from_slice(&chunk[..n]);
     }
     if line.is_empty() {
@@ -199,6 +219,25 @@ mod tests {
         assert!(e.to_string().contains("no complete answer within 1 s"), "{e}");
         assert!(began.elapsed() < std::time::Duration::from_secs(20), "{:?}", began.elapsed());
         server.join().expect("server");
+    }
+
+    /// A socket whose queue is full (a supervisor that stopped accepting, and clients filling
+    /// its backlog) is given up at the deadline too: a connect would wait for room without end
+    /// (review of #28).
+    #[test]
+    fn a_full_queue_is_given_up_at_the_deadline() {
+        use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("control.sock");
+        let listener = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).expect("socket");
+        bind(std::os::fd::AsRawFd::as_raw_fd(&listener), &UnixAddr::new(&path).expect("addr")).expect("bind");
+        // Room for one waiting connection, which the filler takes; nothing is ever accepted.
+        listen(&listener, Backlog::new(0).expect("backlog")).expect("listen");
+        let _filler = UnixStream::connect(&path).expect("the one waiting connection");
+        let began = std::time::Instant::now();
+        let e = request_within(&path, &Request::Status, std::time::Duration::from_secs(1)).expect_err("full queue");
+        assert!(e.to_string().contains("not accepted within 1 s"), "{e}");
+        assert!(began.elapsed() < std::time::Duration::from_secs(20), "{:?}", began.elapsed());
     }
 
     /// An answer the client cannot read is said without its terminal escapes or line breaks

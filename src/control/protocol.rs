@@ -211,8 +211,8 @@ pub struct Status {
     /// The cell init's pid.
     #[serde(default)]
     pub cell_pid: i32,
-    /// The cell serves now: both roles run, the engine answered its readiness check since its
-    /// last start, and no stop is under way.
+    /// The cell serves now: both roles run (none of their processes stopped or traced), the
+    /// engine answered its readiness check since its last start, and no stop is under way.
     #[serde(default)]
     pub ready: bool,
     /// The engine's last start to readiness, in ms; none before its first ready.
@@ -261,7 +261,8 @@ pub struct RoleStatus {
     pub state: RoleState,
     /// The role's init (or, `wiping`, the wipe's child); none when nothing runs.
     pub pid: Option<i32>,
-    /// What that process is doing (`stopped` or `traced`: something holds it).
+    /// What that process is doing (`stopped` or `traced`: something holds it; for a running
+    /// role, also when the program its init runs is held).
     #[serde(default)]
     pub pid_state: Option<ProcessState>,
     /// Seconds since its current run started; none when nothing runs.

@@ -2,7 +2,7 @@
 //! then what is sealed (crate::proof::sealed_text).
 //! Pure: a status answer in, text out (fuzzed: `fuzzing::control_reply`).
 
-use crate::control::protocol::{ProcessState, Status};
+use crate::control::protocol::{ProcessState, RoleState, Status};
 use crate::os::escape::cell;
 
 /// A string of the answer, as shown: escaped like every line sealnode logs (crate::logging::log::clean),
@@ -116,7 +116,9 @@ pub fn render(v: &Status) -> String {
         ));
         if let (Some(pid), Some(st)) = (r.pid, &r.pid_state) {
             if st.held() || *st == ProcessState::DiskWait {
-                s.push_str(&format!("        (pid {pid} is {})\n", text(st.as_str())));
+                // A running role's state is its init's, or its program's when that one is held.
+                let whose = if r.state == RoleState::Running { ", or the program it runs," } else { "" };
+                s.push_str(&format!("        (pid {pid}{whose} is {})\n", text(st.as_str())));
             }
             if st.held() {
                 s.push_str(HELD);

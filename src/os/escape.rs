@@ -42,3 +42,42 @@ pub fn clean(line: &[u8]) -> String {
 pub fn cell(s: &str) -> String {
     clean(s.as_bytes()).replace('\t', "\\u{9}")
 }
+
+/// JSON text (as serde_json writes it) made as unambiguous as [`clean`] makes a line: the
+/// characters serde_json leaves raw in strings (DEL, the C1 controls, separators and
+/// bidirectional controls) written as `\uXXXX` escapes, so the JSON still reads the same.
+/// `ctl --json` prints a peer's answer through it.
+pub fn json(text: &str) -> String {
+    let mut s = String::with_capacity(text.len());
+    for c in text.chars() {
+        if (c.is_control() && !matches!(c, '\n' | '\t' | '\r')) || invisible_or_reordering(c) {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                s.push_str(&format!("\\u{u:04x}"));
+            }
+        } else {
+            s.push(c);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What serde_json leaves raw comes out escaped, and the JSON still reads the same.
+    #[test]
+    fn json_text_escapes_what_serde_leaves_raw() {
+        let v = serde_json::json!({ "e": "a\u{9b}2J\u{202e}evil\u{7f}\u{e0041}b" });
+        let raw = serde_json::to_string_pretty(&v).expect("json");
+        assert!(raw.contains('\u{9b}'), "serde_json escapes C1 itself now: {raw}");
+        let safe = json(&raw);
+        assert!(
+            safe.chars().all(|c| !c.is_control() || c == '\n') && !safe.chars().any(invisible_or_reordering),
+            "{safe}"
+        );
+        assert!(safe.contains("\\u009b") && safe.contains("\\u202e") && safe.contains("\\udb40\\udc41"), "{safe}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&safe).expect("still JSON"), v);
+    }
+}

@@ -667,6 +667,16 @@ pub fn process_state(pid: nix::unistd::Pid) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
+/// A process's children (its main thread's: /proc/PID/task/PID/children); none once it is
+/// gone.
+pub fn children(pid: nix::unistd::Pid) -> Vec<nix::unistd::Pid> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok().map(nix::unistd::Pid::from_raw))
+        .collect()
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)

@@ -6,6 +6,7 @@ use crate::control::protocol::{
     Status,
 };
 
+use super::lifecycle::Phase;
 use super::Supervisor;
 
 impl Supervisor {
@@ -24,7 +25,7 @@ impl Supervisor {
                     role: s.role,
                     state,
                     pid: pid.map(|p| p.as_raw()),
-                    pid_state: pid.and_then(state_of),
+                    pid_state: slot_state(s.phase),
                     uptime_s: s.started.filter(|_| pid.is_some()).map(|t| t.elapsed().as_secs()),
                     restarts: s.restarts.count,
                     starts: s.starts,
@@ -93,12 +94,27 @@ impl Supervisor {
     /// The cell serves now: no stop under way, both roles run and the engine answered its
     /// readiness check since its last start. READY=1 is said once; this follows the roles
     /// down and up again (a crash, a restart, a recycle, a reload).
+    /// A role whose processes are held (stopped or traced: its init or the program it runs) does
+    /// not serve either.
     pub(super) fn serving(&self) -> bool {
         self.stop.is_none()
             && self.ready.last_ms().is_some()
             && !self.ready.pending()
-            && self.roles.iter().all(|r| matches!(r.phase, super::lifecycle::Phase::Running(_)))
+            && self
+                .roles
+                .iter()
+                .all(|r| matches!(r.phase, Phase::Running(_)) && !slot_state(r.phase).is_some_and(|s| s.held()))
     }
+}
+
+/// What the process a role's phase waits on is doing: its wipe, or (running) its init, except
+/// that a held program under the init (stopped or traced) shows as held.
+fn slot_state(phase: Phase) -> Option<ProcessState> {
+    let (_, pid) = phase.shown();
+    let own = state_of(pid?);
+    let Phase::Running(init) = phase else { return own };
+    let held_child = crate::os::sys::children(init).into_iter().filter_map(state_of).find(ProcessState::held);
+    held_child.or(own)
 }
 
 /// What the kernel shows `pid` doing.
