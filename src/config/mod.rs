@@ -1167,9 +1167,9 @@ impl Config {
         self.cross_checks()
     }
 
-    /// Where the config says the same thing twice, the two must agree (issue #27: each of these
-    /// otherwise ran, and failed as "engine exited with status 1" or a node looping on its
-    /// gateway's name): the engine's `--port` (or `OLLAMA_HOST`) and `engine.port`; the node's
+    /// Where the config says the same thing twice, the two must agree (each of these otherwise
+    /// runs, and fails as "engine exited with status 1" or a node looping on its gateway's
+    /// name): the engine's `--port` (or `OLLAMA_HOST`) and `engine.port`; the node's
     /// engine address (`OLLAMA_HOST`, `FRUTEBOX_`/`STEVAI_` `OLLAMA_HOST`/`LLAMACPP_HOST`) and
     /// `engine.port`; the node's `--gateway-url` and a declared `egress` host and port.
     fn cross_checks(&self) -> Result<()> {

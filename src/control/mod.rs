@@ -201,7 +201,7 @@ mod tests {
     }
 
     /// An answer that comes a byte at a time is cut at the exchange's deadline: the read
-    /// timeout alone is per read, and each byte would restart it (review of #28, F5).
+    /// timeout alone is per read, and each byte would restart it.
     #[test]
     fn a_dripping_answer_is_cut_at_the_deadline() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -222,8 +222,7 @@ mod tests {
     }
 
     /// A socket whose queue is full (a supervisor that stopped accepting, and clients filling
-    /// its backlog) is given up at the deadline too: a connect would wait for room without end
-    /// (review of #28).
+    /// its backlog) is given up at the deadline too: a connect would wait for room without end.
     #[test]
     fn a_full_queue_is_given_up_at_the_deadline() {
         use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
@@ -241,7 +240,7 @@ mod tests {
     }
 
     /// An answer the client cannot read is said without its terminal escapes or line breaks
-    /// (serde's message quotes the value; review of #28, F5).
+    /// (serde's message quotes the value).
     #[test]
     fn an_unreadable_answer_is_said_escaped() {
         let dir = tempfile::tempdir().expect("tmp");

@@ -1,5 +1,5 @@
 //! What a role will open besides its program, opened as that role before it starts, so that
-//! `sealnode check` and every start of `run` give one verdict (issue #27): each bind's source
+//! `sealnode check` and every start of `run` give one verdict: each bind's source
 //! the way the role's sandbox opens it ([`crate::sandbox::mounts::open_source`], with the
 //! role's filesystem ids), the credential and the model files its command names for reading,
 //! its devices for reading and writing. A path the role could not open is a config problem

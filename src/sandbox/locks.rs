@@ -390,8 +390,9 @@ pub fn open_scratch(cfg: &Config, role: Role) -> Result<OwnedFd> {
     let st = fstat(&fd).map_err(|e| Error::errno(format!("stat {}", dir.display()), e))?;
     let ids = cfg.role_ids(role)?;
     // Not readable by group or others either: a reader could open it and hold its flock, the
-    // lock that keeps one cell per scratch dir, and keep every start refused (found by
-    // review). Search (x) is harmless: an O_PATH descriptor takes no flock.
+    // lock that keeps one cell per scratch dir, and keep every start refused. Search (x) is
+    // harmless: an O_PATH descriptor takes no flock (tests/check_run.rs:
+    // a_local_user_cannot_lock_a_cell_out).
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != ids.uid || st.st_mode & 0o066 != 0 {
         return Err(Error::config(
             &cfg.file,

@@ -176,6 +176,40 @@ pub(super) enum WipeFor {
     Stop,
 }
 
+/// The cell's course between runs of the roles: a stop in progress and what follows it, and
+/// the scratch wipes in flight (before the first start, after every stop).
+#[derive(Debug, Default)]
+pub(super) struct Cycle {
+    pub stop: Option<Stop>,
+    pub wipes: Wipes,
+}
+
+/// What follows once both wipes are done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AfterWipes {
+    /// A stop to exit ends the loop with its code (a wipe that failed is only reported: the
+    /// next start wipes again).
+    Exit(i32),
+    /// Both roles pass the gate: a first start, or (`reprovision`) a restart, recycle or
+    /// reload whose stop is over.
+    Gate { reprovision: bool },
+    /// A wipe failed before a start: no role starts on what an earlier run left (exit 125,
+    /// after the re-provision's own steps when a stop was in progress).
+    Refuse { reprovision: bool },
+}
+
+impl Cycle {
+    /// The rule the loop applies once both wipes are done (`failed`: one of them failed).
+    pub(super) fn after_wipes(&self, failed: bool) -> AfterWipes {
+        let reprovision = self.stop.is_some();
+        match self.stop {
+            Some(Stop { code, after: After::Exit }) => AfterWipes::Exit(code),
+            _ if failed => AfterWipes::Refuse { reprovision },
+            _ => AfterWipes::Gate { reprovision },
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Wipes {
     /// Wipes in flight (their roles in Phase::Wiping), and what follows them.
@@ -199,6 +233,25 @@ impl Wipes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What follows the wipes, for every stop (none, each kind) and both wipe outcomes.
+    #[test]
+    fn after_the_wipes_an_exit_ends_a_failure_refuses_and_the_rest_enters_the_gate() {
+        let stop = |after| Some(Stop { code: 7, after });
+        for (stop, failed, want) in [
+            (None, false, AfterWipes::Gate { reprovision: false }),
+            (None, true, AfterWipes::Refuse { reprovision: false }),
+            (stop(After::Exit), false, AfterWipes::Exit(7)),
+            (stop(After::Exit), true, AfterWipes::Exit(7)),
+            (stop(After::Restart), false, AfterWipes::Gate { reprovision: true }),
+            (stop(After::Restart), true, AfterWipes::Refuse { reprovision: true }),
+            (stop(After::Recycle), false, AfterWipes::Gate { reprovision: true }),
+            (stop(After::Recycle), true, AfterWipes::Refuse { reprovision: true }),
+        ] {
+            let cycle = Cycle { stop, wipes: Wipes::default() };
+            assert_eq!(cycle.after_wipes(failed), want, "{stop:?} failed={failed}");
+        }
+    }
 
     fn limit(burst: u32, interval_s: u64) -> RestartLimit {
         RestartLimit { burst, interval_s }

@@ -9,24 +9,51 @@
 //! then engine, each SIGTERM then SIGKILL after the grace period; scratch is wiped; the model
 //! dir is never touched.
 //!
-//! The loop ([`Supervisor::run`]) only dispatches: each event's token names the part that owns
-//! it, and each part offers `handle`, a next deadline and a timer sweep:
-//! - [`gate`]: one pass at a time through measurement and preflight ([`admit`] acts on it);
-//! - [`lifecycle`]: each role's phase and the pure restart and stop rules ([`roles`] applies
-//!   them to processes);
+//! The loop ([`Supervisor::run`]) dispatches each event by its token to the component that
+//! owns it, then takes the steps that follow from what changed (the gate's outcome, a stop's
+//! wipes once both roles are down, what follows the wipes) and the components' timers.
+//! Components own their fields and offer the loop what it needs of them (`handle` for their
+//! tokens, a next deadline and a sweep where they keep time):
+//! - [`gate`]: one pass at a time through measurement and preflight;
 //! - [`readiness`]: the engine's readiness check;
-//! - [`control`]: the control socket's clients ([`status`] builds the status reply);
+//! - [`server`]: the control socket's clients (the protocol is crate::control's);
 //! - [`attestation`]: the signed statements and their TPM quotes;
 //! - [`role_io`]: the roles' output and denial logs;
-//! - [`reload`]: what a SIGHUP may change, and the reload in progress ([`sighup`] runs it:
-//!   the dry run, the switch);
-//! - [`wipes`]: the scratch wipes before a start and after a stop, and what follows them;
 //! - [`notify`]: sd_notify and the watchdog;
 //! - the forwarder (crate::egress) for the node's egress and its way to the engine.
+//!
+//! [`lifecycle`] is data and pure rules: each role's phase, restarts and backoff, which of two
+//! stops wins, the wipes in flight; [`reload`] sorts what a SIGHUP may change. The verbs that
+//! act on processes through the components are `impl Supervisor` blocks, a file each:
+//! [`admit`] (the gate's outcome to a start), [`roles`] (start, exit, stop), [`wipes`] (before
+//! a start, after a stop, and what follows), [`sighup`] (the reload), [`status`] (the reply).
+//!
+//! Tokens: an event's top byte names its owner, the low bits its item (`tokens_are_distinct`
+//! below): 1 signals (here), 2 egress listeners, 3 egress connections, 7 egress lookups
+//! (crate::egress), 4 readiness, 5 the control listener and 6 its clients ([`server`]), 8 role
+//! output and 9 denial logs ([`role_io`]), 10 the gate's pipes ([`gate`]).
+//!
+//! The sequences, hop by hop:
+//! - First start: `run` → `begin_wipes(Start)`; each wipe child reaped (`reap` →
+//!   `wipe_exited`); `after_wipes` → `enter_gate(both)` → `gate.begin`; the gate's pipes and
+//!   children (`gate.handle`, `gate.exited`); `poll_gate` → `admit` (receipt, statement) →
+//!   `start(engine)` → `readiness.begin`; the engine answers → `engine_ready` → `start(node)`
+//!   → READY=1.
+//! - Crash restart: `reap` → `role_process_exited` → `role_exited` (`Restarts::on_exit`: a
+//!   backoff, give up, or stop) → `roles_timer` once the backoff is over → `enter_gate(role)`
+//!   → `poll_gate` → `admit` → `start(role)` (the node after a ready engine).
+//! - Stop (SIGTERM, a failure): `begin_stop(code, Exit)` → `stop_next` (the node, then the
+//!   engine: SIGTERM, SIGKILL after the grace period) → both down → `begin_wipes(Stop)` →
+//!   `after_wipes` → `finish_stop` (forwarding drained, totals) → the exit status.
+//! - Reload (SIGHUP): `reload` (`Config::reload`, `reload::refused`, the dry run:
+//!   `gate.begin(DryRun)` in a throwaway cell) → `poll_gate` → `reload_passed` →
+//!   `begin_stop(OK, Restart)` → as a stop up to `after_wipes`, which switches the config
+//!   (`Reload::take_next`) and enters the gate as at the first start; READY=1 again.
+//! - Recycle (`ctl recycle`): `on_request` → `begin_stop(OK, Recycle)` → as a reload's switch,
+//!   without a new config; the client is answered at `engine_ready`.
 
 mod admit;
 mod attestation;
-mod control;
 mod gate;
 mod lifecycle;
 mod notify;
@@ -34,6 +61,7 @@ mod readiness;
 mod reload;
 mod role_io;
 mod roles;
+mod server;
 mod sighup;
 mod status;
 mod wipes;
@@ -55,7 +83,7 @@ use crate::exit;
 use crate::sandbox;
 use crate::sandbox::cell::Cell;
 
-use lifecycle::{After, Phase, Stop};
+use lifecycle::{After, Phase};
 use notify::notify;
 
 const TOKEN_SIGNAL: u64 = 1 << 56;
@@ -76,6 +104,11 @@ struct Base {
     /// The state dir, opened and checked once: receipts and the counter are written through it.
     state_dir: OwnedFd,
     born: Instant,
+    /// Held for the supervisor's lifetime: one `sealnode run` per state, runtime and scratch
+    /// dir (crate::sandbox::locks). Base is the supervisor's last field and this its last, so
+    /// the last dropped: every descriptor of the dirs it guards (the roles' scratch, the
+    /// control socket) is closed before another run can take them.
+    _locks: crate::sandbox::locks::Locks,
 }
 
 /// One role as the supervisor keeps it.
@@ -126,25 +159,21 @@ struct Current {
 
 #[derive(Debug)]
 pub struct Supervisor {
-    base: Base,
     fwd: Forwarder,
     roles: [Slot; 2],
-    /// A stop in progress, and what follows it.
-    stop: Option<Stop>,
+    /// A stop in progress and the scratch wipes around each start.
+    cycle: lifecycle::Cycle,
     gate: gate::Gate,
     current: Current,
     ready: readiness::Readiness,
-    control: control::Server,
+    control: server::Server,
     attest: attestation::Publisher,
     io: role_io::RoleIo,
     reload: reload::Reload,
-    wipes: lifecycle::Wipes,
     sd: notify::Notifier,
-    /// Held for the supervisor's lifetime: one `sealnode run` per state, runtime and scratch
-    /// dir (crate::sandbox::locks). The last field, so the last dropped: every descriptor of the dirs
-    /// it guards (the roles' scratch, the control socket) is closed before another run can
-    /// take them.
-    _locks: crate::sandbox::locks::Locks,
+    /// The last field: dropped last, the cell after every part that uses it, and the dirs'
+    /// locks last of all (Base's last field).
+    base: Base,
 }
 
 fn status_code(ws: WaitStatus) -> Option<i32> {
@@ -203,7 +232,7 @@ impl Supervisor {
         cell.cgroups = cgroups;
         let fwd = forwarder(&cfg, &mut cell, &epoll)?;
         tracing::info!(cell_pid = cell.pid.as_raw(), egress = cfg.node.egress.len(), "cell created");
-        let control = control::Server::open(&cfg, &runtime_dir, &epoll)?;
+        let control = server::Server::open(&cfg, &runtime_dir, &epoll)?;
         let mut scratch = scratch.into_iter();
         let mut slot = |role| Slot {
             role,
@@ -220,10 +249,9 @@ impl Supervisor {
         let roles = [slot(Role::Engine), slot(Role::Node)];
         let ids = [cfg.role_ids(Role::Engine)?, cfg.role_ids(Role::Node)?];
         Ok(Supervisor {
-            base: Base { cfg, inv, ids, cell, epoll, sigfd, state_dir, born: Instant::now() },
             fwd,
             roles,
-            stop: None,
+            cycle: lifecycle::Cycle::default(),
             gate: gate::Gate::default(),
             current: Current::default(),
             ready: readiness::Readiness::default(),
@@ -231,9 +259,8 @@ impl Supervisor {
             attest,
             io: role_io::RoleIo::default(),
             reload: reload::Reload::default(),
-            wipes: lifecycle::Wipes::default(),
             sd: notify::Notifier::from_env(),
-            _locks: locks,
+            base: Base { cfg, inv, ids, cell, epoll, sigfd, state_dir, born: Instant::now(), _locks: locks },
         })
     }
 
@@ -272,12 +299,12 @@ impl Supervisor {
                             self.engine_ready();
                         }
                     }
-                    control::TOKEN_CONTROL => {
+                    server::TOKEN_CONTROL => {
                         let allowed =
                             self.base.cfg.cell.control_uids.clone().unwrap_or_else(|| vec![self.base.inv.uid]);
                         self.control.accept(&allowed, epoll);
                     }
-                    control::TOKEN_CLIENT => {
+                    server::TOKEN_CLIENT => {
                         if let Some((stream, request)) = self.control.handle(token & !TOKEN_KIND, epoll) {
                             self.on_request(stream, request);
                         }
@@ -294,7 +321,10 @@ impl Supervisor {
             // Lines held back while a reader of sealnode's stdout or stderr was not reading.
             crate::logging::logsink::pump();
             // Once every role is down after a stop: both scratch dirs wiped (off the loop).
-            if self.stop.is_some() && !self.wipes.busy() && self.roles.iter().all(|s| s.phase == Phase::Down) {
+            if self.cycle.stop.is_some()
+                && !self.cycle.wipes.busy()
+                && self.roles.iter().all(|s| s.phase == Phase::Down)
+            {
                 self.begin_wipes(lifecycle::WipeFor::Stop);
             }
             if let Some(code) = self.after_wipes() {
@@ -317,7 +347,11 @@ impl Supervisor {
                 }
             }
             crate::control::Request::Recycle => {
-                if self.stop.is_some() || self.control.recycle_waiting() || self.ready.pending() || self.gate.busy() {
+                if self.cycle.stop.is_some()
+                    || self.control.recycle_waiting()
+                    || self.ready.pending()
+                    || self.gate.busy()
+                {
                     crate::control::respond(
                         &mut stream,
                         &crate::control::protocol::Refusal::new(
@@ -349,7 +383,7 @@ impl Supervisor {
             .chain(self.control.next_deadline())
             .chain(self.fwd.next_lookup_deadline())
             .chain(self.attest.next_deadline())
-            .chain(self.wipes.next_deadline())
+            .chain(self.cycle.wipes.next_deadline())
             .chain(self.gate.next_deadline())
             .min()
     }
@@ -360,11 +394,11 @@ impl Supervisor {
         self.wipes_timer(now);
         self.control.expire(now, &self.base.epoll);
         let facts = facts(&self.base, &self.current, &self.roles);
-        let swept = self.attest.sweep(now, &facts, self.stop.is_some());
+        let swept = self.attest.sweep(now, &facts, self.cycle.stop.is_some());
         if let Err(code) = swept {
             self.begin_stop(code, After::Exit);
         }
-        if self.stop.is_some() {
+        if self.cycle.stop.is_some() {
             self.stop_next();
         }
         self.roles_timer(now);
@@ -503,5 +537,28 @@ fn log_devices_from(cfg: &Config) {
         for (entry, why) in &c.left_out {
             tracing::info!(role = role.name(), spec = %c.spec.display(), entry = entry.as_str(), why = why.as_str(), "CDI edit left out");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Each owner's token has a top byte of its own: the loop dispatches on it.
+    #[test]
+    fn tokens_are_distinct() {
+        let tokens = [
+            super::TOKEN_SIGNAL,
+            crate::egress::TOKEN_LISTENER,
+            crate::egress::TOKEN_CONN,
+            crate::egress::TOKEN_LOOKUP,
+            super::readiness::TOKEN_READY,
+            super::server::TOKEN_CONTROL,
+            super::server::TOKEN_CLIENT,
+            super::role_io::TOKEN_OUTPUT,
+            super::role_io::TOKEN_REFUSED,
+            super::gate::TOKEN_GATE,
+        ];
+        let kinds: std::collections::BTreeSet<u64> = tokens.iter().map(|t| t & crate::egress::TOKEN_KIND).collect();
+        assert_eq!(kinds.len(), tokens.len(), "{tokens:x?}");
+        assert!(tokens.iter().all(|t| t & !crate::egress::TOKEN_KIND == 0 && *t != 0));
     }
 }

@@ -109,7 +109,7 @@ impl Supervisor {
         let policy = self.base.cfg.role(role).restart;
         let limit = self.base.cfg.role(role).restart_limit;
         let now = Instant::now();
-        let stopping = self.stop.is_some();
+        let stopping = self.cycle.stop.is_some();
         let s = self.slot(role);
         let ran = s.started.map(|t| now.duration_since(t));
         let decision = s.restarts.on_exit(lifecycle::Exited { code, ran, stopping, now }, policy, limit);
@@ -153,7 +153,7 @@ impl Supervisor {
     /// check, a pass through the gate (its processes killed), a reload's dry run, restarts
     /// waiting out their backoff.
     pub(super) fn begin_stop(&mut self, code: i32, after: After) {
-        self.stop = Some(match self.stop {
+        self.cycle.stop = Some(match self.cycle.stop {
             Some(s) => s.merge(code, after),
             None => Stop { code, after },
         });
@@ -207,7 +207,7 @@ impl Supervisor {
                     let _ = kill(pid, Signal::SIGKILL);
                     self.roles[i].phase = Phase::Stopping(pid, now + Duration::from_secs(3600));
                 }
-                Phase::Waiting(at) if at <= now && self.stop.is_none() => {
+                Phase::Waiting(at) if at <= now && self.cycle.stop.is_none() => {
                     let role = self.roles[i].role;
                     // Either passes the gate first: its program measured, its preflight, a
                     // new receipt; then it starts.
@@ -228,7 +228,7 @@ impl Supervisor {
     /// The engine answered its readiness check: start the node (if down), tell systemd, end a
     /// reload or answer a recycle.
     pub(super) fn engine_ready(&mut self) {
-        if self.stop.is_some() {
+        if self.cycle.stop.is_some() {
             return;
         }
         if self.roles[Role::Node as usize].phase == Phase::Down && self.start(Role::Node).is_err() {

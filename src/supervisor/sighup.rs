@@ -24,7 +24,7 @@ impl Supervisor {
         // Busy includes the wipes before the first start: that start's pass is next, and a
         // dry run begun meanwhile would meet it (tests/gate.rs:
         // a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on).
-        if self.stop.is_some() || self.control.recycle_waiting() || self.gate.busy() || self.wipes.busy() {
+        if self.cycle.stop.is_some() || self.control.recycle_waiting() || self.gate.busy() || self.cycle.wipes.busy() {
             tracing::warn!("SIGHUP ignored: a start, stop, restart, recycle or reload is in progress");
             self.reload.last = Some(ReloadOutcome::refused(
                 crate::os::sys::unix_now(),

@@ -97,7 +97,7 @@ impl Supervisor {
     /// A role whose processes are held (stopped or traced: its init or the program it runs) does
     /// not serve either.
     pub(super) fn serving(&self) -> bool {
-        self.stop.is_none()
+        self.cycle.stop.is_none()
             && self.ready.last_ms().is_some()
             && !self.ready.pending()
             && self

@@ -13,7 +13,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
-use super::lifecycle::{After, Phase, Stop, WipeFor};
+use super::lifecycle::{After, AfterWipes, Phase, Stop, WipeFor};
 use super::{stopped_early, Supervisor};
 use crate::config::Role;
 use crate::exit;
@@ -23,8 +23,8 @@ impl Supervisor {
     /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
     /// after_wipes`] goes on once both are done.
     pub(super) fn begin_wipes(&mut self, then: WipeFor) {
-        self.wipes.then = Some(then);
-        self.wipes.failed.clear();
+        self.cycle.wipes.then = Some(then);
+        self.cycle.wipes.failed.clear();
         for role in Role::ALL {
             let cell = &self.base.cell;
             let target = match cell.capped_scratch(role) {
@@ -34,7 +34,7 @@ impl Supervisor {
             let spawned = cell.spawn_wipe(target, self.base.ids[role as usize]);
             match spawned {
                 Ok(pid) => self.slot(role).phase = Phase::Wiping(pid),
-                Err(e) => self.wipes.failed.push((role, WipeFailed::Errno(e))),
+                Err(e) => self.cycle.wipes.failed.push((role, WipeFailed::Errno(e))),
             }
         }
         self.arm_wipe_deadline();
@@ -45,39 +45,41 @@ impl Supervisor {
         let Some(i) = self.roles.iter().position(|s| s.phase == Phase::Wiping(pid)) else { return false };
         self.roles[i].phase = Phase::Down;
         if let Err(e) = crate::sandbox::cell::wipe_result(ws) {
-            self.wipes.failed.push((self.roles[i].role, e));
+            self.cycle.wipes.failed.push((self.roles[i].role, e));
         }
         true
     }
 
     /// Both wipes done: what they were for. Some(code): the loop ends with it.
     pub(super) fn after_wipes(&mut self) -> Option<i32> {
-        if self.wipes.then.is_none() || self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_))) {
+        if self.cycle.wipes.then.is_none() || self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_))) {
             return None;
         }
-        self.wipes.then = None;
-        self.wipes.deadline = None;
-        let failed = std::mem::take(&mut self.wipes.failed);
-        let next = match self.stop {
-            // A stop that came during a start's wipes ends the loop like any stop.
-            Some(Stop { code, after: After::Exit }) => {
-                for (role, e) in &failed {
-                    let dir = self.base.cfg.role(*role).scratch.display().to_string();
-                    tracing::warn!(role = %role, dir, error = %e, "could not wipe scratch (the next start wipes it)");
-                }
-                return Some(self.finish_stop(code));
+        self.cycle.wipes.then = None;
+        self.cycle.wipes.deadline = None;
+        let failed = std::mem::take(&mut self.cycle.wipes.failed);
+        let next = self.cycle.after_wipes(!failed.is_empty());
+        // A stop to exit (also one that came during a start's wipes) ends the loop.
+        if let AfterWipes::Exit(code) = next {
+            for (role, e) in &failed {
+                let dir = self.base.cfg.role(*role).scratch.display().to_string();
+                tracing::warn!(role = %role, dir, error = %e, "could not wipe scratch (the next start wipes it)");
             }
-            Some(Stop { after, .. }) => {
-                self.fwd.close_all(&self.base.epoll);
-                self.stop = None;
-                if let Some(new) = self.reload.take_next() {
-                    self.base.cfg = new;
-                }
-                tracing::info!(recycle = after == After::Recycle, "re-provisioning both roles");
-                "re-provision"
+            return Some(self.finish_stop(code));
+        }
+        // A restart, recycle or reload: its stop is over, the new config (if any) in force.
+        let reprovision =
+            matches!(next, AfterWipes::Gate { reprovision: true } | AfterWipes::Refuse { reprovision: true });
+        if reprovision {
+            let recycle = self.cycle.stop.is_some_and(|s| s.after == After::Recycle);
+            self.fwd.close_all(&self.base.epoll);
+            self.cycle.stop = None;
+            if let Some(new) = self.reload.take_next() {
+                self.base.cfg = new;
             }
-            None => "start",
-        };
+            tracing::info!(recycle, "re-provisioning both roles");
+        }
+        let what = if reprovision { "re-provision" } else { "start" };
         for (role, e) in &failed {
             let dir = self.base.cfg.role(*role).scratch.display().to_string();
             let hint = match e {
@@ -90,12 +92,15 @@ impl Supervisor {
             tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
             crate::logging::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
         }
-        let entered = if failed.is_empty() { self.enter_gate(&Role::ALL) } else { Err(exit::CONFIG) };
+        let entered = match next {
+            AfterWipes::Gate { .. } => self.enter_gate(&Role::ALL),
+            _ => Err(exit::CONFIG),
+        };
         match entered {
             Ok(()) => None,
             Err(code) => {
                 self.control
-                    .recycle_done(&crate::control::protocol::Refusal::new(format!("{next} failed; sealnode stops")));
+                    .recycle_done(&crate::control::protocol::Refusal::new(format!("{what} failed; sealnode stops")));
                 Some(stopped_early(code))
             }
         }
@@ -105,7 +110,7 @@ impl Supervisor {
     fn finish_stop(&mut self, code: i32) -> i32 {
         // Drain: no forwarded connection outlives the roles.
         self.fwd.close_all(&self.base.epoll);
-        self.stop = None;
+        self.cycle.stop = None;
         self.attest.abandon();
         for s in self.fwd.stats() {
             tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
@@ -126,16 +131,19 @@ impl Supervisor {
 
     /// A stop to exit gives wipes in flight the grace period the roles get.
     pub(super) fn arm_wipe_deadline(&mut self) {
-        let exiting = matches!(self.stop, Some(Stop { after: After::Exit, .. }));
-        if exiting && self.wipes.deadline.is_none() && self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_))) {
-            self.wipes.deadline = Some(Instant::now() + Duration::from_secs(self.base.cfg.cell.stop_timeout_s));
+        let exiting = matches!(self.cycle.stop, Some(Stop { after: After::Exit, .. }));
+        if exiting
+            && self.cycle.wipes.deadline.is_none()
+            && self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_)))
+        {
+            self.cycle.wipes.deadline = Some(Instant::now() + Duration::from_secs(self.base.cfg.cell.stop_timeout_s));
         }
     }
 
     /// Wipes that outlived the stop's grace period are killed.
     pub(super) fn wipes_timer(&mut self, now: Instant) {
-        if self.wipes.deadline.is_some_and(|t| t <= now) {
-            self.wipes.deadline = None;
+        if self.cycle.wipes.deadline.is_some_and(|t| t <= now) {
+            self.cycle.wipes.deadline = None;
             for s in &self.roles {
                 if let Phase::Wiping(pid) = s.phase {
                     tracing::warn!(role = %s.role, pid = pid.as_raw(), "the scratch wipe did not finish within the stop's grace period; killed (the next start wipes again)");
