@@ -11,17 +11,14 @@
 //! connections and bytes are counted per upstream.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::fcntl::{splice, OFlag, SpliceFFlags};
+use nix::fcntl::OFlag;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
-use nix::sys::socket::{
-    accept4, connect, getsockopt, shutdown, socket, sockopt, AddressFamily, Shutdown, SockFlag, SockType,
-    SockaddrStorage,
-};
+use nix::sys::socket::{accept4, getsockopt, sockopt, SockFlag};
 use serde::{Deserialize, Serialize};
 
 /// Epoll token kinds (top byte of the 64-bit token).
@@ -38,8 +35,6 @@ const NEGATIVE_TTL: Duration = Duration::from_secs(10);
 /// Lookups in flight at once, over all upstreams.
 const MAX_LOOKUPS: usize = 4;
 
-/// Bytes buffered in each direction's pipe.
-const PIPE_SIZE: usize = 256 * 1024;
 /// How long a resolved upstream address is reused before resolving again.
 const RESOLVE_TTL: Duration = Duration::from_secs(60);
 
@@ -141,252 +136,19 @@ impl Upstream {
     }
 }
 
-/// Why `ip` may not be an egress upstream's address, if it may not: the places a name could
-/// be pointed at to turn the node's egress against the host or its network. `own`: the host's
-/// own addresses. Private ranges pass only where the upstream allows them.
-pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: bool) -> Option<&'static str> {
-    use std::net::IpAddr;
-    if let IpAddr::V6(v6) = ip {
-        // An IPv6 address that carries an IPv4 one is judged as that IPv4 address too: a name
-        // does not reach 127.0.0.1 or 169.254.169.254 through a translator (unit test:
-        // egress::tests::the_deny_set).
-        if let Some(v4) = embedded_ipv4(v6) {
-            if let Some(why) = denied(IpAddr::V4(v4), own, allow_private) {
-                return Some(why);
-            }
-            if v6.to_ipv4_mapped().is_some() {
-                return None;
-            }
-        }
-    }
-    if own.contains(&ip) {
-        return Some("one of this host's own addresses");
-    }
-    match ip {
-        IpAddr::V4(a) => {
-            let o = a.octets();
-            if a.is_loopback() {
-                Some("loopback")
-            } else if a.is_link_local() {
-                Some("link-local (169.254.0.0/16, cloud metadata services)")
-            } else if a.is_unspecified() || o[0] == 0 {
-                Some("unspecified or 'this network' (0.0.0.0/8)")
-            } else if a.is_multicast() || a.is_broadcast() {
-                Some("multicast or broadcast")
-            } else if !allow_private && (a.is_private() || (o[0] == 100 && (o[1] & 0xc0) == 64)) {
-                Some("private (10/8, 172.16/12, 192.168/16, 100.64/10); set allow_private for this upstream")
-            } else {
-                None
-            }
-        }
-        IpAddr::V6(a) => {
-            let seg = a.segments();
-            if a.is_loopback() {
-                Some("loopback")
-            } else if a.is_unspecified() {
-                Some("unspecified")
-            } else if a.is_multicast() {
-                Some("multicast")
-            } else if (seg[0] & 0xffc0) == 0xfe80 {
-                Some("link-local (fe80::/10)")
-            } else if (seg[0] & 0xffc0) == 0xfec0 {
-                Some("site-local (fec0::/10)")
-            } else if seg[0] == 0x2001 && seg[1] == 0 {
-                Some("Teredo (2001::/32): a tunnel that carries IPv4 addresses")
-            } else if seg[..3] == [0x64, 0xff9b, 1] {
-                Some("local-use NAT64 (64:ff9b:1::/48): a translator to IPv4")
-            } else if seg[..6] == [0, 0, 0, 0, 0xffff, 0] {
-                Some("IPv4-translated (::ffff:0:0:0/96)")
-            } else if seg[0] == 0x2001 && matches!(seg[1] & 0xfff0, 0x10 | 0x20) {
-                Some("ORCHID (2001:10::/28, 2001:20::/28): not routable")
-            } else if !allow_private && (seg[0] & 0xfe00) == 0xfc00 {
-                Some("unique local (fc00::/7); set allow_private for this upstream")
-            } else {
-                None
-            }
-        }
-    }
-}
+mod conn;
+mod deny;
+mod lookup;
+#[cfg(test)]
+mod tests;
 
-/// The IPv4 address inside an IPv6 one: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
-/// (`::a.b.c.d`, deprecated but still routed by some stacks), NAT64's well-known prefix
-/// (`64:ff9b::/96`, RFC 6052) and 6to4 (`2002:AABB:CCDD::/48`, RFC 3056).
-fn embedded_ipv4(a: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
-    let seg = a.segments();
-    let tail = |hi: u16, lo: u16| std::net::Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
-    if let Some(v4) = a.to_ipv4_mapped() {
-        return Some(v4);
-    }
-    if seg[..6] == [0; 6] && !(seg[6] == 0 && seg[7] <= 1) {
-        return Some(tail(seg[6], seg[7]));
-    }
-    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        return Some(tail(seg[6], seg[7]));
-    }
-    if seg[0] == 0x2002 {
-        return Some(tail(seg[1], seg[2]));
-    }
-    None
-}
-
-/// This host's own addresses, every interface.
-fn own_addresses() -> Vec<std::net::IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
-    addrs
-        .filter_map(|i| {
-            let a = i.address?;
-            if let Some(v4) = a.as_sockaddr_in() {
-                return Some(std::net::IpAddr::V4(v4.ip()));
-            }
-            a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
-        })
-        .collect()
-}
-
-/// A name lookup in a short-lived helper process (the supervisor stays single-threaded and
-/// never blocks on the resolver): it writes one address per line to its pipe and exits.
-#[derive(Debug)]
-struct Lookup {
-    upstream: usize,
-    pid: nix::unistd::Pid,
-    pipe: OwnedFd,
-    out: Vec<u8>,
-    deadline: Instant,
-}
-
-fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, OwnedFd), Errno> {
-    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-    let parent = nix::unistd::getpid();
-    // SAFETY: the supervisor is single-threaded; the child only resolves, writes and exits.
-    match unsafe { nix::unistd::fork() }? {
-        nix::unistd::ForkResult::Child => {
-            // Dies with the supervisor, and if it already died before PDEATHSIG was armed.
-            let _ = crate::os::sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-            if nix::unistd::getppid() != parent {
-                crate::os::sys::exit_now(1);
-            }
-            // Holds nothing of the supervisor's but its answer pipe while it waits on the
-            // resolver: not the listeners, the connections or the cell's socket factory
-            // (tests/egress.rs: a_hanging_resolver_never_stalls_the_supervisor).
-            if crate::os::sys::close_all_except(&[w.as_raw_fd()]).is_err() {
-                crate::os::sys::exit_now(1);
-            }
-            let text: String = match (host, port).to_socket_addrs() {
-                Ok(addrs) => addrs.map(|a| format!("{}\n", a.ip())).collect(),
-                Err(e) => format!("error {e}\n"),
-            };
-            let _ = crate::os::sys::write_all(w.as_raw_fd(), text.as_bytes());
-            crate::os::sys::exit_now(0)
-        }
-        nix::unistd::ForkResult::Parent { child } => Ok((child, r)),
-    }
-}
+use conn::{connect_nonblocking, interest, open_outer, Conn, Dir};
+pub use deny::denied;
+use deny::own_addresses;
+use lookup::{spawn_lookup, Lookup};
 
 fn spare_fd() -> Option<OwnedFd> {
     nix::fcntl::open("/dev/null", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()).ok()
-}
-
-/// One direction of a forwarded connection: socket -> pipe -> socket.
-#[derive(Debug)]
-struct Dir {
-    pipe_r: OwnedFd,
-    pipe_w: OwnedFd,
-    buffered: usize,
-    eof: bool,
-    shut: bool,
-}
-
-impl Dir {
-    fn new() -> Result<Dir, Errno> {
-        let (pipe_r, pipe_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-        // A larger pipe means fewer wake-ups per megabyte; the default still works if refused.
-        let _ = nix::fcntl::fcntl(&pipe_w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE as i32));
-        Ok(Dir { pipe_r, pipe_w, buffered: 0, eof: false, shut: false })
-    }
-
-    /// Move what can be moved from `src` to `dst`: the bytes delivered to `dst`, and the error
-    /// that ended this direction, if one did (bytes delivered before it still count).
-    fn pump(&mut self, src: &OwnedFd, dst: &OwnedFd) -> (u64, Result<(), Errno>) {
-        let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
-        let mut delivered = 0u64;
-        loop {
-            let mut progressed = false;
-            if !self.eof && self.buffered < PIPE_SIZE {
-                match splice(src, None, &self.pipe_w, None, PIPE_SIZE - self.buffered, flags) {
-                    Ok(0) => self.eof = true,
-                    Ok(n) => {
-                        self.buffered += n;
-                        progressed = true;
-                    }
-                    Err(Errno::EAGAIN) => {}
-                    Err(Errno::EINTR) => progressed = true,
-                    Err(e) => return (delivered, Err(e)),
-                }
-            }
-            if self.buffered > 0 {
-                match splice(&self.pipe_r, None, dst, None, self.buffered, flags) {
-                    Ok(n) => {
-                        self.buffered -= n;
-                        delivered += n as u64;
-                        progressed |= n > 0;
-                    }
-                    Err(Errno::EAGAIN) => {}
-                    Err(Errno::EINTR) => progressed = true,
-                    Err(e) => return (delivered, Err(e)),
-                }
-            }
-            if !progressed {
-                break;
-            }
-        }
-        if self.eof && self.buffered == 0 && !self.shut {
-            // Pass the half-close on (a client that finished sending still gets its answer).
-            let _ = shutdown(dst.as_raw_fd(), Shutdown::Write);
-            self.shut = true;
-        }
-        (delivered, Ok(()))
-    }
-}
-
-#[derive(Debug)]
-struct Conn {
-    /// Where the outer socket connects (the upstream's address).
-    to: SocketAddr,
-    upstream: usize,
-    /// The node's side, inside the cell.
-    inner: OwnedFd,
-    /// Our connection to the upstream, on the host.
-    outer: OwnedFd,
-    connecting: bool,
-    /// [0]: node -> upstream, [1]: upstream -> node.
-    dirs: [Dir; 2],
-    /// That side hung up and is no longer in epoll.
-    gone: [bool; 2],
-    /// The interest currently registered for (inner, outer): epoll_ctl only on change.
-    registered: (EpollFlags, EpollFlags),
-    last_active: Instant,
-}
-
-/// Interest for a connection's two sockets given its state.
-fn interest(c: &Conn) -> (EpollFlags, EpollFlags) {
-    let mut inner = EpollFlags::empty();
-    let mut outer = EpollFlags::empty();
-    if c.connecting {
-        return (inner, EpollFlags::EPOLLOUT);
-    }
-    if !c.dirs[0].eof && c.dirs[0].buffered < PIPE_SIZE {
-        inner |= EpollFlags::EPOLLIN;
-    }
-    if c.dirs[0].buffered > 0 {
-        outer |= EpollFlags::EPOLLOUT;
-    }
-    if !c.dirs[1].eof && c.dirs[1].buffered < PIPE_SIZE {
-        outer |= EpollFlags::EPOLLIN;
-    }
-    if c.dirs[1].buffered > 0 {
-        inner |= EpollFlags::EPOLLOUT;
-    }
-    (inner, outer)
 }
 
 #[derive(Debug)]
@@ -705,6 +467,11 @@ impl Forwarder {
         self.lookups.values().map(|l| l.deadline).min()
     }
 
+    /// When the next name lookup times out.
+    pub fn next_lookup_deadline(&self) -> Option<Instant> {
+        self.lookups.values().map(|l| l.deadline).min()
+    }
+
     /// Connect the node's connection `inner` out to `addr` for upstream `i`.
     fn connect_out(&mut self, epoll: &Epoll, i: usize, inner: OwnedFd, addr: SocketAddr) {
         let u = &mut self.upstreams[i];
@@ -857,11 +624,6 @@ impl Forwarder {
         self.next_sweep = self.conns.values().map(limit).min();
     }
 
-    /// When the next name lookup times out.
-    pub fn next_lookup_deadline(&self) -> Option<Instant> {
-        self.lookups.values().map(|l| l.deadline).min()
-    }
-
     /// Drop every connection (stop, recycle), waiting ones too.
     pub fn close_all(&mut self, epoll: &Epoll) {
         for u in self.upstreams.iter_mut() {
@@ -870,167 +632,6 @@ impl Forwarder {
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {
             self.close(epoll, id);
-        }
-    }
-}
-
-/// A non-blocking connect on the host side.
-fn open_outer(addr: SocketAddr) -> Result<OwnedFd, Errno> {
-    let fam = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
-    let fd = socket(fam, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)?;
-    connect_nonblocking(fd, addr)
-}
-
-/// Start connecting the non-blocking socket `fd` to `addr`.
-fn connect_nonblocking(fd: OwnedFd, addr: SocketAddr) -> Result<OwnedFd, Errno> {
-    let _ = nix::sys::socket::setsockopt(&fd, sockopt::TcpNoDelay, &true);
-    match connect(fd.as_raw_fd(), &SockaddrStorage::from(addr)) {
-        Ok(()) | Err(Errno::EINPROGRESS) => Ok(fd),
-        Err(e) => Err(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{denied, fd_budget, FDS_PER_CONNECTION, FD_RESERVE};
-    use std::net::IpAddr;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().expect("ip")
-    }
-
-    #[test]
-    fn the_deny_set() {
-        let own = [ip("203.0.113.7")];
-        for (a, why) in [
-            ("127.0.0.1", "loopback"),
-            ("127.5.6.7", "loopback"),
-            ("169.254.169.254", "link-local"),
-            ("0.0.0.0", "unspecified"),
-            ("0.1.2.3", "this network"),
-            ("224.0.0.1", "multicast"),
-            ("255.255.255.255", "broadcast"),
-            ("10.1.2.3", "private"),
-            ("172.16.0.1", "private"),
-            ("192.168.1.1", "private"),
-            ("100.64.0.1", "private"),
-            ("203.0.113.7", "own addresses"),
-            ("::1", "loopback"),
-            ("::", "unspecified"),
-            ("ff02::1", "multicast"),
-            ("fe80::1", "link-local"),
-            ("fc00::1", "unique local"),
-            ("::ffff:127.0.0.1", "loopback"),
-            ("::ffff:169.254.169.254", "link-local"),
-            // IPv4 inside IPv6 is judged as that IPv4 address: compatible, NAT64, 6to4.
-            ("::127.0.0.1", "loopback"),
-            ("::a9fe:a9fe", "link-local"),
-            ("64:ff9b::a9fe:a9fe", "link-local"),
-            ("64:ff9b::7f00:1", "loopback"),
-            ("2002:7f00:1::1", "loopback"),
-            ("2002:a9fe:a9fe::", "link-local"),
-            ("2002:a01:203::1", "private"),
-            ("::ffff:203.0.113.7", "own addresses"),
-            ("64:ff9b::cb00:7107", "own addresses"),
-            // Transition and special-purpose prefixes are refused outright.
-            ("2001:0:a9fe:a9fe::80ff:fffe", "Teredo"),
-            ("64:ff9b:1::7f00:1", "NAT64"),
-            ("64:ff9b:1:7f00:0:100::", "NAT64"),
-            ("::ffff:0:7f00:1", "IPv4-translated"),
-            ("::ffff:0:a9fe:a9fe", "IPv4-translated"),
-            ("fec0::1", "site-local"),
-            ("2001:20::1", "ORCHID"),
-            ("2001:10::1", "ORCHID"),
-        ] {
-            let r = denied(ip(a), &own, false);
-            assert!(r.is_some_and(|r| r.contains(why)), "{a}: {r:?}");
-        }
-        // Private ranges pass where the upstream allows them; the rest never does.
-        assert_eq!(denied(ip("10.1.2.3"), &own, true), None);
-        assert_eq!(denied(ip("fc00::1"), &own, true), None);
-        assert!(denied(ip("127.0.0.1"), &own, true).is_some());
-        assert!(denied(ip("169.254.169.254"), &own, true).is_some());
-        // Public addresses pass.
-        assert_eq!(denied(ip("198.51.100.10"), &own, false), None);
-        assert_eq!(denied(ip("2001:db8::1"), &own, false), None);
-        assert_eq!(denied(ip("100.128.0.1"), &own, false), None);
-        assert_eq!(denied(ip("64:ff9b::c633:640a"), &own, false), None, "NAT64 of a public address");
-        assert_eq!(denied(ip("2002:c633:640a::1"), &own, false), None, "6to4 of a public address");
-        assert_eq!(denied(ip("::ffff:198.51.100.10"), &own, false), None);
-    }
-
-    #[test]
-    fn the_fd_budget_keeps_a_reserve() {
-        assert_eq!(fd_budget(1024, 0), (1024 - FD_RESERVE) / FDS_PER_CONNECTION);
-        assert_eq!(fd_budget(65536, 2), (65536 - FD_RESERVE - 6) / 6);
-        // The reserve grows with the routes: 250 upstreams need 750 more fds kept free.
-        assert_eq!(fd_budget(1024, 251), (1024 - FD_RESERVE - 753) / 6);
-        assert_eq!(fd_budget(1000, 251), 1);
-        assert_eq!(fd_budget(20000, 251), (20000 - FD_RESERVE - 753) / 6);
-        // Below the reserve: one connection, never zero (the node still gets its gateway).
-        assert_eq!(fd_budget(100, 1), 1);
-    }
-
-    /// Out of fds with no connection waiting, a wake-up of the listener ends: accept4 answers
-    /// EMFILE whether or not one waits, so freeing the spare and trying again would go round
-    /// for ever. Run in a child: the fd limit and the exhaustion are the whole process's.
-    #[test]
-    fn out_of_fds_with_nothing_waiting_ends_the_wake_up() {
-        use super::{Forwarder, Upstream};
-        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-        use std::time::{Duration, Instant};
-        // SAFETY: the child runs only this test's code and exits with exit_now; glibc's fork
-        // keeps malloc usable in it though the test harness has other threads.
-        match unsafe { nix::unistd::fork() }.expect("fork") {
-            nix::unistd::ForkResult::Child => {
-                let code = (|| {
-                    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-                    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-                    setrlimit(Resource::RLIMIT_NOFILE, 256.min(hard), hard).ok()?;
-                    let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
-                    l.set_nonblocking(true).ok()?;
-                    let to = l.local_addr().ok()?;
-                    let epoll = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC).ok()?;
-                    let up = Upstream::new("gw.test".into(), to.port(), Some(to), false, l.into());
-                    let mut fw =
-                        Forwarder::new(vec![up], 8, Duration::from_secs(60), Duration::from_secs(5), &epoll).ok()?;
-                    fw.spare.as_ref()?;
-                    // Every fd taken: the spare is the only one the forwarder can free.
-                    let mut held = Vec::new();
-                    while let Ok(fd) = nix::fcntl::open(
-                        "/dev/null",
-                        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-                        nix::sys::stat::Mode::empty(),
-                    ) {
-                        held.push(fd);
-                    }
-                    fw.accept(&epoll, 0);
-                    // Returned, with the spare taken again and nothing counted as refused.
-                    Some(fw.spare.is_some() && fw.upstreams[0].stats.refused_over_limit == 0)
-                })();
-                crate::os::sys::exit_now(match code {
-                    Some(true) => 0,
-                    Some(false) => 3,
-                    None => 2,
-                })
-            }
-            nix::unistd::ForkResult::Parent { child } => {
-                let deadline = Instant::now() + Duration::from_secs(20);
-                let status = loop {
-                    match waitpid(child, Some(WaitPidFlag::WNOHANG)).expect("waitpid") {
-                        WaitStatus::StillAlive if Instant::now() < deadline => {
-                            std::thread::sleep(Duration::from_millis(20))
-                        }
-                        WaitStatus::StillAlive => {
-                            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-                            let _ = waitpid(child, None);
-                            panic!("accept went round and round at EMFILE with nothing waiting");
-                        }
-                        st => break st,
-                    }
-                };
-                assert_eq!(status, WaitStatus::Exited(child, 0), "2: the setup failed; 3: the spare or a count");
-            }
         }
     }
 }
