@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::lifecycle::{After, Phase};
+use super::lifecycle::{After, Event, Phase};
 use super::{gate, GatePass, Supervisor};
 use crate::config::Role;
 use crate::exit;
@@ -19,7 +19,7 @@ impl Supervisor {
         match self.gate.begin(&ctx, roles, gate::Purpose::Start) {
             Ok(()) => {
                 for role in roles {
-                    self.slot(*role).phase = Phase::Starting;
+                    self.slot(*role).apply(Event::EnterGate);
                 }
                 Ok(())
             }
@@ -41,7 +41,7 @@ impl Supervisor {
         crate::logging::log::say(&message);
         for s in self.roles.iter_mut() {
             if s.phase == Phase::Starting {
-                s.phase = Phase::Down;
+                s.apply(Event::Refused);
             }
         }
         code
@@ -89,7 +89,7 @@ impl Supervisor {
         if !p.roles.contains(&Role::Engine) && !self.engine_is_ready() {
             tracing::info!("the engine is not ready (it went down while the node's preflight ran): the node waits for it and passes the gate again");
             for role in &p.roles {
-                self.slot(*role).phase = Phase::Waiting(Instant::now() + super::readiness::READY_INTERVAL);
+                self.slot(*role).apply(Event::RetryAt(Instant::now() + super::readiness::READY_INTERVAL));
             }
             return Ok(());
         }
@@ -151,7 +151,7 @@ impl Supervisor {
             });
             s.sealed = Some(sealed);
             s.digests = Some(a.digests.clone());
-            s.phase = Phase::Down;
+            s.apply(Event::Admitted);
             self.current.prepared[role as usize] = Some(a);
         }
         self.current.receipt = Some(r);

@@ -50,6 +50,68 @@ impl Phase {
     pub(super) fn idle(self) -> bool {
         matches!(self, Phase::Down | Phase::Waiting(_) | Phase::Starting)
     }
+
+    /// The phase after `event`: the role's state × event table (`the_phase_table` below lists
+    /// every pair it has). `None`: the pair is not in the table, and the phase stays.
+    pub(super) fn on(self, event: Event) -> Option<Phase> {
+        use Event as E;
+        use Phase as P;
+        Some(match (self, event) {
+            // A pass through the gate begins (the first start, a restart whose backoff is
+            // over); it ends refused (down), admitted (down until started: the node waits for
+            // a ready engine), or, for a node whose engine is not ready, waiting again.
+            (P::Down, E::EnterGate) => P::Starting,
+            (P::Starting, E::Refused | E::Admitted) => P::Down,
+            (P::Starting | P::Waiting(_), E::RetryAt(at)) => P::Waiting(at),
+            (P::Waiting(_), E::Due) => P::Down,
+            (P::Down, E::Started(pid)) => P::Running(pid),
+            // Its exit, by the lifecycle's decision (Restarts::on_exit).
+            (P::Running(_), E::Exited(Decision::Restart(delay), now)) => P::Waiting(now + delay),
+            (P::Running(_), E::Exited(_, _)) => P::Down,
+            // A stop: what was about to start does not; a running role gets SIGTERM, then
+            // SIGKILL once the grace period is over; reaped, it is down.
+            (P::Waiting(_) | P::Starting, E::StopAsked) => P::Down,
+            (p, E::StopAsked) => p,
+            (P::Running(pid), E::TermSent(kill_at)) => P::Stopping(pid, kill_at),
+            (P::Stopping(pid, _), E::KillSent(next)) => P::Stopping(pid, next),
+            (P::Stopping(..), E::Reaped) => P::Down,
+            // Its scratch emptied by a child of its own, before a start or after a stop.
+            (P::Down, E::WipeStarted(pid)) => P::Wiping(pid),
+            (P::Wiping(_), E::WipeDone) => P::Down,
+            _ => return None,
+        })
+    }
+}
+
+/// What happens to a role, as its phase sees it ([`Phase::on`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Event {
+    /// Its pass through the gate began.
+    EnterGate,
+    /// The gate refused it.
+    Refused,
+    /// The gate admitted it: it starts next (the node once the engine is ready).
+    Admitted,
+    /// It may not enter the gate yet (the node beside an engine not ready): try at this time.
+    RetryAt(Instant),
+    /// Its backoff is over: it enters the gate.
+    Due,
+    /// Its sandbox runs, this its init.
+    Started(Pid),
+    /// It exited; the lifecycle decided this (at this time).
+    Exited(Decision, Instant),
+    /// A stop was asked for.
+    StopAsked,
+    /// SIGTERM sent: SIGKILL at this time.
+    TermSent(Instant),
+    /// SIGKILL sent: look again at this time.
+    KillSent(Instant),
+    /// Its stopping process was reaped.
+    Reaped,
+    /// Its scratch wipe runs in this child.
+    WipeStarted(Pid),
+    /// Its scratch wipe ended (done or failed).
+    WipeDone,
 }
 
 /// What follows a stop once both roles are down and their scratch is wiped.
@@ -233,6 +295,47 @@ impl Wipes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The state × event table: every pair it has, and a sample of those it has not.
+    #[test]
+    fn the_phase_table() {
+        use Event as E;
+        use Phase as P;
+        let t0 = Instant::now();
+        let (pid, at) = (Pid::from_raw(42), t0 + Duration::from_secs(9));
+        let delay = Duration::from_secs(2);
+        for (from, event, to) in [
+            (P::Down, E::EnterGate, Some(P::Starting)),
+            (P::Starting, E::Refused, Some(P::Down)),
+            (P::Starting, E::Admitted, Some(P::Down)),
+            (P::Starting, E::RetryAt(at), Some(P::Waiting(at))),
+            (P::Waiting(t0), E::RetryAt(at), Some(P::Waiting(at))),
+            (P::Waiting(t0), E::Due, Some(P::Down)),
+            (P::Down, E::Started(pid), Some(P::Running(pid))),
+            (P::Running(pid), E::Exited(Decision::Restart(delay), t0), Some(P::Waiting(t0 + delay))),
+            (P::Running(pid), E::Exited(Decision::GiveUp, t0), Some(P::Down)),
+            (P::Running(pid), E::Exited(Decision::Stop, t0), Some(P::Down)),
+            (P::Running(pid), E::Exited(Decision::StayDown, t0), Some(P::Down)),
+            (P::Waiting(t0), E::StopAsked, Some(P::Down)),
+            (P::Starting, E::StopAsked, Some(P::Down)),
+            (P::Running(pid), E::StopAsked, Some(P::Running(pid))),
+            (P::Wiping(pid), E::StopAsked, Some(P::Wiping(pid))),
+            (P::Running(pid), E::TermSent(at), Some(P::Stopping(pid, at))),
+            (P::Stopping(pid, t0), E::KillSent(at), Some(P::Stopping(pid, at))),
+            (P::Stopping(pid, t0), E::Reaped, Some(P::Down)),
+            (P::Down, E::WipeStarted(pid), Some(P::Wiping(pid))),
+            (P::Wiping(pid), E::WipeDone, Some(P::Down)),
+            // Not in the table: a start while running, a wipe under a live role, a second
+            // pass through the gate, a reap of what is not stopping.
+            (P::Running(pid), E::Started(pid), None),
+            (P::Running(pid), E::WipeStarted(pid), None),
+            (P::Starting, E::EnterGate, None),
+            (P::Running(pid), E::Reaped, None),
+            (P::Down, E::Exited(Decision::Stop, t0), None),
+        ] {
+            assert_eq!(from.on(event), to, "{from:?} on {event:?}");
+        }
+    }
 
     /// What follows the wipes, for every stop (none, each kind) and both wipe outcomes.
     #[test]

@@ -22,8 +22,9 @@
 //! - [`notify`]: sd_notify and the watchdog;
 //! - the forwarder (crate::egress) for the node's egress and its way to the engine.
 //!
-//! [`lifecycle`] is data and pure rules: each role's phase, restarts and backoff, which of two
-//! stops wins, the wipes in flight; [`reload`] sorts what a SIGHUP may change. The verbs that
+//! [`lifecycle`] is data and pure rules: each role's phase and its state × event table (every
+//! phase change goes through `Slot::apply`), restarts and backoff, which of two stops wins,
+//! the wipes in flight and what follows them; [`reload`] sorts what a SIGHUP may change. The verbs that
 //! act on processes through the components are `impl Supervisor` blocks, a file each:
 //! [`admit`] (the gate's outcome to a start), [`roles`] (start, exit, stop), [`wipes`] (before
 //! a start, after a stop, and what follows), [`sighup`] (the reload), [`status`] (the reply).
@@ -134,6 +135,19 @@ struct Slot {
     /// this descriptor, never on the path again (tests/run.rs:
     /// the_wipe_holds_against_swaps_deep_trees_odd_groups_and_mounts).
     scratch: OwnedFd,
+}
+
+impl Slot {
+    /// The role's phase after `event`, by the lifecycle's table ([`Phase::on`]); a pair the
+    /// table does not have leaves the phase as it is, and is logged (it is a bug).
+    fn apply(&mut self, event: lifecycle::Event) {
+        match self.phase.on(event) {
+            Some(next) => self.phase = next,
+            None => {
+                tracing::error!(role = %self.role, phase = ?self.phase, ?event, "internal error: no such phase transition; the phase stays")
+            }
+        }
+    }
 }
 
 /// One pass through the gate: the role's preflight and the receipt it produced.

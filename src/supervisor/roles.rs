@@ -9,7 +9,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sd_notify::NotifyState;
 
-use super::lifecycle::{self, After, Decision, Phase, Stop};
+use super::lifecycle::{self, After, Decision, Event, Phase, Stop};
 use super::role_io::output_pipes;
 use super::{gate, notify, Supervisor};
 use crate::config::{Restart, Role};
@@ -55,7 +55,7 @@ impl Supervisor {
                 }
                 self.io.watch_refusals(role, sb.listener, errno, epoll);
                 let s = self.slot(role);
-                s.phase = Phase::Running(sb.pid);
+                s.apply(Event::Started(sb.pid));
                 s.started = Some(Instant::now());
                 s.starts += 1;
                 notify(&[NotifyState::Status(&format!("{role} started"))]);
@@ -86,7 +86,7 @@ impl Supervisor {
             match self.roles[i].phase {
                 Phase::Stopping(p, _) if p == pid => {
                     tracing::info!(role = %role, pid = pid.as_raw(), code, "role stopped");
-                    self.roles[i].phase = Phase::Down;
+                    self.roles[i].apply(Event::Reaped);
                 }
                 Phase::Running(p) if p == pid => self.role_exited(role, pid, code),
                 _ => {}
@@ -113,9 +113,9 @@ impl Supervisor {
         let s = self.slot(role);
         let ran = s.started.map(|t| now.duration_since(t));
         let decision = s.restarts.on_exit(lifecycle::Exited { code, ran, stopping, now }, policy, limit);
+        s.apply(Event::Exited(decision, now));
         match decision {
             Decision::Restart(delay) => {
-                s.phase = Phase::Waiting(now + delay);
                 let restarts = s.restarts.count;
                 tracing::warn!(role = %role, pid = pid.as_raw(), code, restart_in_ms = delay.as_millis() as u64, restarts, "role exited; restarting");
                 notify(&[NotifyState::Status(&format!("{role} exited with {code}; restarting"))]);
@@ -124,7 +124,6 @@ impl Supervisor {
                 }
             }
             Decision::GiveUp => {
-                s.phase = Phase::Down;
                 tracing::error!(role = %role, pid = pid.as_raw(), code, burst = limit.burst, interval_s = limit.interval_s, "role exited; restart limit reached, stopping the cell");
                 crate::logging::log::say(&format!(
                     "{role} exited with status {code}; it was restarted {} times within {} s already (restart_limit.burst); stopping the cell",
@@ -132,7 +131,6 @@ impl Supervisor {
                 ));
             }
             Decision::Stop => {
-                s.phase = Phase::Down;
                 let policy = match policy {
                     Restart::No => "no",
                     Restart::OnFailure => "on-failure",
@@ -141,7 +139,7 @@ impl Supervisor {
                 tracing::error!(role = %role, pid = pid.as_raw(), code, "role exited; stopping the cell (restart = \"{policy}\")");
                 crate::logging::log::say(&format!("{role} exited with status {code}; stopping the cell"));
             }
-            Decision::StayDown => s.phase = Phase::Down,
+            Decision::StayDown => {}
         }
         if let Some(code) = decision.stop_code() {
             self.begin_stop(code, After::Exit);
@@ -171,9 +169,7 @@ impl Supervisor {
         }
         self.reload.abandon();
         for s in self.roles.iter_mut() {
-            if matches!(s.phase, Phase::Waiting(_) | Phase::Starting) {
-                s.phase = Phase::Down;
-            }
+            s.apply(Event::StopAsked);
         }
         self.arm_wipe_deadline();
         self.stop_next();
@@ -188,7 +184,7 @@ impl Supervisor {
                 Phase::Running(pid) => {
                     tracing::info!(role = %role, pid = pid.as_raw(), "stopping role (SIGTERM)");
                     let _ = kill(pid, Signal::SIGTERM);
-                    s.phase = Phase::Stopping(pid, Instant::now() + grace);
+                    s.apply(Event::TermSent(Instant::now() + grace));
                     return;
                 }
                 Phase::Stopping(..) => return,
@@ -205,19 +201,20 @@ impl Supervisor {
                 Phase::Stopping(pid, at) if at <= now => {
                     tracing::warn!(role = %self.roles[i].role, pid = pid.as_raw(), "grace period over; SIGKILL");
                     let _ = kill(pid, Signal::SIGKILL);
-                    self.roles[i].phase = Phase::Stopping(pid, now + Duration::from_secs(3600));
+                    // Reaped when it dies; looked at again in an hour if it somehow does not.
+                    self.roles[i].apply(Event::KillSent(now + Duration::from_secs(3600)));
                 }
                 Phase::Waiting(at) if at <= now && self.cycle.stop.is_none() => {
                     let role = self.roles[i].role;
                     // Either passes the gate first: its program measured, its preflight, a
                     // new receipt; then it starts.
                     if lifecycle::may_restart(role == Role::Engine, self.engine_is_ready(), self.gate.busy()) {
-                        self.roles[i].phase = Phase::Down;
+                        self.roles[i].apply(Event::Due);
                         if let Err(code) = self.enter_gate(&[role]) {
                             self.begin_stop(code, After::Exit);
                         }
                     } else {
-                        self.roles[i].phase = Phase::Waiting(now + super::readiness::READY_INTERVAL);
+                        self.roles[i].apply(Event::RetryAt(now + super::readiness::READY_INTERVAL));
                     }
                 }
                 _ => {}

@@ -13,7 +13,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
-use super::lifecycle::{After, AfterWipes, Phase, Stop, WipeFor};
+use super::lifecycle::{After, AfterWipes, Event, Phase, Stop, WipeFor};
 use super::{stopped_early, Supervisor};
 use crate::config::Role;
 use crate::exit;
@@ -33,7 +33,7 @@ impl Supervisor {
             };
             let spawned = cell.spawn_wipe(target, self.base.ids[role as usize]);
             match spawned {
-                Ok(pid) => self.slot(role).phase = Phase::Wiping(pid),
+                Ok(pid) => self.slot(role).apply(Event::WipeStarted(pid)),
                 Err(e) => self.cycle.wipes.failed.push((role, WipeFailed::Errno(e))),
             }
         }
@@ -43,7 +43,7 @@ impl Supervisor {
     /// `pid` was a wipe child: its role is down, its result kept for [`Supervisor::after_wipes`].
     pub(super) fn wipe_exited(&mut self, pid: Pid, ws: WaitStatus) -> bool {
         let Some(i) = self.roles.iter().position(|s| s.phase == Phase::Wiping(pid)) else { return false };
-        self.roles[i].phase = Phase::Down;
+        self.roles[i].apply(Event::WipeDone);
         if let Err(e) = crate::sandbox::cell::wipe_result(ws) {
             self.cycle.wipes.failed.push((self.roles[i].role, e));
         }
