@@ -54,8 +54,26 @@ fn round_trip(ollama: bool) {
         f.node_cmd = format!(
             "[\"{py}\", \"-I\", \"-u\", \"-m\", \"frutebox.provider\", \"--id\", \"it-node\", \"--gateway-url\", \"ws://gateway.test:{gw_port}/provider/ws\", \"--models\", \"standin\", \"--compute-type\", \"cpu\", \"--memory-gb\", \"2\", \"--cpu-cores\", \"1\"]"
         );
+        // The confidential lane (#29): the node reads the evidence a confidential VM's tooling
+        // left in a host dir, each file bound alone and read-only; the rest of that dir stays
+        // out of its view.
+        let tee = f.p("tee");
+        std::fs::create_dir_all(&tee).expect("mkdir");
+        for (name, text) in
+            [("cpu_tee.jwt", "cpu.evidence.jwt"), ("gpu_tee.jwt", "gpu.evidence.jwt"), ("key.pem", "secret")]
+        {
+            std::fs::write(tee.join(name), text).expect("write evidence");
+        }
+        let tee_binds = if ollama {
+            String::new()
+        } else {
+            format!(
+                ", {{ src = \"{0}/cpu_tee.jwt\", dst = \"/opt/tee/cpu_tee.jwt\" }}, {{ src = \"{0}/gpu_tee.jwt\", dst = \"/opt/tee/gpu_tee.jwt\" }}",
+                tee.display()
+            )
+        };
         f.node_extra = format!(
-            "{binds}]\negress = [{{ host = \"gateway.test\", port = {gw_port}, connect = \"127.0.0.1:{gw_port}\" }}]"
+            "{binds}{tee_binds}]\negress = [{{ host = \"gateway.test\", port = {gw_port}, connect = \"127.0.0.1:{gw_port}\" }}]"
         );
         f.write_config();
         // The node's environment for the Ollama-speaking stand-in engine (replaces the fixture's).
@@ -66,19 +84,27 @@ fn round_trip(ollama: bool) {
             .map(|l| if l.starts_with("env = { set = { FRUTEBOX_ENGINE") { env.to_string() } else { l.to_string() })
             .collect::<Vec<_>>()
             .join("\n");
+        // Where the node looks for the evidence.
+        let text = if ollama {
+            text
+        } else {
+            let tee_env = "FRUTEBOX_ENGINE = \"ollama\", FRUTEBOX_TEE_CPU_EVIDENCE = \"/opt/tee/cpu_tee.jwt\", FRUTEBOX_TEE_GPU_EVIDENCE = \"/opt/tee/gpu_tee.jwt\"";
+            assert!(text.contains("FRUTEBOX_ENGINE = \"ollama\""), "the node's env line: {text}");
+            text.replace("FRUTEBOX_ENGINE = \"ollama\"", tee_env)
+        };
         std::fs::write(&f.config, text).expect("write");
-        let mut gw = Command::new(&py)
-            .args([
-                "-u",
-                &standin.join("standin-gateway.py").display().to_string(),
-                "--port",
-                &gw_port.to_string(),
-                "--timeout",
-                "60",
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("gateway");
+        let mut gw_args = vec![
+            "-u".to_string(),
+            standin.join("standin-gateway.py").display().to_string(),
+            "--port".to_string(),
+            gw_port.to_string(),
+            "--timeout".to_string(),
+            "60".to_string(),
+        ];
+        if !ollama {
+            gw_args.extend(["--tee-challenge".to_string(), "c0ffee00c0ffee00c0ffee00".to_string()]);
+        }
+        let mut gw = Command::new(&py).args(&gw_args).stdout(Stdio::piped()).spawn().expect("gateway");
         std::thread::sleep(Duration::from_millis(500));
         let mut run = f.start_run();
         let (gw_status, gw_out) = run.wait_for_gateway(&mut gw, Duration::from_secs(70), mode);
@@ -113,6 +139,27 @@ fn round_trip(ollama: bool) {
             "{mode:?}: {gw_out}"
         );
         assert!(gw_out.contains("job-stream result") && gw_out.contains("streamed as"), "{mode:?}: {gw_out}");
+        if !ollama {
+            assert!(
+                gw_out
+                    .contains("<- attestation cpu_tee=cpu.evidence.jwt gpu_tee=gpu.evidence.jwt echo=c0ffee00c0ffee00"),
+                "{mode:?}: the node did not answer the TEE challenge with the bound evidence: {gw_out}"
+            );
+            // Only the two files are in the node's view, read-only: not the rest of their dir.
+            let cfg = f.config.display().to_string();
+            let sh = "cat /opt/tee/cpu_tee.jwt; echo; cat /opt/tee/key.pem || echo NO-KEY; \
+                      (: > /opt/tee/cpu_tee.jwt) 2>/dev/null && echo WROTE || echo NO-WRITE";
+            let o = f
+                .command(&["exec", "--config", &cfg, "--role", "node", "--", "/bin/sh", "-c", sh])
+                .output_within(COMMAND_LIMIT);
+            let seen = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(
+                seen.split_whitespace().collect::<Vec<_>>(),
+                ["cpu.evidence.jwt", "NO-KEY", "NO-WRITE"],
+                "{mode:?}: {seen}\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
         assert_eq!(status.code(), Some(0), "{mode:?}: {err}");
         log_line_with(&err, "egress totals", "upstream", &format!("gateway.test:{gw_port}"));
     }

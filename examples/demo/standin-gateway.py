@@ -7,7 +7,7 @@ frutebox-node's WebSocket protocol (JSON frames: the node sends `register`; we a
 receives, exits 0 once both results arrived with content, non-zero on error or timeout.
 
     python standin-gateway.py --port 18765 [--host 127.0.0.1] [--model standin] [--timeout 90] [--one-at-a-time]
-                              [--verdict-file FILE]
+                              [--verdict-file FILE] [--tee-challenge NONCE]
 
 --one-at-a-time sends the streamed job only after the plain one's result, for engines that
 serve one request at a time (llama-cpp-python's server garbles concurrent requests).
@@ -17,6 +17,11 @@ serving, the node's connection open, until SIGTERM or SIGINT; then exit with the
 caller (scripts/demo) stops the node first, so it never sees its gateway go away: without
 this, the gateway's exit makes the node reconnect to a closed port (sealnode warns
 `egress connect failed ... ECONNREFUSED`, the node logs `disconnected`).
+
+--tee-challenge NONCE: the `registered` frame carries it as `tee_challenge` (the confidential
+lane's challenge); the verdict then also needs the node's `attestation` frame, with evidence
+in both `cpu_tee` and `gpu_tee` and the challenge's first 16 characters echoed. Printed as
+`gateway: <- attestation cpu_tee=... gpu_tee=...`.
 """
 import argparse
 import asyncio
@@ -27,7 +32,7 @@ import sys
 import websockets
 
 
-async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", verdict_file=None):
+async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", verdict_file=None, tee_challenge=None):
     loop = asyncio.get_running_loop()
     done = loop.create_future()
     stop = asyncio.Event()
@@ -49,7 +54,11 @@ async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", ver
             return
         print(f"gateway: node {reg['id']!r} registered (models {reg['models']}, "
               f"{reg['compute_type']}, {reg['cpu_cores']} cores)", flush=True)
-        await ws.send(json.dumps({"type": "registered", "id": reg["id"], "status": "active"}))
+        registered = {"type": "registered", "id": reg["id"], "status": "active"}
+        if tee_challenge:
+            registered["tee_challenge"] = tee_challenge
+        await ws.send(json.dumps(registered))
+        attested = [] if tee_challenge else None
         jobs = {
             "job-plain": {"type": "job", "id": "job-plain", "model": model,
                           "messages": [{"role": "user", "content": "What is a sealed node?"}]},
@@ -68,6 +77,16 @@ async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", ver
             if one_at_a_time:
                 break
         chunks, results = {}, {}
+
+        async def complete():
+            # Both results in (and the attestation, when one was asked for): the verdict.
+            if set(results) != set(jobs) or attested == []:
+                return False
+            ok = all(r["content"] for r in results.values()) and \
+                "".join(chunks.get("job-stream", [])) == results["job-stream"]["content"]
+            await finish(ws, None if ok else f"bad results: {results} chunks: {chunks}")
+            return True
+
         async for raw in ws:
             msg = json.loads(raw)
             kind = msg.get("type")
@@ -81,10 +100,19 @@ async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", ver
                       + f" backend={msg.get('backend')}", flush=True)
                 if unsent:
                     await send_next()
-                if set(results) == set(jobs):
-                    ok = all(r["content"] for r in results.values()) and \
-                        "".join(chunks.get("job-stream", [])) == results["job-stream"]["content"]
-                    await finish(ws, None if ok else f"bad results: {results} chunks: {chunks}")
+                if await complete():
+                    return
+            elif kind == "attestation":
+                print(f"gateway: <- attestation cpu_tee={msg.get('cpu_tee')} gpu_tee={msg.get('gpu_tee')} "
+                      f"echo={msg.get('challenge_echo')}", flush=True)
+                if attested is None:
+                    await finish(ws, "an attestation frame nobody asked for")
+                    return
+                if not (msg.get("cpu_tee") and msg.get("gpu_tee")) or msg.get("challenge_echo") != tee_challenge[:16]:
+                    await finish(ws, f"bad attestation frame: {msg}")
+                    return
+                attested.append(msg)
+                if await complete():
                     return
             elif kind == "error":
                 await finish(ws, f"node reported an error: {msg}")
@@ -120,8 +148,10 @@ def main():
     p.add_argument("--one-at-a-time", action="store_true")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (tests: a non-loopback one)")
     p.add_argument("--verdict-file", help="write the verdict here, then keep serving until SIGTERM")
+    p.add_argument("--tee-challenge", help="send this challenge in `registered` and require the node's attestation")
     a = p.parse_args()
-    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.one_at_a_time, a.host, a.verdict_file)))
+    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.one_at_a_time, a.host, a.verdict_file,
+                               a.tee_challenge)))
 
 
 if __name__ == "__main__":
