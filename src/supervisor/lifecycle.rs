@@ -22,7 +22,8 @@ pub(super) const STABLE_AFTER: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
     Down,
-    /// Passing the gate: measured and preflighted, then started.
+    /// Passing the gate: measured and preflighted. Admitted, it is down until started (the
+    /// node once the engine is ready).
     Starting,
     Running(Pid),
     /// SIGTERM sent; SIGKILL at this time.
@@ -229,15 +230,6 @@ pub(super) fn may_restart(is_engine: bool, engine_ready: bool, gate_busy: bool) 
     (is_engine || engine_ready) && !gate_busy
 }
 
-/// What follows the wipes in progress, once both are done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum WipeFor {
-    /// Both roles then pass the gate (first start).
-    Start,
-    /// The stop in progress completes: exit, or re-provision and pass the gate.
-    Stop,
-}
-
 /// The cell's course between runs of the roles: a stop in progress and what follows it, and
 /// the scratch wipes in flight (before the first start, after every stop).
 #[derive(Debug, Default)]
@@ -274,8 +266,9 @@ impl Cycle {
 
 #[derive(Debug, Default)]
 pub(super) struct Wipes {
-    /// Wipes in flight (their roles in Phase::Wiping), and what follows them.
-    pub then: Option<WipeFor>,
+    /// Wipes in flight (their roles in Phase::Wiping); what follows them is the stop's
+    /// (Cycle::after_wipes), or a start when there is none.
+    pub running: bool,
     pub failed: Vec<(Role, crate::sandbox::cell::WipeFailed)>,
     /// A stop to exit waits this long for wipes in flight, then kills them: the next start
     /// wipes again (tests/gate.rs: a_stop_gives_a_held_wipe_its_grace_period_only).
@@ -284,7 +277,7 @@ pub(super) struct Wipes {
 
 impl Wipes {
     pub(super) fn busy(&self) -> bool {
-        self.then.is_some()
+        self.running
     }
 
     pub(super) fn next_deadline(&self) -> Option<Instant> {
@@ -320,6 +313,8 @@ mod tests {
             (P::Starting, E::StopAsked, Some(P::Down)),
             (P::Running(pid), E::StopAsked, Some(P::Running(pid))),
             (P::Wiping(pid), E::StopAsked, Some(P::Wiping(pid))),
+            (P::Down, E::StopAsked, Some(P::Down)),
+            (P::Stopping(pid, t0), E::StopAsked, Some(P::Stopping(pid, t0))),
             (P::Running(pid), E::TermSent(at), Some(P::Stopping(pid, at))),
             (P::Stopping(pid, t0), E::KillSent(at), Some(P::Stopping(pid, at))),
             (P::Stopping(pid, t0), E::Reaped, Some(P::Down)),

@@ -24,10 +24,12 @@
 //!
 //! [`lifecycle`] is data and pure rules: each role's phase and its state × event table (every
 //! phase change goes through `Slot::apply`), restarts and backoff, which of two stops wins,
-//! the wipes in flight and what follows them; [`reload`] sorts what a SIGHUP may change. The verbs that
-//! act on processes through the components are `impl Supervisor` blocks, a file each:
-//! [`admit`] (the gate's outcome to a start), [`roles`] (start, exit, stop), [`wipes`] (before
-//! a start, after a stop, and what follows), [`sighup`] (the reload), [`status`] (the reply).
+//! the wipes in flight and what follows them; [`reload`] holds the reload in its steps and
+//! sorts what a SIGHUP may change. The verbs that act on processes through the components are
+//! `impl Supervisor` blocks, a file each: [`admit`] (the gate's outcome to a start), [`roles`]
+//! (start, exit, stop), [`wipes`] (before a start, after a stop, and what follows),
+//! [`sighup`] (the reload), [`status`] (the reply); this file keeps the loop's own (`reap`,
+//! `on_request`, `on_timers`) and the steps its tail takes.
 //!
 //! Tokens: an event's top byte names its owner, the low bits its item (`tokens_are_distinct`
 //! below): 1 signals (here), 2 egress listeners, 3 egress connections, 7 egress lookups
@@ -35,7 +37,7 @@
 //! output and 9 denial logs ([`role_io`]), 10 the gate's pipes ([`gate`]).
 //!
 //! The sequences, hop by hop:
-//! - First start: `run` → `begin_wipes(Start)`; each wipe child reaped (`reap` →
+//! - First start: `run` → `begin_wipes`; each wipe child reaped (`reap` →
 //!   `wipe_exited`); `after_wipes` → `enter_gate(both)` → `gate.begin`; the gate's pipes and
 //!   children (`gate.handle`, `gate.exited`); `poll_gate` → `admit` (receipt, statement) →
 //!   `start(engine)` → `readiness.begin`; the engine answers → `engine_ready` → `start(node)`
@@ -44,7 +46,8 @@
 //!   backoff, give up, or stop) → `roles_timer` once the backoff is over → `enter_gate(role)`
 //!   → `poll_gate` → `admit` → `start(role)` (the node after a ready engine).
 //! - Stop (SIGTERM, a failure): `begin_stop(code, Exit)` → `stop_next` (the node, then the
-//!   engine: SIGTERM, SIGKILL after the grace period) → both down → `begin_wipes(Stop)` →
+//!   engine: SIGTERM, SIGKILL after the grace period; the engine's from `on_timers` once the
+//!   node is down) → both down (the loop's tail) → `begin_wipes` →
 //!   `after_wipes` → `finish_stop` (forwarding drained, totals) → the exit status.
 //! - Reload (SIGHUP): `reload` (`Config::reload`, `reload::refused`, the dry run:
 //!   `gate.begin(DryRun)` in a throwaway cell) → `poll_gate` → `reload_passed` →
@@ -286,7 +289,7 @@ impl Supervisor {
     pub fn run(mut self) -> i32 {
         // Both scratch dirs wiped (off the loop), then both roles enter the gate
         // ([`Supervisor::after_wipes`]); the engine starts once they pass ([`Supervisor::admit`]).
-        self.begin_wipes(lifecycle::WipeFor::Start);
+        self.begin_wipes();
         let mut events = vec![EpollEvent::empty(); 64];
         loop {
             let timeout = self.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
@@ -339,7 +342,7 @@ impl Supervisor {
                 && !self.cycle.wipes.busy()
                 && self.roles.iter().all(|s| s.phase == Phase::Down)
             {
-                self.begin_wipes(lifecycle::WipeFor::Stop);
+                self.begin_wipes();
             }
             if let Some(code) = self.after_wipes() {
                 return code;

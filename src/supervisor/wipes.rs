@@ -13,7 +13,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
-use super::lifecycle::{After, AfterWipes, Event, Phase, Stop, WipeFor};
+use super::lifecycle::{After, AfterWipes, Event, Phase, Stop};
 use super::{stopped_early, Supervisor};
 use crate::config::Role;
 use crate::exit;
@@ -22,8 +22,8 @@ use crate::sandbox::cell::{WipeFailed, WipeTarget};
 impl Supervisor {
     /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
     /// after_wipes`] goes on once both are done.
-    pub(super) fn begin_wipes(&mut self, then: WipeFor) {
-        self.cycle.wipes.then = Some(then);
+    pub(super) fn begin_wipes(&mut self) {
+        self.cycle.wipes.running = true;
         self.cycle.wipes.failed.clear();
         for role in Role::ALL {
             let cell = &self.base.cell;
@@ -52,10 +52,10 @@ impl Supervisor {
 
     /// Both wipes done: what they were for. Some(code): the loop ends with it.
     pub(super) fn after_wipes(&mut self) -> Option<i32> {
-        if self.cycle.wipes.then.is_none() || self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_))) {
+        if !self.cycle.wipes.running || self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_))) {
             return None;
         }
-        self.cycle.wipes.then = None;
+        self.cycle.wipes.running = false;
         self.cycle.wipes.deadline = None;
         let failed = std::mem::take(&mut self.cycle.wipes.failed);
         let next = self.cycle.after_wipes(!failed.is_empty());
