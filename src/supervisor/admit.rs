@@ -136,6 +136,10 @@ impl Supervisor {
         };
         let names: Vec<&str> = p.roles.iter().map(|r| r.name()).collect();
         tracing::info!(roles = %names.join(","), attempts = p.attempts, ms = p.ms, generation = r.generation, path = %crate::proof::receipt::path(cfg).display(), "preflight passed; receipt written");
+        // The engine starts now if the pass admitted it, else the node; the other waits in
+        // `node_admitted` for a ready engine.
+        let first = if p.roles.contains(&Role::Engine) { Role::Engine } else { Role::Node };
+        let mut starts_now = None;
         for (role, mut a) in p.admitted {
             a.digests.generation = r.generation;
             // The role's own attempts (the pass's total covers every role it ran).
@@ -152,12 +156,28 @@ impl Supervisor {
             s.sealed = Some(sealed);
             s.digests = Some(a.digests.clone());
             s.apply(Event::Admitted);
-            self.current.prepared[role as usize] = Some(a);
+            if role == first {
+                starts_now = Some(a);
+            } else {
+                // Not first: the node, beside an engine that starts now.
+                self.current.node_admitted = Some(a);
+            }
         }
         self.current.receipt = Some(r);
         let facts = super::facts(&self.base, &self.current, &self.roles);
         self.attest.publish(&facts)?;
-        let first = if p.roles.contains(&Role::Engine) { Role::Engine } else { Role::Node };
-        self.start(first)
+        match starts_now {
+            Some(a) => self.start(a),
+            None => Err(self.nothing_admitted(first)),
+        }
+    }
+
+    /// A role about to start has no plan the gate admitted: nothing starts unsealed, the cell
+    /// stops (an internal error: the gate admits every role of its pass).
+    pub(super) fn nothing_admitted(&mut self, role: Role) -> i32 {
+        tracing::error!(role = %role, "no start of this role passed the gate (internal error); stopping");
+        crate::logging::log::say(&format!("{role}: no start passed the gate (internal error)"));
+        self.begin_stop(exit::FAILED, After::Exit);
+        exit::FAILED
     }
 }

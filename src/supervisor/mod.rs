@@ -166,12 +166,13 @@ struct GatePass {
 }
 
 /// The generation in force: its receipt, the latest preflight of each role it sums up, and
-/// each role's plan as the gate admitted it (the next start of that role runs exactly this).
+/// the node's plan as the gate admitted it while the node waits for a ready engine (its start
+/// runs exactly this; a role the pass starts at once is handed its plan directly).
 #[derive(Debug, Default)]
 struct Current {
     receipt: Option<crate::proof::receipt::Receipt>,
     report: Option<crate::proof::canary::Report>,
-    prepared: [Option<gate::Admitted>; 2],
+    node_admitted: Option<gate::Admitted>,
 }
 
 #[derive(Debug)]

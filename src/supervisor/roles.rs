@@ -13,7 +13,6 @@ use super::lifecycle::{self, After, Decision, Event, Phase, Stop};
 use super::role_io::output_pipes;
 use super::{gate, notify, Supervisor};
 use crate::config::{Restart, Role};
-use crate::error::Error;
 use crate::exit;
 use crate::sandbox;
 
@@ -23,27 +22,24 @@ impl Supervisor {
         !self.ready.pending() && matches!(self.roles[Role::Engine as usize].phase, Phase::Running(_))
     }
 
-    /// Start a role from the plan the gate admitted for it. Errors stop the cell (returned as
-    /// the exit code when nothing runs yet).
-    pub(super) fn start(&mut self, role: Role) -> std::result::Result<(), i32> {
-        // Only what the gate admitted starts: fail closed if there is none.
+    /// Start a role from the plan the gate admitted for it (only the gate makes an
+    /// [`gate::Admitted`]). Errors stop the cell (returned as the exit code when nothing runs
+    /// yet).
+    pub(super) fn start(&mut self, admitted: gate::Admitted) -> std::result::Result<(), i32> {
+        let role = admitted.plan().role;
+        let errno = admitted.plan().refusal_log;
+        let mut plan = admitted.into_plan();
         let mut pipes = None;
-        let errno = self.current.prepared[role as usize].as_ref().and_then(|a| a.plan().refusal_log);
-        let started = match self.current.prepared[role as usize].take().map(gate::Admitted::into_plan) {
-            Some(mut plan) => match output_pipes() {
-                Ok((stdio, out, err)) => {
-                    plan.stdio = Some(stdio);
-                    pipes = Some((out, err));
-                    // The plan (and with it the pipes' write ends) is dropped once spawned.
-                    sandbox::spawn_in(&plan, Some(&self.base.cell))
-                }
-                Err(e) => Err(e),
-            },
-            None => Err(Error::errno(
-                format!("{role}: no start passed the gate (internal error)"),
-                nix::errno::Errno::EPERM,
-            )),
+        let started = match output_pipes() {
+            Ok((stdio, out, err)) => {
+                plan.stdio = Some(stdio);
+                pipes = Some((out, err));
+                sandbox::spawn_in(&plan, Some(&self.base.cell))
+            }
+            Err(e) => Err(e),
         };
+        // The plan (and with it the pipes' write ends) is dropped once spawned.
+        drop(plan);
         match started {
             Ok(sb) => {
                 let generation = self.generation();
@@ -228,8 +224,14 @@ impl Supervisor {
         if self.cycle.stop.is_some() {
             return;
         }
-        if self.roles[Role::Node as usize].phase == Phase::Down && self.start(Role::Node).is_err() {
-            return;
+        if self.roles[Role::Node as usize].phase == Phase::Down {
+            let started = match self.current.node_admitted.take() {
+                Some(a) => self.start(a),
+                None => Err(self.nothing_admitted(Role::Node)),
+            };
+            if started.is_err() {
+                return;
+            }
         }
         if matches!(self.roles[Role::Node as usize].phase, Phase::Running(_)) {
             self.sd.roles_up(self.reload.in_progress());
