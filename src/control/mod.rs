@@ -190,6 +190,14 @@ fn request_within(path: &Path, req: &Request, limit: std::time::Duration) -> Res
 mod tests {
     use super::*;
 
+    /// A control socket path in a fresh temp dir (kept while the first value lives), listening.
+    fn listening() -> (tempfile::TempDir, std::path::PathBuf, std::os::unix::net::UnixListener) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        (dir, path, listener)
+    }
+
     /// A request fed in pieces is the same request (the strict parse itself: protocol's tests).
     #[test]
     fn requests_are_fed_in_pieces() {
@@ -204,9 +212,7 @@ mod tests {
     /// timeout alone is per read, and each byte would restart it.
     #[test]
     fn a_dripping_answer_is_cut_at_the_deadline() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("control.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let (_dir, path, listener) = listening();
         let server = std::thread::spawn(move || {
             let (mut c, _) = listener.accept().expect("accept");
             // Until the client hangs up.
@@ -243,9 +249,7 @@ mod tests {
     /// (serde's message quotes the value).
     #[test]
     fn an_unreadable_answer_is_said_escaped() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("control.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let (_dir, path, listener) = listening();
         let server = std::thread::spawn(move || {
             for answer in [&b"{\"ok\":true,\"roles\":\"\\u001b[2J\\nsealnode: forged\"}\n"[..], b"\x1b[2J not json\n"] {
                 let (mut c, _) = listener.accept().expect("accept");
@@ -263,9 +267,7 @@ mod tests {
     /// An answer without end is cut at MAX_RESPONSE and refused: `ctl` does not grow with it.
     #[test]
     fn an_endless_answer_is_cut_and_refused() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("control.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let (_dir, path, listener) = listening();
         let server = std::thread::spawn(move || {
             let (mut c, _) = listener.accept().expect("accept");
             let chunk = vec![b'x'; 1 << 20];
@@ -281,9 +283,7 @@ mod tests {
     /// parses, and what `respond` writes (typed or as JSON) the client reads back as sent.
     #[test]
     fn a_request_and_its_answer_cross_the_socket() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let path = dir.path().join("control.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let (_dir, path, listener) = listening();
         let server = std::thread::spawn(move || {
             for answer in 0..3 {
                 let (mut c, _) = listener.accept().expect("accept");
