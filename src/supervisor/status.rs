@@ -13,10 +13,14 @@ impl Supervisor {
     pub(super) fn status(&self) -> Status {
         let dropped = crate::logging::logsink::dropped();
         let cfg = &self.base.cfg;
+        // What each role's process is doing, read from /proc once per answer.
+        let held: [Option<ProcessState>; 2] = [slot_state(self.roles[0].phase), slot_state(self.roles[1].phase)];
+        let ready = self.serving(&held);
         let roles = self
             .roles
             .iter()
-            .map(|s| {
+            .zip(held)
+            .map(|(s, pid_state)| {
                 let (state, pid) = s.phase.shown();
                 // Per layer, from the role's latest result (the one its pass wrote into the
                 // receipt).
@@ -25,7 +29,7 @@ impl Supervisor {
                     role: s.role,
                     state,
                     pid: pid.map(|p| p.as_raw()),
-                    pid_state: slot_state(s.phase),
+                    pid_state,
                     uptime_s: s.started.filter(|_| pid.is_some()).map(|t| t.elapsed().as_secs()),
                     restarts: s.restarts.count,
                     starts: s.starts,
@@ -54,8 +58,8 @@ impl Supervisor {
             ok: Always,
             uptime_s: self.base.born.elapsed().as_secs(),
             cell_pid: self.base.cell.pid.as_raw(),
-            ready: self.serving(),
-            engine_ready_ms: self.ready.last_ms(),
+            ready,
+            engine_ready_ms: self.readiness.last_ms(),
             log_dropped_lines: LogDropped {
                 stdout: dropped.0,
                 stderr: dropped.1,
@@ -94,16 +98,17 @@ impl Supervisor {
     /// The cell serves now: no stop under way, both roles run and the engine answered its
     /// readiness check since its last start. READY=1 is said once; this follows the roles
     /// down and up again (a crash, a restart, a recycle, a reload).
-    /// A role whose processes are held (stopped or traced: its init or the program it runs) does
-    /// not serve either.
-    pub(super) fn serving(&self) -> bool {
+    /// A role whose processes are held (stopped or traced: its init or the program it runs,
+    /// `states` as [`slot_state`] read them) does not serve either.
+    fn serving(&self, states: &[Option<ProcessState>; 2]) -> bool {
         self.cycle.stop.is_none()
-            && self.ready.last_ms().is_some()
-            && !self.ready.pending()
+            && self.readiness.last_ms().is_some()
+            && !self.readiness.pending()
             && self
                 .roles
                 .iter()
-                .all(|r| matches!(r.phase, Phase::Running(_)) && !slot_state(r.phase).is_some_and(|s| s.held()))
+                .zip(states)
+                .all(|(r, st)| matches!(r.phase, Phase::Running(_)) && !st.as_ref().is_some_and(|s| s.held()))
     }
 }
 
