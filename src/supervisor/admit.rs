@@ -23,20 +23,22 @@ impl Supervisor {
                 }
                 Ok(())
             }
-            Err(outcome) => Err(self.refused_start(outcome)),
+            Err(r) => Err(self.refused_start(r)),
         }
     }
 
     /// A pass the gate refused: say why; the exit status for it.
-    fn refused_start(&mut self, outcome: gate::Outcome) -> i32 {
-        let gate::Outcome::Refused { code, message, details } = outcome else { return exit::FAILED };
-        for d in &details {
-            crate::logging::log::say(d);
-        }
-        match code {
-            exit::PREFLIGHT_ERROR => tracing::error!(error = %message, "preflight canary could not run"),
-            exit::PREFLIGHT_FAILED => tracing::error!("preflight found an escape; not starting"),
-            _ => tracing::error!(error = %message, "cannot prepare the role"),
+    fn refused_start(&mut self, refusal: gate::Refusal) -> i32 {
+        let message = refusal.message();
+        match &refusal {
+            gate::Refusal::Config(_) => tracing::error!(error = %message, "cannot prepare the role"),
+            gate::Refusal::CouldNotRun(_) => tracing::error!(error = %message, "preflight canary could not run"),
+            gate::Refusal::Escapes(escapes) => {
+                for d in escapes {
+                    crate::logging::log::say(d);
+                }
+                tracing::error!("preflight found an escape; not starting");
+            }
         }
         crate::logging::log::say(&message);
         for s in self.roles.iter_mut() {
@@ -44,7 +46,7 @@ impl Supervisor {
                 s.apply(Event::Refused);
             }
         }
-        code
+        refusal.code()
     }
 
     /// The gate answered: start what passed, stop on what did not; a reload's dry run goes on
@@ -65,15 +67,11 @@ impl Supervisor {
         match outcome {
             None => {}
             Some(gate::Outcome::Passed(p)) if p.purpose == gate::Purpose::DryRun => self.reload_passed(),
-            Some(o @ gate::Outcome::Refused { .. }) if purpose == Some(gate::Purpose::DryRun) => self.reload_refused(o),
-            Some(gate::Outcome::Passed(p)) => {
-                if let Err(code) = self.admit(*p) {
-                    self.begin_stop(code, After::Exit);
-                }
-            }
-            Some(o) => {
-                self.control.recycle_done(&crate::control::protocol::Refusal::new("recycle failed; sealnode stops"));
-                let code = self.refused_start(o);
+            Some(gate::Outcome::Refused(r)) if purpose == Some(gate::Purpose::DryRun) => self.reload_refused(r),
+            Some(gate::Outcome::Passed(p)) => self.admit(*p),
+            Some(gate::Outcome::Refused(r)) => {
+                self.server.recycle_done(&crate::control::protocol::Refusal::new("recycle failed; sealnode stops"));
+                let code = self.refused_start(r);
                 self.begin_stop(code, After::Exit);
             }
         }
@@ -81,8 +79,8 @@ impl Supervisor {
 
     /// The roles passed: a new receipt (the passed roles' digests fresh, the others' those of
     /// their running processes), the statement, then the start: the engine when it passed,
-    /// else the node.
-    fn admit(&mut self, p: gate::Passed) -> std::result::Result<(), i32> {
+    /// else the node. A failure stops the cell.
+    fn admit(&mut self, p: gate::Passed) {
         // The node's own pass admits it only beside a ready engine: if the engine went down
         // while the pass ran, the node waits for it (a pass again later), and no receipt says
         // otherwise (tests/gate.rs: a_node_admitted_while_the_engine_went_down_waits_for_the_engine).
@@ -91,7 +89,7 @@ impl Supervisor {
             for role in &p.roles {
                 self.slot(*role).apply(Event::RetryAt(Instant::now() + super::readiness::READY_INTERVAL));
             }
-            return Ok(());
+            return;
         }
         // Each role's latest result: the fresh ones replace theirs, the others stay.
         let fresh = p.report;
@@ -131,7 +129,7 @@ impl Supervisor {
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the receipt");
                 crate::logging::log::say(&format!("{e}"));
-                return Err(exit::FAILED);
+                return self.begin_stop(exit::FAILED, After::Exit);
             }
         };
         let names: Vec<&str> = p.roles.iter().map(|r| r.name()).collect();
@@ -165,19 +163,20 @@ impl Supervisor {
         }
         self.current.receipt = Some(r);
         let facts = super::facts(&self.base, &self.current, &self.roles);
-        self.attest.publish(&facts)?;
+        if let Err(code) = self.attest.publish(&facts) {
+            return self.begin_stop(code, After::Exit);
+        }
         match starts_now {
             Some(a) => self.start(a),
-            None => Err(self.nothing_admitted(first)),
+            None => self.nothing_admitted(first),
         }
     }
 
     /// A role about to start has no plan the gate admitted: nothing starts unsealed, the cell
     /// stops (an internal error: the gate admits every role of its pass).
-    pub(super) fn nothing_admitted(&mut self, role: Role) -> i32 {
+    pub(super) fn nothing_admitted(&mut self, role: Role) {
         tracing::error!(role = %role, "no start of this role passed the gate (internal error); stopping");
         crate::logging::log::say(&format!("{role}: no start passed the gate (internal error)"));
         self.begin_stop(exit::FAILED, After::Exit);
-        exit::FAILED
     }
 }

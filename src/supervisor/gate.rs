@@ -73,13 +73,38 @@ pub(super) struct Passed {
 #[derive(Debug)]
 pub(super) enum Outcome {
     Passed(Box<Passed>),
-    /// Refused with this exit status (125: what the config names cannot run; 6: the
-    /// preflight could not run; 3: an escape succeeded) and why; `details` are said first.
-    Refused {
-        code: i32,
-        message: String,
-        details: Vec<String>,
-    },
+    Refused(Refusal),
+}
+
+/// Why the gate refused a pass: each cause has its exit status ([`Refusal::code`]).
+#[derive(Debug)]
+pub(super) enum Refusal {
+    /// What the config names cannot run (a role's plan, a pin, a file to measure): exit 125.
+    Config(Error),
+    /// The preflight could not run (its probe, the measurement, their deadline): exit 6.
+    CouldNotRun(String),
+    /// The preflight found escapes, each said ("preflight: <role> role: <id> (<what>)
+    /// succeeded"): exit 3.
+    Escapes(Vec<String>),
+}
+
+impl Refusal {
+    pub fn code(&self) -> i32 {
+        match self {
+            Refusal::Config(_) => exit::CONFIG,
+            Refusal::CouldNotRun(_) => exit::PREFLIGHT_ERROR,
+            Refusal::Escapes(_) => exit::PREFLIGHT_FAILED,
+        }
+    }
+
+    /// The refusal in one line (escapes: each is said before it).
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::Config(e) => e.to_string(),
+            Refusal::CouldNotRun(why) => why.clone(),
+            Refusal::Escapes(_) => "refusing to start: the sandbox does not hold (see above)".into(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -147,21 +172,15 @@ impl Gate {
     /// Start a pass for `roles`. What fails before anything runs is refused at once, and so is
     /// a second pass while one runs: every caller checks `busy()` first, and a bug that did
     /// not would otherwise lose the running pass's worker and probes (unreaped, unkilled).
-    pub fn begin(&mut self, ctx: &Ctx, roles: &[Role], purpose: Purpose) -> Result<(), Outcome> {
-        let refuse = |code: i32, e: Error| Outcome::Refused { code, message: e.to_string(), details: Vec::new() };
+    pub fn begin(&mut self, ctx: &Ctx, roles: &[Role], purpose: Purpose) -> Result<(), Refusal> {
+        let could_not = Refusal::CouldNotRun;
         if self.busy() {
-            return Err(Outcome::Refused {
-                code: exit::PREFLIGHT_ERROR,
-                message: "preflight could not run: another pass through the gate is running (internal error)".into(),
-                details: Vec::new(),
-            });
+            return Err(could_not(
+                "preflight could not run: another pass through the gate is running (internal error)".into(),
+            ));
         }
-        let targets = canary::targets(ctx.cfg).map_err(|e| Outcome::Refused {
-            code: exit::PREFLIGHT_ERROR,
-            message: format!("preflight could not run: {e}"),
-            details: Vec::new(),
-        })?;
-        scratch_still_held(ctx, roles).map_err(|e| refuse(exit::CONFIG, e))?;
+        let targets = canary::targets(ctx.cfg).map_err(|e| could_not(format!("preflight could not run: {e}")))?;
+        scratch_still_held(ctx, roles).map_err(Refusal::Config)?;
         let (plans, probe_plans) = plans_and_probes(ctx, roles, &targets)?;
         // Model files are hashed for the statements (only with a key), and only from a
         // read-only dir: a writable one binds nothing and would be rehashed at every start.
@@ -173,8 +192,8 @@ impl Gate {
         let planned: Vec<(Role, &Plan)> = plans.iter().map(|(r, p)| (*r, p)).collect();
         let mut job = measure::job_for(ctx.cfg, ctx.inv, &planned);
         job.models = models;
-        let worker = measure::Worker::spawn(&job, ctx.state, &ctx.cfg.cell.state_dir)
-            .map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
+        let worker =
+            measure::Worker::spawn(&job, ctx.state, &ctx.cfg.cell.state_dir).map_err(|e| could_not(e.to_string()))?;
         let watch = |fd: &OwnedFd, token: u64| {
             ctx.epoll
                 .add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_GATE | token))
@@ -183,7 +202,7 @@ impl Gate {
         if let Err(e) = watch(&worker.out, 0) {
             worker.abandon();
             self.abandoned.push(worker.pid);
-            return Err(refuse(exit::PREFLIGHT_ERROR, e));
+            return Err(could_not(e.to_string()));
         }
         let mut job = Job {
             purpose,
@@ -286,15 +305,11 @@ impl Gate {
             let late: Vec<String> =
                 job.probes.iter().filter(|p| p.status.is_none()).map(|p| p.probe.role.to_string()).collect();
             self.abandon(epoll);
-            return Some(Outcome::Refused {
-                code: exit::PREFLIGHT_ERROR,
-                message: format!(
-                    "preflight could not run: the canary probe in the {} role did not answer within {} s",
-                    late.join(" and "),
-                    cfg.cell.preflight_timeout_s
-                ),
-                details: Vec::new(),
-            });
+            return Some(Outcome::Refused(Refusal::CouldNotRun(format!(
+                "preflight could not run: the canary probe in the {} role did not answer within {} s",
+                late.join(" and "),
+                cfg.cell.preflight_timeout_s
+            ))));
         }
         if !probes_done || !job.worker.done() {
             if probes_done && !job.said_slow && Instant::now() >= job.deadline {
@@ -391,16 +406,14 @@ type RolePlans = Vec<(Role, Plan)>;
 
 /// Each role's plan, built and checked once, and the preflight's probe plan made from it
 /// ([`Plan::probe`]: only its program replaced): what passes is what the role starts from.
-fn plans_and_probes(ctx: &Ctx, roles: &[Role], targets: &canary::Targets) -> Result<(RolePlans, Vec<Plan>), Outcome> {
-    let refuse = |code: i32, e: Error| Outcome::Refused { code, message: e.to_string(), details: Vec::new() };
+fn plans_and_probes(ctx: &Ctx, roles: &[Role], targets: &canary::Targets) -> Result<(RolePlans, Vec<Plan>), Refusal> {
     let mut plans = Vec::new();
     let mut probe_plans = Vec::new();
     for role in roles {
         let probe = canary::probe_argv(ctx.cfg, *role, targets, sandbox::Layers::ALL)
             .and_then(|argv| Ok((argv, sandbox::plan::sealed_self()?)))
-            .map_err(|e| refuse(exit::PREFLIGHT_ERROR, e))?;
-        let (plan, probe) =
-            Plan::for_run_and_probe(ctx.cfg, *role, ctx.inv, Some(probe)).map_err(|e| refuse(exit::CONFIG, e))?;
+            .map_err(|e| Refusal::CouldNotRun(e.to_string()))?;
+        let (plan, probe) = Plan::for_run_and_probe(ctx.cfg, *role, ctx.inv, Some(probe)).map_err(Refusal::Config)?;
         plans.push((*role, plan));
         probe_plans.extend(probe);
     }
@@ -430,25 +443,25 @@ fn unwatch(job: &Job, epoll: &Epoll) {
 
 /// Everything answered: the plans admitted, or why not.
 fn finish(cfg: &Config, mut job: Job) -> Outcome {
-    let refused = |code: i32, message: String| Outcome::Refused { code, message, details: Vec::new() };
+    let could_not = |why: String| Outcome::Refused(Refusal::CouldNotRun(why));
     let measured: Measured = match job.worker.answer() {
         Ok(m) => m,
-        Err(e) => return refused(exit::PREFLIGHT_ERROR, format!("measuring what runs: {e}")),
+        Err(e) => return could_not(format!("measuring what runs: {e}")),
     };
     if let Some(e) = measured.error(&cfg.file) {
-        return refused(exit::CONFIG, e.to_string());
+        return Outcome::Refused(Refusal::Config(e));
     }
     if let Some(why) = &measured.could_not {
-        return refused(exit::PREFLIGHT_ERROR, format!("preflight could not run: {why}"));
+        return could_not(format!("preflight could not run: {why}"));
     }
     if let Some(why) = job.probe_failed.take() {
-        return refused(exit::PREFLIGHT_ERROR, why);
+        return could_not(why);
     }
     let mut reports = Vec::new();
     for p in &job.probes {
         match canary::finish(cfg, p.probe.role, &p.buf, p.status.unwrap_or(-1)) {
             Ok(r) => reports.push(r),
-            Err(e) => return refused(exit::PREFLIGHT_ERROR, format!("preflight could not run: {e}")),
+            Err(e) => return could_not(format!("preflight could not run: {e}")),
         }
     }
     let passed = reports.iter().all(|r| r.succeeded == 0);
@@ -461,11 +474,7 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
                 details.push(format!("preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description));
             }
         }
-        return Outcome::Refused {
-            code: exit::PREFLIGHT_FAILED,
-            message: "refusing to start: the sandbox does not hold (see above)".into(),
-            details,
-        };
+        return Outcome::Refused(Refusal::Escapes(details));
     }
     if let Some(m) = &measured.models {
         tracing::info!(
@@ -482,23 +491,20 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
     for (role, mut plan) in std::mem::take(&mut job.plans) {
         let mut digests = match crate::proof::receipt::policy_digests(cfg, role) {
             Ok(d) => d,
-            Err(e) => return refused(exit::CONFIG, e.to_string()),
+            Err(e) => return Outcome::Refused(Refusal::Config(e)),
         };
         if let Some(sp) = plan.sealed_program() {
             let Some(d) = measured.program(role) else {
-                return refused(
-                    exit::PREFLIGHT_ERROR,
-                    format!("measuring what runs: no digest of the {role}'s program"),
-                );
+                return could_not(format!("measuring what runs: no digest of the {role}'s program"));
             };
             // The worker sealed the copy it hashed; a copy not sealed, or of another size,
             // is not what was hashed.
             let size = nix::sys::stat::fstat(&sp.fd).map(|st| st.st_size as u64).ok();
             if !crate::sandbox::sealed::is_sealed(&sp.fd) || size != Some(d.bytes) {
-                return refused(
-                    exit::PREFLIGHT_ERROR,
-                    format!("measuring what runs: the copy of {} is not the one hashed", sp.host.display()),
-                );
+                return could_not(format!(
+                    "measuring what runs: the copy of {} is not the one hashed",
+                    sp.host.display()
+                ));
             }
             digests.program_resolved = Some(sp.inside.display().to_string());
             digests.program_host = Some(sp.host.display().to_string());

@@ -1,6 +1,7 @@
-//! Each role's lifecycle as data: its phase, its restart record, the scratch wipes in flight
-//! and what follows them, and the rules the loop applies when a role exits or a stop is asked
-//! for. Everything here is pure (time is an argument, no process is touched): the tables in
+//! Each role's lifecycle as data: its phase and its state × event table, its restart record;
+//! the cell's course between runs of the roles (a stop, the scratch wipes in flight) and its
+//! own table of next steps; and the rules the loop applies when a role exits, a stop is asked
+//! for, or a SIGHUP or recycle meets a cell that is busy. Everything here is pure (time is an argument, no process is touched): the tables in
 //! the tests below are the rules, as s6-supervise keeps its state × event table apart from the
 //! loop that dispatches into it.
 
@@ -21,10 +22,14 @@ pub(super) const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// Where a role is. Each phase names what the loop waits for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
+    /// Nothing of the role runs and nothing is under way for it: before its first start,
+    /// after a refusal, an exit that is not restarted, a stop or its wipe.
     Down,
-    /// Passing the gate: measured and preflighted. Admitted, it is down until started (the
-    /// node once the engine is ready).
+    /// Passing the gate: measured and preflighted.
     Starting,
+    /// Admitted by the gate, its plan kept: it starts next (the node once the engine is
+    /// ready: `Current::node_admitted`).
+    Admitted,
     Running(Pid),
     /// SIGTERM sent; SIGKILL at this time.
     Stopping(Pid, Instant),
@@ -39,7 +44,7 @@ impl Phase {
     pub(super) fn shown(self) -> (RoleState, Option<Pid>) {
         match self {
             Phase::Down => (RoleState::Down, None),
-            Phase::Starting => (RoleState::Starting, None),
+            Phase::Starting | Phase::Admitted => (RoleState::Starting, None),
             Phase::Running(p) => (RoleState::Running, Some(p)),
             Phase::Stopping(p, _) => (RoleState::Stopping, Some(p)),
             Phase::Waiting(_) => (RoleState::Restarting, None),
@@ -49,7 +54,7 @@ impl Phase {
 
     /// Nothing of this role runs (a stop that fails now leaves no process behind).
     pub(super) fn idle(self) -> bool {
-        matches!(self, Phase::Down | Phase::Waiting(_) | Phase::Starting)
+        matches!(self, Phase::Down | Phase::Waiting(_) | Phase::Starting | Phase::Admitted)
     }
 
     /// The phase after `event`: the role's state × event table (`the_phase_table` below lists
@@ -59,19 +64,20 @@ impl Phase {
         use Phase as P;
         Some(match (self, event) {
             // A pass through the gate begins (the first start, a restart whose backoff is
-            // over); it ends refused (down), admitted (down until started: the node waits for
-            // a ready engine), or, for a node whose engine is not ready, waiting again.
+            // over); it ends refused (down), admitted (started next: the node once the
+            // engine is ready), or, for a node whose engine is not ready, waiting again.
             (P::Down, E::EnterGate) => P::Starting,
-            (P::Starting, E::Refused | E::Admitted) => P::Down,
+            (P::Starting, E::Refused) => P::Down,
+            (P::Starting, E::Admitted) => P::Admitted,
             (P::Starting | P::Waiting(_), E::RetryAt(at)) => P::Waiting(at),
             (P::Waiting(_), E::Due) => P::Down,
-            (P::Down, E::Started(pid)) => P::Running(pid),
+            (P::Admitted, E::Started(pid)) => P::Running(pid),
             // Its exit, by the lifecycle's decision (Restarts::on_exit).
             (P::Running(_), E::Exited(Decision::Restart(delay), now)) => P::Waiting(now + delay),
             (P::Running(_), E::Exited(_, _)) => P::Down,
             // A stop: what was about to start does not; a running role gets SIGTERM, then
             // SIGKILL once the grace period is over; reaped, it is down.
-            (P::Waiting(_) | P::Starting, E::StopAsked) => P::Down,
+            (P::Waiting(_) | P::Starting | P::Admitted, E::StopAsked) => P::Down,
             (p, E::StopAsked) => p,
             (P::Running(pid), E::TermSent(kill_at)) => P::Stopping(pid, kill_at),
             (P::Stopping(pid, _), E::KillSent(next)) => P::Stopping(pid, next),
@@ -252,8 +258,42 @@ pub(super) enum AfterWipes {
     Refuse { reprovision: bool },
 }
 
+/// The cell's next step, as [`Cycle::next`] decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Nothing until the next event.
+    Wait,
+    /// SIGTERM to this role (a stop: the node first, the engine once the node is down).
+    Term(Role),
+    /// Both roles are down after a stop: empty both scratch dirs.
+    Wipe,
+    /// Both wipes are done: this follows.
+    WipesDone(AfterWipes),
+}
+
 impl Cycle {
-    /// The rule the loop applies once both wipes are done (`failed`: one of them failed).
+    /// The cell's own state × event table, beside each role's ([`Phase::on`]): from the stop
+    /// under way, the wipes in flight and both roles' phases, what the loop does next. The
+    /// loop takes these steps after every batch of events until this says `Wait`.
+    pub(super) fn next(&self, engine: Phase, node: Phase) -> Step {
+        if self.wipes.running {
+            let wiping = [engine, node].iter().any(|p| matches!(p, Phase::Wiping(_)));
+            return if wiping { Step::Wait } else { Step::WipesDone(self.after_wipes(!self.wipes.failed.is_empty())) };
+        }
+        if self.stop.is_none() {
+            return Step::Wait;
+        }
+        match (node, engine) {
+            (Phase::Running(_), _) => Step::Term(Role::Node),
+            (Phase::Stopping(..), _) | (_, Phase::Stopping(..)) => Step::Wait,
+            (_, Phase::Running(_)) => Step::Term(Role::Engine),
+            (Phase::Down, Phase::Down) => Step::Wipe,
+            // A stop moves every other phase to Down (Phase::on, StopAsked).
+            _ => Step::Wait,
+        }
+    }
+
+    /// What follows once both wipes are done (`failed`: one of them failed).
     pub(super) fn after_wipes(&self, failed: bool) -> AfterWipes {
         let reprovision = self.stop.is_some();
         match self.stop {
@@ -261,6 +301,38 @@ impl Cycle {
             _ if failed => AfterWipes::Refuse { reprovision },
             _ => AfterWipes::Gate { reprovision },
         }
+    }
+}
+
+/// What is under way in the cell besides its roles running. A SIGHUP and a recycle are both
+/// refused while any of it is ([`UnderWay::busy`]: one rule for both): each would stop the
+/// roles and pass both through the gate, and would meet what is under way there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct UnderWay {
+    /// A stop (to exit, or a reload's or recycle's stop before its re-provision).
+    pub stop: bool,
+    /// The scratch wipes (before the first start, after a stop).
+    pub wipes: bool,
+    /// A pass through the gate (a start, a restart, a reload's dry run).
+    pub gate: bool,
+    /// The engine started and has not answered its readiness check yet.
+    pub engine_starting: bool,
+    /// A recycle that has not answered its client yet.
+    pub recycle: bool,
+}
+
+impl UnderWay {
+    /// What makes the cell busy (the refusal names it), or None.
+    pub(super) fn busy(self) -> Option<&'static str> {
+        [
+            (self.stop, "a stop"),
+            (self.wipes, "the scratch wipes"),
+            (self.gate, "a pass through the gate"),
+            (self.engine_starting, "the engine's start"),
+            (self.recycle, "a recycle"),
+        ]
+        .into_iter()
+        .find_map(|(on, what)| on.then_some(what))
     }
 }
 
@@ -300,17 +372,18 @@ mod tests {
         for (from, event, to) in [
             (P::Down, E::EnterGate, Some(P::Starting)),
             (P::Starting, E::Refused, Some(P::Down)),
-            (P::Starting, E::Admitted, Some(P::Down)),
+            (P::Starting, E::Admitted, Some(P::Admitted)),
             (P::Starting, E::RetryAt(at), Some(P::Waiting(at))),
             (P::Waiting(t0), E::RetryAt(at), Some(P::Waiting(at))),
             (P::Waiting(t0), E::Due, Some(P::Down)),
-            (P::Down, E::Started(pid), Some(P::Running(pid))),
+            (P::Admitted, E::Started(pid), Some(P::Running(pid))),
             (P::Running(pid), E::Exited(Decision::Restart(delay), t0), Some(P::Waiting(t0 + delay))),
             (P::Running(pid), E::Exited(Decision::GiveUp, t0), Some(P::Down)),
             (P::Running(pid), E::Exited(Decision::Stop, t0), Some(P::Down)),
             (P::Running(pid), E::Exited(Decision::StayDown, t0), Some(P::Down)),
             (P::Waiting(t0), E::StopAsked, Some(P::Down)),
             (P::Starting, E::StopAsked, Some(P::Down)),
+            (P::Admitted, E::StopAsked, Some(P::Down)),
             (P::Running(pid), E::StopAsked, Some(P::Running(pid))),
             (P::Wiping(pid), E::StopAsked, Some(P::Wiping(pid))),
             (P::Down, E::StopAsked, Some(P::Down)),
@@ -323,6 +396,8 @@ mod tests {
             // Not in the table: a start while running, a wipe under a live role, a second
             // pass through the gate, a reap of what is not stopping.
             (P::Running(pid), E::Started(pid), None),
+            (P::Down, E::Started(pid), None),
+            (P::Admitted, E::EnterGate, None),
             (P::Running(pid), E::WipeStarted(pid), None),
             (P::Starting, E::EnterGate, None),
             (P::Running(pid), E::Reaped, None),
@@ -348,6 +423,66 @@ mod tests {
         ] {
             let cycle = Cycle { stop, wipes: Wipes::default() };
             assert_eq!(cycle.after_wipes(failed), want, "{stop:?} failed={failed}");
+        }
+    }
+
+    /// The cell's table: every stop (none, to exit, to restart), wipes (none, in flight,
+    /// done, failed) and the phases that matter.
+    #[test]
+    fn the_cells_next_step() {
+        use Phase as P;
+        let (pid, t0) = (Pid::from_raw(9), Instant::now());
+        let stop = |after| Some(Stop { code: 0, after });
+        let wipes = |running, failed: bool| Wipes {
+            running,
+            failed: if failed { vec![(Role::Node, crate::sandbox::cell::WipeFailed::Killed(9))] } else { Vec::new() },
+            deadline: None,
+        };
+        let none = || wipes(false, false);
+        // stop, wipes, engine, node: the step.
+        let table = [
+            // No stop, no wipes: the roles' own events drive them.
+            (None, none(), P::Running(pid), P::Running(pid), Step::Wait),
+            (None, none(), P::Down, P::Down, Step::Wait),
+            // A stop: the node first, the engine once the node is down, then the wipes.
+            (stop(After::Exit), none(), P::Running(pid), P::Running(pid), Step::Term(Role::Node)),
+            (stop(After::Exit), none(), P::Running(pid), P::Stopping(pid, t0), Step::Wait),
+            (stop(After::Exit), none(), P::Running(pid), P::Down, Step::Term(Role::Engine)),
+            (stop(After::Restart), none(), P::Stopping(pid, t0), P::Down, Step::Wait),
+            (stop(After::Exit), none(), P::Down, P::Running(pid), Step::Term(Role::Node)),
+            (stop(After::Recycle), none(), P::Down, P::Down, Step::Wipe),
+            // Wipes in flight: wait for both; done, what follows.
+            (stop(After::Exit), wipes(true, false), P::Wiping(pid), P::Down, Step::Wait),
+            (None, wipes(true, false), P::Down, P::Wiping(pid), Step::Wait),
+            (stop(After::Exit), wipes(true, true), P::Down, P::Down, Step::WipesDone(AfterWipes::Exit(0))),
+            (None, wipes(true, false), P::Down, P::Down, Step::WipesDone(AfterWipes::Gate { reprovision: false })),
+            (None, wipes(true, true), P::Down, P::Down, Step::WipesDone(AfterWipes::Refuse { reprovision: false })),
+            (
+                stop(After::Restart),
+                wipes(true, false),
+                P::Down,
+                P::Down,
+                Step::WipesDone(AfterWipes::Gate { reprovision: true }),
+            ),
+        ];
+        for (stop, wipes, engine, node, want) in table {
+            let cycle = Cycle { stop, wipes };
+            assert_eq!(cycle.next(engine, node), want, "{cycle:?} engine {engine:?} node {node:?}");
+        }
+    }
+
+    #[test]
+    fn a_reload_and_a_recycle_are_refused_for_the_same_reasons() {
+        let all = UnderWay { stop: true, wipes: true, gate: true, engine_starting: true, recycle: true };
+        assert_eq!(UnderWay::default().busy(), None);
+        assert_eq!(all.busy(), Some("a stop"));
+        for (u, want) in [
+            (UnderWay { wipes: true, ..Default::default() }, "the scratch wipes"),
+            (UnderWay { gate: true, ..Default::default() }, "a pass through the gate"),
+            (UnderWay { engine_starting: true, ..Default::default() }, "the engine's start"),
+            (UnderWay { recycle: true, ..Default::default() }, "a recycle"),
+        ] {
+            assert_eq!(u.busy(), Some(want));
         }
     }
 
@@ -477,6 +612,7 @@ mod tests {
         let table = [
             (Phase::Down, "down", None, true),
             (Phase::Starting, "starting", None, true),
+            (Phase::Admitted, "starting", None, true),
             (Phase::Running(p), "running", Some(p), false),
             (Phase::Stopping(p, now), "stopping", Some(p), false),
             (Phase::Waiting(now), "restarting", None, true),

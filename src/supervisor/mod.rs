@@ -10,10 +10,9 @@
 //! dir is never touched.
 //!
 //! The loop ([`Supervisor::run`]) dispatches each event by its token to the component that
-//! owns it, then takes the steps that follow from what changed (the gate's outcome, a stop's
-//! wipes once both roles are down, what follows the wipes) and the components' timers.
-//! Components own their fields and offer the loop what it needs of them (`handle` for their
-//! tokens, a next deadline and a sweep where they keep time):
+//! owns it, then takes the cell's next steps ([`Supervisor::advance`]) and the components'
+//! timers. Components own their fields and offer the loop what it needs of them (`handle`
+//! for their tokens, a next deadline and a sweep where they keep time):
 //! - [`gate`]: one pass at a time through measurement and preflight;
 //! - [`readiness`]: the engine's readiness check;
 //! - [`server`]: the control socket's clients (the protocol is crate::control's);
@@ -22,14 +21,23 @@
 //! - [`notify`]: sd_notify and the watchdog;
 //! - the forwarder (crate::egress) for the node's egress and its way to the engine.
 //!
-//! [`lifecycle`] is data and pure rules: each role's phase and its state × event table (every
-//! phase change goes through `Slot::apply`), restarts and backoff, which of two stops wins,
-//! the wipes in flight and what follows them; [`reload`] holds the reload in its steps and
-//! sorts what a SIGHUP may change. The verbs that act on processes through the components are
-//! `impl Supervisor` blocks, a file each: [`admit`] (the gate's outcome to a start), [`roles`]
-//! (start, exit, stop), [`wipes`] (before a start, after a stop, and what follows),
-//! [`sighup`] (the reload), [`status`] (the reply); this file keeps the loop's own (`reap`,
-//! `on_request`, `on_timers`) and the steps its tail takes.
+//! [`lifecycle`] is data and pure rules, unit-tested as tables: each role's phase and its
+//! state × event table (`Phase::on`; every phase change goes through `Slot::apply`), the
+//! cell's own table (`Cycle::next`: a stop's SIGTERMs in order, the wipes once both roles are
+//! down, what follows the wipes), restarts and backoff, which of two stops wins, and what
+//! makes the cell too busy for a SIGHUP or a recycle (`UnderWay`: one rule for both);
+//! [`reload`] holds the reload in its steps and sorts what a SIGHUP may change. The verbs that
+//! act on processes through the components are `impl Supervisor` blocks, a file each:
+//! [`admit`] (the gate's outcome to a start), [`roles`] (start, exit, stop), [`wipes`]
+//! (before a start, after a stop, and what follows), [`sighup`] (the reload), [`status`] (the
+//! reply); this file keeps the loop's own (`reap`, `on_request`, `on_timers`, `advance`).
+//!
+//! Failures: a verb that fails stops the cell itself (`begin_stop` with the exit status of
+//! what failed; a second stop keeps the stricter outcome) and returns nothing; components
+//! return the exit status of their failures to the verb that called them. Two return one to
+//! the loop: `enter_gate` (its callers differ: a restart's refusal stops the running cell,
+//! the first start's ends the loop at once, nothing running and scratch just wiped) and
+//! `wipes_done`, whose Some(code) is the loop's end.
 //!
 //! Tokens: an event's top byte names its owner, the low bits its item (`tokens_are_distinct`
 //! below): 1 signals (here), 2 egress listeners, 3 egress connections, 7 egress lookups
@@ -37,21 +45,22 @@
 //! output and 9 denial logs ([`role_io`]), 10 the gate's pipes ([`gate`]).
 //!
 //! The sequences, hop by hop:
-//! - First start: `run` → `begin_wipes`; each wipe child reaped (`reap` →
-//!   `wipe_exited`); `after_wipes` → `enter_gate(both)` → `gate.begin`; the gate's pipes and
-//!   children (`gate.handle`, `gate.exited`); `poll_gate` → `admit` (receipt, statement) →
+//! - First start: `run` → `begin_wipes`; each wipe child reaped (`reap` → `wipe_exited`);
+//!   `advance` (`Cycle::next`: both wipes done) → `wipes_done` → `enter_gate(both)` →
+//!   `gate.begin`; the gate's pipes and children (`gate.handle`, `gate.exited`); `poll_gate`
+//!   → `admit` (receipt, statement; the node's plan kept, the node `Admitted`) →
 //!   `start(engine)` → `readiness.begin`; the engine answers → `engine_ready` → `start(node)`
 //!   → READY=1.
 //! - Crash restart: `reap` → `role_process_exited` → `role_exited` (`Restarts::on_exit`: a
 //!   backoff, give up, or stop) → `roles_timer` once the backoff is over → `enter_gate(role)`
 //!   → `poll_gate` → `admit` → `start(role)` (the node after a ready engine).
-//! - Stop (SIGTERM, a failure): `begin_stop(code, Exit)` → `stop_next` (the node, then the
-//!   engine: SIGTERM, SIGKILL after the grace period; the engine's from `on_timers` once the
-//!   node is down) → both down (the loop's tail) → `begin_wipes` →
-//!   `after_wipes` → `finish_stop` (forwarding drained, totals) → the exit status.
-//! - Reload (SIGHUP): `reload` (`Config::reload`, `reload::refused`, the dry run:
+//! - Stop (SIGTERM, a failure): `begin_stop(code, Exit)` (what was about to start does not)
+//!   → `advance`: `terminate(node)`, once it is reaped `terminate(engine)` (SIGKILL from
+//!   `roles_timer` after the grace period), both down → `begin_wipes`, both done →
+//!   `wipes_done` → `finish_stop` (forwarding drained, totals) → the exit status.
+//! - Reload (SIGHUP): `on_sighup` (`Config::reload`, `reload::refused`, the dry run:
 //!   `gate.begin(DryRun)` in a throwaway cell) → `poll_gate` → `reload_passed` →
-//!   `begin_stop(OK, Restart)` → as a stop up to `after_wipes`, which switches the config
+//!   `begin_stop(OK, Restart)` → as a stop up to `wipes_done`, which switches the config
 //!   (`Reload::take_next`) and enters the gate as at the first start; READY=1 again.
 //! - Recycle (`ctl recycle`): `on_request` → `begin_stop(OK, Recycle)` → as a reload's switch,
 //!   without a new config; the client is answered at `engine_ready`.
@@ -87,7 +96,7 @@ use crate::exit;
 use crate::sandbox;
 use crate::sandbox::cell::Cell;
 
-use lifecycle::{After, Phase};
+use lifecycle::{After, Phase, Step};
 use notify::notify;
 
 const TOKEN_SIGNAL: u64 = 1 << 56;
@@ -183,8 +192,8 @@ pub struct Supervisor {
     cycle: lifecycle::Cycle,
     gate: gate::Gate,
     current: Current,
-    ready: readiness::Readiness,
-    control: server::Server,
+    readiness: readiness::Readiness,
+    server: server::Server,
     attest: attestation::Publisher,
     io: role_io::RoleIo,
     reload: reload::Reload,
@@ -250,7 +259,7 @@ impl Supervisor {
         cell.cgroups = cgroups;
         let fwd = forwarder(&cfg, &mut cell, &epoll)?;
         tracing::info!(cell_pid = cell.pid.as_raw(), egress = cfg.node.egress.len(), "cell created");
-        let control = server::Server::open(&cfg, &runtime_dir, &epoll)?;
+        let server = server::Server::open(&cfg, &runtime_dir, &epoll)?;
         let mut scratch = scratch.into_iter();
         let mut slot = |role| Slot {
             role,
@@ -272,8 +281,8 @@ impl Supervisor {
             cycle: lifecycle::Cycle::default(),
             gate: gate::Gate::default(),
             current: Current::default(),
-            ready: readiness::Readiness::default(),
-            control,
+            readiness: readiness::Readiness::default(),
+            server,
             attest,
             io: role_io::RoleIo::default(),
             reload: reload::Reload::default(),
@@ -289,7 +298,7 @@ impl Supervisor {
     /// Run until stopped. Returns the exit code (0 after SIGTERM/SIGINT, 1 after a failure).
     pub fn run(mut self) -> i32 {
         // Both scratch dirs wiped (off the loop), then both roles enter the gate
-        // ([`Supervisor::after_wipes`]); the engine starts once they pass ([`Supervisor::admit`]).
+        // ([`Supervisor::wipes_done`]); the engine starts once they pass ([`Supervisor::admit`]).
         self.begin_wipes();
         let mut events = vec![EpollEvent::empty(); 64];
         loop {
@@ -313,17 +322,17 @@ impl Supervisor {
                 match token & TOKEN_KIND {
                     TOKEN_SIGNAL => self.on_signals(),
                     readiness::TOKEN_READY => {
-                        if self.ready.handle(&self.base.cfg, epoll) == Some(readiness::Event::Ready) {
+                        if self.readiness.handle(&self.base.cfg, epoll) == Some(readiness::Event::Ready) {
                             self.engine_ready();
                         }
                     }
                     server::TOKEN_CONTROL => {
                         let allowed =
                             self.base.cfg.cell.control_uids.clone().unwrap_or_else(|| vec![self.base.inv.uid]);
-                        self.control.accept(&allowed, epoll);
+                        self.server.accept(&allowed, epoll);
                     }
                     server::TOKEN_CLIENT => {
-                        if let Some((stream, request)) = self.control.handle(token & !TOKEN_KIND, epoll) {
+                        if let Some((stream, request)) = self.server.handle(token & !TOKEN_KIND, epoll) {
                             self.on_request(stream, request);
                         }
                     }
@@ -338,16 +347,39 @@ impl Supervisor {
             self.io.report_dropped();
             // Lines held back while a reader of sealnode's stdout or stderr was not reading.
             crate::logging::logsink::pump();
-            // Once every role is down after a stop: both scratch dirs wiped (off the loop).
-            if self.cycle.stop.is_some()
-                && !self.cycle.wipes.busy()
-                && self.roles.iter().all(|s| s.phase == Phase::Down)
-            {
-                self.begin_wipes();
-            }
-            if let Some(code) = self.after_wipes() {
+            if let Some(code) = self.advance() {
                 return code;
             }
+        }
+    }
+
+    /// The cell's next steps, by its table ([`lifecycle::Cycle::next`]), taken until it waits
+    /// for an event: a stop's SIGTERMs (node, then engine), both scratch dirs wiped once both
+    /// roles are down, and what follows the wipes. Some(code): the loop ends with it.
+    fn advance(&mut self) -> Option<i32> {
+        loop {
+            match self.cycle.next(self.roles[Role::Engine as usize].phase, self.roles[Role::Node as usize].phase) {
+                Step::Wait => return None,
+                Step::Term(role) => self.terminate(role),
+                Step::Wipe => self.begin_wipes(),
+                Step::WipesDone(next) => {
+                    if let Some(code) = self.wipes_done(next) {
+                        return Some(code);
+                    }
+                }
+            }
+        }
+    }
+
+    /// What is under way besides the roles running: a SIGHUP and a recycle are refused while
+    /// any of it is ([`lifecycle::UnderWay::busy`]).
+    fn under_way(&self) -> lifecycle::UnderWay {
+        lifecycle::UnderWay {
+            stop: self.cycle.stop.is_some(),
+            wipes: self.cycle.wipes.busy(),
+            gate: self.gate.busy(),
+            engine_starting: self.readiness.pending(),
+            recycle: self.server.recycle_waiting(),
         }
     }
 
@@ -365,20 +397,14 @@ impl Supervisor {
                 }
             }
             crate::control::Request::Recycle => {
-                if self.cycle.stop.is_some()
-                    || self.control.recycle_waiting()
-                    || self.ready.pending()
-                    || self.gate.busy()
-                {
+                if let Some(what) = self.under_way().busy() {
                     crate::control::respond(
                         &mut stream,
-                        &crate::control::protocol::Refusal::new(
-                            "busy: a start, stop or recycle is in progress; try again",
-                        ),
+                        &crate::control::protocol::Refusal::new(format!("busy: {what} is in progress; try again")),
                     );
                 } else {
                     tracing::info!("control: recycle requested");
-                    self.control.await_recycle(stream);
+                    self.server.await_recycle(stream);
                     self.begin_stop(exit::OK, After::Recycle);
                 }
             }
@@ -395,10 +421,10 @@ impl Supervisor {
             _ => None,
         });
         roles
-            .chain(self.ready.next_deadline())
+            .chain(self.readiness.next_deadline())
             .chain(self.sd.next_deadline())
             .chain(self.fwd.next_sweep())
-            .chain(self.control.next_deadline())
+            .chain(self.server.next_deadline())
             .chain(self.fwd.next_lookup_deadline())
             .chain(self.attest.next_deadline())
             .chain(self.cycle.wipes.next_deadline())
@@ -410,17 +436,15 @@ impl Supervisor {
     fn on_timers(&mut self) {
         let now = Instant::now();
         self.wipes_timer(now);
-        self.control.expire(now, &self.base.epoll);
+        self.server.expire(now, &self.base.epoll);
         let facts = facts(&self.base, &self.current, &self.roles);
         let swept = self.attest.sweep(now, &facts, self.cycle.stop.is_some());
         if let Err(code) = swept {
             self.begin_stop(code, After::Exit);
         }
-        if self.cycle.stop.is_some() {
-            self.stop_next();
-        }
         self.roles_timer(now);
-        if self.ready.sweep(now, &self.base.cfg, &self.base.cell, &self.base.epoll) == Some(readiness::Event::TimedOut)
+        if self.readiness.sweep(now, &self.base.cfg, &self.base.cell, &self.base.epoll)
+            == Some(readiness::Event::TimedOut)
         {
             self.begin_stop(exit::NOT_READY, After::Exit);
         }
@@ -437,7 +461,7 @@ impl Supervisor {
                     tracing::info!(signal = info.ssi_signo, "stopping the cell");
                     self.begin_stop(exit::OK, After::Exit);
                 }
-                Ok(Signal::SIGHUP) => self.reload(),
+                Ok(Signal::SIGHUP) => self.on_sighup(),
                 _ => {}
             }
         }

@@ -19,13 +19,13 @@ use crate::sandbox;
 impl Supervisor {
     /// The engine runs and answered its readiness check.
     pub(super) fn engine_is_ready(&self) -> bool {
-        !self.ready.pending() && matches!(self.roles[Role::Engine as usize].phase, Phase::Running(_))
+        !self.readiness.pending() && matches!(self.roles[Role::Engine as usize].phase, Phase::Running(_))
     }
 
     /// Start a role from the plan the gate admitted for it (only the gate makes an
-    /// [`gate::Admitted`]). Errors stop the cell (returned as the exit code when nothing runs
-    /// yet).
-    pub(super) fn start(&mut self, admitted: gate::Admitted) -> std::result::Result<(), i32> {
+    /// [`gate::Admitted`]). A failure stops the cell: exit 125 when nothing runs yet (what
+    /// the config names cannot start), else 1.
+    pub(super) fn start(&mut self, admitted: gate::Admitted) {
         let role = admitted.plan().role;
         let errno = admitted.plan().refusal_log;
         let mut plan = admitted.into_plan();
@@ -56,20 +56,14 @@ impl Supervisor {
                 s.starts += 1;
                 notify(&[NotifyState::Status(&format!("{role} started"))]);
                 if role == Role::Engine {
-                    self.ready.begin(&self.base.cfg);
+                    self.readiness.begin(&self.base.cfg);
                 }
-                Ok(())
             }
             Err(e) => {
                 tracing::error!(role = %role, error = %e, "role failed to start");
                 crate::logging::log::say(&format!("{e}"));
                 let nothing_running = self.roles.iter().all(|s| s.phase.idle());
-                self.begin_stop(exit::FAILED, After::Exit);
-                if nothing_running {
-                    Err(exit::CONFIG)
-                } else {
-                    Ok(())
-                }
+                self.begin_stop(if nothing_running { exit::CONFIG } else { exit::FAILED }, After::Exit);
             }
         }
     }
@@ -116,7 +110,7 @@ impl Supervisor {
                 tracing::warn!(role = %role, pid = pid.as_raw(), code, restart_in_ms = delay.as_millis() as u64, restarts, "role exited; restarting");
                 notify(&[NotifyState::Status(&format!("{role} exited with {code}; restarting"))]);
                 if role == Role::Engine {
-                    self.ready.cancel(&self.base.epoll);
+                    self.readiness.cancel(&self.base.epoll);
                 }
             }
             Decision::GiveUp => {
@@ -142,10 +136,11 @@ impl Supervisor {
         }
     }
 
-    /// Stop both roles (node first), for `after`; a stop already under way keeps the stricter
-    /// outcome (lifecycle::Stop::merge). Whatever was about to start does not: the readiness
-    /// check, a pass through the gate (its processes killed), a reload's dry run, restarts
-    /// waiting out their backoff.
+    /// Stop both roles (node first: the loop's [`Supervisor::advance`] sends the SIGTERMs),
+    /// for `after`; a stop already under way keeps the stricter outcome
+    /// (lifecycle::Stop::merge). Whatever was about to start does not: the readiness check, a
+    /// pass through the gate (its processes killed), a reload's dry run, restarts waiting out
+    /// their backoff, a node admitted and waiting for the engine.
     pub(super) fn begin_stop(&mut self, code: i32, after: After) {
         self.cycle.stop = Some(match self.cycle.stop {
             Some(s) => s.merge(code, after),
@@ -154,11 +149,11 @@ impl Supervisor {
         if after == After::Exit {
             notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
             // A recycle in progress will not complete: say so rather than hang up.
-            self.control.recycle_done(&crate::control::protocol::Refusal::new(
+            self.server.recycle_done(&crate::control::protocol::Refusal::new(
                 "sealnode is stopping; the recycle did not complete",
             ));
         }
-        self.ready.cancel(&self.base.epoll);
+        self.readiness.cancel(&self.base.epoll);
         if self.gate.busy() {
             tracing::info!("preflight abandoned: a stop was requested (the gate's measurement and probes are killed)");
             self.gate.abandon(&self.base.epoll);
@@ -167,25 +162,19 @@ impl Supervisor {
         for s in self.roles.iter_mut() {
             s.apply(Event::StopAsked);
         }
+        self.current.node_admitted = None;
         self.arm_wipe_deadline();
-        self.stop_next();
     }
 
-    /// Stop in reverse order: the node first, the engine once the node is down.
-    pub(super) fn stop_next(&mut self) {
+    /// A stop's SIGTERM to a running role (the cell's table orders them: lifecycle::Cycle::next);
+    /// SIGKILL follows once the grace period is over ([`Supervisor::roles_timer`]).
+    pub(super) fn terminate(&mut self, role: Role) {
         let grace = Duration::from_secs(self.base.cfg.cell.stop_timeout_s);
-        for role in [Role::Node, Role::Engine] {
-            let s = self.slot(role);
-            match s.phase {
-                Phase::Running(pid) => {
-                    tracing::info!(role = %role, pid = pid.as_raw(), "stopping role (SIGTERM)");
-                    let _ = kill(pid, Signal::SIGTERM);
-                    s.apply(Event::TermSent(Instant::now() + grace));
-                    return;
-                }
-                Phase::Stopping(..) => return,
-                _ => {}
-            }
+        let s = self.slot(role);
+        if let Phase::Running(pid) = s.phase {
+            tracing::info!(role = %role, pid = pid.as_raw(), "stopping role (SIGTERM)");
+            let _ = kill(pid, Signal::SIGTERM);
+            s.apply(Event::TermSent(Instant::now() + grace));
         }
     }
 
@@ -224,12 +213,12 @@ impl Supervisor {
         if self.cycle.stop.is_some() {
             return;
         }
-        if self.roles[Role::Node as usize].phase == Phase::Down {
-            let started = match self.current.node_admitted.take() {
+        if self.roles[Role::Node as usize].phase == Phase::Admitted {
+            match self.current.node_admitted.take() {
                 Some(a) => self.start(a),
-                None => Err(self.nothing_admitted(Role::Node)),
-            };
-            if started.is_err() {
+                None => self.nothing_admitted(Role::Node),
+            }
+            if self.cycle.stop.is_some() {
                 return;
             }
         }
@@ -240,9 +229,9 @@ impl Supervisor {
             }
         }
         let generation = self.current.receipt.as_ref().map(|r| r.generation);
-        if self.control.recycle_waiting() {
+        if self.server.recycle_waiting() {
             tracing::info!(generation, "recycle complete");
         }
-        self.control.recycle_done(&crate::control::protocol::Recycled::new(generation));
+        self.server.recycle_done(&crate::control::protocol::Recycled::new(generation));
     }
 }

@@ -20,16 +20,14 @@ impl Supervisor {
     /// (its programs measured, its preflight; in this cell the running engine listens, and
     /// an engine allowed to connect would reach it and look like an escape), while the old
     /// roles keep running; then both roles are stopped and started again through the gate.
-    pub(super) fn reload(&mut self) {
-        // Busy includes the wipes before the first start: that start's pass is next, and a
-        // dry run begun meanwhile would meet it (tests/gate.rs:
-        // a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on).
-        if self.cycle.stop.is_some() || self.control.recycle_waiting() || self.gate.busy() || self.cycle.wipes.busy() {
-            tracing::warn!("SIGHUP ignored: a start, stop, restart, recycle or reload is in progress");
-            self.reload.last = Some(ReloadOutcome::refused(
-                crate::os::sys::unix_now(),
-                "a start, stop, restart, recycle or reload was in progress",
-            ));
+    pub(super) fn on_sighup(&mut self) {
+        // Busy as for a recycle (lifecycle::UnderWay), the wipes before the first start
+        // included: that start's pass is next, and a dry run begun meanwhile would meet it
+        // (tests/gate.rs: a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on).
+        if let Some(what) = self.under_way().busy() {
+            tracing::warn!(busy = what, "SIGHUP ignored: {what} is in progress");
+            self.reload.last =
+                Some(ReloadOutcome::refused(crate::os::sys::unix_now(), format!("{what} was in progress")));
             return;
         }
         let cfg = &self.base.cfg;
@@ -54,22 +52,21 @@ impl Supervisor {
                 tracing::info!(config_sha256 = %new.config_sha256(), "SIGHUP: the new config passes the gate first (a throwaway cell); the running roles are untouched meanwhile");
                 self.reload.candidate = Some(new);
             }
-            Err(o) => self.reload_refused(o),
+            Err(r) => self.reload_refused(r),
         }
     }
 
     /// The new config's dry run failed: nothing changes.
-    pub(super) fn reload_refused(&mut self, o: gate::Outcome) {
+    pub(super) fn reload_refused(&mut self, refusal: gate::Refusal) {
         let file = self.reload.candidate.take().map(|c| c.file).unwrap_or_else(|| self.base.cfg.file.clone());
-        let gate::Outcome::Refused { code, message, details } = o else { return };
-        let why = match code {
-            exit::PREFLIGHT_FAILED => Error::config(
+        let why = match &refusal {
+            gate::Refusal::Escapes(escapes) => Error::config(
                 &file,
                 "(policies)",
-                format!("the new config's preflight found escapes: {}", details.join("; ")),
+                format!("the new config's preflight found escapes: {}", escapes.join("; ")),
             )
             .to_string(),
-            _ => message,
+            _ => refusal.message(),
         };
         self.reload_failed(why);
     }

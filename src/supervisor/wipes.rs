@@ -21,7 +21,7 @@ use crate::sandbox::cell::{WipeFailed, WipeTarget};
 
 impl Supervisor {
     /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
-    /// after_wipes`] goes on once both are done.
+    /// wipes_done`] goes on once both are done.
     pub(super) fn begin_wipes(&mut self) {
         self.cycle.wipes.running = true;
         self.cycle.wipes.failed.clear();
@@ -40,7 +40,7 @@ impl Supervisor {
         self.arm_wipe_deadline();
     }
 
-    /// `pid` was a wipe child: its role is down, its result kept for [`Supervisor::after_wipes`].
+    /// `pid` was a wipe child: its role is down, its result kept for [`Supervisor::wipes_done`].
     pub(super) fn wipe_exited(&mut self, pid: Pid, ws: WaitStatus) -> bool {
         let Some(i) = self.roles.iter().position(|s| s.phase == Phase::Wiping(pid)) else { return false };
         self.roles[i].apply(Event::WipeDone);
@@ -50,15 +50,12 @@ impl Supervisor {
         true
     }
 
-    /// Both wipes done: what they were for. Some(code): the loop ends with it.
-    pub(super) fn after_wipes(&mut self) -> Option<i32> {
-        if !self.cycle.wipes.running || self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_))) {
-            return None;
-        }
+    /// Both wipes done: `next` follows, as the cell's table decided it
+    /// (lifecycle::Cycle::after_wipes). Some(code): the loop ends with it.
+    pub(super) fn wipes_done(&mut self, next: AfterWipes) -> Option<i32> {
         self.cycle.wipes.running = false;
         self.cycle.wipes.deadline = None;
         let failed = std::mem::take(&mut self.cycle.wipes.failed);
-        let next = self.cycle.after_wipes(!failed.is_empty());
         // A stop to exit (also one that came during a start's wipes) ends the loop.
         if let AfterWipes::Exit(code) = next {
             for (role, e) in &failed {
@@ -99,7 +96,7 @@ impl Supervisor {
         match entered {
             Ok(()) => None,
             Err(code) => {
-                self.control
+                self.server
                     .recycle_done(&crate::control::protocol::Refusal::new(format!("{what} failed; sealnode stops")));
                 Some(stopped_early(code))
             }
