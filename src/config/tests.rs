@@ -1,7 +1,10 @@
 //! Config parsing and validation: every bad input gets one error naming file, field, reason.
 
+use super::host::in_system_view;
 use super::*;
-use std::os::unix::fs::PermissionsExt;
+use crate::error::{Error, Result};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
 const GOOD: &str = r#"
 schema = 1
