@@ -28,7 +28,8 @@
 //! makes the cell too busy for a SIGHUP or a recycle (`UnderWay`: one rule for both);
 //! [`reload`] holds the reload in its steps and sorts what a SIGHUP may change. The verbs that
 //! act on processes through the components are `impl Supervisor` blocks, a file each:
-//! [`admit`] (the gate's outcome to a start), [`roles`] (start, exit, stop), [`wipes`]
+//! [`setup`] (the cell made once, before the loop: `new`), [`admit`] (the gate's outcome to a
+//! start), [`roles`] (start, exit, stop), [`wipes`]
 //! (before a start, after a stop, and what follows), [`sighup`] (the reload), [`status`] (the
 //! reply); this file keeps the loop's own (`reap`, `on_request`, `on_timers`, `advance`).
 //!
@@ -75,25 +76,24 @@ mod reload;
 mod role_io;
 mod roles;
 mod server;
+mod setup;
 mod sighup;
 mod status;
 mod wipes;
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::os::fd::OwnedFd;
+use std::time::Instant;
 
 use nix::errno::Errno;
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::epoll::{Epoll, EpollEvent, EpollTimeout};
 use nix::sys::signal::Signal;
-use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use sd_notify::NotifyState;
 
 use crate::config::{Config, Invoker, Role};
-use crate::egress::{Forwarder, Upstream, TOKEN_KIND};
-use crate::error::{Error, Result};
+use crate::egress::{Forwarder, TOKEN_KIND};
 use crate::exit;
-use crate::sandbox;
 use crate::sandbox::cell::Cell;
 
 use lifecycle::{After, Phase, Step};
@@ -212,85 +212,6 @@ fn status_code(ws: WaitStatus) -> Option<i32> {
 }
 
 impl Supervisor {
-    /// Check what a start needs and make the cell: the dirs locked, the cgroup leaves with
-    /// their limits, the attestation key and TPM checked, the cell's init and namespaces,
-    /// the egress listeners, the control socket. No role runs yet ([`Supervisor::run`]
-    /// starts them); a problem found here refuses the start with nothing running.
-    pub fn new(cfg: Config, inv: Invoker) -> Result<Supervisor> {
-        // The forwarder's connections are bounded by the fd limit (egress::fd_budget): take
-        // the whole hard limit, as a server does (the roles set their own).
-        if let Ok((soft, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-            if soft < hard {
-                let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
-            }
-        }
-        // Orphans of anything we start are reaped here.
-        crate::os::sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
-            .map_err(|e| Error::errno("PR_SET_CHILD_SUBREAPER", e))?;
-        let set = sandbox::spawn::launcher_sigset();
-        nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, Some(&set), None)
-            .map_err(|e| Error::errno("sigprocmask", e))?;
-        let sigfd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
-            .map_err(|e| Error::errno("signalfd", e))?;
-        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| Error::errno("epoll_create1", e))?;
-        epoll
-            .add(sigfd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNAL))
-            .map_err(|e| Error::errno("epoll_ctl", e))?;
-
-        // One cell per dir, before anything is made, wiped or started (crate::sandbox::locks): a second
-        // `run` naming this state dir would share its generations, this runtime dir take over
-        // the control socket, this scratch dir wipe a live role's files. Each dir is opened
-        // (and checked) once, here; the receipt, the counter, the control socket and every
-        // wipe work through these descriptors for the supervisor's lifetime.
-        let crate::sandbox::locks::Held { state_dir, runtime_dir, scratch, locks } =
-            crate::sandbox::locks::take(&cfg, &inv)?;
-        // The roles' cgroup leaves and their limits, before anything is forked: a limit that
-        // cannot be enforced refuses the start here, with nothing running (cgroup.rs).
-        let cgroups = crate::sandbox::cgroup::Tree::setup(&cfg)?;
-        log_devices_from(&cfg);
-        // A key file that is there but not safe (readable by others, foreign owner) refuses
-        // the start: statements signed with a key others could read prove nothing. The TPM
-        // is checked with it; the node's view of the statements is emptied.
-        let attest = attestation::Publisher::open(&cfg, &inv)?;
-        if let Some(t) = &cgroups {
-            tracing::info!(cgroup = %t.root.display(), controllers = %t.controllers.join(","), "cgroup leaves ready");
-        }
-        let mut cell = Cell::for_config(&cfg, &inv)?;
-        cell.cgroups = cgroups;
-        let fwd = forwarder(&cfg, &mut cell, &epoll)?;
-        tracing::info!(cell_pid = cell.pid.as_raw(), egress = cfg.node.egress.len(), "cell created");
-        let server = server::Server::open(&cfg, &runtime_dir, &epoll)?;
-        let mut scratch = scratch.into_iter();
-        let mut slot = |role| Slot {
-            role,
-            phase: Phase::Down,
-            started: None,
-            restarts: lifecycle::Restarts::default(),
-            starts: 0,
-            passed: None,
-            digests: None,
-            sealed: None,
-            oom_kills: 0,
-            scratch: scratch.next().expect("one scratch per role"),
-        };
-        let roles = [slot(Role::Engine), slot(Role::Node)];
-        let ids = [cfg.role_ids(Role::Engine)?, cfg.role_ids(Role::Node)?];
-        Ok(Supervisor {
-            fwd,
-            roles,
-            cycle: lifecycle::Cycle::default(),
-            gate: gate::Gate::default(),
-            current: Current::default(),
-            readiness: readiness::Readiness::default(),
-            server,
-            attest,
-            io: role_io::RoleIo::default(),
-            reload: reload::Reload::default(),
-            sd: notify::Notifier::from_env(),
-            base: Base { cfg, inv, ids, cell, epoll, sigfd, state_dir, born: Instant::now(), _locks: locks },
-        })
-    }
-
     fn slot(&mut self, role: Role) -> &mut Slot {
         &mut self.roles[role as usize]
     }
@@ -523,63 +444,12 @@ fn gate_ctx<'a>(cfg: &'a Config, base: &'a Base, signing: bool, roles: &'a [Slot
     }
 }
 
-/// The forwarder: the node's declared egress, each through its listener in the node's
-/// namespace, and the node's one way to the engine: its 127.0.0.1:<engine.port>, forwarded
-/// into the engine's namespace, to that port only.
-fn forwarder(cfg: &Config, cell: &mut Cell, epoll: &Epoll) -> Result<Forwarder> {
-    let mut upstreams: Vec<Upstream> = std::mem::take(&mut cell.listeners)
-        .into_iter()
-        .zip(&cfg.node.egress)
-        .map(|(l, e)| {
-            Upstream::new(
-                e.host.clone(),
-                e.port as u16,
-                e.connect.as_ref().and_then(|c| c.parse().ok()),
-                e.allow_private,
-                l,
-            )
-        })
-        .collect();
-    if let (Some(l), Some(port)) = (cell.engine_listener.take(), cfg.engine.port) {
-        upstreams.push(Upstream::engine(port as u16, l, cell.engine_sockets()?));
-    }
-    Forwarder::new(
-        upstreams,
-        cfg.cell.egress_max_connections,
-        Duration::from_secs(cfg.cell.egress_idle_timeout_s),
-        Duration::from_secs(cfg.cell.egress_connect_timeout_s),
-        epoll,
-    )
-    .map_err(|e| Error::errno("epoll_ctl (egress)", e))
-}
-
 /// The cell stops before (or while) both roles start: say so to the log and to systemd, as a
 /// stop from the loop does (tests/run.rs: scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start).
 fn stopped_early(code: i32) -> i32 {
     notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
     tracing::info!(code, "cell stopped");
     code
-}
-
-/// What each role takes from its CDI spec, and what of the spec it leaves out and why: an
-/// operator comparing the spec with the role's view finds every difference here.
-fn log_devices_from(cfg: &Config) {
-    for role in Role::ALL {
-        let Some(c) = cfg.cdi(role) else { continue };
-        tracing::info!(
-            role = role.name(),
-            spec = %c.spec.display(),
-            devices = c.edits.devices.join(" "),
-            nodes = c.edits.nodes.len(),
-            binds = c.binds.len(),
-            in_view = c.in_view.len(),
-            env = c.edits.env.len(),
-            "devices from a CDI spec"
-        );
-        for (entry, why) in &c.left_out {
-            tracing::info!(role = role.name(), spec = %c.spec.display(), entry = entry.as_str(), why = why.as_str(), "CDI edit left out");
-        }
-    }
 }
 
 #[cfg(test)]

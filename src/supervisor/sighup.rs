@@ -7,7 +7,8 @@ use sd_notify::NotifyState;
 
 use super::lifecycle::After;
 use super::reload::refused;
-use super::{gate, log_devices_from, notify, Supervisor};
+use super::setup::log_devices_from;
+use super::{gate, notify, Supervisor};
 use crate::config::{Config, Role};
 use crate::control::protocol::ReloadOutcome;
 use crate::error::Error;
