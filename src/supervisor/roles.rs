@@ -1,5 +1,5 @@
 //! The roles' processes: start one from the plan the gate admitted, act on its exit by the
-//! lifecycle's rules (lifecycle.rs: restart after a backoff, give up, stop), stop both in
+//! lifecycle's rules (supervisor::lifecycle: restart after a backoff, give up, stop), stop both in
 //! reverse order (SIGTERM, then SIGKILL after the grace period), and start the node once the
 //! engine is ready.
 

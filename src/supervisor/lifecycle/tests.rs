@@ -1,0 +1,267 @@
+//! The lifecycle's rules as tables.
+
+use super::*;
+
+/// The state × event table: every pair it has, and a sample of those it has not.
+#[test]
+fn the_phase_table() {
+    use Event as E;
+    use Phase as P;
+    let t0 = Instant::now();
+    let (pid, at) = (Pid::from_raw(42), t0 + Duration::from_secs(9));
+    let delay = Duration::from_secs(2);
+    for (from, event, to) in [
+        (P::Down, E::EnterGate, Some(P::Starting)),
+        (P::Starting, E::Refused, Some(P::Down)),
+        (P::Starting, E::Admitted, Some(P::Admitted)),
+        (P::Starting, E::RetryAt(at), Some(P::Waiting(at))),
+        (P::Waiting(t0), E::RetryAt(at), Some(P::Waiting(at))),
+        (P::Waiting(t0), E::Due, Some(P::Down)),
+        (P::Admitted, E::Started(pid), Some(P::Running(pid))),
+        (P::Running(pid), E::Exited(Decision::Restart(delay), t0), Some(P::Waiting(t0 + delay))),
+        (P::Running(pid), E::Exited(Decision::GiveUp, t0), Some(P::Down)),
+        (P::Running(pid), E::Exited(Decision::Stop, t0), Some(P::Down)),
+        (P::Running(pid), E::Exited(Decision::StayDown, t0), Some(P::Down)),
+        (P::Waiting(t0), E::StopAsked, Some(P::Down)),
+        (P::Starting, E::StopAsked, Some(P::Down)),
+        (P::Admitted, E::StopAsked, Some(P::Down)),
+        (P::Running(pid), E::StopAsked, Some(P::Running(pid))),
+        (P::Wiping(pid), E::StopAsked, Some(P::Wiping(pid))),
+        (P::Down, E::StopAsked, Some(P::Down)),
+        (P::Stopping(pid, t0), E::StopAsked, Some(P::Stopping(pid, t0))),
+        (P::Running(pid), E::TermSent(at), Some(P::Stopping(pid, at))),
+        (P::Stopping(pid, t0), E::KillSent(at), Some(P::Stopping(pid, at))),
+        (P::Stopping(pid, t0), E::Reaped, Some(P::Down)),
+        (P::Down, E::WipeStarted(pid), Some(P::Wiping(pid))),
+        (P::Wiping(pid), E::WipeDone, Some(P::Down)),
+        // Not in the table: a start while running, a wipe under a live role, a second
+        // pass through the gate, a reap of what is not stopping.
+        (P::Running(pid), E::Started(pid), None),
+        (P::Down, E::Started(pid), None),
+        (P::Admitted, E::EnterGate, None),
+        (P::Running(pid), E::WipeStarted(pid), None),
+        (P::Starting, E::EnterGate, None),
+        (P::Running(pid), E::Reaped, None),
+        (P::Down, E::Exited(Decision::Stop, t0), None),
+    ] {
+        assert_eq!(from.on(event), to, "{from:?} on {event:?}");
+    }
+}
+
+/// What follows the wipes, for every stop (none, each kind) and both wipe outcomes.
+#[test]
+fn after_the_wipes_an_exit_ends_a_failure_refuses_and_the_rest_enters_the_gate() {
+    let stop = |after| Some(Stop { code: 7, after });
+    for (stop, failed, want) in [
+        (None, false, AfterWipes::Gate { reprovision: false }),
+        (None, true, AfterWipes::Refuse { reprovision: false }),
+        (stop(After::Exit), false, AfterWipes::Exit(7)),
+        (stop(After::Exit), true, AfterWipes::Exit(7)),
+        (stop(After::Restart), false, AfterWipes::Gate { reprovision: true }),
+        (stop(After::Restart), true, AfterWipes::Refuse { reprovision: true }),
+        (stop(After::Recycle), false, AfterWipes::Gate { reprovision: true }),
+        (stop(After::Recycle), true, AfterWipes::Refuse { reprovision: true }),
+    ] {
+        let cycle = Cycle { stop, wipes: Wipes::default() };
+        assert_eq!(cycle.after_wipes(failed), want, "{stop:?} failed={failed}");
+    }
+}
+
+/// The cell's table: every stop (none, to exit, to restart), wipes (none, in flight,
+/// done, failed) and the phases that matter.
+#[test]
+fn the_cells_next_step() {
+    use Phase as P;
+    let (pid, t0) = (Pid::from_raw(9), Instant::now());
+    let stop = |after| Some(Stop { code: 0, after });
+    let wipes = |running, failed: bool| Wipes {
+        running,
+        failed: if failed { vec![(Role::Node, crate::sandbox::cell::WipeFailed::Killed(9))] } else { Vec::new() },
+        deadline: None,
+    };
+    let none = || wipes(false, false);
+    // stop, wipes, engine, node: the step.
+    let table = [
+        // No stop, no wipes: the roles' own events drive them.
+        (None, none(), P::Running(pid), P::Running(pid), Step::Wait),
+        (None, none(), P::Down, P::Down, Step::Wait),
+        // A stop: the node first, the engine once the node is down, then the wipes.
+        (stop(After::Exit), none(), P::Running(pid), P::Running(pid), Step::Term(Role::Node)),
+        (stop(After::Exit), none(), P::Running(pid), P::Stopping(pid, t0), Step::Wait),
+        (stop(After::Exit), none(), P::Running(pid), P::Down, Step::Term(Role::Engine)),
+        (stop(After::Restart), none(), P::Stopping(pid, t0), P::Down, Step::Wait),
+        (stop(After::Exit), none(), P::Down, P::Running(pid), Step::Term(Role::Node)),
+        (stop(After::Recycle), none(), P::Down, P::Down, Step::Wipe),
+        // Wipes in flight: wait for both; done, what follows.
+        (stop(After::Exit), wipes(true, false), P::Wiping(pid), P::Down, Step::Wait),
+        (None, wipes(true, false), P::Down, P::Wiping(pid), Step::Wait),
+        (stop(After::Exit), wipes(true, true), P::Down, P::Down, Step::WipesDone(AfterWipes::Exit(0))),
+        (None, wipes(true, false), P::Down, P::Down, Step::WipesDone(AfterWipes::Gate { reprovision: false })),
+        (None, wipes(true, true), P::Down, P::Down, Step::WipesDone(AfterWipes::Refuse { reprovision: false })),
+        (
+            stop(After::Restart),
+            wipes(true, false),
+            P::Down,
+            P::Down,
+            Step::WipesDone(AfterWipes::Gate { reprovision: true }),
+        ),
+    ];
+    for (stop, wipes, engine, node, want) in table {
+        let cycle = Cycle { stop, wipes };
+        assert_eq!(cycle.next(engine, node), want, "{cycle:?} engine {engine:?} node {node:?}");
+    }
+}
+
+#[test]
+fn a_reload_and_a_recycle_are_refused_for_the_same_reasons() {
+    let all = UnderWay { stop: true, wipes: true, gate: true, engine_starting: true, recycle: true };
+    assert_eq!(UnderWay::default().busy(), None);
+    assert_eq!(all.busy(), Some("a stop"));
+    for (u, want) in [
+        (UnderWay { wipes: true, ..Default::default() }, "the scratch wipes"),
+        (UnderWay { gate: true, ..Default::default() }, "a pass through the gate"),
+        (UnderWay { engine_starting: true, ..Default::default() }, "the engine's start"),
+        (UnderWay { recycle: true, ..Default::default() }, "a recycle"),
+    ] {
+        assert_eq!(u.busy(), Some(want));
+    }
+}
+
+fn limit(burst: u32, interval_s: u64) -> RestartLimit {
+    RestartLimit { burst, interval_s }
+}
+
+fn exited(code: i32, stopping: bool, now: Instant) -> Exited {
+    Exited { code, ran: Some(Duration::from_secs(1)), stopping, now }
+}
+
+#[test]
+fn the_policy_decides_which_exits_restart() {
+    let now = Instant::now();
+    use Decision::{GiveUp, Restart as Again, StayDown, Stop};
+    use Restart as Policy;
+    // policy, exit status, a stop under way: the decision.
+    let table = [
+        (Policy::No, 0, false, Stop),
+        (Policy::No, 1, false, Stop),
+        (Policy::OnFailure, 0, false, Stop),
+        (Policy::OnFailure, 1, false, Again(BACKOFF_MIN)),
+        (Policy::OnFailure, 137, false, Again(BACKOFF_MIN)),
+        (Policy::Always, 0, false, Again(BACKOFF_MIN)),
+        (Policy::Always, 1, false, Again(BACKOFF_MIN)),
+        (Policy::No, 1, true, StayDown),
+        (Policy::OnFailure, 1, true, StayDown),
+        (Policy::Always, 0, true, StayDown),
+    ];
+    for (policy, code, stopping, want) in table {
+        let mut r = Restarts::default();
+        let got = r.on_exit(exited(code, stopping, now), policy, limit(5, 60));
+        assert_eq!(got, want, "{policy:?} exit {code} stopping {stopping}");
+        assert_eq!(r.count, u32::from(matches!(want, Again(_))));
+    }
+    assert_eq!(Stop.stop_code(), Some(exit::FAILED));
+    assert_eq!(GiveUp.stop_code(), Some(exit::RESTART_LIMIT));
+    assert_eq!(StayDown.stop_code(), None);
+    assert_eq!(Again(BACKOFF_MIN).stop_code(), None);
+}
+
+#[test]
+fn backoff_doubles_to_its_cap_and_a_stable_run_resets_it() {
+    let mut r = Restarts::default();
+    let t0 = Instant::now();
+    let mut delays = Vec::new();
+    for i in 0..10u64 {
+        // Far apart: the burst limit never applies.
+        let now = t0 + Duration::from_secs(1000 * i);
+        match r.on_exit(exited(1, false, now), Restart::Always, limit(3, 10)) {
+            Decision::Restart(d) => delays.push(d.as_millis()),
+            d => panic!("restart {i}: {d:?}"),
+        }
+    }
+    assert_eq!(delays, [500, 1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000]);
+    // A run of STABLE_AFTER resets it; a shorter one does not.
+    let now = t0 + Duration::from_secs(20_000);
+    let short = Exited { code: 1, ran: Some(STABLE_AFTER - Duration::from_secs(1)), stopping: false, now };
+    assert_eq!(r.on_exit(short, Restart::Always, limit(3, 10)), Decision::Restart(BACKOFF_MAX));
+    let later = now + Duration::from_secs(1000);
+    let stable = Exited { code: 1, ran: Some(STABLE_AFTER), stopping: false, now: later };
+    assert_eq!(r.on_exit(stable, Restart::Always, limit(3, 10)), Decision::Restart(BACKOFF_MIN));
+    assert_eq!(r.count, 12);
+}
+
+#[test]
+fn the_burst_within_the_interval_gives_up_and_older_restarts_are_forgotten() {
+    let t0 = Instant::now();
+    let mut r = Restarts::default();
+    let at = |s: u64| exited(1, false, t0 + Duration::from_secs(s));
+    // burst 3 within 10 s: three restarts, the fourth exit gives up.
+    for s in [0, 1, 2] {
+        assert!(matches!(r.on_exit(at(s), Restart::OnFailure, limit(3, 10)), Decision::Restart(_)), "{s}");
+    }
+    assert_eq!(r.on_exit(at(3), Restart::OnFailure, limit(3, 10)), Decision::GiveUp);
+    assert_eq!(r.count, 3, "giving up is not a restart");
+    // Once the first restart is older than the interval it no longer counts.
+    assert!(matches!(r.on_exit(at(11), Restart::OnFailure, limit(3, 10)), Decision::Restart(_)));
+    // A clean exit under on-failure stops, whatever the burst.
+    let clean = exited(0, false, t0 + Duration::from_secs(12));
+    assert_eq!(r.on_exit(clean, Restart::OnFailure, limit(3, 10)), Decision::Stop);
+    // burst 0: the first failure gives up.
+    let mut r = Restarts::default();
+    assert_eq!(r.on_exit(at(0), Restart::Always, limit(0, 10)), Decision::GiveUp);
+}
+
+#[test]
+fn a_second_stop_keeps_the_stricter_outcome() {
+    use After::*;
+    let s = |code, after| Stop { code, after };
+    // The stop under way, the one asked for now: the stop that follows.
+    let table = [
+        (s(0, Restart), 0, Restart, s(0, Restart)),
+        (s(0, Recycle), 0, Recycle, s(0, Restart)),
+        (s(0, Restart), 0, Exit, s(0, Exit)),
+        (s(0, Exit), 0, Restart, s(0, Exit)),
+        (s(0, Recycle), exit::FAILED, Exit, s(exit::FAILED, Exit)),
+        (s(exit::FAILED, Exit), 0, Exit, s(exit::FAILED, Exit)),
+        (s(exit::PREFLIGHT_FAILED, Exit), exit::FAILED, Exit, s(exit::PREFLIGHT_FAILED, Exit)),
+        (s(exit::NOT_READY, Exit), exit::CONFIG, Exit, s(exit::CONFIG, Exit)),
+        (s(exit::RESTART_LIMIT, Exit), exit::PREFLIGHT_ERROR, Exit, s(exit::PREFLIGHT_ERROR, Exit)),
+    ];
+    for (now, code, after, want) in table {
+        assert_eq!(now.merge(code, after), want, "{now:?} then {code} {after:?}");
+    }
+}
+
+#[test]
+fn a_waiting_role_enters_the_gate_only_when_it_may() {
+    // engine?, engine ready?, gate busy?: may it enter now.
+    for (engine, ready, busy, want) in [
+        (true, false, false, true),
+        (true, true, false, true),
+        (true, false, true, false),
+        (false, true, false, true),
+        (false, false, false, false),
+        (false, true, true, false),
+    ] {
+        assert_eq!(may_restart(engine, ready, busy), want, "engine {engine} ready {ready} busy {busy}");
+    }
+}
+
+#[test]
+fn each_phase_shows_its_name_and_process() {
+    let p = Pid::from_raw(7);
+    let now = Instant::now();
+    let table = [
+        (Phase::Down, "down", None, true),
+        (Phase::Starting, "starting", None, true),
+        (Phase::Admitted, "starting", None, true),
+        (Phase::Running(p), "running", Some(p), false),
+        (Phase::Stopping(p, now), "stopping", Some(p), false),
+        (Phase::Waiting(now), "restarting", None, true),
+        (Phase::Wiping(p), "wiping", Some(p), false),
+    ];
+    for (phase, name, pid, idle) in table {
+        assert_eq!(phase.shown(), (RoleState::from(name.to_string()), pid));
+        assert_eq!(phase.shown().0.as_str(), name);
+        assert_eq!(phase.idle(), idle, "{phase:?}");
+    }
+}
