@@ -6,10 +6,11 @@
 
 use std::time::Instant;
 
-use super::lifecycle::{After, Event, Phase};
+use super::lifecycle::{self, Admission, After, Event, Phase};
 use super::{gate, GatePass, Supervisor};
 use crate::config::Role;
 use crate::exit;
+use crate::proof::receipt::Receipt;
 
 impl Supervisor {
     /// `roles` enter the gate. What is refused before anything runs is refused here, with
@@ -28,12 +29,12 @@ impl Supervisor {
     }
 
     /// A pass the gate refused: say why; the exit status for it.
-    fn refused_start(&mut self, refusal: gate::Refusal) -> i32 {
+    fn refused_start(&mut self, refusal: gate::Cause) -> i32 {
         let message = refusal.message();
         match &refusal {
-            gate::Refusal::Config(_) => tracing::error!(error = %message, "cannot prepare the role"),
-            gate::Refusal::CouldNotRun(_) => tracing::error!(error = %message, "preflight canary could not run"),
-            gate::Refusal::Escapes(escapes) => {
+            gate::Cause::Config(_) => tracing::error!(error = %message, "cannot prepare the role"),
+            gate::Cause::CouldNotRun(_) => tracing::error!(error = %message, "preflight canary could not run"),
+            gate::Cause::Escapes(escapes) => {
                 for d in escapes {
                     crate::logging::log::say(d);
                 }
@@ -58,7 +59,12 @@ impl Supervisor {
         let purpose = self.gate.purpose();
         let outcome = match purpose {
             Some(gate::Purpose::DryRun) => {
-                let Some(new) = self.reload.candidate() else { return };
+                let Some(new) = self.reload.candidate() else {
+                    // A dry run keeps its candidate until it answers: without one, the pass is
+                    // given up rather than left holding the gate.
+                    tracing::error!("a reload's dry run without its config (internal error); the pass is given up");
+                    return self.gate.abandon(&self.base.epoll);
+                };
                 self.gate.poll(new, &self.base.epoll)
             }
             Some(gate::Purpose::Start) => self.gate.poll(&self.base.cfg, &self.base.epoll),
@@ -81,18 +87,44 @@ impl Supervisor {
     /// their running processes), the statement, then the start: the engine when it passed,
     /// else the node. A failure stops the cell.
     fn admit(&mut self, p: gate::Passed) {
-        // The node's own pass admits it only beside a ready engine: if the engine went down
-        // while the pass ran, the node waits for it (a pass again later), and no receipt says
-        // otherwise (tests/gate.rs: a_node_admitted_while_the_engine_went_down_waits_for_the_engine).
-        if !p.roles.contains(&Role::Engine) && !self.engine_is_ready() {
-            tracing::info!("the engine is not ready (it went down while the node's preflight ran): the node waits for it and passes the gate again");
-            for role in &p.roles {
-                self.slot(*role).apply(Event::RetryAt(Instant::now() + super::readiness::READY_INTERVAL));
-            }
-            return;
+        // Which role starts now, by the lifecycle's rule: the node's own pass waits for an
+        // engine that went down while it ran (tests/gate.rs:
+        // a_node_admitted_while_the_engine_went_down_waits_for_the_engine).
+        let first = match lifecycle::admission(p.roles.contains(&Role::Engine), self.engine_is_ready()) {
+            Admission::Start(role) => role,
+            Admission::Retry => return self.pass_again_later(&p.roles),
+        };
+        // The receipt first: nothing of this generation runs before it is on disk.
+        let Some(receipt) = self.write_receipt(&p) else { return };
+        // Each admitted role's record (its pass, digests, what is sealed); the node's plan
+        // kept for the ready engine when the engine starts first.
+        let starts_now = self.record_admitted(p, &receipt, first);
+        self.current.receipt = Some(receipt);
+        // The statement next: the node is handed this generation's statement before it runs.
+        let facts = super::facts(&self.base, &self.current, &self.roles);
+        if let Err(code) = self.attest.publish(&facts) {
+            return self.begin_stop(code, After::Exit);
         }
-        // Each role's latest result: the fresh ones replace theirs, the others stay.
-        let fresh = p.report;
+        // Then the start, from exactly the plan the gate admitted.
+        match starts_now {
+            Some(a) => self.start(a),
+            None => self.nothing_admitted(first),
+        }
+    }
+
+    /// The node's pass came back while the engine was not ready: it waits and passes again.
+    fn pass_again_later(&mut self, roles: &[Role]) {
+        tracing::info!("the engine is not ready (it went down while the node's preflight ran): the node waits for it and passes the gate again");
+        for role in roles {
+            self.slot(*role).apply(Event::RetryAt(Instant::now() + super::readiness::READY_INTERVAL));
+        }
+    }
+
+    /// The receipt of a pass: each role's latest preflight (the fresh ones replace theirs),
+    /// the passed roles' digests (the others' those of their running processes), the cgroup
+    /// records. None: it could not be written, and the cell stops.
+    fn write_receipt(&mut self, p: &gate::Passed) -> Option<Receipt> {
+        let fresh = &p.report;
         let mut report = self.current.report.take().unwrap_or_else(|| fresh.clone());
         for r in &fresh.roles {
             match report.roles.iter_mut().find(|x| x.role == r.role) {
@@ -124,29 +156,37 @@ impl Supervisor {
         let written =
             crate::proof::receipt::write(cfg, inv, &self.base.state_dir, &report, digests, &p.roles, resources);
         self.current.report = Some(report);
-        let r = match written {
-            Ok(r) => r,
+        match written {
+            Ok(r) => {
+                let names: Vec<&str> = p.roles.iter().map(|r| r.name()).collect();
+                tracing::info!(roles = %names.join(","), attempts = p.attempts, ms = p.ms, generation = r.generation, path = %crate::proof::receipt::path(cfg).display(), "preflight passed; receipt written");
+                Some(r)
+            }
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the receipt");
                 crate::logging::log::say(&format!("{e}"));
-                return self.begin_stop(exit::FAILED, After::Exit);
+                self.begin_stop(exit::FAILED, After::Exit);
+                None
             }
-        };
-        let names: Vec<&str> = p.roles.iter().map(|r| r.name()).collect();
-        tracing::info!(roles = %names.join(","), attempts = p.attempts, ms = p.ms, generation = r.generation, path = %crate::proof::receipt::path(cfg).display(), "preflight passed; receipt written");
-        // The engine starts now if the pass admitted it, else the node; the other waits in
-        // `node_admitted` for a ready engine.
-        let first = if p.roles.contains(&Role::Engine) { Role::Engine } else { Role::Node };
+        }
+    }
+
+    /// Each admitted role's pass, digests (of `receipt`'s generation) and what is sealed, for
+    /// its status and statements; `first`'s plan is returned to start now, the other's (the
+    /// node's, beside an engine that starts now) kept in `node_admitted`.
+    fn record_admitted(&mut self, p: gate::Passed, receipt: &Receipt, first: Role) -> Option<gate::Admitted> {
+        let cfg = &self.base.cfg;
+        let cell = &self.base.cell;
         let mut starts_now = None;
         for (role, mut a) in p.admitted {
-            a.digests.generation = r.generation;
+            a.digests.generation = receipt.generation;
             // The role's own attempts (the pass's total covers every role it ran).
-            let attempts = fresh.roles.iter().find(|x| x.role == role).map_or(0, |x| x.attempts.len());
+            let attempts = p.report.roles.iter().find(|x| x.role == role).map_or(0, |x| x.attempts.len());
             let cgroup = cell.cgroups.as_ref().and_then(|t| t.record(role)).map(|(_, f)| f).unwrap_or_default();
             let sealed = crate::proof::sealed_text::role(cfg, a.plan(), cgroup);
             let s = &mut self.roles[role as usize];
             s.passed = Some(GatePass {
-                generation: r.generation,
+                generation: receipt.generation,
                 preflight_ms: p.ms,
                 attempts,
                 at: crate::os::sys::unix_now(),
@@ -157,19 +197,10 @@ impl Supervisor {
             if role == first {
                 starts_now = Some(a);
             } else {
-                // Not first: the node, beside an engine that starts now.
                 self.current.node_admitted = Some(a);
             }
         }
-        self.current.receipt = Some(r);
-        let facts = super::facts(&self.base, &self.current, &self.roles);
-        if let Err(code) = self.attest.publish(&facts) {
-            return self.begin_stop(code, After::Exit);
-        }
-        match starts_now {
-            Some(a) => self.start(a),
-            None => self.nothing_admitted(first),
-        }
+        starts_now
     }
 
     /// A role about to start has no plan the gate admitted: nothing starts unsealed, the cell

@@ -73,12 +73,12 @@ pub(super) struct Passed {
 #[derive(Debug)]
 pub(super) enum Outcome {
     Passed(Box<Passed>),
-    Refused(Refusal),
+    Refused(Cause),
 }
 
-/// Why the gate refused a pass: each cause has its exit status ([`Refusal::code`]).
+/// Why the gate refused a pass: each cause has its exit status ([`Cause::code`]).
 #[derive(Debug)]
-pub(super) enum Refusal {
+pub(super) enum Cause {
     /// What the config names cannot run (a role's plan, a pin, a file to measure): exit 125.
     Config(Error),
     /// The preflight could not run (its probe, the measurement, their deadline): exit 6.
@@ -88,21 +88,21 @@ pub(super) enum Refusal {
     Escapes(Vec<String>),
 }
 
-impl Refusal {
+impl Cause {
     pub fn code(&self) -> i32 {
         match self {
-            Refusal::Config(_) => exit::CONFIG,
-            Refusal::CouldNotRun(_) => exit::PREFLIGHT_ERROR,
-            Refusal::Escapes(_) => exit::PREFLIGHT_FAILED,
+            Cause::Config(_) => exit::CONFIG,
+            Cause::CouldNotRun(_) => exit::PREFLIGHT_ERROR,
+            Cause::Escapes(_) => exit::PREFLIGHT_FAILED,
         }
     }
 
     /// The refusal in one line (escapes: each is said before it).
     pub fn message(&self) -> String {
         match self {
-            Refusal::Config(e) => e.to_string(),
-            Refusal::CouldNotRun(why) => why.clone(),
-            Refusal::Escapes(_) => "refusing to start: the sandbox does not hold (see above)".into(),
+            Cause::Config(e) => e.to_string(),
+            Cause::CouldNotRun(why) => why.clone(),
+            Cause::Escapes(_) => "refusing to start: the sandbox does not hold (see above)".into(),
         }
     }
 }
@@ -170,17 +170,18 @@ impl Gate {
     }
 
     /// Start a pass for `roles`. What fails before anything runs is refused at once, and so is
-    /// a second pass while one runs: every caller checks `busy()` first, and a bug that did
-    /// not would otherwise lose the running pass's worker and probes (unreaped, unkilled).
-    pub fn begin(&mut self, ctx: &Ctx, roles: &[Role], purpose: Purpose) -> Result<(), Refusal> {
-        let could_not = Refusal::CouldNotRun;
+    /// a second pass while one runs (none does: a SIGHUP and a restart check `busy()` first,
+    /// and the start after the wipes follows a stop, which abandons the pass in flight); a bug
+    /// that began one would otherwise lose the running pass's worker and probes.
+    pub fn begin(&mut self, ctx: &Ctx, roles: &[Role], purpose: Purpose) -> Result<(), Cause> {
+        let could_not = Cause::CouldNotRun;
         if self.busy() {
             return Err(could_not(
                 "preflight could not run: another pass through the gate is running (internal error)".into(),
             ));
         }
         let targets = canary::targets(ctx.cfg).map_err(|e| could_not(format!("preflight could not run: {e}")))?;
-        scratch_still_held(ctx, roles).map_err(Refusal::Config)?;
+        scratch_still_held(ctx, roles).map_err(Cause::Config)?;
         let (plans, probe_plans) = plans_and_probes(ctx, roles, &targets)?;
         // Model files are hashed for the statements (only with a key), and only from a
         // read-only dir: a writable one binds nothing and would be rehashed at every start.
@@ -305,7 +306,7 @@ impl Gate {
             let late: Vec<String> =
                 job.probes.iter().filter(|p| p.status.is_none()).map(|p| p.probe.role.to_string()).collect();
             self.abandon(epoll);
-            return Some(Outcome::Refused(Refusal::CouldNotRun(format!(
+            return Some(Outcome::Refused(Cause::CouldNotRun(format!(
                 "preflight could not run: the canary probe in the {} role did not answer within {} s",
                 late.join(" and "),
                 cfg.cell.preflight_timeout_s
@@ -406,14 +407,14 @@ type RolePlans = Vec<(Role, Plan)>;
 
 /// Each role's plan, built and checked once, and the preflight's probe plan made from it
 /// ([`Plan::probe`]: only its program replaced): what passes is what the role starts from.
-fn plans_and_probes(ctx: &Ctx, roles: &[Role], targets: &canary::Targets) -> Result<(RolePlans, Vec<Plan>), Refusal> {
+fn plans_and_probes(ctx: &Ctx, roles: &[Role], targets: &canary::Targets) -> Result<(RolePlans, Vec<Plan>), Cause> {
     let mut plans = Vec::new();
     let mut probe_plans = Vec::new();
     for role in roles {
         let probe = canary::probe_argv(ctx.cfg, *role, targets, sandbox::Layers::ALL)
             .and_then(|argv| Ok((argv, sandbox::plan::sealed_self()?)))
-            .map_err(|e| Refusal::CouldNotRun(e.to_string()))?;
-        let (plan, probe) = Plan::for_run_and_probe(ctx.cfg, *role, ctx.inv, Some(probe)).map_err(Refusal::Config)?;
+            .map_err(|e| Cause::CouldNotRun(e.to_string()))?;
+        let (plan, probe) = Plan::for_run_and_probe(ctx.cfg, *role, ctx.inv, Some(probe)).map_err(Cause::Config)?;
         plans.push((*role, plan));
         probe_plans.extend(probe);
     }
@@ -443,13 +444,13 @@ fn unwatch(job: &Job, epoll: &Epoll) {
 
 /// Everything answered: the plans admitted, or why not.
 fn finish(cfg: &Config, mut job: Job) -> Outcome {
-    let could_not = |why: String| Outcome::Refused(Refusal::CouldNotRun(why));
+    let could_not = |why: String| Outcome::Refused(Cause::CouldNotRun(why));
     let measured: Measured = match job.worker.answer() {
         Ok(m) => m,
         Err(e) => return could_not(format!("measuring what runs: {e}")),
     };
     if let Some(e) = measured.error(&cfg.file) {
-        return Outcome::Refused(Refusal::Config(e));
+        return Outcome::Refused(Cause::Config(e));
     }
     if let Some(why) = &measured.could_not {
         return could_not(format!("preflight could not run: {why}"));
@@ -474,7 +475,7 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
                 details.push(format!("preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description));
             }
         }
-        return Outcome::Refused(Refusal::Escapes(details));
+        return Outcome::Refused(Cause::Escapes(details));
     }
     if let Some(m) = &measured.models {
         tracing::info!(
@@ -491,7 +492,7 @@ fn finish(cfg: &Config, mut job: Job) -> Outcome {
     for (role, mut plan) in std::mem::take(&mut job.plans) {
         let mut digests = match crate::proof::receipt::policy_digests(cfg, role) {
             Ok(d) => d,
-            Err(e) => return Outcome::Refused(Refusal::Config(e)),
+            Err(e) => return Outcome::Refused(Cause::Config(e)),
         };
         if let Some(sp) = plan.sealed_program() {
             let Some(d) = measured.program(role) else {

@@ -9,9 +9,10 @@
 //! then engine, each SIGTERM then SIGKILL after the grace period; scratch is wiped; the model
 //! dir is never touched.
 //!
-//! The loop ([`Supervisor::run`]) dispatches each event by its token to the component that
-//! owns it, then takes the cell's next steps ([`Supervisor::advance`]) and the components'
-//! timers. Components own their fields and offer the loop what it needs of them (`handle`
+//! Each turn of the loop ([`Supervisor::run`]) takes the cell's next steps
+//! ([`Supervisor::advance`], by the cell's table), waits, dispatches each event by its token
+//! to the component that owns it, then acts on the gate's outcome (`poll_gate`) and the
+//! components' timers (`on_timers`). Components own their fields and offer the loop what it needs of them (`handle`
 //! for their tokens, a next deadline and a sweep where they keep time):
 //! - [`gate`]: one pass at a time through measurement and preflight;
 //! - [`readiness`]: the engine's readiness check;
@@ -35,10 +36,10 @@
 //!
 //! Failures: a verb that fails stops the cell itself (`begin_stop` with the exit status of
 //! what failed; a second stop keeps the stricter outcome) and returns nothing; components
-//! return the exit status of their failures to the verb that called them. Two return one to
-//! the loop: `enter_gate` (its callers differ: a restart's refusal stops the running cell,
-//! the first start's ends the loop at once, nothing running and scratch just wiped) and
-//! `wipes_done`, whose Some(code) is the loop's end.
+//! return the exit status of their failures to the verb that called them. Two verbs hand one
+//! back: `enter_gate`, to its caller (a restart's refusal stops the running cell; after the
+//! wipes, a refusal ends the loop at once, nothing running and scratch just wiped), and
+//! `wipes_done`, whose Some(code) ends the loop (through `finish_stop`, its one way out).
 //!
 //! Tokens: an event's top byte names its owner, the low bits its item (`tokens_are_distinct`
 //! below): 1 signals (here), 2 egress listeners, 3 egress connections, 7 egress lookups
@@ -50,8 +51,10 @@
 //!   `advance` (`Cycle::next`: both wipes done) → `wipes_done` → `enter_gate(both)` →
 //!   `gate.begin`; the gate's pipes and children (`gate.handle`, `gate.exited`); `poll_gate`
 //!   → `admit` (receipt, statement; the node's plan kept, the node `Admitted`) →
-//!   `start(engine)` → `readiness.begin`; the engine answers → `engine_ready` → `start(node)`
-//!   → READY=1.
+//!   `start(engine)` → `readiness.begin`; the engine answers → `on_engine_ready` → `start(node)`
+//!   → READY=1. A refusal at `gate.begin` ends the loop there (`finish_stop`, nothing ran); a
+//!   refusal from the pass (`refused_start`) stops the cell as any failure does (scratch wiped
+//!   again, `finish_stop`).
 //! - Crash restart: `reap` → `role_process_exited` → `role_exited` (`Restarts::on_exit`: a
 //!   backoff, give up, or stop) → `roles_timer` once the backoff is over → `enter_gate(role)`
 //!   → `poll_gate` → `admit` → `start(role)` (the node after a ready engine).
@@ -64,7 +67,7 @@
 //!   `begin_stop(OK, Restart)` → as a stop up to `wipes_done`, which switches the config
 //!   (`Reload::take_next`) and enters the gate as at the first start; READY=1 again.
 //! - Recycle (`ctl recycle`): `on_request` → `begin_stop(OK, Recycle)` → as a reload's switch,
-//!   without a new config; the client is answered at `engine_ready`.
+//!   without a new config; the client is answered at `on_engine_ready`.
 
 mod admit;
 mod attestation;
@@ -89,7 +92,6 @@ use nix::sys::epoll::{Epoll, EpollEvent, EpollTimeout};
 use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use sd_notify::NotifyState;
 
 use crate::config::{Config, Invoker, Role};
 use crate::egress::{Forwarder, TOKEN_KIND};
@@ -216,13 +218,19 @@ impl Supervisor {
         &mut self.roles[role as usize]
     }
 
-    /// Run until stopped. Returns the exit code (0 after SIGTERM/SIGINT, 1 after a failure).
+    /// Run until stopped. Returns the exit status (docs/operator-guide.md's table: 0 after
+    /// SIGTERM/SIGINT; 1, 3 to 6 or 125 after a failure).
     pub fn run(mut self) -> i32 {
         // Both scratch dirs wiped (off the loop), then both roles enter the gate
         // ([`Supervisor::wipes_done`]); the engine starts once they pass ([`Supervisor::admit`]).
         self.begin_wipes();
         let mut events = vec![EpollEvent::empty(); 64];
         loop {
+            // The cell's next steps first: what the last turn's events (or the first wipes)
+            // call for, before the loop waits again.
+            if let Some(code) = self.advance() {
+                return code;
+            }
             let timeout = self.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
             let timeout = match timeout {
                 Some(t) => EpollTimeout::try_from(t.as_millis().min(60_000) as u64 + 1).unwrap_or(EpollTimeout::NONE),
@@ -243,8 +251,8 @@ impl Supervisor {
                 match token & TOKEN_KIND {
                     TOKEN_SIGNAL => self.on_signals(),
                     readiness::TOKEN_READY => {
-                        if self.readiness.handle(&self.base.cfg, epoll) == Some(readiness::Event::Ready) {
-                            self.engine_ready();
+                        if self.readiness.handle(&self.base.cfg, epoll) == Some(readiness::Verdict::Ready) {
+                            self.on_engine_ready();
                         }
                     }
                     server::TOKEN_CONTROL => {
@@ -268,9 +276,6 @@ impl Supervisor {
             self.io.report_dropped();
             // Lines held back while a reader of sealnode's stdout or stderr was not reading.
             crate::logging::logsink::pump();
-            if let Some(code) = self.advance() {
-                return code;
-            }
         }
     }
 
@@ -299,7 +304,6 @@ impl Supervisor {
             stop: self.cycle.stop.is_some(),
             wipes: self.cycle.wipes.busy(),
             gate: self.gate.busy(),
-            engine_starting: self.readiness.pending(),
             recycle: self.server.recycle_waiting(),
         }
     }
@@ -326,7 +330,7 @@ impl Supervisor {
                 } else {
                     tracing::info!("control: recycle requested");
                     self.server.await_recycle(stream);
-                    self.begin_stop(exit::OK, After::Recycle);
+                    self.begin_stop(exit::OK, After::Restart);
                 }
             }
         }
@@ -365,7 +369,7 @@ impl Supervisor {
         }
         self.roles_timer(now);
         if self.readiness.sweep(now, &self.base.cfg, &self.base.cell, &self.base.epoll)
-            == Some(readiness::Event::TimedOut)
+            == Some(readiness::Verdict::TimedOut)
         {
             self.begin_stop(exit::NOT_READY, After::Exit);
         }
@@ -442,14 +446,6 @@ fn gate_ctx<'a>(cfg: &'a Config, base: &'a Base, signing: bool, roles: &'a [Slot
         hash_models: signing,
         scratch: [&roles[0].scratch, &roles[1].scratch],
     }
-}
-
-/// The cell stops before (or while) both roles start: say so to the log and to systemd, as a
-/// stop from the loop does (tests/run.rs: scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start).
-fn stopped_early(code: i32) -> i32 {
-    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
-    tracing::info!(code, "cell stopped");
-    code
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! READY_INTERVAL until its deadline, through a non-blocking socket in the engine's network
 //! namespace that the loop watches under [`TOKEN_READY`]. It offers `handle` (the socket is
 //! ready), a next deadline and `sweep` (the next try, or the timeout), and answers with an
-//! [`Event`] the supervisor acts on.
+//! [`Verdict`] the supervisor acts on.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -21,7 +21,7 @@ pub(super) const TOKEN_READY: u64 = 4 << 56;
 pub(super) const READY_INTERVAL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, PartialEq, Eq)]
-enum Step {
+enum Stage {
     Connecting,
     Reading,
 }
@@ -29,7 +29,7 @@ enum Step {
 #[derive(Debug)]
 struct Check {
     fd: Option<OwnedFd>,
-    step: Step,
+    stage: Stage,
     buf: Vec<u8>,
     next_try: Instant,
     deadline: Instant,
@@ -42,7 +42,7 @@ struct Check {
 
 /// What a check came to.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Event {
+pub(super) enum Verdict {
     /// The engine answered (its latency is kept: [`Readiness::last_ms`]).
     Ready,
     /// It did not within `engine.ready.timeout_s`: the stop's exit is 4 (said and logged).
@@ -62,7 +62,7 @@ impl Readiness {
         let now = Instant::now();
         self.check = Some(Check {
             fd: None,
-            step: Step::Connecting,
+            stage: Stage::Connecting,
             buf: Vec::new(),
             next_try: now,
             deadline: now + Duration::from_secs(cfg.engine.ready().timeout_s),
@@ -92,7 +92,7 @@ impl Readiness {
     }
 
     /// The timeout, or the next try when due.
-    pub(super) fn sweep(&mut self, now: Instant, cfg: &Config, cell: &Cell, epoll: &Epoll) -> Option<Event> {
+    pub(super) fn sweep(&mut self, now: Instant, cfg: &Config, cell: &Cell, epoll: &Epoll) -> Option<Verdict> {
         let c = self.check.as_ref()?;
         if c.deadline <= now {
             let ready = cfg.engine.ready();
@@ -109,7 +109,7 @@ impl Readiness {
                 ready.timeout_s, c.last
             ));
             self.cancel(epoll);
-            return Some(Event::TimedOut);
+            return Some(Verdict::TimedOut);
         }
         if c.fd.is_none() && c.next_try <= now {
             self.try_connect(cfg, cell, epoll);
@@ -131,7 +131,7 @@ impl Readiness {
             }
         }
         if epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLOUT, TOKEN_READY)).is_ok() {
-            c.step = Step::Connecting;
+            c.stage = Stage::Connecting;
             c.buf.clear();
             c.fd = Some(fd);
         }
@@ -144,22 +144,22 @@ impl Readiness {
         }
     }
 
-    fn ready(&mut self, epoll: &Epoll) -> Option<Event> {
+    fn ready(&mut self, epoll: &Epoll) -> Option<Verdict> {
         self.close_try(epoll);
         let latency = self.check.take().map(|c| c.began.elapsed());
         self.last_ms = latency.map(|d| d.as_secs_f64() * 1000.0);
         tracing::info!(role = "engine", ready_ms = self.last_ms, "engine ready");
-        Some(Event::Ready)
+        Some(Verdict::Ready)
     }
 
     /// The try's socket is ready: connected (then, for HTTP, the request is sent), or the
     /// answer's bytes arrived.
-    pub(super) fn handle(&mut self, cfg: &Config, epoll: &Epoll) -> Option<Event> {
+    pub(super) fn handle(&mut self, cfg: &Config, epoll: &Epoll) -> Option<Verdict> {
         let http = cfg.engine.ready().kind == ReadyKind::Http;
         let c = self.check.as_mut()?;
         let fd = c.fd.as_ref()?;
-        match c.step {
-            Step::Connecting => {
+        match c.stage {
+            Stage::Connecting => {
                 match getsockopt(fd, sockopt::SocketError) {
                     Ok(0) => {}
                     Ok(e) => {
@@ -182,10 +182,10 @@ impl Readiness {
                     self.close_try(epoll);
                     return None;
                 }
-                c.step = Step::Reading;
+                c.stage = Stage::Reading;
                 let _ = epoll.modify(fd.as_fd(), &mut EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_READY));
             }
-            Step::Reading => {
+            Stage::Reading => {
                 let mut b = [0u8; 512];
                 match nix::unistd::read(fd, &mut b) {
                     Ok(0) | Err(_) => {

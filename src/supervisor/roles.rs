@@ -13,7 +13,6 @@ use super::lifecycle::{self, After, Decision, Event, Phase, Stop};
 use super::role_io::output_pipes;
 use super::{gate, notify, Supervisor};
 use crate::config::{Restart, Role};
-use crate::exit;
 use crate::sandbox;
 
 impl Supervisor {
@@ -23,8 +22,8 @@ impl Supervisor {
     }
 
     /// Start a role from the plan the gate admitted for it (only the gate makes an
-    /// [`gate::Admitted`]). A failure stops the cell: exit 125 when nothing runs yet (what
-    /// the config names cannot start), else 1.
+    /// [`gate::Admitted`]). A failure stops the cell, with lifecycle::start_failed's exit
+    /// status (125 before any role has run, else 1).
     pub(super) fn start(&mut self, admitted: gate::Admitted) {
         let role = admitted.plan().role;
         let errno = admitted.plan().refusal_log;
@@ -62,8 +61,8 @@ impl Supervisor {
             Err(e) => {
                 tracing::error!(role = %role, error = %e, "role failed to start");
                 crate::logging::log::say(&format!("{e}"));
-                let nothing_running = self.roles.iter().all(|s| s.phase.idle());
-                self.begin_stop(if nothing_running { exit::CONFIG } else { exit::FAILED }, After::Exit);
+                let any_started = self.roles.iter().any(|s| s.starts > 0);
+                self.begin_stop(lifecycle::start_failed(any_started), After::Exit);
             }
         }
     }
@@ -209,7 +208,7 @@ impl Supervisor {
 
     /// The engine answered its readiness check: start the node (if down), tell systemd, end a
     /// reload or answer a recycle.
-    pub(super) fn engine_ready(&mut self) {
+    pub(super) fn on_engine_ready(&mut self) {
         if self.cycle.stop.is_some() {
             return;
         }

@@ -58,10 +58,10 @@ impl Supervisor {
     }
 
     /// The new config's dry run failed: nothing changes.
-    pub(super) fn reload_refused(&mut self, refusal: gate::Refusal) {
+    pub(super) fn reload_refused(&mut self, refusal: gate::Cause) {
         let file = self.reload.candidate.take().map(|c| c.file).unwrap_or_else(|| self.base.cfg.file.clone());
         let why = match &refusal {
-            gate::Refusal::Escapes(escapes) => Error::config(
+            gate::Cause::Escapes(escapes) => Error::config(
                 &file,
                 "(policies)",
                 format!("the new config's preflight found escapes: {}", escapes.join("; ")),

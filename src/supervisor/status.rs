@@ -112,8 +112,9 @@ impl Supervisor {
     }
 }
 
-/// What the process a role's phase waits on is doing: its wipe, or (running) its init, except
-/// that a held program under the init (stopped or traced) shows as held.
+/// What the process a role's phase waits on is doing: its wipe, its init while it stops, or
+/// (running) its init, except that a held program under the init (stopped or traced) shows as
+/// held.
 fn slot_state(phase: Phase) -> Option<ProcessState> {
     let (_, pid) = phase.shown();
     let own = state_of(pid?);

@@ -14,10 +14,11 @@ use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
 use super::lifecycle::{After, AfterWipes, Event, Phase, Stop};
-use super::{stopped_early, Supervisor};
+use super::{notify, Supervisor};
 use crate::config::Role;
 use crate::exit;
 use crate::sandbox::cell::{WipeFailed, WipeTarget};
+use sd_notify::NotifyState;
 
 impl Supervisor {
     /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
@@ -68,7 +69,7 @@ impl Supervisor {
         let reprovision =
             matches!(next, AfterWipes::Gate { reprovision: true } | AfterWipes::Refuse { reprovision: true });
         if reprovision {
-            let recycle = self.cycle.stop.is_some_and(|s| s.after == After::Recycle);
+            let recycle = self.server.recycle_waiting();
             self.fwd.close_all(&self.base.epoll);
             self.cycle.stop = None;
             if let Some(new) = self.reload.take_next() {
@@ -98,12 +99,17 @@ impl Supervisor {
             Err(code) => {
                 self.server
                     .recycle_done(&crate::control::protocol::Refusal::new(format!("{what} failed; sealnode stops")));
-                Some(stopped_early(code))
+                // Nothing runs and both scratch dirs were just wiped (or could not be): the
+                // loop ends here, not through a stop's second wipes (tests/run.rs:
+                // scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start).
+                notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+                Some(self.finish_stop(code))
             }
         }
     }
 
-    /// The cell's last words after a stop: forwarding drained, totals logged.
+    /// The cell's last words, the loop's one way out: forwarding drained, statements given
+    /// up, totals logged.
     fn finish_stop(&mut self, code: i32) -> i32 {
         // Drain: no forwarded connection outlives the roles.
         self.fwd.close_all(&self.base.epoll);

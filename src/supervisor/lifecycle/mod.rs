@@ -52,11 +52,6 @@ impl Phase {
         }
     }
 
-    /// Nothing of this role runs (a stop that fails now leaves no process behind).
-    pub(super) fn idle(self) -> bool {
-        matches!(self, Phase::Down | Phase::Waiting(_) | Phase::Starting | Phase::Admitted)
-    }
-
     /// The phase after `event`: the role's state × event table (`the_phase_table` below lists
     /// every pair it has). `None`: the pair is not in the table, and the phase stays.
     pub(super) fn on(self, event: Event) -> Option<Phase> {
@@ -126,10 +121,9 @@ pub(super) enum Event {
 pub(super) enum After {
     /// sealnode exits.
     Exit,
-    /// Both roles start again through the gate (a reload: with the new config).
+    /// Both roles start again through the gate: a reload (with its new config) or a recycle
+    /// (whose client the control server answers once the engine is ready).
     Restart,
-    /// As Restart, answering the control client that asked (`ctl recycle`).
-    Recycle,
 }
 
 /// A stop in progress: the exit status it ends with, and what follows it.
@@ -141,8 +135,8 @@ pub(super) struct Stop {
 
 impl Stop {
     /// A second stop asked for while this one runs (a failure during a restart, a second
-    /// signal): the stricter of the two. An exit wins over a restart or recycle (two of those
-    /// are a restart), and the exit status is the larger: a failure's over a clean stop's
+    /// signal): the stricter of the two. An exit wins over a restart, and the exit status is
+    /// the larger: a failure's over a clean stop's
     /// 0, and between failures the exit table's later row (125 config > 6 preflight error >
     /// 5 restart limit > 4 not ready > 3 escape > 1).
     pub(super) fn merge(self, code: i32, after: After) -> Stop {
@@ -230,10 +224,48 @@ impl Restarts {
     }
 }
 
+// The node runs only beside a ready engine: three rules say it, for a role whose backoff is
+// over (may_restart), for a pass the gate admitted (admission), and for the node admitted
+// beside the engine, which starts when the engine answers (Phase::Admitted, Supervisor::
+// on_engine_ready).
+
 /// A role waiting out its backoff may enter the gate now: the engine at once, the node only
 /// beside a ready engine; and one pass through the gate at a time.
 pub(super) fn may_restart(is_engine: bool, engine_ready: bool, gate_busy: bool) -> bool {
     (is_engine || engine_ready) && !gate_busy
+}
+
+/// What a pass the gate admitted starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admission {
+    /// Start this role now; the node, when the pass admitted it too, waits (Phase::Admitted)
+    /// for the engine to answer its readiness check.
+    Start(Role),
+    /// The node's own pass, but the engine went down while it ran: the node waits and passes
+    /// the gate again; no receipt says otherwise.
+    Retry,
+}
+
+/// The pass admitted the engine (alone or with the node) or the node alone; the engine is
+/// ready now or not.
+pub(super) fn admission(engine_passed: bool, engine_ready: bool) -> Admission {
+    match (engine_passed, engine_ready) {
+        (true, _) => Admission::Start(Role::Engine),
+        (false, true) => Admission::Start(Role::Node),
+        (false, false) => Admission::Retry,
+    }
+}
+
+/// The exit status of a stop for a role that could not be started (its sandbox not made,
+/// after the gate admitted it): 125 while no role has started since sealnode did (what the
+/// config names does not start: systemd's unit does not restart it, RestartPreventExitStatus),
+/// else 1 (it ran before: a restart of the unit may well succeed).
+pub(super) fn start_failed(any_started: bool) -> i32 {
+    if any_started {
+        exit::FAILED
+    } else {
+        exit::CONFIG
+    }
 }
 
 /// The cell's course between runs of the roles: a stop in progress and what follows it, and
@@ -272,9 +304,9 @@ pub(super) enum Step {
 }
 
 impl Cycle {
-    /// The cell's own state × event table, beside each role's ([`Phase::on`]): from the stop
-    /// under way, the wipes in flight and both roles' phases, what the loop does next. The
-    /// loop takes these steps after every batch of events until this says `Wait`.
+    /// The cell's own table, beside each role's ([`Phase::on`]): from the cell's state (the
+    /// stop under way, the wipes in flight, both roles' phases), the step the loop takes next.
+    /// The loop takes these steps before every wait for events until this says `Wait`.
     pub(super) fn next(&self, engine: Phase, node: Phase) -> Step {
         if self.wipes.running {
             let wiping = [engine, node].iter().any(|p| matches!(p, Phase::Wiping(_)));
@@ -306,7 +338,10 @@ impl Cycle {
 
 /// What is under way in the cell besides its roles running. A SIGHUP and a recycle are both
 /// refused while any of it is ([`UnderWay::busy`]: one rule for both): each would stop the
-/// roles and pass both through the gate, and would meet what is under way there.
+/// roles and pass both through the gate, and would meet what is under way there. An engine
+/// still loading is not in the way: its start is given up for the new one (a SIGHUP right
+/// after a crash restart applies; tests/attest.rs:
+/// statements_verify_fresh_and_every_forgery_fails_with_its_own_status).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct UnderWay {
     /// A stop (to exit, or a reload's or recycle's stop before its re-provision).
@@ -315,8 +350,6 @@ pub(super) struct UnderWay {
     pub wipes: bool,
     /// A pass through the gate (a start, a restart, a reload's dry run).
     pub gate: bool,
-    /// The engine started and has not answered its readiness check yet.
-    pub engine_starting: bool,
     /// A recycle that has not answered its client yet.
     pub recycle: bool,
 }
@@ -328,7 +361,6 @@ impl UnderWay {
             (self.stop, "a stop"),
             (self.wipes, "the scratch wipes"),
             (self.gate, "a pass through the gate"),
-            (self.engine_starting, "the engine's start"),
             (self.recycle, "a recycle"),
         ]
         .into_iter()

@@ -59,8 +59,6 @@ fn after_the_wipes_an_exit_ends_a_failure_refuses_and_the_rest_enters_the_gate()
         (stop(After::Exit), true, AfterWipes::Exit(7)),
         (stop(After::Restart), false, AfterWipes::Gate { reprovision: true }),
         (stop(After::Restart), true, AfterWipes::Refuse { reprovision: true }),
-        (stop(After::Recycle), false, AfterWipes::Gate { reprovision: true }),
-        (stop(After::Recycle), true, AfterWipes::Refuse { reprovision: true }),
     ] {
         let cycle = Cycle { stop, wipes: Wipes::default() };
         assert_eq!(cycle.after_wipes(failed), want, "{stop:?} failed={failed}");
@@ -91,7 +89,7 @@ fn the_cells_next_step() {
         (stop(After::Exit), none(), P::Running(pid), P::Down, Step::Term(Role::Engine)),
         (stop(After::Restart), none(), P::Stopping(pid, t0), P::Down, Step::Wait),
         (stop(After::Exit), none(), P::Down, P::Running(pid), Step::Term(Role::Node)),
-        (stop(After::Recycle), none(), P::Down, P::Down, Step::Wipe),
+        (stop(After::Restart), none(), P::Down, P::Down, Step::Wipe),
         // Wipes in flight: wait for both; done, what follows.
         (stop(After::Exit), wipes(true, false), P::Wiping(pid), P::Down, Step::Wait),
         (None, wipes(true, false), P::Down, P::Wiping(pid), Step::Wait),
@@ -114,13 +112,12 @@ fn the_cells_next_step() {
 
 #[test]
 fn a_reload_and_a_recycle_are_refused_for_the_same_reasons() {
-    let all = UnderWay { stop: true, wipes: true, gate: true, engine_starting: true, recycle: true };
+    let all = UnderWay { stop: true, wipes: true, gate: true, recycle: true };
     assert_eq!(UnderWay::default().busy(), None);
     assert_eq!(all.busy(), Some("a stop"));
     for (u, want) in [
         (UnderWay { wipes: true, ..Default::default() }, "the scratch wipes"),
         (UnderWay { gate: true, ..Default::default() }, "a pass through the gate"),
-        (UnderWay { engine_starting: true, ..Default::default() }, "the engine's start"),
         (UnderWay { recycle: true, ..Default::default() }, "a recycle"),
     ] {
         assert_eq!(u.busy(), Some(want));
@@ -217,10 +214,9 @@ fn a_second_stop_keeps_the_stricter_outcome() {
     // The stop under way, the one asked for now: the stop that follows.
     let table = [
         (s(0, Restart), 0, Restart, s(0, Restart)),
-        (s(0, Recycle), 0, Recycle, s(0, Restart)),
         (s(0, Restart), 0, Exit, s(0, Exit)),
         (s(0, Exit), 0, Restart, s(0, Exit)),
-        (s(0, Recycle), exit::FAILED, Exit, s(exit::FAILED, Exit)),
+        (s(0, Restart), exit::FAILED, Exit, s(exit::FAILED, Exit)),
         (s(exit::FAILED, Exit), 0, Exit, s(exit::FAILED, Exit)),
         (s(exit::PREFLIGHT_FAILED, Exit), exit::FAILED, Exit, s(exit::PREFLIGHT_FAILED, Exit)),
         (s(exit::NOT_READY, Exit), exit::CONFIG, Exit, s(exit::CONFIG, Exit)),
@@ -247,21 +243,39 @@ fn a_waiting_role_enters_the_gate_only_when_it_may() {
 }
 
 #[test]
+fn a_pass_starts_the_engine_first_and_the_node_only_beside_a_ready_engine() {
+    // the engine passed?, the engine ready?: what starts.
+    for (engine_passed, ready, want) in [
+        (true, false, Admission::Start(Role::Engine)),
+        (true, true, Admission::Start(Role::Engine)),
+        (false, true, Admission::Start(Role::Node)),
+        (false, false, Admission::Retry),
+    ] {
+        assert_eq!(admission(engine_passed, ready), want, "engine passed {engine_passed} ready {ready}");
+    }
+}
+
+#[test]
+fn a_start_that_fails_before_anything_ran_is_a_config_error() {
+    assert_eq!(start_failed(false), exit::CONFIG);
+    assert_eq!(start_failed(true), exit::FAILED);
+}
+
+#[test]
 fn each_phase_shows_its_name_and_process() {
     let p = Pid::from_raw(7);
     let now = Instant::now();
     let table = [
-        (Phase::Down, "down", None, true),
-        (Phase::Starting, "starting", None, true),
-        (Phase::Admitted, "starting", None, true),
-        (Phase::Running(p), "running", Some(p), false),
-        (Phase::Stopping(p, now), "stopping", Some(p), false),
-        (Phase::Waiting(now), "restarting", None, true),
-        (Phase::Wiping(p), "wiping", Some(p), false),
+        (Phase::Down, "down", None),
+        (Phase::Starting, "starting", None),
+        (Phase::Admitted, "starting", None),
+        (Phase::Running(p), "running", Some(p)),
+        (Phase::Stopping(p, now), "stopping", Some(p)),
+        (Phase::Waiting(now), "restarting", None),
+        (Phase::Wiping(p), "wiping", Some(p)),
     ];
-    for (phase, name, pid, idle) in table {
+    for (phase, name, pid) in table {
         assert_eq!(phase.shown(), (RoleState::from(name.to_string()), pid));
         assert_eq!(phase.shown().0.as_str(), name);
-        assert_eq!(phase.idle(), idle, "{phase:?}");
     }
 }
