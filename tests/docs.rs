@@ -492,3 +492,56 @@ fn the_exposure_table_is_what_systemd_analyze_says() {
         assert_eq!(row[col].split("**").nth(1), Some(score), "{unit} under systemd {major}: the doc says {}", row[col]);
     }
 }
+
+/// Every function the supervisor's module doc names in its sequences, hop by hop, is a
+/// function of the code (`fn name`), and every type path it names (`Type::name`) is that
+/// type's: the hop list is the parent side's counterpart of `child_main`'s steps, and a
+/// renamed or removed hop fails here.
+#[test]
+fn the_supervisors_hop_lists_name_functions_that_exist() {
+    let doc: String = read("src/supervisor/mod.rs")
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let hops = doc.split("The sequences, hop by hop:").nth(1).expect("mod.rs's doc lists the sequences");
+    let mut src = String::new();
+    let mut dirs = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("src").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                src.push_str(&std::fs::read_to_string(&p).expect("read"));
+            }
+        }
+    }
+    let mut named = 0;
+    for quoted in hops.split('`').skip(1).step_by(2) {
+        // `begin_stop(code, Exit)`, `gate.begin`, `Restarts::on_exit`, `Cycle::next`.
+        let path = quoted.split('(').next().unwrap_or_default();
+        let (owner, name) = match path.rsplit_once("::").or_else(|| path.rsplit_once('.')) {
+            Some((owner, name)) => (Some(owner), name),
+            None => (None, path),
+        };
+        let is_fn = !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !is_fn {
+            continue;
+        }
+        named += 1;
+        assert!(
+            src.contains(&format!("fn {name}(")) || src.contains(&format!("fn {name}<")),
+            "src/supervisor/mod.rs's hop list names `{quoted}`, but no `fn {name}` exists"
+        );
+        // A type's function: that type has it (an `impl Type` block before it).
+        if let Some(owner) = owner.filter(|o| o.chars().next().is_some_and(|c| c.is_ascii_uppercase())) {
+            let has = src.split(&format!("impl {owner} {{")).skip(1).any(|block| {
+                let block = block.split("\nimpl ").next().unwrap_or_default();
+                block.contains(&format!("fn {name}("))
+            });
+            assert!(has, "src/supervisor/mod.rs's hop list names `{quoted}`, but `{owner}` has no `fn {name}`");
+        }
+    }
+    assert!(named > 30, "the hop list names only {named} functions: did its heading change?");
+}
