@@ -499,11 +499,8 @@ fn the_exposure_table_is_what_systemd_analyze_says() {
 /// renamed or removed hop fails here.
 #[test]
 fn the_supervisors_hop_lists_name_functions_that_exist() {
-    let doc: String = read("src/supervisor/mod.rs")
-        .lines()
-        .filter_map(|l| l.strip_prefix("//!"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let doc: String =
+        read("src/supervisor/mod.rs").lines().filter_map(|l| l.strip_prefix("//!")).collect::<Vec<_>>().join("\n");
     let hops = doc.split("The sequences, hop by hop:").nth(1).expect("mod.rs's doc lists the sequences");
     let mut src = String::new();
     let mut dirs = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];

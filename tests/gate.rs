@@ -1216,3 +1216,33 @@ fn ready_follows_the_roles_down_and_up() {
         assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }
+
+/// A node admitted beside an engine that then exits before it is ready waits (Admitted) and
+/// starts from the plan its own pass admitted once the restarted engine (a newer generation)
+/// is ready: its log line, its output's label, the receipt and `ctl status` all say the
+/// generation that admitted it, not the engine's newer one (the live review of #28, F1).
+#[test]
+fn a_node_admitted_before_the_engine_restarted_starts_under_its_own_generation() {
+    for mode in modes() {
+        let engine = "if [ ! -e /scratch/once ]; then : > /scratch/once; sleep 1; exit 1; fi; \
+                      exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models";
+        let f = cell(mode, "node-gen", engine, "echo node-up; exec sleep 1000", "restart = \"on-failure\"", "");
+        let run = start(&f, &[]);
+        run.err_line(60, |l| l.contains("role exited; restarting") && l.contains("role=engine"));
+        run.out_line(60, |l| l == "node-up");
+        let started = log_fields(&run.stderr(), "role started");
+        let node = started.iter().find(|l| l.get("role").is_some_and(|r| r == "node")).expect("the node's start");
+        assert_eq!(node.get("generation").map(String::as_str), Some("1"), "{mode:?}: {}", run.stderr());
+        let st = ctl(&f, "status");
+        let gen = |role: &str| {
+            st["roles"].as_array().into_iter().flatten().find(|r| r["role"] == role).map(|r| r["generation"].clone())
+        };
+        assert_eq!(gen("node"), Some(serde_json::json!(1)), "{mode:?}: {st}");
+        assert_eq!(gen("engine"), Some(serde_json::json!(2)), "{mode:?}: {st}");
+        let receipt: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f.p("state/receipt.json")).expect("receipt")).expect("json");
+        assert_eq!(receipt["roles"]["node"]["generation"], 1, "{mode:?}: {receipt}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}

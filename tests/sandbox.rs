@@ -474,6 +474,8 @@ fn swapped_role_dir_is_never_mounted() {
             let kind = if o.status.success() && out == "VALIDATED" {
                 "real dir"
             } else if o.status.code() == Some(125) && err.contains("ESTALE") {
+                // Said as what happened (the live review of #28, F4), not only as the errno.
+                assert!(err.contains("replaced since it was checked"), "{mode:?}: {err}");
                 "estale"
             } else if o.status.code() == Some(125) && err.contains("node.scratch") {
                 "refused by validation"

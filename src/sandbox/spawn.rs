@@ -254,6 +254,9 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
              `sealnode doctor` lists them)",
         );
     }
+    if stage == Stage::OpenSources && f.errno == Errno::ESTALE {
+        detail.push_str(" (it was replaced since it was checked before this start: the start is refused; start again)");
+    }
     Error::Setup {
         step: stage.name(),
         detail: if detail.is_empty() { format!("{} role", plan.role) } else { format!("{} role: {detail}", plan.role) },

@@ -27,6 +27,9 @@ impl Supervisor {
     pub(super) fn start(&mut self, admitted: gate::Admitted) {
         let role = admitted.plan().role;
         let errno = admitted.plan().refusal_log;
+        // The generation whose pass admitted this plan (the node's may be older than the
+        // engine's latest: it passed beside an engine that has since restarted).
+        let generation = admitted.digests.generation;
         let mut plan = admitted.into_plan();
         let mut pipes = None;
         let started = match output_pipes() {
@@ -41,7 +44,6 @@ impl Supervisor {
         drop(plan);
         match started {
             Ok(sb) => {
-                let generation = self.generation();
                 let epoll = &self.base.epoll;
                 tracing::info!(role = %role, pid = sb.pid.as_raw(), generation, "role started");
                 if let Some((out, err)) = pipes {

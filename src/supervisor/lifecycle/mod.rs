@@ -359,7 +359,7 @@ impl UnderWay {
     pub(super) fn busy(self) -> Option<&'static str> {
         [
             (self.stop, "a stop"),
-            (self.wipes, "the scratch wipes"),
+            (self.wipes, "a scratch wipe"),
             (self.gate, "a pass through the gate"),
             (self.recycle, "a recycle"),
         ]

@@ -116,7 +116,7 @@ fn a_reload_and_a_recycle_are_refused_for_the_same_reasons() {
     assert_eq!(UnderWay::default().busy(), None);
     assert_eq!(all.busy(), Some("a stop"));
     for (u, want) in [
-        (UnderWay { wipes: true, ..Default::default() }, "the scratch wipes"),
+        (UnderWay { wipes: true, ..Default::default() }, "a scratch wipe"),
         (UnderWay { gate: true, ..Default::default() }, "a pass through the gate"),
         (UnderWay { recycle: true, ..Default::default() }, "a recycle"),
     ] {
