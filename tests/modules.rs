@@ -308,7 +308,13 @@ impl Crate {
                     p
                 })
                 .collect();
-            // `use crate::sandbox;` then `sandbox::spawn(…)`: follow the alias.
+            for p in paths_after(text, "super::") {
+                let mut full = parent.clone();
+                full.extend(p);
+                paths.push(full);
+            }
+            // `use crate::sandbox;` (or `use super::gate;`) then `sandbox::spawn(…)`: follow
+            // the alias.
             let aliases: Vec<Vec<String>> =
                 paths.iter().filter(|p| self.code.contains_key(&p.join("::"))).cloned().collect();
             for a in aliases {
@@ -329,11 +335,6 @@ impl Crate {
                     full.extend(tail);
                     paths.push(full);
                 }
-            }
-            for p in paths_after(text, "super::") {
-                let mut full = parent.clone();
-                full.extend(p);
-                paths.push(full);
             }
             let children: BTreeSet<&String> =
                 self.reexports.get(module).map(|m| m.values().collect()).unwrap_or_default();
