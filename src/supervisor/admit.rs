@@ -1,5 +1,5 @@
 //! Through the gate to a start: every start of a role, whatever began it (first start, crash
-//! restart, SIGHUP, recycle), enters the gate (gate.rs: its program measured, its preflight
+//! restart, SIGHUP, recycle), enters the gate (supervisor::gate: its program measured, its preflight
 //! run in its exact sandbox inside this cell, off the loop); a pass that comes back admitted
 //! is recorded (a receipt with the next generation, the statement) and started; a refused
 //! one stops the cell with its exit status. A reload's dry run goes back to reload.rs.

@@ -12,8 +12,9 @@
 //! Each turn of the loop ([`Supervisor::run`]) takes the cell's next steps
 //! ([`Supervisor::advance`], by the cell's table), waits, dispatches each event by its token
 //! to the component that owns it, then acts on the gate's outcome (`poll_gate`) and the
-//! components' timers (`on_timers`). Components own their fields and offer the loop what it needs of them (`handle`
-//! for their tokens, a next deadline and a sweep where they keep time):
+//! components' timers (`on_timers`). Components own their fields and offer the loop what it
+//! needs of them (a handler for their tokens, a next deadline and a sweep where they keep
+//! time):
 //! - [`gate`]: one pass at a time through measurement and preflight;
 //! - [`readiness`]: the engine's readiness check;
 //! - [`server`]: the control socket's clients (the protocol is crate::control's);
@@ -24,22 +25,26 @@
 //!
 //! [`lifecycle`] is data and pure rules, unit-tested as tables: each role's phase and its
 //! state × event table (`Phase::on`; every phase change goes through `Slot::apply`), the
-//! cell's own table (`Cycle::next`: a stop's SIGTERMs in order, the wipes once both roles are
-//! down, what follows the wipes), restarts and backoff, which of two stops wins, and what
-//! makes the cell too busy for a SIGHUP or a recycle (`UnderWay`: one rule for both);
-//! [`reload`] holds the reload in its steps and sorts what a SIGHUP may change. The verbs that
-//! act on processes through the components are `impl Supervisor` blocks, a file each:
-//! [`setup`] (the cell made once, before the loop: `new`), [`admit`] (the gate's outcome to a
-//! start), [`roles`] (start, exit, stop), [`wipes`]
-//! (before a start, after a stop, and what follows), [`sighup`] (the reload), [`status`] (the
-//! reply); this file keeps the loop's own (`reap`, `on_request`, `on_timers`, `advance`).
+//! cell's course and its tables (`Cycle::apply`: every change of the stop under way and the
+//! wipes; `Cycle::next`: the next step, a stop's SIGTERMs in order, the wipes once both roles
+//! are down, what follows the wipes), restarts and backoff, which of two stops wins, which
+//! role a pass starts, and what makes the cell too busy for a SIGHUP or a recycle
+//! (`UnderWay`: one rule for both); [`reload`] holds the reload in its steps and sorts what a
+//! SIGHUP may change. The verbs that act on processes through the components are
+//! `impl Supervisor` blocks, a file each: [`setup`] (the cell made once, before the loop:
+//! `new`), [`admit`] (the gate's outcome to a start), [`roles`] (start, exit, stop),
+//! [`wipes`] (before a start, after a stop, and what follows), [`sighup`] (the reload),
+//! [`status`] (the reply); this file keeps the loop's own (`reap`, `on_request`, `on_timers`,
+//! `advance`).
 //!
 //! Failures: a verb that fails stops the cell itself (`begin_stop` with the exit status of
-//! what failed; a second stop keeps the stricter outcome) and returns nothing; components
-//! return the exit status of their failures to the verb that called them. Two verbs hand one
-//! back: `enter_gate`, to its caller (a restart's refusal stops the running cell; after the
-//! wipes, a refusal ends the loop at once, nothing running and scratch just wiped), and
-//! `wipes_done`, whose Some(code) ends the loop (through `finish_stop`, its one way out).
+//! what failed; a second stop keeps the stricter outcome) and returns nothing (a step of a
+//! verb that did so returns None, and the verb goes no further); components return what
+//! failed to the verb that called them (an exit status; the readiness check a time-out, which
+//! is exit 4). Two verbs hand an exit status back: `enter_gate`, to its caller (a restart's
+//! refusal stops the running cell; after the wipes, a refusal ends the loop at once, nothing
+//! running and scratch just wiped), and `wipes_done`, whose Some(code) ends the loop (through
+//! `finish_stop`, its one way out).
 //!
 //! Tokens: an event's top byte names its owner, the low bits its item (`tokens_are_distinct`
 //! below): 1 signals (here), 2 egress listeners, 3 egress connections, 7 egress lookups
@@ -66,7 +71,7 @@
 //!   `gate.begin(DryRun)` in a throwaway cell) → `poll_gate` → `reload_passed` →
 //!   `begin_stop(OK, Restart)` → as a stop up to `wipes_done`, which switches the config
 //!   (`Reload::take_next`) and enters the gate as at the first start; READY=1 again.
-//! - Recycle (`ctl recycle`): `on_request` → `begin_stop(OK, Recycle)` → as a reload's switch,
+//! - Recycle (`ctl recycle`): `on_request` → `begin_stop(OK, Restart)` → as a reload's switch,
 //!   without a new config; the client is answered at `on_engine_ready`.
 
 mod admit;

@@ -9,7 +9,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sd_notify::NotifyState;
 
-use super::lifecycle::{self, After, Decision, Event, Phase, Stop};
+use super::lifecycle::{self, After, CellEvent, Decision, Event, Phase, Stop};
 use super::role_io::output_pipes;
 use super::{gate, notify, Supervisor};
 use crate::config::{Restart, Role};
@@ -143,10 +143,7 @@ impl Supervisor {
     /// pass through the gate (its processes killed), a reload's dry run, restarts waiting out
     /// their backoff, a node admitted and waiting for the engine.
     pub(super) fn begin_stop(&mut self, code: i32, after: After) {
-        self.cycle.stop = Some(match self.cycle.stop {
-            Some(s) => s.merge(code, after),
-            None => Stop { code, after },
-        });
+        self.cycle.apply(CellEvent::StopAsked(Stop { code, after }));
         if after == After::Exit {
             notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
             // A recycle in progress will not complete: say so rather than hang up.
@@ -190,7 +187,7 @@ impl Supervisor {
                     // Reaped when it dies; looked at again in an hour if it somehow does not.
                     self.roles[i].apply(Event::KillSent(now + Duration::from_secs(3600)));
                 }
-                Phase::Waiting(at) if at <= now && self.cycle.stop.is_none() => {
+                Phase::Waiting(at) if at <= now => {
                     let role = self.roles[i].role;
                     // Either passes the gate first: its program measured, its preflight, a
                     // new receipt; then it starts.

@@ -13,10 +13,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
-use super::lifecycle::{After, AfterWipes, Event, Phase, Stop};
+use super::lifecycle::{AfterWipes, CellEvent, Event, Phase};
 use super::{notify, Supervisor};
 use crate::config::Role;
-use crate::exit;
 use crate::sandbox::cell::{WipeFailed, WipeTarget};
 use sd_notify::NotifyState;
 
@@ -24,8 +23,7 @@ impl Supervisor {
     /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
     /// wipes_done`] goes on once both are done.
     pub(super) fn begin_wipes(&mut self) {
-        self.cycle.wipes.running = true;
-        self.cycle.wipes.failed.clear();
+        self.cycle.apply(CellEvent::WipesBegun);
         for role in Role::ALL {
             let cell = &self.base.cell;
             let target = match cell.capped_scratch(role) {
@@ -35,7 +33,7 @@ impl Supervisor {
             let spawned = cell.spawn_wipe(target, self.base.ids[role as usize]);
             match spawned {
                 Ok(pid) => self.slot(role).apply(Event::WipeStarted(pid)),
-                Err(e) => self.cycle.wipes.failed.push((role, WipeFailed::Errno(e))),
+                Err(e) => self.cycle.apply(CellEvent::WipeFailed(role, WipeFailed::Errno(e))),
             }
         }
         self.arm_wipe_deadline();
@@ -46,7 +44,7 @@ impl Supervisor {
         let Some(i) = self.roles.iter().position(|s| s.phase == Phase::Wiping(pid)) else { return false };
         self.roles[i].apply(Event::WipeDone);
         if let Err(e) = crate::sandbox::cell::wipe_result(ws) {
-            self.cycle.wipes.failed.push((self.roles[i].role, e));
+            self.cycle.apply(CellEvent::WipeFailed(self.roles[i].role, e));
         }
         true
     }
@@ -54,58 +52,65 @@ impl Supervisor {
     /// Both wipes done: `next` follows, as the cell's table decided it
     /// (lifecycle::Cycle::after_wipes). Some(code): the loop ends with it.
     pub(super) fn wipes_done(&mut self, next: AfterWipes) -> Option<i32> {
-        self.cycle.wipes.running = false;
-        self.cycle.wipes.deadline = None;
-        let failed = std::mem::take(&mut self.cycle.wipes.failed);
-        // A stop to exit (also one that came during a start's wipes) ends the loop.
-        if let AfterWipes::Exit(code) = next {
-            for (role, e) in &failed {
-                let dir = self.base.cfg.role(*role).scratch.display().to_string();
-                tracing::warn!(role = %role, dir, error = %e, "could not wipe scratch (the next start wipes it)");
-            }
-            return Some(self.finish_stop(code));
-        }
+        let failed = self.cycle.wipes.failed.clone();
+        self.cycle.apply(CellEvent::WipesOver);
         // A restart, recycle or reload: its stop is over, the new config (if any) in force.
-        let reprovision =
-            matches!(next, AfterWipes::Gate { reprovision: true } | AfterWipes::Refuse { reprovision: true });
-        if reprovision {
+        if next.reprovision() {
             let recycle = self.server.recycle_waiting();
             self.fwd.close_all(&self.base.epoll);
-            self.cycle.stop = None;
+            self.cycle.apply(CellEvent::StopOver);
             if let Some(new) = self.reload.take_next() {
                 self.base.cfg = new;
             }
             tracing::info!(recycle, "re-provisioning both roles");
         }
-        let what = if reprovision { "re-provision" } else { "start" };
-        for (role, e) in &failed {
-            let dir = self.base.cfg.role(*role).scratch.display().to_string();
-            let hint = match e {
-                WipeFailed::Errno(Errno::EACCES | Errno::EPERM) => {
-                    " (it holds files the role cannot have left there: another host user's; remove them by hand)"
+        let what = if next.reprovision() { "re-provision" } else { "start" };
+        match next {
+            // A stop to exit (also one that came during a start's wipes) ends the loop; a wipe
+            // that failed is only said (the next start wipes again).
+            AfterWipes::Exit(code) => {
+                for (role, e) in &failed {
+                    let dir = self.base.cfg.role(*role).scratch.display().to_string();
+                    tracing::warn!(role = %role, dir, error = %e, "could not wipe scratch (the next start wipes it)");
                 }
-                WipeFailed::Errno(Errno::EBUSY) => " (a mount point inside it: unmount it)",
-                _ => "",
-            };
-            tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
-            crate::logging::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
-        }
-        let entered = match next {
-            AfterWipes::Gate { .. } => self.enter_gate(&Role::ALL),
-            _ => Err(exit::CONFIG),
-        };
-        match entered {
-            Ok(()) => None,
-            Err(code) => {
-                self.server
-                    .recycle_done(&crate::control::protocol::Refusal::new(format!("{what} failed; sealnode stops")));
-                // Nothing runs and both scratch dirs were just wiped (or could not be): the
-                // loop ends here, not through a stop's second wipes (tests/run.rs:
-                // scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start).
-                notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
                 Some(self.finish_stop(code))
             }
+            // No role starts on what an earlier run left.
+            AfterWipes::Refuse { code, .. } => {
+                for (role, e) in &failed {
+                    self.say_wipe_failed(*role, e);
+                }
+                Some(self.end_before_start(what, code))
+            }
+            AfterWipes::Gate { .. } => match self.enter_gate(&Role::ALL) {
+                Ok(()) => None,
+                Err(code) => Some(self.end_before_start(what, code)),
+            },
         }
+    }
+
+    /// A role's scratch could not be wiped before a start: why, and what to do about it.
+    fn say_wipe_failed(&self, role: Role, e: &WipeFailed) {
+        let dir = self.base.cfg.role(role).scratch.display().to_string();
+        let hint = match e {
+            WipeFailed::Errno(Errno::EACCES | Errno::EPERM) => {
+                " (it holds files the role cannot have left there: another host user's; remove them by hand)"
+            }
+            WipeFailed::Errno(Errno::EBUSY) => " (a mount point inside it: unmount it)",
+            _ => "",
+        };
+        tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
+        crate::logging::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
+    }
+
+    /// The start (or a re-provision's) is refused right after the wipes: nothing runs and
+    /// both scratch dirs were just wiped (or could not be), so the loop ends here, not through
+    /// a stop's second wipes (tests/run.rs:
+    /// scratch_is_wiped_as_the_cell_and_a_foreign_leftover_refuses_the_start).
+    fn end_before_start(&mut self, what: &str, code: i32) -> i32 {
+        self.server.recycle_done(&crate::control::protocol::Refusal::new(format!("{what} failed; sealnode stops")));
+        notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+        self.finish_stop(code)
     }
 
     /// The cell's last words, the loop's one way out: forwarding drained, statements given
@@ -113,7 +118,7 @@ impl Supervisor {
     fn finish_stop(&mut self, code: i32) -> i32 {
         // Drain: no forwarded connection outlives the roles.
         self.fwd.close_all(&self.base.epoll);
-        self.cycle.stop = None;
+        self.cycle.apply(CellEvent::StopOver);
         self.attest.abandon();
         for s in self.fwd.stats() {
             tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
@@ -132,21 +137,17 @@ impl Supervisor {
         code
     }
 
-    /// A stop to exit gives wipes in flight the grace period the roles get.
+    /// A stop to exit gives wipes in flight the grace period the roles get (the rule:
+    /// lifecycle::Cycle::apply, CellEvent::Grace).
     pub(super) fn arm_wipe_deadline(&mut self) {
-        let exiting = matches!(self.cycle.stop, Some(Stop { after: After::Exit, .. }));
-        if exiting
-            && self.cycle.wipes.deadline.is_none()
-            && self.roles.iter().any(|s| matches!(s.phase, Phase::Wiping(_)))
-        {
-            self.cycle.wipes.deadline = Some(Instant::now() + Duration::from_secs(self.base.cfg.cell.stop_timeout_s));
-        }
+        let grace = Duration::from_secs(self.base.cfg.cell.stop_timeout_s);
+        self.cycle.apply(CellEvent::Grace(Instant::now() + grace));
     }
 
     /// Wipes that outlived the stop's grace period are killed.
     pub(super) fn wipes_timer(&mut self, now: Instant) {
         if self.cycle.wipes.deadline.is_some_and(|t| t <= now) {
-            self.cycle.wipes.deadline = None;
+            self.cycle.apply(CellEvent::GraceOver);
             for s in &self.roles {
                 if let Phase::Wiping(pid) = s.phase {
                     tracing::warn!(role = %s.role, pid = pid.as_raw(), "the scratch wipe did not finish within the stop's grace period; killed (the next start wipes again)");

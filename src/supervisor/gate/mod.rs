@@ -21,123 +21,20 @@ use nix::unistd::Pid;
 
 use crate::config::{Config, Invoker, Role};
 use crate::error::Error;
-use crate::exit;
-use crate::proof::canary::{self, Probe, Report};
-use crate::proof::measure::{self, Measured};
-use crate::proof::receipt::RoleDigests;
+use crate::proof::canary;
+use crate::proof::measure;
 use crate::sandbox::cell::Cell;
 use crate::sandbox::{self, Plan};
 
+mod finish;
+mod pass;
+
+use finish::finish;
+pub(super) use pass::{Admitted, Cause, Outcome, Passed, Purpose};
+use pass::{Job, ProbeRun};
+
 /// The gate's pipes: the measurement's (low bits 0) and each probe's (1 + its index).
 pub(super) const TOKEN_GATE: u64 = 10 << 56;
-
-/// A role's plan as the gate admitted it: its program's sealed copy measured (and its pin
-/// checked), its sandbox preflighted, and the digests a receipt records for it. Only the gate
-/// makes one, and only an admitted plan starts a role.
-#[derive(Debug)]
-pub(super) struct Admitted {
-    plan: Plan,
-    pub digests: RoleDigests,
-}
-
-impl Admitted {
-    pub(super) fn into_plan(self) -> Plan {
-        self.plan
-    }
-
-    pub(super) fn plan(&self) -> &Plan {
-        &self.plan
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Purpose {
-    /// Roles about to start in the running cell.
-    Start,
-    /// A reload's check of a new config in a throwaway cell, before anything stops.
-    DryRun,
-}
-
-/// A pass through the gate.
-#[derive(Debug)]
-pub(super) struct Passed {
-    pub purpose: Purpose,
-    pub roles: Vec<Role>,
-    pub admitted: Vec<(Role, Admitted)>,
-    /// The fresh preflight of `roles`.
-    pub report: Report,
-    pub ms: u64,
-    pub attempts: usize,
-}
-
-#[derive(Debug)]
-pub(super) enum Outcome {
-    Passed(Box<Passed>),
-    Refused(Cause),
-}
-
-/// Why the gate refused a pass: each cause has its exit status ([`Cause::code`]).
-#[derive(Debug)]
-pub(super) enum Cause {
-    /// What the config names cannot run (a role's plan, a pin, a file to measure): exit 125.
-    Config(Error),
-    /// The preflight could not run (its probe, the measurement, their deadline): exit 6.
-    CouldNotRun(String),
-    /// The preflight found escapes, each said ("preflight: <role> role: <id> (<what>)
-    /// succeeded"): exit 3.
-    Escapes(Vec<String>),
-}
-
-impl Cause {
-    pub fn code(&self) -> i32 {
-        match self {
-            Cause::Config(_) => exit::CONFIG,
-            Cause::CouldNotRun(_) => exit::PREFLIGHT_ERROR,
-            Cause::Escapes(_) => exit::PREFLIGHT_FAILED,
-        }
-    }
-
-    /// The refusal in one line (escapes: each is said before it).
-    pub fn message(&self) -> String {
-        match self {
-            Cause::Config(e) => e.to_string(),
-            Cause::CouldNotRun(why) => why.clone(),
-            Cause::Escapes(_) => "refusing to start: the sandbox does not hold (see above)".into(),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct ProbeRun {
-    probe: Probe,
-    buf: Vec<u8>,
-    eof: bool,
-    status: Option<i32>,
-}
-
-#[derive(Debug)]
-struct Job {
-    purpose: Purpose,
-    roles: Vec<Role>,
-    plans: Vec<(Role, Plan)>,
-    worker: measure::Worker,
-    /// The engine has a model dir and statements are signed: the digests say what binds
-    /// (the files, read-only; none, writable).
-    hash_models: bool,
-    probes: Vec<ProbeRun>,
-    _targets: canary::Targets,
-    /// A dry run's own cell (the running one holds a live engine a probe could reach).
-    _throwaway: Option<Cell>,
-    began: Instant,
-    deadline: Instant,
-    /// The measurement outlasted the probes' deadline and that was said (once: a model dir
-    /// of hundreds of GB takes its time; a stopped or hung worker is shown in `ctl status`).
-    said_slow: bool,
-    /// A probe could not be started: why. The pass still waits for the measurement, whose
-    /// problems (a path the role cannot open, say: a config problem, 125) explain it better
-    /// than the sandbox's failed setup (6), and are what `check` reports for the same config.
-    probe_failed: Option<String>,
-}
 
 /// What a pass needs from the supervisor.
 pub(super) struct Ctx<'a> {
@@ -440,98 +337,4 @@ fn unwatch(job: &Job, epoll: &Epoll) {
     for p in &job.probes {
         let _ = epoll.delete(p.probe.out.as_fd());
     }
-}
-
-/// Everything answered: the plans admitted, or why not.
-fn finish(cfg: &Config, mut job: Job) -> Outcome {
-    let could_not = |why: String| Outcome::Refused(Cause::CouldNotRun(why));
-    let measured: Measured = match job.worker.answer() {
-        Ok(m) => m,
-        Err(e) => return could_not(format!("measuring what runs: {e}")),
-    };
-    if let Some(e) = measured.error(&cfg.file) {
-        return Outcome::Refused(Cause::Config(e));
-    }
-    if let Some(why) = &measured.could_not {
-        return could_not(format!("preflight could not run: {why}"));
-    }
-    if let Some(why) = job.probe_failed.take() {
-        return could_not(why);
-    }
-    let mut reports = Vec::new();
-    for p in &job.probes {
-        match canary::finish(cfg, p.probe.role, &p.buf, p.status.unwrap_or(-1)) {
-            Ok(r) => reports.push(r),
-            Err(e) => return could_not(format!("preflight could not run: {e}")),
-        }
-    }
-    let passed = reports.iter().all(|r| r.succeeded == 0);
-    let report = Report { schema: canary::SCHEMA, sealnode_version: env!("CARGO_PKG_VERSION"), roles: reports, passed };
-    if !passed {
-        let mut details = Vec::new();
-        for r in &report.roles {
-            for a in r.attempts.iter().filter(|a| a.refused_by.is_none()) {
-                tracing::error!(role = %r.role, attempt = a.id, what = a.description, "preflight: escape attempt SUCCEEDED");
-                details.push(format!("preflight: {} role: {} ({}) succeeded", r.role, a.id, a.description));
-            }
-        }
-        return Outcome::Refused(Cause::Escapes(details));
-    }
-    if let Some(m) = &measured.models {
-        tracing::info!(
-            files = m.files.len(),
-            hashed = m.hashed,
-            hashed_bytes = m.hashed_bytes,
-            cached = m.cached,
-            skipped = m.skipped,
-            ms = m.ms,
-            "model digests"
-        );
-    }
-    let mut admitted = Vec::new();
-    for (role, mut plan) in std::mem::take(&mut job.plans) {
-        let mut digests = match crate::proof::receipt::policy_digests(cfg, role) {
-            Ok(d) => d,
-            Err(e) => return Outcome::Refused(Cause::Config(e)),
-        };
-        if let Some(sp) = plan.sealed_program() {
-            let Some(d) = measured.program(role) else {
-                return could_not(format!("measuring what runs: no digest of the {role}'s program"));
-            };
-            // The worker sealed the copy it hashed; a copy not sealed, or of another size,
-            // is not what was hashed.
-            let size = nix::sys::stat::fstat(&sp.fd).map(|st| st.st_size as u64).ok();
-            if !crate::sandbox::sealed::is_sealed(&sp.fd) || size != Some(d.bytes) {
-                return could_not(format!(
-                    "measuring what runs: the copy of {} is not the one hashed",
-                    sp.host.display()
-                ));
-            }
-            digests.program_resolved = Some(sp.inside.display().to_string());
-            digests.program_host = Some(sp.host.display().to_string());
-            digests.program_sha256 = Some(d.sha256.clone());
-            tracing::debug!(role = %role, program = %sp.inside.display(), host = %sp.host.display(), sha256 = %d.sha256, bytes = d.bytes, mode = format!("{:o}", d.mode), "program measured");
-            plan.measured(d.sha256.clone(), d.mode);
-        }
-        if role == Role::Engine && job.hash_models {
-            match &measured.models {
-                Some(m) => {
-                    digests.models = m.files.iter().cloned().collect();
-                    digests.models_binding = Some(true);
-                }
-                // Writable: the engine could change the files, so none are listed.
-                None => digests.models_binding = Some(false),
-            }
-        }
-        admitted.push((role, Admitted { plan, digests }));
-    }
-    let attempts = report.roles.iter().map(|r| r.attempts.len()).sum();
-    Outcome::Passed(Box::new(Passed {
-        purpose: job.purpose,
-        roles: job.roles.clone(),
-        admitted,
-        report,
-        ms: job.began.elapsed().as_millis() as u64,
-        attempts,
-    }))
 }

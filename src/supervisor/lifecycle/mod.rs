@@ -270,7 +270,7 @@ pub(super) fn start_failed(any_started: bool) -> i32 {
 
 /// The cell's course between runs of the roles: a stop in progress and what follows it, and
 /// the scratch wipes in flight (before the first start, after every stop).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(super) struct Cycle {
     pub stop: Option<Stop>,
     pub wipes: Wipes,
@@ -285,9 +285,37 @@ pub(super) enum AfterWipes {
     /// Both roles pass the gate: a first start, or (`reprovision`) a restart, recycle or
     /// reload whose stop is over.
     Gate { reprovision: bool },
-    /// A wipe failed before a start: no role starts on what an earlier run left (exit 125,
-    /// after the re-provision's own steps when a stop was in progress).
-    Refuse { reprovision: bool },
+    /// A wipe failed before a start: no role starts on what an earlier run left; the cell
+    /// ends with `code` (125), after the re-provision's own steps when a stop was in progress.
+    Refuse { reprovision: bool, code: i32 },
+}
+
+impl AfterWipes {
+    /// A stop other than one to exit is over: its re-provision follows (the forwarding
+    /// drained, a reload's config switched).
+    pub(super) fn reprovision(self) -> bool {
+        matches!(self, AfterWipes::Gate { reprovision: true } | AfterWipes::Refuse { reprovision: true, .. })
+    }
+}
+
+/// What happens to the cell's course: every change of a [`Cycle`] is one of these, applied by
+/// [`Cycle::apply`] (the cell's state × event table, as [`Phase::on`] is each role's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CellEvent {
+    /// A stop was asked for: the stricter of it and a stop under way ([`Stop::merge`]).
+    StopAsked(Stop),
+    /// The stop is over: the loop exits, or both roles are re-provisioned.
+    StopOver,
+    /// Both scratch wipes began (each in a child of its own, or failed to start).
+    WipesBegun,
+    /// A role's wipe failed (it could not start, or it ended with an error).
+    WipeFailed(Role, crate::sandbox::cell::WipeFailed),
+    /// Both wipes are done and what follows them is taken.
+    WipesOver,
+    /// A stop to exit gives the wipes in flight its grace period, until this time (once).
+    Grace(Instant),
+    /// The wipes' grace period is over (they are killed; the next start wipes again).
+    GraceOver,
 }
 
 /// The cell's next step, as [`Cycle::next`] decides it.
@@ -304,6 +332,31 @@ pub(super) enum Step {
 }
 
 impl Cycle {
+    /// The cell's course after `event`.
+    pub(super) fn apply(&mut self, event: CellEvent) {
+        match event {
+            CellEvent::StopAsked(s) => {
+                self.stop = Some(match self.stop {
+                    Some(now) => now.merge(s.code, s.after),
+                    None => s,
+                })
+            }
+            CellEvent::StopOver => self.stop = None,
+            CellEvent::WipesBegun => self.wipes = Wipes { running: true, ..Wipes::default() },
+            CellEvent::WipeFailed(role, why) => self.wipes.failed.push((role, why)),
+            CellEvent::WipesOver => self.wipes = Wipes::default(),
+            // Only a stop to exit bounds the wipes (a re-provision waits for them: it may not
+            // start on what they did not remove), and only once.
+            CellEvent::Grace(at) => {
+                let exiting = matches!(self.stop, Some(Stop { after: After::Exit, .. }));
+                if exiting && self.wipes.running && self.wipes.deadline.is_none() {
+                    self.wipes.deadline = Some(at);
+                }
+            }
+            CellEvent::GraceOver => self.wipes.deadline = None,
+        }
+    }
+
     /// The cell's own table, beside each role's ([`Phase::on`]): from the cell's state (the
     /// stop under way, the wipes in flight, both roles' phases), the step the loop takes next.
     /// The loop takes these steps before every wait for events until this says `Wait`.
@@ -330,7 +383,7 @@ impl Cycle {
         let reprovision = self.stop.is_some();
         match self.stop {
             Some(Stop { code, after: After::Exit }) => AfterWipes::Exit(code),
-            _ if failed => AfterWipes::Refuse { reprovision },
+            _ if failed => AfterWipes::Refuse { reprovision, code: exit::CONFIG },
             _ => AfterWipes::Gate { reprovision },
         }
     }
@@ -368,7 +421,7 @@ impl UnderWay {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(super) struct Wipes {
     /// Wipes in flight (their roles in Phase::Wiping); what follows them is the stop's
     /// (Cycle::after_wipes), or a start when there is none.

@@ -54,14 +54,17 @@ fn after_the_wipes_an_exit_ends_a_failure_refuses_and_the_rest_enters_the_gate()
     let stop = |after| Some(Stop { code: 7, after });
     for (stop, failed, want) in [
         (None, false, AfterWipes::Gate { reprovision: false }),
-        (None, true, AfterWipes::Refuse { reprovision: false }),
+        (None, true, AfterWipes::Refuse { reprovision: false, code: exit::CONFIG }),
         (stop(After::Exit), false, AfterWipes::Exit(7)),
         (stop(After::Exit), true, AfterWipes::Exit(7)),
         (stop(After::Restart), false, AfterWipes::Gate { reprovision: true }),
-        (stop(After::Restart), true, AfterWipes::Refuse { reprovision: true }),
+        (stop(After::Restart), true, AfterWipes::Refuse { reprovision: true, code: exit::CONFIG }),
     ] {
         let cycle = Cycle { stop, wipes: Wipes::default() };
         assert_eq!(cycle.after_wipes(failed), want, "{stop:?} failed={failed}");
+        // A re-provision follows every stop but one to exit.
+        let reprovision = stop.is_some_and(|s| s.after != After::Exit);
+        assert_eq!(want.reprovision(), reprovision, "{stop:?} failed={failed}");
     }
 }
 
@@ -95,7 +98,13 @@ fn the_cells_next_step() {
         (None, wipes(true, false), P::Down, P::Wiping(pid), Step::Wait),
         (stop(After::Exit), wipes(true, true), P::Down, P::Down, Step::WipesDone(AfterWipes::Exit(0))),
         (None, wipes(true, false), P::Down, P::Down, Step::WipesDone(AfterWipes::Gate { reprovision: false })),
-        (None, wipes(true, true), P::Down, P::Down, Step::WipesDone(AfterWipes::Refuse { reprovision: false })),
+        (
+            None,
+            wipes(true, true),
+            P::Down,
+            P::Down,
+            Step::WipesDone(AfterWipes::Refuse { reprovision: false, code: exit::CONFIG }),
+        ),
         (
             stop(After::Restart),
             wipes(true, false),
@@ -107,6 +116,79 @@ fn the_cells_next_step() {
     for (stop, wipes, engine, node, want) in table {
         let cycle = Cycle { stop, wipes };
         assert_eq!(cycle.next(engine, node), want, "{cycle:?} engine {engine:?} node {node:?}");
+    }
+}
+
+/// The cell's course, event by event: every change the supervisor makes to it.
+#[test]
+fn the_cells_course_table() {
+    use crate::sandbox::cell::WipeFailed as Failed;
+    let t0 = Instant::now();
+    let t1 = t0 + Duration::from_secs(5);
+    let stop = |code, after| Some(Stop { code, after });
+    let wipes = |running, failed: Vec<(Role, Failed)>, deadline| Wipes { running, failed, deadline };
+    let idle = || wipes(false, Vec::new(), None);
+    let failure = (Role::Engine, Failed::Killed(9));
+    // (stop, wipes) before, the event, (stop, wipes) after.
+    let table = [
+        // A stop; a second keeps the stricter outcome (Stop::merge); its end.
+        (
+            (None, idle()),
+            CellEvent::StopAsked(Stop { code: 0, after: After::Restart }),
+            (stop(0, After::Restart), idle()),
+        ),
+        (
+            (stop(0, After::Restart), idle()),
+            CellEvent::StopAsked(Stop { code: exit::FAILED, after: After::Exit }),
+            (stop(exit::FAILED, After::Exit), idle()),
+        ),
+        (
+            (stop(3, After::Exit), idle()),
+            CellEvent::StopAsked(Stop { code: 1, after: After::Exit }),
+            (stop(3, After::Exit), idle()),
+        ),
+        ((stop(0, After::Restart), idle()), CellEvent::StopOver, (None, idle())),
+        // The wipes: begun (an earlier failure forgotten), a failure kept, over.
+        ((None, wipes(false, vec![failure], None)), CellEvent::WipesBegun, (None, wipes(true, Vec::new(), None))),
+        (
+            (None, wipes(true, Vec::new(), None)),
+            CellEvent::WipeFailed(failure.0, failure.1),
+            (None, wipes(true, vec![failure], None)),
+        ),
+        (
+            (stop(0, After::Exit), wipes(true, vec![failure], Some(t0))),
+            CellEvent::WipesOver,
+            (stop(0, After::Exit), idle()),
+        ),
+        // The grace period: only a stop to exit bounds wipes in flight, and only once.
+        (
+            (stop(0, After::Exit), wipes(true, Vec::new(), None)),
+            CellEvent::Grace(t0),
+            (stop(0, After::Exit), wipes(true, Vec::new(), Some(t0))),
+        ),
+        (
+            (stop(0, After::Exit), wipes(true, Vec::new(), Some(t0))),
+            CellEvent::Grace(t1),
+            (stop(0, After::Exit), wipes(true, Vec::new(), Some(t0))),
+        ),
+        (
+            (stop(0, After::Restart), wipes(true, Vec::new(), None)),
+            CellEvent::Grace(t0),
+            (stop(0, After::Restart), wipes(true, Vec::new(), None)),
+        ),
+        ((None, wipes(true, Vec::new(), None)), CellEvent::Grace(t0), (None, wipes(true, Vec::new(), None))),
+        ((stop(0, After::Exit), idle()), CellEvent::Grace(t0), (stop(0, After::Exit), idle())),
+        (
+            (stop(0, After::Exit), wipes(true, Vec::new(), Some(t0))),
+            CellEvent::GraceOver,
+            (stop(0, After::Exit), wipes(true, Vec::new(), None)),
+        ),
+    ];
+    for ((stop, wipes), event, (want_stop, want_wipes)) in table {
+        let mut cycle = Cycle { stop, wipes };
+        let before = cycle.clone();
+        cycle.apply(event);
+        assert_eq!(cycle, Cycle { stop: want_stop, wipes: want_wipes }, "{before:?} on {event:?}");
     }
 }
 
