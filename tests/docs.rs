@@ -518,6 +518,35 @@ fn the_supervisors_hop_lists_name_functions_that_exist() {
     for quoted in hops.split('`').skip(1).step_by(2) {
         // `begin_stop(code, Exit)`, `gate.begin`, `Restarts::on_exit`, `Cycle::next`.
         let path = quoted.split('(').next().unwrap_or_default();
+        // A named argument (`Exit`, `DryRun`) is a variant of an enum the function takes.
+        let fn_name = path.rsplit(['.', ':']).next().unwrap_or_default();
+        let args = quoted.split_once('(').map(|(_, a)| a.trim_end_matches(')')).unwrap_or_default();
+        for arg in args.split(',').map(str::trim) {
+            let camel = arg.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+                && arg.chars().any(|c| c.is_ascii_lowercase())
+                && arg.chars().all(|c| c.is_ascii_alphanumeric());
+            if !camel {
+                continue;
+            }
+            let takes = src.split(&format!("fn {fn_name}(")).skip(1).any(|rest| {
+                let params = rest.split(')').next().unwrap_or_default();
+                params
+                    .split([':', ',', ' ', '&'])
+                    .filter(|t| t.chars().next().is_some_and(|c| c.is_ascii_uppercase()))
+                    .any(|ty| {
+                        src.split(&format!("enum {ty} {{")).skip(1).any(|body| {
+                            let body = body.split("\n}").next().unwrap_or_default();
+                            body.lines().any(|l| {
+                                let l = l.trim();
+                                l == format!("{arg},")
+                                    || l.starts_with(&format!("{arg}("))
+                                    || l.starts_with(&format!("{arg} {{"))
+                            })
+                        })
+                    })
+            });
+            assert!(takes, "src/supervisor/mod.rs's hop list names `{quoted}`, but `{arg}` is no variant of what `{fn_name}` takes");
+        }
         let (owner, name) = match path.rsplit_once("::").or_else(|| path.rsplit_once('.')) {
             Some((owner, name)) => (Some(owner), name),
             None => (None, path),
