@@ -2,7 +2,8 @@
 //! restart, SIGHUP, recycle), enters the gate (supervisor::gate: its program measured, its preflight
 //! run in its exact sandbox inside this cell, off the loop); a pass that comes back admitted
 //! is recorded (a receipt with the next generation, the statement) and started; a refused
-//! one stops the cell with its exit status. A reload's dry run goes back to reload.rs.
+//! one stops the cell with its exit status. A reload's dry run goes back to sighup.rs
+//! (`reload_passed`, `reload_refused`).
 
 use std::time::Instant;
 

@@ -223,6 +223,14 @@ impl Supervisor {
         &mut self.roles[role as usize]
     }
 
+    /// The cell's course after `event`, by its table ([`lifecycle::Cycle::apply`]); a pair
+    /// the table does not have leaves the course as it is, and is logged (it is a bug).
+    fn course(&mut self, event: lifecycle::CellEvent) {
+        if !self.cycle.apply(event) {
+            tracing::error!(cycle = ?self.cycle, ?event, "internal error: no such change of the cell's course; it stays");
+        }
+    }
+
     /// Run until stopped. Returns the exit status (docs/operator-guide.md's table: 0 after
     /// SIGTERM/SIGINT; 1, 3 to 6 or 125 after a failure).
     pub fn run(mut self) -> i32 {

@@ -16,16 +16,39 @@ use crate::control::protocol::ReloadOutcome;
 #[derive(Debug, Default)]
 pub(super) struct Reload {
     /// A config a SIGHUP loaded, while its dry run passes the gate.
-    pub candidate: Option<Config>,
+    candidate: Option<Config>,
     /// A config that passed its dry run, applied once both roles are down.
-    pub next: Option<Config>,
+    next: Option<Config>,
     /// Applied and restarting: READY=1 again once the node runs.
-    pub in_progress: bool,
+    in_progress: bool,
     /// The outcome of the last SIGHUP, for `ctl status`.
-    pub last: Option<ReloadOutcome>,
+    last: Option<ReloadOutcome>,
 }
 
 impl Reload {
+    /// A SIGHUP refused (or a dry run that failed): why, for `ctl status`.
+    pub(super) fn refused(&mut self, why: impl Into<String>) {
+        self.last = Some(ReloadOutcome::refused(crate::os::sys::unix_now(), why));
+    }
+
+    /// `new` loaded and checked: its dry run passes the gate.
+    pub(super) fn dry_run(&mut self, new: Config) {
+        self.candidate = Some(new);
+    }
+
+    /// The dry run answered: its config.
+    pub(super) fn take_candidate(&mut self) -> Option<Config> {
+        self.candidate.take()
+    }
+
+    /// `new` passed its dry run: it is applied once both roles are down, and READY=1 said
+    /// again once the node runs.
+    pub(super) fn applied(&mut self, new: Config) {
+        self.last = Some(ReloadOutcome::applied(crate::os::sys::unix_now(), new.config_sha256().to_string()));
+        self.next = Some(new);
+        self.in_progress = true;
+    }
+
     pub(super) fn in_progress(&self) -> bool {
         self.in_progress
     }

@@ -143,7 +143,7 @@ impl Supervisor {
     /// pass through the gate (its processes killed), a reload's dry run, restarts waiting out
     /// their backoff, a node admitted and waiting for the engine.
     pub(super) fn begin_stop(&mut self, code: i32, after: After) {
-        self.cycle.apply(CellEvent::StopAsked(Stop { code, after }));
+        self.course(CellEvent::StopAsked(Stop { code, after }));
         if after == After::Exit {
             notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
             // A recycle in progress will not complete: say so rather than hang up.

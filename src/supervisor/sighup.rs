@@ -10,7 +10,6 @@ use super::reload::refused;
 use super::setup::log_devices_from;
 use super::{gate, notify, Supervisor};
 use crate::config::{Config, Role};
-use crate::control::protocol::ReloadOutcome;
 use crate::error::Error;
 use crate::exit;
 
@@ -27,8 +26,7 @@ impl Supervisor {
         // (tests/gate.rs: a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on).
         if let Some(what) = self.under_way().busy() {
             tracing::warn!(busy = what, "SIGHUP ignored: {what} is in progress");
-            self.reload.last =
-                Some(ReloadOutcome::refused(crate::os::sys::unix_now(), format!("{what} was in progress")));
+            self.reload.refused(format!("{what} was in progress"));
             return;
         }
         let cfg = &self.base.cfg;
@@ -51,7 +49,7 @@ impl Supervisor {
         match self.gate.begin(&ctx, &Role::ALL, gate::Purpose::DryRun) {
             Ok(()) => {
                 tracing::info!(config_sha256 = %new.config_sha256(), "SIGHUP: the new config passes the gate first (a throwaway cell); the running roles are untouched meanwhile");
-                self.reload.candidate = Some(new);
+                self.reload.dry_run(new);
             }
             Err(r) => self.reload_refused(r),
         }
@@ -59,7 +57,7 @@ impl Supervisor {
 
     /// The new config's dry run failed: nothing changes.
     pub(super) fn reload_refused(&mut self, refusal: gate::Cause) {
-        let file = self.reload.candidate.take().map(|c| c.file).unwrap_or_else(|| self.base.cfg.file.clone());
+        let file = self.reload.take_candidate().map(|c| c.file).unwrap_or_else(|| self.base.cfg.file.clone());
         let why = match &refusal {
             gate::Cause::Escapes(escapes) => Error::config(
                 &file,
@@ -76,22 +74,20 @@ impl Supervisor {
         tracing::error!(error = %e, "SIGHUP: reload refused; the cell keeps running unchanged");
         crate::logging::log::say(&format!("reload refused: {e}"));
         notify(&[NotifyState::Status(&format!("reload refused: {e}"))]);
-        self.reload.last = Some(ReloadOutcome::refused(crate::os::sys::unix_now(), e));
+        self.reload.refused(e);
     }
 
     /// The new config passed its dry run: both roles stop and start again through the gate
     /// with it (the cell's network stays).
     pub(super) fn reload_passed(&mut self) {
-        let Some(new) = self.reload.candidate.take() else { return };
+        let Some(new) = self.reload.take_candidate() else { return };
         tracing::info!(config_sha256 = %new.config_sha256(), "SIGHUP: config reloaded; restarting both roles through the gate (the cell's network stays)");
         let mut states = vec![NotifyState::Reloading, NotifyState::Status("reloading")];
         if let Ok(usec) = NotifyState::monotonic_usec_now() {
             states.push(usec);
         }
         notify(&states);
-        self.reload.last = Some(ReloadOutcome::applied(crate::os::sys::unix_now(), new.config_sha256().to_string()));
-        self.reload.next = Some(new);
-        self.reload.in_progress = true;
+        self.reload.applied(new);
         self.begin_stop(exit::OK, After::Restart);
     }
 }

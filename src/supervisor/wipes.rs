@@ -23,7 +23,7 @@ impl Supervisor {
     /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
     /// wipes_done`] goes on once both are done.
     pub(super) fn begin_wipes(&mut self) {
-        self.cycle.apply(CellEvent::WipesBegun);
+        self.course(CellEvent::WipesBegun);
         for role in Role::ALL {
             let cell = &self.base.cell;
             let target = match cell.capped_scratch(role) {
@@ -33,7 +33,7 @@ impl Supervisor {
             let spawned = cell.spawn_wipe(target, self.base.ids[role as usize]);
             match spawned {
                 Ok(pid) => self.slot(role).apply(Event::WipeStarted(pid)),
-                Err(e) => self.cycle.apply(CellEvent::WipeFailed(role, WipeFailed::Errno(e))),
+                Err(e) => self.course(CellEvent::WipeFailed(role, WipeFailed::Errno(e))),
             }
         }
         self.arm_wipe_deadline();
@@ -44,7 +44,7 @@ impl Supervisor {
         let Some(i) = self.roles.iter().position(|s| s.phase == Phase::Wiping(pid)) else { return false };
         self.roles[i].apply(Event::WipeDone);
         if let Err(e) = crate::sandbox::cell::wipe_result(ws) {
-            self.cycle.apply(CellEvent::WipeFailed(self.roles[i].role, e));
+            self.course(CellEvent::WipeFailed(self.roles[i].role, e));
         }
         true
     }
@@ -53,12 +53,12 @@ impl Supervisor {
     /// (lifecycle::Cycle::after_wipes). Some(code): the loop ends with it.
     pub(super) fn wipes_done(&mut self, next: AfterWipes) -> Option<i32> {
         let failed = self.cycle.wipes.failed.clone();
-        self.cycle.apply(CellEvent::WipesOver);
+        self.course(CellEvent::WipesOver);
         // A restart, recycle or reload: its stop is over, the new config (if any) in force.
         if next.reprovision() {
             let recycle = self.server.recycle_waiting();
             self.fwd.close_all(&self.base.epoll);
-            self.cycle.apply(CellEvent::StopOver);
+            self.course(CellEvent::StopOver);
             if let Some(new) = self.reload.take_next() {
                 self.base.cfg = new;
             }
@@ -118,7 +118,6 @@ impl Supervisor {
     fn finish_stop(&mut self, code: i32) -> i32 {
         // Drain: no forwarded connection outlives the roles.
         self.fwd.close_all(&self.base.epoll);
-        self.cycle.apply(CellEvent::StopOver);
         self.attest.abandon();
         for s in self.fwd.stats() {
             tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
@@ -141,13 +140,13 @@ impl Supervisor {
     /// lifecycle::Cycle::apply, CellEvent::Grace).
     pub(super) fn arm_wipe_deadline(&mut self) {
         let grace = Duration::from_secs(self.base.cfg.cell.stop_timeout_s);
-        self.cycle.apply(CellEvent::Grace(Instant::now() + grace));
+        self.course(CellEvent::Grace(Instant::now() + grace));
     }
 
     /// Wipes that outlived the stop's grace period are killed.
     pub(super) fn wipes_timer(&mut self, now: Instant) {
         if self.cycle.wipes.deadline.is_some_and(|t| t <= now) {
-            self.cycle.apply(CellEvent::GraceOver);
+            self.course(CellEvent::GraceOver);
             for s in &self.roles {
                 if let Phase::Wiping(pid) = s.phase {
                     tracing::warn!(role = %s.role, pid = pid.as_raw(), "the scratch wipe did not finish within the stop's grace period; killed (the next start wipes again)");

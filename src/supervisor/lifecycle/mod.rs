@@ -1,9 +1,10 @@
 //! Each role's lifecycle as data: its phase and its state × event table, its restart record;
-//! the cell's course between runs of the roles (a stop, the scratch wipes in flight) and its
-//! own table of next steps; and the rules the loop applies when a role exits, a stop is asked
-//! for, or a SIGHUP or recycle meets a cell that is busy. Everything here is pure (time is an argument, no process is touched): the tables in
-//! the tests below are the rules, as s6-supervise keeps its state × event table apart from the
-//! loop that dispatches into it.
+//! the cell's course between runs of the roles (a stop, the scratch wipes in flight), its
+//! state × event table and its table of next steps; and the rules the loop applies when a
+//! role exits, a stop is asked for, or a SIGHUP or recycle meets a cell that is busy.
+//! Everything here is pure (time is an argument, no process is touched): the tables in
+//! tests.rs are the rules, as s6-supervise keeps its state × event table apart from the loop
+//! that dispatches into it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -332,8 +333,20 @@ pub(super) enum Step {
 }
 
 impl Cycle {
-    /// The cell's course after `event`.
-    pub(super) fn apply(&mut self, event: CellEvent) {
+    /// The cell's course after `event`: its state × event table (`the_cells_course_table`
+    /// lists every pair it has). False: the pair is not in the table (the wipes begun twice,
+    /// a wipe's end without wipes, a stop's end without a stop), and the course stays.
+    pub(super) fn apply(&mut self, event: CellEvent) -> bool {
+        let in_table = match event {
+            CellEvent::WipesBegun => !self.wipes.running,
+            CellEvent::WipeFailed(..) | CellEvent::WipesOver => self.wipes.running,
+            CellEvent::StopOver => self.stop.is_some(),
+            CellEvent::GraceOver => self.wipes.deadline.is_some(),
+            CellEvent::StopAsked(_) | CellEvent::Grace(_) => true,
+        };
+        if !in_table {
+            return false;
+        }
         match event {
             CellEvent::StopAsked(s) => {
                 self.stop = Some(match self.stop {
@@ -355,6 +368,7 @@ impl Cycle {
             }
             CellEvent::GraceOver => self.wipes.deadline = None,
         }
+        true
     }
 
     /// The cell's own table, beside each role's ([`Phase::on`]): from the cell's state (the
@@ -423,8 +437,8 @@ impl UnderWay {
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(super) struct Wipes {
-    /// Wipes in flight (their roles in Phase::Wiping); what follows them is the stop's
-    /// (Cycle::after_wipes), or a start when there is none.
+    /// Wipes begun and not yet over (their roles in Phase::Wiping until each is reaped); what
+    /// follows them is the stop's (Cycle::after_wipes), or a start when there is none.
     pub running: bool,
     pub failed: Vec<(Role, crate::sandbox::cell::WipeFailed)>,
     /// A stop to exit waits this long for wipes in flight, then kills them: the next start

@@ -187,8 +187,21 @@ fn the_cells_course_table() {
     for ((stop, wipes), event, (want_stop, want_wipes)) in table {
         let mut cycle = Cycle { stop, wipes };
         let before = cycle.clone();
-        cycle.apply(event);
+        assert!(cycle.apply(event), "{before:?} on {event:?}: not in the table");
         assert_eq!(cycle, Cycle { stop: want_stop, wipes: want_wipes }, "{before:?} on {event:?}");
+    }
+    // Not in the table: the course stays as it was.
+    for ((stop, wipes), event) in [
+        ((None, wipes(true, Vec::new(), None)), CellEvent::WipesBegun),
+        ((None, idle()), CellEvent::WipeFailed(failure.0, failure.1)),
+        ((None, idle()), CellEvent::WipesOver),
+        ((None, idle()), CellEvent::StopOver),
+        ((stop(0, After::Exit), wipes(true, Vec::new(), None)), CellEvent::GraceOver),
+    ] {
+        let mut cycle = Cycle { stop, wipes };
+        let before = cycle.clone();
+        assert!(!cycle.apply(event), "{before:?} on {event:?}: in the table");
+        assert_eq!(cycle, before, "{event:?}");
     }
 }
 
