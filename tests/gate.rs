@@ -1246,3 +1246,92 @@ fn a_node_admitted_before_the_engine_restarted_starts_under_its_own_generation()
         assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }
+
+/// While the engine is not ready (here: restarting, and slow to listen again), the running
+/// node's new connection to it waits and goes through once the engine answers its readiness
+/// check (cell.engine_hold_s); with no hold it fails at once, as it always did; a hold shorter
+/// than the engine's absence closes it (#29: the soak's jobs that met a restarting engine).
+#[test]
+fn the_nodes_connection_waits_for_a_restarting_engine_within_the_hold() {
+    for mode in modes() {
+        // hold (None: the default), the engine's absence after its crash (s), what the node sees.
+        for (hold, away, want) in [(None, 3, "WAITED-OK"), (Some(0), 3, "WAITED-FAILED"), (Some(1), 6, "WAITED-FAILED")]
+        {
+            let engine = crash_once_on_go(&format!("sleep {away}; {HTTPD}"));
+            let node = "echo node-up; while [ ! -e /scratch/go ]; do sleep 0.05; done; \
+                        if /usr/bin/busybox wget -q -O /dev/null http://127.0.0.1:18080/hello.txt; \
+                        then echo WAITED-OK; else echo WAITED-FAILED; fi; exec sleep 1000";
+            let mut f = cell(mode, "hold", &engine, node, "restart = \"on-failure\"", "");
+            if let Some(h) = hold {
+                f.cell_extra = format!("stop_timeout_s = 2\nengine_hold_s = {h}");
+                f.write_config();
+            }
+            let run = start(&f, &[]);
+            run.out_line(60, |l| l == "node-up");
+            std::fs::write(f.p("models/go"), "").expect("go");
+            run.err_line(60, |l| l.contains("role exited; restarting") && l.contains("role=engine"));
+            std::fs::write(f.p("node-scratch/go"), "").expect("node go");
+            run.out_line(60, |l| l.starts_with("WAITED-"));
+            let out = LoggedRun::text(&run.out);
+            assert!(out.contains(want), "{mode:?} hold {hold:?}: {out}\n{}", run.stderr());
+            let st = ctl(&f, "status");
+            let fwd = &st["engine_forwarding"];
+            match hold {
+                None => assert!(fwd["held"] == 1 && fwd["hold_expired"] == 0, "{mode:?}: {st}"),
+                Some(0) => assert!(fwd["held"] == 0, "{mode:?}: {st}"),
+                Some(_) => {
+                    assert!(fwd["held"] == 1 && fwd["hold_expired"] == 1, "{mode:?}: {st}");
+                    assert!(run.stderr().contains("the engine was not ready in time"), "{mode:?}: {}", run.stderr());
+                }
+            }
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?}: {err}");
+        }
+    }
+}
+
+/// A recycle (a clean stop) lets the node's request in flight to the engine finish before the
+/// node is stopped, up to cell.drain_timeout_s; a drain shorter than the request cuts it, and
+/// says so (#29: reloads and recycles cut the node's jobs).
+#[test]
+fn a_recycle_drains_the_nodes_requests_to_the_engine() {
+    for mode in modes() {
+        // drain_timeout_s (None: the default 10), what the node's 3-second request sees.
+        for (drain, want_ok) in [(None, true), (Some(1), false)] {
+            let node = "echo node-up; while [ ! -e /scratch/go ]; do sleep 0.05; done; echo req-start; \
+                        if (sleep 3; printf 'GET /hello.txt HTTP/1.0\\r\\n\\r\\n') | /usr/bin/busybox nc 127.0.0.1 18080 | grep -q hello; \
+                        then echo DRAIN-OK; else echo DRAIN-CUT; fi; exec sleep 1000";
+            let mut f = cell(mode, "drain", HTTPD, node, "", "");
+            if let Some(d) = drain {
+                f.cell_extra = format!("stop_timeout_s = 2\ndrain_timeout_s = {d}");
+                f.write_config();
+            }
+            let run = start(&f, &[]);
+            run.out_line(60, |l| l == "node-up");
+            std::fs::write(f.p("node-scratch/go"), "").expect("go");
+            run.out_line(30, |l| l == "req-start");
+            // The request's connection is open (nc connected at once; it writes in 3 s).
+            assert!(
+                wait_until(Duration::from_secs(10), || ctl(&f, "status")["engine_forwarding"]["active"] == 1),
+                "{mode:?}: the request never reached the engine: {}",
+                ctl(&f, "status")
+            );
+            let cfg = f.config.display().to_string();
+            let o = f.command(&["ctl", "--config", &cfg, "recycle", "--json"]).output_within(COMMAND_LIMIT);
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+            assert_eq!(v["ok"], true, "{mode:?}: {v} {}", run.stderr());
+            let out = LoggedRun::text(&run.out);
+            let err = run.stderr();
+            assert!(err.contains("draining"), "{mode:?}: {err}");
+            if want_ok {
+                assert!(out.contains("DRAIN-OK"), "{mode:?}: the drain cut the request: {out}\n{err}");
+                assert!(!err.contains("drain timed out"), "{mode:?}: {err}");
+            } else {
+                assert!(!out.contains("DRAIN-OK"), "{mode:?}: a 1 s drain waited for a 3 s request: {out}");
+                assert!(err.contains("drain timed out") && err.contains("in_flight=1"), "{mode:?}: {err}");
+            }
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?}: {err}");
+        }
+    }
+}

@@ -302,14 +302,34 @@ fn crashed_engine_is_restarted_and_the_node_reconnects() {
             "if [ ! -e /scratch/crashed ]; then : > /scratch/crashed; /usr/bin/busybox httpd -f -vv -p 127.0.0.1:18080 -h /models 2> /scratch/log & while ! /usr/bin/busybox grep -q response:200 /scratch/log; do sleep 0.05; done; kill $!; exit 3; fi; {HTTPD}"
         );
         let node_sh = "while true; do if /usr/bin/busybox wget -q -O /dev/null http://127.0.0.1:18080/hello.txt; then echo OK; else echo FAIL; fi; sleep 0.1; done";
-        let f = cell(mode, "restart", &engine_sh, node_sh, "", "restart = \"on-failure\"", "");
-        let run = start(&f, &[]);
-        run.line(30, |l| l == "OK");
-        run.line(30, |l| l == "FAIL");
-        run.line(30, |l| l == "OK");
-        let (code, _, err) = run.stop();
-        assert_eq!(code, Some(0), "{mode:?}: {err}");
-        assert!(err.contains("role exited; restarting") && err.contains("code=3"), "{mode:?}: {err}");
+        // With no hold (engine_hold_s = 0) the node's requests fail while the engine is down,
+        // then succeed again; with the default hold they wait for it and none fails.
+        for (cell_extra, hold) in [("engine_hold_s = 0", false), ("", true)] {
+            let f = cell(mode, "restart", &engine_sh, node_sh, "", "restart = \"on-failure\"", cell_extra);
+            let run = start(&f, &[]);
+            run.line(30, |l| l == "OK");
+            if hold {
+                run.wait_stderr(30, "restarts=1", "the engine's crash");
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let mut after = 0;
+                while after < 3 {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let l = run.lines.recv_timeout(left).unwrap_or_else(|_| panic!("{mode:?}: {}", run.stderr()));
+                    assert_ne!(l, "FAIL", "{mode:?}: a request failed across the engine's restart: {}", run.stderr());
+                    after += usize::from(
+                        l == "OK"
+                            && run.stderr().contains("role started role=engine pid")
+                            && run.stderr().contains("generation=2"),
+                    );
+                }
+            } else {
+                run.line(30, |l| l == "FAIL");
+                run.line(30, |l| l == "OK");
+            }
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?}: {err}");
+            assert!(err.contains("role exited; restarting") && err.contains("code=3"), "{mode:?}: {err}");
+        }
     }
 }
 

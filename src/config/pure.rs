@@ -49,6 +49,12 @@ impl Config {
         if self.cell.stop_timeout_s == 0 || self.cell.stop_timeout_s > 3600 {
             return Err(self.err("cell.stop_timeout_s", "must be between 1 and 3600"));
         }
+        if self.cell.engine_hold_s > 3600 {
+            return Err(self.err("cell.engine_hold_s", "must be between 0 and 3600 (seconds)"));
+        }
+        if self.cell.drain_timeout_s > 3600 {
+            return Err(self.err("cell.drain_timeout_s", "must be between 0 and 3600 (seconds)"));
+        }
         if !(5..=600).contains(&self.cell.preflight_timeout_s) {
             return Err(self.err("cell.preflight_timeout_s", "must be between 5 and 600"));
         }

@@ -104,6 +104,15 @@ pub struct CellConfig {
     /// An outbound egress connect with no answer this long is given up and logged, seconds.
     #[serde(default = "default_egress_connect")]
     pub egress_connect_timeout_s: u64,
+    /// While the engine is not ready (starting, restarting, loading its model), the node's new
+    /// connections to it wait this long each before they are closed, seconds (0: forwarded at
+    /// once, to be refused or answered 503 by the engine).
+    #[serde(default = "default_engine_hold")]
+    pub engine_hold_s: u64,
+    /// A stop with exit status 0 (SIGTERM, a reload, a recycle) lets the node's requests in
+    /// flight to the engine finish first, up to this long, seconds (0: no drain).
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout_s: u64,
     /// Uids allowed on the control socket (checked with SO_PEERCRED). Default: the uid
     /// sealnode runs as.
     pub control_uids: Option<Vec<u32>>,
@@ -202,6 +211,12 @@ impl Limits {
 }
 
 fn default_stop_timeout() -> u64 {
+    10
+}
+fn default_engine_hold() -> u64 {
+    30
+}
+fn default_drain_timeout() -> u64 {
     10
 }
 fn default_preflight_timeout() -> u64 {

@@ -245,6 +245,25 @@ pub fn render(status: &Status) -> String {
             }
         }
     }
+    // The node's connections that waited for an engine not ready (cell.engine_hold_s).
+    if let Some(e) = &status.engine_forwarding {
+        let waited = [
+            (
+                "sealnode_engine_waited_connections_total",
+                e.held,
+                "The node's connections to the engine that waited for it to be ready (cell.engine_hold_s).",
+            ),
+            (
+                "sealnode_engine_wait_expired_total",
+                e.hold_expired,
+                "Of those, the connections closed because the engine was not ready within cell.engine_hold_s.",
+            ),
+        ];
+        for (name, value, help) in waited {
+            o.family(name, "counter", help);
+            o.sample(name, &[], value as f64);
+        }
+    }
     o.text
 }
 

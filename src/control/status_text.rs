@@ -147,6 +147,12 @@ pub fn render(v: &Status) -> String {
                 u.connect_failed,
             ));
         }
+        if let Some(e) = v.engine_forwarding.as_ref().filter(|e| e.held > 0) {
+            s.push_str(&format!(
+                "{:<28} {} waited for the engine to be ready, {} closed after cell.engine_hold_s\n",
+                "", e.held, e.hold_expired
+            ));
+        }
     }
     if let Some(r) = &v.reload {
         // As its JSON (escaped: the error quotes the config).

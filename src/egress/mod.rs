@@ -50,6 +50,11 @@ pub struct Stats {
     pub active: usize,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// The engine route: connections that waited for the engine to be ready (all of them,
+    /// forwarded or not), and those closed because it was not ready within
+    /// `cell.engine_hold_s`.
+    pub held: u64,
+    pub hold_expired: u64,
 }
 
 #[derive(Debug)]
@@ -70,6 +75,9 @@ pub struct Upstream {
     looking_up: bool,
     /// The last lookup failed: refuse at once until then.
     failed_until: Option<Instant>,
+    /// The engine route: the node's connections waiting for the engine to be ready, each
+    /// until its deadline (`cell.engine_hold_s`).
+    held: Vec<(OwnedFd, Instant)>,
     pub stats: Stats,
 }
 
@@ -93,6 +101,7 @@ impl Upstream {
             parked: Vec::new(),
             looking_up: false,
             failed_until: None,
+            held: Vec::new(),
             stats,
         }
     }
@@ -112,6 +121,7 @@ impl Upstream {
             parked: Vec::new(),
             looking_up: false,
             failed_until: None,
+            held: Vec::new(),
             stats,
         }
     }
@@ -171,6 +181,12 @@ pub struct Forwarder {
     spare: Option<OwnedFd>,
     /// One forwarder warning a second at most: a node can cause them at will.
     quiet: crate::logging::ratelimit::Quiet,
+    /// The engine answered its readiness check and no stop is under way: the node's
+    /// connections to it are forwarded at once; else they wait (`engine_hold`).
+    engine_ready: bool,
+    /// How long a connection to an engine that is not ready waits (`cell.engine_hold_s`;
+    /// zero: none waits, each is forwarded at once).
+    engine_hold: Duration,
 }
 
 /// Fds one forwarded connection holds: the node's socket, the outer one, two pipes.
@@ -224,7 +240,63 @@ impl Forwarder {
             lookups: HashMap::new(),
             spare: spare_fd(),
             quiet: crate::logging::ratelimit::Quiet::default(),
+            engine_ready: false,
+            engine_hold: Duration::ZERO,
         })
+    }
+
+    /// How long the node's connections wait for an engine that is not ready (a reload's
+    /// config brings its own).
+    pub fn set_engine_hold(&mut self, hold: Duration) {
+        self.engine_hold = hold;
+    }
+
+    /// Whether the engine may be reached now (ready, and no stop under way). Once it may,
+    /// the connections that waited for it are forwarded.
+    pub fn set_engine_ready(&mut self, epoll: &Epoll, ready: bool) {
+        if ready == self.engine_ready {
+            return;
+        }
+        self.engine_ready = ready;
+        let Some(i) = self.upstreams.iter().position(Upstream::is_engine) else { return };
+        if !ready {
+            return;
+        }
+        let held = std::mem::take(&mut self.upstreams[i].held);
+        if !held.is_empty() {
+            tracing::info!(connections = held.len(), "the engine is ready: the node's waiting connections go through");
+        }
+        let Some(addr) = self.upstreams[i].connect else { return };
+        for (inner, _) in held {
+            self.connect_out(epoll, i, inner, addr);
+        }
+    }
+
+    /// The node's connections to the engine in flight (forwarded, not those waiting).
+    pub fn engine_active(&self) -> usize {
+        self.upstreams.iter().find(|u| u.is_engine()).map_or(0, |u| u.stats.active)
+    }
+
+    /// When the first connection waiting for the engine gives up.
+    pub fn next_hold_deadline(&self) -> Option<Instant> {
+        self.upstreams.iter().flat_map(|u| u.held.iter().map(|(_, t)| *t)).min()
+    }
+
+    /// Connections that waited for the engine as long as they may are closed (as a connection
+    /// to an engine that is down always was).
+    pub fn expire_holds(&mut self) {
+        let now = Instant::now();
+        for u in self.upstreams.iter_mut() {
+            let before = u.held.len();
+            u.held.retain(|(_, t)| *t > now);
+            let expired = before - u.held.len();
+            if expired > 0 {
+                u.stats.hold_expired += expired as u64;
+                if let Some(suppressed) = self.quiet.allow(now) {
+                    tracing::warn!(upstream = %u.stats.upstream, closed = expired, hold_s = self.engine_hold.as_secs(), suppressed, "the engine was not ready in time: the node's waiting connections are closed (cell.engine_hold_s)");
+                }
+            }
+        }
     }
 
     /// Counters of the declared egress upstreams.
@@ -281,9 +353,9 @@ impl Forwarder {
         }
     }
 
-    /// Connections held now, all upstreams together (parked ones included).
+    /// Connections held now, all upstreams together (parked and waiting ones included).
     fn held(&self) -> usize {
-        self.upstreams.iter().map(|u| u.stats.active + u.parked.len()).sum()
+        self.upstreams.iter().map(|u| u.stats.active + u.parked.len() + u.held.len()).sum()
     }
 
     /// A refused connection: counted always, logged at most once a second, so a node opening
@@ -329,7 +401,7 @@ impl Forwarder {
             };
             // Small request/response traffic (WebSocket frames) must not wait for Nagle.
             let _ = nix::sys::socket::setsockopt(&inner, sockopt::TcpNoDelay, &true);
-            if u.stats.active + u.parked.len() >= self.max_per_upstream {
+            if u.stats.active + u.parked.len() + u.held.len() >= self.max_per_upstream {
                 self.refuse(i, "per upstream");
                 continue;
             }
@@ -338,6 +410,13 @@ impl Forwarder {
                 continue;
             }
             let u = &mut self.upstreams[i];
+            // An engine that is not ready (starting, restarting, loading its model, or a stop
+            // draining): the connection waits for it, as long as the hold allows.
+            if u.is_engine() && !self.engine_ready && !self.engine_hold.is_zero() {
+                u.stats.held += 1;
+                u.held.push((inner, Instant::now() + self.engine_hold));
+                continue;
+            }
             match u.known_address() {
                 Some(addr) => self.connect_out(epoll, i, inner, addr),
                 None => self.park(epoll, i, inner),
@@ -628,6 +707,7 @@ impl Forwarder {
     pub fn close_all(&mut self, epoll: &Epoll) {
         for u in self.upstreams.iter_mut() {
             u.parked.clear();
+            u.held.clear();
         }
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {

@@ -63,10 +63,12 @@
 //! - Crash restart: `reap` → `role_process_exited` → `role_exited` (`Restarts::on_exit`: a
 //!   backoff, give up, or stop) → `roles_timer` once the backoff is over → `enter_gate(role)`
 //!   → `poll_gate` → `admit` → `start(role)` (the node after a ready engine).
-//! - Stop (SIGTERM, a failure): `begin_stop(code, Exit)` (what was about to start does not)
-//!   → `advance`: `terminate(node)`, once it is reaped `terminate(engine)` (SIGKILL from
-//!   `roles_timer` after the grace period), both down → `begin_wipes`, both done →
-//!   `wipes_done` → `finish_stop` (forwarding drained, totals) → the exit status.
+//! - Stop (SIGTERM, a failure): `begin_stop(code, Exit)` (what was about to start does not;
+//!   a clean stop's drain begins, the node's new connections to the engine wait) → `advance`:
+//!   once the node's requests to the engine are done or the drain's time is over,
+//!   `terminate(node)`, once it is reaped `terminate(engine)` (SIGKILL from `roles_timer`
+//!   after the grace period), both down → `begin_wipes`, both done → `wipes_done` →
+//!   `finish_stop` (forwarding closed, totals) → the exit status.
 //! - Reload (SIGHUP): `on_sighup` (`Config::reload`, `reload::refused`, the dry run:
 //!   `gate.begin(DryRun)` in a throwaway cell) → `poll_gate` → `reload_passed` →
 //!   `begin_stop(OK, Restart)` → as a stop up to `wipes_done`, which switches the config
@@ -293,11 +295,17 @@ impl Supervisor {
     }
 
     /// The cell's next steps, by its table ([`lifecycle::Cycle::next`]), taken until it waits
-    /// for an event: a stop's SIGTERMs (node, then engine), both scratch dirs wiped once both
-    /// roles are down, and what follows the wipes. Some(code): the loop ends with it.
+    /// for an event: a stop's drain and SIGTERMs (node, then engine), both scratch dirs wiped
+    /// once both roles are down, and what follows the wipes. Some(code): the loop ends with it.
     fn advance(&mut self) -> Option<i32> {
+        // The node's connections to the engine go through only while it is ready and no stop
+        // is under way; meanwhile they wait (cell.engine_hold_s).
+        let reachable = self.engine_is_ready() && self.cycle.stop.is_none();
+        self.fwd.set_engine_ready(&self.base.epoll, reachable);
         loop {
-            match self.cycle.next(self.roles[Role::Engine as usize].phase, self.roles[Role::Node as usize].phase) {
+            let (engine, node) = (self.roles[Role::Engine as usize].phase, self.roles[Role::Node as usize].phase);
+            let engine_busy = self.fwd.engine_active() > 0;
+            match self.cycle.next(engine, node, engine_busy, Instant::now()) {
                 Step::Wait => return None,
                 Step::Term(role) => self.terminate(role),
                 Step::Wipe => self.begin_wipes(),
@@ -364,6 +372,9 @@ impl Supervisor {
             .chain(self.fwd.next_sweep())
             .chain(self.server.next_deadline())
             .chain(self.fwd.next_lookup_deadline())
+            .chain(self.fwd.next_hold_deadline())
+            // A drain's end (while it is still ahead: a past one would wake the loop at once).
+            .chain(self.cycle.stop.and(self.cycle.drain).filter(|t| *t > Instant::now()))
             .chain(self.attest.next_deadline())
             .chain(self.cycle.wipes.next_deadline())
             .chain(self.gate.next_deadline())
@@ -389,6 +400,7 @@ impl Supervisor {
         self.sd.sweep(now);
         self.fwd.sweep(&self.base.epoll);
         self.fwd.expire_lookups(&self.base.epoll);
+        self.fwd.expire_holds();
     }
 
     fn on_signals(&mut self) {

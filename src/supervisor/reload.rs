@@ -104,6 +104,10 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
         egress_connect_timeout_s,
         // Read for every control connection.
         control_uids: _,
+        // Handed to the forwarder when a reload's config comes into force.
+        engine_hold_s: _,
+        // Read at every stop.
+        drain_timeout_s: _,
         cgroup,
         limits,
         tpm,

@@ -144,6 +144,21 @@ impl Supervisor {
     /// their backoff, a node admitted and waiting for the engine.
     pub(super) fn begin_stop(&mut self, code: i32, after: After) {
         self.course(CellEvent::StopAsked(Stop { code, after }));
+        // A clean stop lets the node's requests in flight to the engine finish first (the
+        // cell's table waits for them: lifecycle::Cycle::next), up to cell.drain_timeout_s.
+        let drain = Duration::from_secs(self.base.cfg.cell.drain_timeout_s);
+        let in_flight = self.fwd.engine_active();
+        let node_runs = matches!(self.roles[Role::Node as usize].phase, Phase::Running(_));
+        if code == crate::exit::OK && !drain.is_zero() && node_runs && self.cycle.drain.is_none() {
+            if in_flight > 0 {
+                tracing::info!(
+                    in_flight,
+                    drain_timeout_s = drain.as_secs(),
+                    "draining: the node's requests to the engine finish before it is stopped"
+                );
+            }
+            self.course(CellEvent::Drain(Instant::now() + drain));
+        }
         if after == After::Exit {
             notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
             // A recycle in progress will not complete: say so rather than hang up.
@@ -168,6 +183,16 @@ impl Supervisor {
     /// SIGKILL follows once the grace period is over ([`Supervisor::roles_timer`]).
     pub(super) fn terminate(&mut self, role: Role) {
         let grace = Duration::from_secs(self.base.cfg.cell.stop_timeout_s);
+        if role == Role::Node && self.cycle.drain.is_some() {
+            match self.fwd.engine_active() {
+                0 => tracing::debug!("drained: no request to the engine in flight"),
+                n => tracing::warn!(
+                    in_flight = n,
+                    drain_timeout_s = self.base.cfg.cell.drain_timeout_s,
+                    "drain timed out: the node's requests to the engine in flight are cut"
+                ),
+            }
+        }
         let s = self.slot(role);
         if let Phase::Running(pid) = s.phase {
             tracing::info!(role = %role, pid = pid.as_raw(), "stopping role (SIGTERM)");

@@ -64,7 +64,8 @@ impl Supervisor {
         }
         let mut cell = Cell::for_config(&cfg, &inv)?;
         cell.cgroups = cgroups;
-        let fwd = forwarder(&cfg, &mut cell, &epoll)?;
+        let mut fwd = forwarder(&cfg, &mut cell, &epoll)?;
+        fwd.set_engine_hold(Duration::from_secs(cfg.cell.engine_hold_s));
         tracing::info!(cell_pid = cell.pid.as_raw(), egress = cfg.node.egress.len(), "cell created");
         let server = server::Server::open(&cfg, &runtime_dir, &epoll)?;
         let mut scratch = scratch.into_iter();

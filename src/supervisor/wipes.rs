@@ -60,6 +60,7 @@ impl Supervisor {
             self.fwd.close_all(&self.base.epoll);
             self.course(CellEvent::StopOver);
             if let Some(new) = self.reload.take_next() {
+                self.fwd.set_engine_hold(Duration::from_secs(new.cell.engine_hold_s));
                 self.base.cfg = new;
             }
             tracing::info!(recycle, "re-provisioning both roles");

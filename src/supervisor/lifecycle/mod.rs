@@ -274,6 +274,9 @@ pub(super) fn start_failed(any_started: bool) -> i32 {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(super) struct Cycle {
     pub stop: Option<Stop>,
+    /// A clean stop lets the node's requests in flight to the engine finish before the node
+    /// is stopped, until this time (`cell.drain_timeout_s`).
+    pub drain: Option<Instant>,
     pub wipes: Wipes,
 }
 
@@ -303,8 +306,11 @@ impl AfterWipes {
 /// [`Cycle::apply`] (the cell's state × event table, as [`Phase::on`] is each role's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum CellEvent {
-    /// A stop was asked for: the stricter of it and a stop under way ([`Stop::merge`]).
+    /// A stop was asked for: the stricter of it and a stop under way ([`Stop::merge`]). A
+    /// failure's stop (exit status not 0) does not wait for a drain.
     StopAsked(Stop),
+    /// A clean stop drains the node's requests to the engine until this time (once).
+    Drain(Instant),
     /// The stop is over: the loop exits, or both roles are re-provisioned.
     StopOver,
     /// Both scratch wipes began (each in a child of its own, or failed to start).
@@ -342,6 +348,7 @@ impl Cycle {
             CellEvent::WipeFailed(..) | CellEvent::WipesOver => self.wipes.running,
             CellEvent::StopOver => self.stop.is_some(),
             CellEvent::GraceOver => self.wipes.deadline.is_some(),
+            CellEvent::Drain(_) => self.stop.is_some_and(|s| s.code == exit::OK),
             CellEvent::StopAsked(_) | CellEvent::Grace(_) => true,
         };
         if !in_table {
@@ -349,12 +356,22 @@ impl Cycle {
         }
         match event {
             CellEvent::StopAsked(s) => {
-                self.stop = Some(match self.stop {
+                let stop = match self.stop {
                     Some(now) => now.merge(s.code, s.after),
                     None => s,
-                })
+                };
+                if stop.code != exit::OK {
+                    self.drain = None;
+                }
+                self.stop = Some(stop);
             }
-            CellEvent::StopOver => self.stop = None,
+            CellEvent::Drain(until) => {
+                self.drain.get_or_insert(until);
+            }
+            CellEvent::StopOver => {
+                self.stop = None;
+                self.drain = None;
+            }
             CellEvent::WipesBegun => self.wipes = Wipes { running: true, ..Wipes::default() },
             CellEvent::WipeFailed(role, why) => self.wipes.failed.push((role, why)),
             CellEvent::WipesOver => self.wipes = Wipes::default(),
@@ -374,7 +391,9 @@ impl Cycle {
     /// The cell's own table, beside each role's ([`Phase::on`]): from the cell's state (the
     /// stop under way, the wipes in flight, both roles' phases), the step the loop takes next.
     /// The loop takes these steps before every wait for events until this says `Wait`.
-    pub(super) fn next(&self, engine: Phase, node: Phase) -> Step {
+    /// `engine_busy`: the node has requests in flight to the engine; `now`: the time, for the
+    /// drain's deadline.
+    pub(super) fn next(&self, engine: Phase, node: Phase, engine_busy: bool, now: Instant) -> Step {
         if self.wipes.running {
             let wiping = [engine, node].iter().any(|p| matches!(p, Phase::Wiping(_)));
             return if wiping { Step::Wait } else { Step::WipesDone(self.after_wipes(!self.wipes.failed.is_empty())) };
@@ -382,7 +401,10 @@ impl Cycle {
         if self.stop.is_none() {
             return Step::Wait;
         }
+        let draining = engine_busy && self.drain.is_some_and(|until| now < until);
         match (node, engine) {
+            // A clean stop lets the node's requests to the engine finish first (bounded).
+            (Phase::Running(_), _) if draining => Step::Wait,
             (Phase::Running(_), _) => Step::Term(Role::Node),
             (Phase::Stopping(..), _) | (_, Phase::Stopping(..)) => Step::Wait,
             (_, Phase::Running(_)) => Step::Term(Role::Engine),

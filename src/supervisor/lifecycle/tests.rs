@@ -60,7 +60,7 @@ fn after_the_wipes_an_exit_ends_a_failure_refuses_and_the_rest_enters_the_gate()
         (stop(After::Restart), false, AfterWipes::Gate { reprovision: true }),
         (stop(After::Restart), true, AfterWipes::Refuse { reprovision: true, code: exit::CONFIG }),
     ] {
-        let cycle = Cycle { stop, wipes: Wipes::default() };
+        let cycle = Cycle { stop, drain: None, wipes: Wipes::default() };
         assert_eq!(cycle.after_wipes(failed), want, "{stop:?} failed={failed}");
         // A re-provision follows every stop but one to exit.
         let reprovision = stop.is_some_and(|s| s.after != After::Exit);
@@ -114,8 +114,23 @@ fn the_cells_next_step() {
         ),
     ];
     for (stop, wipes, engine, node, want) in table {
-        let cycle = Cycle { stop, wipes };
-        assert_eq!(cycle.next(engine, node), want, "{cycle:?} engine {engine:?} node {node:?}");
+        let cycle = Cycle { stop, drain: None, wipes };
+        assert_eq!(cycle.next(engine, node, false, t0), want, "{cycle:?} engine {engine:?} node {node:?}");
+    }
+    // A clean stop's drain: the node waits while it has requests to the engine in flight and
+    // the drain's time is not over; then it is stopped as any other.
+    let later = t0 + Duration::from_secs(10);
+    let draining = Cycle { stop: stop(After::Restart), drain: Some(later), wipes: none() };
+    let (run, down) = (P::Running(pid), P::Down);
+    // engine, node, requests in flight, now: the step.
+    for (engine, node, busy, now, want) in [
+        (run, run, true, t0, Step::Wait),
+        (run, run, false, t0, Step::Term(Role::Node)),
+        (run, run, true, later, Step::Term(Role::Node)),
+        (run, P::Stopping(pid, t0), true, t0, Step::Wait),
+        (run, down, true, t0, Step::Term(Role::Engine)),
+    ] {
+        assert_eq!(draining.next(engine, node, busy, now), want, "busy {busy} at +{:?}", now - t0);
     }
 }
 
@@ -185,11 +200,23 @@ fn the_cells_course_table() {
         ),
     ];
     for ((stop, wipes), event, (want_stop, want_wipes)) in table {
-        let mut cycle = Cycle { stop, wipes };
+        let mut cycle = Cycle { stop, drain: None, wipes };
         let before = cycle.clone();
         assert!(cycle.apply(event), "{before:?} on {event:?}: not in the table");
-        assert_eq!(cycle, Cycle { stop: want_stop, wipes: want_wipes }, "{before:?} on {event:?}");
+        assert_eq!(cycle, Cycle { stop: want_stop, drain: None, wipes: want_wipes }, "{before:?} on {event:?}");
     }
+    // The drain: set once, only for a clean stop; a failure's stop ends it; so does the stop's end.
+    let clean = Cycle { stop: stop(0, After::Exit), drain: None, wipes: idle() };
+    let mut c = clean.clone();
+    assert!(c.apply(CellEvent::Drain(t1)) && c.drain == Some(t1));
+    assert!(c.apply(CellEvent::Drain(t0)) && c.drain == Some(t1), "set once");
+    assert!(c.apply(CellEvent::StopAsked(Stop { code: 0, after: After::Exit })) && c.drain == Some(t1));
+    assert!(c.apply(CellEvent::StopAsked(Stop { code: exit::FAILED, after: After::Exit })) && c.drain.is_none());
+    let mut c = Cycle { drain: Some(t1), ..clean.clone() };
+    assert!(c.apply(CellEvent::StopOver) && c.drain.is_none() && c.stop.is_none());
+    let mut failing = Cycle { stop: stop(exit::FAILED, After::Exit), drain: None, wipes: idle() };
+    assert!(!failing.apply(CellEvent::Drain(t1)) && failing.drain.is_none(), "a failure does not drain");
+    assert!(!Cycle::default().apply(CellEvent::Drain(t1)), "no stop, no drain");
     // Not in the table: the course stays as it was.
     for ((stop, wipes), event) in [
         ((None, wipes(true, Vec::new(), None)), CellEvent::WipesBegun),
@@ -198,7 +225,7 @@ fn the_cells_course_table() {
         ((None, idle()), CellEvent::StopOver),
         ((stop(0, After::Exit), wipes(true, Vec::new(), None)), CellEvent::GraceOver),
     ] {
-        let mut cycle = Cycle { stop, wipes };
+        let mut cycle = Cycle { stop, drain: None, wipes };
         let before = cycle.clone();
         assert!(!cycle.apply(event), "{before:?} on {event:?}: in the table");
         assert_eq!(cycle, before, "{event:?}");
