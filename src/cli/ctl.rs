@@ -41,16 +41,25 @@ fn socket(target: Target) -> Result<PathBuf, Failure> {
 }
 
 pub fn ctl(target: Target, show: Show) -> Outcome {
+    // A recycle's answer comes once both roles run again: its wait follows the config's bounds
+    // (control::recycle_wait), the plain wait when the config cannot be read.
+    let recycle_wait = match &target {
+        Target::Config(c) => Config::read_for_client(c).map(|cfg| control::recycle_wait(&cfg)).ok(),
+        Target::Socket(_) => None,
+    }
+    .unwrap_or(control::CLIENT_TIMEOUT);
     let path = socket(target)?;
     match show {
-        Show::Status { json } => match ask::<Status>(&path, Request::Status, json, "status")? {
-            Asked::Shown(code) => Ok(code),
-            Asked::Read(s) => {
-                print!("{}", sealnode::control::status_text::render(&s));
-                Ok(sealnode::exit::OK)
+        Show::Status { json } => {
+            match ask::<Status>(&path, Request::Status, json, "status", control::CLIENT_TIMEOUT)? {
+                Asked::Shown(code) => Ok(code),
+                Asked::Read(s) => {
+                    print!("{}", sealnode::control::status_text::render(&s));
+                    Ok(sealnode::exit::OK)
+                }
             }
-        },
-        Show::Recycle { json } => match ask::<Recycled>(&path, Request::Recycle, json, "recycle")? {
+        }
+        Show::Recycle { json } => match ask::<Recycled>(&path, Request::Recycle, json, "recycle", recycle_wait)? {
             Asked::Shown(code) => Ok(code),
             Asked::Read(r) => {
                 let generation = r.generation.map_or("?".to_string(), |g| g.to_string());
@@ -104,17 +113,23 @@ enum Asked<T> {
 
 /// Ask `request`; with `--json`, print the answer as it came (any field this `ctl` does not
 /// know included), else read it (a refusal in words, exit 1).
-fn ask<T: DeserializeOwned>(path: &Path, request: Request, json: bool, verb: &str) -> Result<Asked<T>, Failure> {
+fn ask<T: DeserializeOwned>(
+    path: &Path,
+    request: Request,
+    json: bool,
+    verb: &str,
+    limit: std::time::Duration,
+) -> Result<Asked<T>, Failure> {
     if json {
         // As it came, whatever its shape; the exit status is what reading it says, as without
         // --json: 0 only for the answer asked for (a `"recycled": false` is no recycle).
-        let v = control::request(path, &request).map_err(Failure::general)?;
+        let v = control::request_within(path, &request, limit).map_err(Failure::general)?;
         // As it came, but for what a terminal would act on (escaped the JSON way).
         println!("{}", sealnode::os::escape::json(&serde_json::to_string_pretty(&v).unwrap_or_default()));
         let ok = matches!(Reply::<T>::from_value(v), Ok(Reply::Ok(_)));
         return Ok(Asked::Shown(if ok { sealnode::exit::OK } else { sealnode::exit::FAILED }));
     }
-    let a = control::client::<T>(path, &request).map_err(Failure::general)?;
+    let a = control::client_within::<T>(path, &request, limit).map_err(Failure::general)?;
     refused_in_words(a.reply, verb).map(Asked::Read)
 }
 

@@ -82,7 +82,12 @@ pub struct Answer<T> {
 
 /// `sealnode ctl`, `attest --nonce`: send one request, read the answer as `T` (or a refusal).
 pub fn client<T: DeserializeOwned>(path: &Path, req: &Request) -> Result<Answer<T>> {
-    let json = request(path, req)?;
+    client_within(path, req, CLIENT_TIMEOUT)
+}
+
+/// [`client`], the whole exchange within `limit`.
+pub fn client_within<T: DeserializeOwned>(path: &Path, req: &Request, limit: std::time::Duration) -> Result<Answer<T>> {
+    let json = request_within(path, req, limit)?;
     let reply = Reply::from_value(json.clone()).map_err(|e| peer_error("parse response", e))?;
     Ok(Answer { reply, json })
 }
@@ -95,6 +100,20 @@ pub fn peer_error(what: &str, e: impl std::fmt::Display) -> Error {
 
 /// How long a client waits for its whole answer.
 pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long `ctl recycle` waits for its answer with `cfg`: what the recycle may take by the
+/// config's own bounds (the drain, the node's and the engine's grace periods and a wipe's,
+/// the preflight, the engine's readiness), and a minute for the rest (measuring, the gate's
+/// other steps): never less than [`CLIENT_TIMEOUT`].
+pub fn recycle_wait(cfg: &crate::config::Config) -> std::time::Duration {
+    let c = &cfg.cell;
+    recycle_wait_for(c.drain_timeout_s, c.stop_timeout_s, c.preflight_timeout_s, cfg.engine.ready().timeout_s)
+}
+
+fn recycle_wait_for(drain_s: u64, stop_s: u64, preflight_s: u64, ready_s: u64) -> std::time::Duration {
+    let bounds = drain_s + 3 * stop_s + preflight_s + ready_s;
+    CLIENT_TIMEOUT + std::time::Duration::from_secs(bounds)
+}
 /// The longest answer a client reads.
 pub const MAX_RESPONSE: u64 = 16 << 20;
 
@@ -118,7 +137,7 @@ pub fn request(path: &Path, req: &Request) -> Result<Value> {
 
 /// [`request`], the whole exchange within `limit`: an answer that comes a byte at a time
 /// cannot keep the client waiting longer (tests: a_dripping_answer_is_cut_at_the_deadline).
-fn request_within(path: &Path, req: &Request, limit: std::time::Duration) -> Result<Value> {
+pub fn request_within(path: &Path, req: &Request, limit: std::time::Duration) -> Result<Value> {
     let deadline = std::time::Instant::now() + limit;
     let mut s = connect_within(path, limit).map_err(|e| {
         let hint = match e.kind() {
@@ -306,5 +325,17 @@ mod tests {
             assert_eq!(a.reply, Reply::Refused(Refusal::new(format!("Ok(Attest {{ nonce: {nonce:?} }})"))));
         }
         server.join().expect("server");
+    }
+
+    /// A recycle's client waits as long as the config lets the recycle take, plus a minute;
+    /// never less than any other request (the live review of #29's drain: a 70 s drain outlived
+    /// the 60 s wait while the recycle went on to complete).
+    #[test]
+    fn a_recycle_waits_as_long_as_the_config_lets_it_take() {
+        use std::time::Duration;
+        assert_eq!(super::recycle_wait_for(0, 1, 1, 1), super::CLIENT_TIMEOUT + Duration::from_secs(5));
+        // The defaults: drain 10, stop 10, preflight 30, ready 120.
+        assert_eq!(super::recycle_wait_for(10, 10, 30, 120), Duration::from_secs(10 + 30 + 30 + 120 + 60));
+        assert_eq!(super::recycle_wait_for(70, 2, 30, 60), Duration::from_secs(70 + 6 + 30 + 60 + 60));
     }
 }

@@ -187,6 +187,9 @@ pub struct Forwarder {
     /// How long a connection to an engine that is not ready waits (`cell.engine_hold_s`;
     /// zero: none waits, each is forwarded at once).
     engine_hold: Duration,
+    /// When the node's last connection to the engine closed (a drain gives the node a moment
+    /// after it to pass the answer on).
+    engine_closed_at: Option<Instant>,
 }
 
 /// Fds one forwarded connection holds: the node's socket, the outer one, two pipes.
@@ -242,6 +245,7 @@ impl Forwarder {
             quiet: crate::logging::ratelimit::Quiet::default(),
             engine_ready: false,
             engine_hold: Duration::ZERO,
+            engine_closed_at: None,
         })
     }
 
@@ -275,6 +279,11 @@ impl Forwarder {
     /// The node's connections to the engine in flight (forwarded, not those waiting).
     pub fn engine_active(&self) -> usize {
         self.upstreams.iter().find(|u| u.is_engine()).map_or(0, |u| u.stats.active)
+    }
+
+    /// When the node's last connection to the engine closed (None: none has yet).
+    pub fn engine_closed_at(&self) -> Option<Instant> {
+        self.engine_closed_at
     }
 
     /// When the first connection waiting for the engine gives up.
@@ -653,7 +662,11 @@ impl Forwarder {
             if !c.gone[1] {
                 let _ = epoll.delete(c.outer.as_fd());
             }
-            self.upstreams[c.upstream].stats.active -= 1;
+            let u = &mut self.upstreams[c.upstream];
+            u.stats.active -= 1;
+            if u.is_engine() {
+                self.engine_closed_at = Some(Instant::now());
+            }
         }
     }
 

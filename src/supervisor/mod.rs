@@ -304,8 +304,9 @@ impl Supervisor {
         self.fwd.set_engine_ready(&self.base.epoll, reachable);
         loop {
             let (engine, node) = (self.roles[Role::Engine as usize].phase, self.roles[Role::Node as usize].phase);
-            let engine_busy = self.fwd.engine_active() > 0;
-            match self.cycle.next(engine, node, engine_busy, Instant::now()) {
+            let now = Instant::now();
+            let engine_busy = lifecycle::engine_busy(self.fwd.engine_active(), self.fwd.engine_closed_at(), now);
+            match self.cycle.next(engine, node, engine_busy, now) {
                 Step::Wait => return None,
                 Step::Term(role) => self.terminate(role),
                 Step::Wipe => self.begin_wipes(),
@@ -373,8 +374,17 @@ impl Supervisor {
             .chain(self.server.next_deadline())
             .chain(self.fwd.next_lookup_deadline())
             .chain(self.fwd.next_hold_deadline())
-            // A drain's end (while it is still ahead: a past one would wake the loop at once).
+            // A drain's end, and its settling after the node's last connection to the engine
+            // (while still ahead: a past one would wake the loop at once).
             .chain(self.cycle.stop.and(self.cycle.drain).filter(|t| *t > Instant::now()))
+            .chain(
+                self.cycle
+                    .stop
+                    .and(self.cycle.drain)
+                    .and(self.fwd.engine_closed_at())
+                    .map(|t| t + lifecycle::DRAIN_SETTLE)
+                    .filter(|t| *t > Instant::now()),
+            )
             .chain(self.attest.next_deadline())
             .chain(self.cycle.wipes.next_deadline())
             .chain(self.gate.next_deadline())

@@ -149,7 +149,8 @@ impl Supervisor {
         let drain = Duration::from_secs(self.base.cfg.cell.drain_timeout_s);
         let in_flight = self.fwd.engine_active();
         let node_runs = matches!(self.roles[Role::Node as usize].phase, Phase::Running(_));
-        if code == crate::exit::OK && !drain.is_zero() && node_runs && self.cycle.drain.is_none() {
+        let clean = self.cycle.stop.is_some_and(|s| s.code == crate::exit::OK);
+        if clean && !drain.is_zero() && node_runs && self.cycle.drain.is_none() {
             if in_flight > 0 {
                 tracing::info!(
                     in_flight,

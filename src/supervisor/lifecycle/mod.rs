@@ -325,6 +325,16 @@ pub(super) enum CellEvent {
     GraceOver,
 }
 
+/// After the node's last connection to the engine closed, a drain still gives it this long to
+/// pass the answer on (to the gateway) before it is stopped.
+pub(super) const DRAIN_SETTLE: Duration = Duration::from_secs(1);
+
+/// The node is still busy with the engine, for a drain: a connection open, or the last one
+/// closed less than [`DRAIN_SETTLE`] ago.
+pub(super) fn engine_busy(open: usize, last_closed: Option<Instant>, now: Instant) -> bool {
+    open > 0 || last_closed.is_some_and(|t| now < t + DRAIN_SETTLE)
+}
+
 /// The cell's next step, as [`Cycle::next`] decides it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Step {

@@ -233,6 +233,23 @@ fn the_cells_course_table() {
 }
 
 #[test]
+fn the_node_is_busy_with_the_engine_until_a_moment_after_its_last_connection() {
+    let t0 = Instant::now();
+    let settle = DRAIN_SETTLE;
+    // open connections, the last one's close, now: busy?
+    for (open, closed, now, want) in [
+        (1, None, t0, true),
+        (2, Some(t0), t0 + settle * 5, true),
+        (0, None, t0, false),
+        (0, Some(t0), t0, true),
+        (0, Some(t0), t0 + settle / 2, true),
+        (0, Some(t0), t0 + settle, false),
+    ] {
+        assert_eq!(engine_busy(open, closed, now), want, "{open} open, closed {closed:?}");
+    }
+}
+
+#[test]
 fn a_reload_and_a_recycle_are_refused_for_the_same_reasons() {
     let all = UnderWay { stop: true, wipes: true, gate: true, recycle: true };
     assert_eq!(UnderWay::default().busy(), None);
