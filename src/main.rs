@@ -310,13 +310,16 @@ fn main() -> ExitCode {
         // SAFETY: restoring the default disposition of one signal, before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    match cli.command {
+    let logging = match cli.command {
         Command::ProbeInside { .. }
         | Command::CanaryInside { .. }
         | Command::Man { .. }
-        | Command::Completions { .. } => {}
+        | Command::Completions { .. } => Ok(()),
         Command::Run { .. } => cli::init_logging("info"),
         _ => cli::init_logging("warn"),
+    };
+    if let Err(f) = logging {
+        return cli::exit(Err(f));
     }
     cli::exit(match cli.command {
         Command::Run { config } => cli::run::run(&config),

@@ -1335,3 +1335,60 @@ fn a_recycle_drains_the_nodes_requests_to_the_engine() {
         }
     }
 }
+
+/// With SEALNODE_LOG_FORMAT=json (a container's log driver keeps JSON lines whole) every line
+/// sealnode writes is one JSON object: its own events on stderr with their fields, each role's
+/// lines on the stream the role wrote them to, with role, pid, generation and stream. An
+/// unknown format refuses the start, naming it, before anything is made (#29 item 1).
+#[test]
+fn json_logs_are_one_object_per_line_and_an_unknown_format_is_refused() {
+    for mode in modes() {
+        let f = cell(mode, "json-log", HTTPD, "echo node-up; echo 'to-stderr \"quoted\"' >&2; exec sleep 1000", "", "");
+        let run = start(&f, &[("SEALNODE_LOG_FORMAT", "json")]);
+        run.out_line(60, |l| l.contains("node-up"));
+        run.err_line(60, |l| l.contains("to-stderr"));
+        let (out, err) = (run.out.clone(), run.err.clone());
+        let (code, _, _) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}");
+        let parse = |text: String| -> Vec<Value> {
+            text.lines()
+                .map(|l| {
+                    serde_json::from_str::<Value>(l)
+                        .unwrap_or_else(|e| panic!("{mode:?}: not one JSON object ({e}): {l}"))
+                })
+                .collect()
+        };
+        let out = parse(LoggedRun::text(&out));
+        let err = parse(LoggedRun::text(&err));
+        for v in out.iter().chain(&err) {
+            assert!(v["timestamp"].is_string() && v["level"].is_string() && v["message"].is_string(), "{mode:?}: {v}");
+        }
+        // Every stdout line is a role's.
+        assert!(
+            out.iter().all(|v| v["stream"] == "stdout" && v["role"].is_string() && v["pid"].is_number()),
+            "{mode:?}: {out:?}"
+        );
+        assert!(
+            out.iter().any(|v| v["role"] == "node" && v["message"] == "node-up" && v["generation"] == 1),
+            "{mode:?}: {out:?}"
+        );
+        assert!(
+            err.iter()
+                .any(|v| v["role"] == "node" && v["stream"] == "stderr" && v["message"] == "to-stderr \"quoted\""),
+            "{mode:?}: {err:?}"
+        );
+        // sealnode's own events, with their fields.
+        assert!(
+            err.iter().any(|v| v["message"] == "role started" && v["role"] == "engine" && v["generation"] == 1),
+            "{mode:?}: {err:?}"
+        );
+        assert!(err.iter().any(|v| v["message"] == "cell stopped" && v["code"] == 0), "{mode:?}: {err:?}");
+    }
+    let f = cell(Mode::Rootful, "json-bad", HTTPD, "exec sleep 1000", "", "");
+    let cfg = f.config.display().to_string();
+    let o = f.command(&["run", "--config", &cfg]).env("SEALNODE_LOG_FORMAT", "xml").output_within(COMMAND_LIMIT);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("SEALNODE_LOG_FORMAT=xml: unknown log format (text or json)"), "{err}");
+    assert!(!err.contains("cell created"), "{err}");
+}

@@ -104,6 +104,13 @@ fn extra_sections(command: &str, subs: &[String]) -> Roff {
         "What sealnode logs, as a tracing filter (error, warn, info, debug, trace; default info for run, \
          warn otherwise). The roles never see it: each role's environment is only what its config sets and passes.",
     )]);
+    r.control("TP", []).text([bold("SEALNODE_LOG_FORMAT")]);
+    r.text([roman(
+        "json: every line sealnode writes is one JSON object (its own events on stderr; each role's lines on \
+         the stream the role wrote them to, with role, pid, generation and stream), for a container's log \
+         driver. text (the default): the journal when stderr is the journal, else plain lines. Anything else \
+         refuses the command (125).",
+    )]);
     r.control("TP", []).text([bold("JOURNAL_STREAM")]);
     r.text([roman(
         "Set by systemd when stderr is the journal: sealnode then logs to the journal natively, with \

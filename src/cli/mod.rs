@@ -52,8 +52,9 @@ pub fn exit(outcome: Outcome) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-/// Logging: to the journal when stderr is the journal, plain lines on stderr otherwise
-/// (sealnode::logging::log), filtered by `SEALNODE_LOG` (else `default`).
-pub fn init_logging(default: &str) {
-    sealnode::logging::log::init(default);
+/// Logging: JSON lines with `SEALNODE_LOG_FORMAT=json`, else to the journal when stderr is the
+/// journal, plain lines on stderr otherwise (sealnode::logging::log), filtered by
+/// `SEALNODE_LOG` (else `default`). An unknown format refuses the command (125).
+pub fn init_logging(default: &str) -> Result<(), Failure> {
+    sealnode::logging::log::init(default).map_err(Failure::setup)
 }

@@ -6,7 +6,10 @@
 //! SYSLOG_IDENTIFIER=sealnode; each role's lines are under their own identifier
 //! (`sealnode-engine`, `sealnode-node`), so `journalctl -t sealnode-engine` is the engine's
 //! output alone and no role line can pass for one of sealnode's. In text mode a role's line is
-//! prefixed with `engine[PID]: ` and its control characters are escaped. Nothing here blocks:
+//! prefixed with `engine[PID]: ` and its control characters are escaped. With
+//! `SEALNODE_LOG_FORMAT=json` (a container's log driver keeps JSON lines whole) every line is
+//! one JSON object: sealnode's events on stderr with their fields, a role's lines on the
+//! stream it wrote them to, with `role`, `pid`, `generation` and `stream`. Nothing here blocks:
 //! text goes through logsink (lines dropped and counted when a reader stops reading), and the
 //! journal's socket is non-blocking (journal.rs: entries dropped when the journal stalls).
 
@@ -21,12 +24,32 @@ use crate::config::Role;
 
 /// The tracing targets role lines are sent to in journal mode (one journald layer each).
 const ROLE_TARGET: [&str; 2] = ["sealnode::role::engine", "sealnode::role::node"];
+/// And in JSON mode, by the stream the role wrote them to (one writer each).
+const ROLE_STREAM_TARGET: [&str; 2] = ["sealnode::role::stdout", "sealnode::role::stderr"];
 
 /// Where the log goes; decided once, by [`init`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sink {
     Journal,
     Text,
+    /// JSON lines on stdout and stderr (`SEALNODE_LOG_FORMAT=json`).
+    Json,
+}
+
+/// The format asked for by `SEALNODE_LOG_FORMAT` (unset: text, or the journal when stderr is
+/// the journal); an unknown value is an error that names it.
+fn asked_format() -> Result<Option<Sink>, String> {
+    match std::env::var_os("SEALNODE_LOG_FORMAT") {
+        None => Ok(None),
+        Some(v) => match v.to_str() {
+            Some("text") => Ok(Some(Sink::Text)),
+            Some("json") => Ok(Some(Sink::Json)),
+            _ => Err(format!(
+                "SEALNODE_LOG_FORMAT={}: unknown log format (text or json)",
+                crate::os::escape::clean(v.as_encoded_bytes())
+            )),
+        },
+    }
 }
 
 static SINK: OnceLock<Sink> = OnceLock::new();
@@ -48,13 +71,26 @@ fn stderr_is_journal() -> bool {
     }
 }
 
-/// Logging, filtered by `SEALNODE_LOG` (else `default`): to the journal when stderr is the
-/// journal and its socket answers, else plain lines on stderr (colour only on a terminal).
-pub fn init(default: &str) {
+/// Logging, filtered by `SEALNODE_LOG` (else `default`): JSON lines when
+/// `SEALNODE_LOG_FORMAT=json`; else to the journal when stderr is the journal and its socket
+/// answers, else plain lines on stderr (colour only on a terminal). An unknown
+/// `SEALNODE_LOG_FORMAT` is an error, before anything is logged or started.
+pub fn init(default: &str) -> Result<(), String> {
+    let asked = asked_format()?;
     logsink::init();
     let filter = || EnvFilter::try_from_env("SEALNODE_LOG").unwrap_or_else(|_| default.into());
     let own = || filter_fn(|m| !m.target().starts_with("sealnode::role::"));
-    if stderr_is_journal() {
+    if asked == Some(Sink::Json) {
+        let _ = SINK.set(Sink::Json);
+        let stream = |t: &'static str| filter_fn(move |m| m.target() == t);
+        let _ = tracing_subscriber::registry()
+            .with(json_lines(Out::Stderr).with_filter(own()).with_filter(filter()))
+            .with(json_lines(Out::Stdout).with_filter(stream(ROLE_STREAM_TARGET[0])))
+            .with(json_lines(Out::Stderr).with_filter(stream(ROLE_STREAM_TARGET[1])))
+            .try_init();
+        return Ok(());
+    }
+    if asked.is_none() && stderr_is_journal() {
         // sealnode's own events with their fields in MESSAGE too; a role's line as it wrote it.
         let layers = (
             crate::logging::journal::Layer::new("sealnode", true),
@@ -69,7 +105,7 @@ pub fn init(default: &str) {
                 .with(engine.with_filter(role(ROLE_TARGET[0])))
                 .with(node.with_filter(role(ROLE_TARGET[1])))
                 .try_init();
-            return;
+            return Ok(());
         }
     }
     let _ = SINK.set(Sink::Text);
@@ -84,13 +120,29 @@ pub fn init(default: &str) {
                 .with_filter(filter()),
         )
         .try_init();
+    Ok(())
+}
+
+/// One JSON object per event, its fields flattened beside `timestamp`, `level`, `message`,
+/// written to `out` without blocking (logsink).
+fn json_lines<S>(out: Out) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_span_list(false)
+        .with_target(false)
+        .with_writer(logsink::Writer(out))
 }
 
 /// What an operator must read, said once: at error priority in the journal (the event's
 /// fields carry the rest), as a `sealnode: ` line on stderr otherwise.
 pub fn say(message: &str) {
     match sink() {
-        Sink::Journal => tracing::error!(human = true, "{message}"),
+        Sink::Journal | Sink::Json => tracing::error!(human = true, "{message}"),
         Sink::Text => logsink::line(Out::Stderr, format!("sealnode: {message}\n").as_bytes()),
     }
 }
@@ -108,6 +160,13 @@ pub fn role_line(role: Role, pid: i32, generation: u64, err: bool, line: &str) {
         }
         (Sink::Journal, Role::Node) => {
             tracing::info!(target: "sealnode::role::node", role = "node", pid, generation, stream, "{line}")
+        }
+        // On the stream the role wrote it to, as one JSON object (the line escaped the JSON way).
+        (Sink::Json, _) if err => {
+            tracing::info!(target: "sealnode::role::stderr", role = role.name(), pid, generation, stream, "{line}")
+        }
+        (Sink::Json, _) => {
+            tracing::info!(target: "sealnode::role::stdout", role = role.name(), pid, generation, stream, "{line}")
         }
         // A closed or full stdout/stderr never stops the supervisor (logsink).
         (Sink::Text, _) => {
