@@ -299,6 +299,9 @@ enum CtlCommand {
     Metrics,
     /// Drain, stop both roles, wipe scratch, re-provision, start, canaries, new receipt.
     Recycle,
+    /// Exit 0 when the cell serves (both roles run, the engine answered its readiness check,
+    /// no stop under way), else 1 saying why: a readiness probe.
+    Ready,
 }
 
 fn main() -> ExitCode {
@@ -338,6 +341,7 @@ fn main() -> ExitCode {
                 CtlCommand::Status => cli::ctl::Show::Status { json },
                 CtlCommand::Metrics => cli::ctl::Show::Metrics { textfile },
                 CtlCommand::Recycle => cli::ctl::Show::Recycle { json },
+                CtlCommand::Ready => cli::ctl::Show::Ready,
             },
         ),
         Command::VerifyReceipt { file, config } => cli::receipt::verify(file, &config),

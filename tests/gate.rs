@@ -1182,9 +1182,19 @@ fn ready_follows_the_roles_down_and_up() {
         run.out_line(60, |l| l == "node-up");
         let st = ctl(&f, "status");
         assert_eq!(st["ready"], true, "{mode:?}: {st}");
+        // `ctl ready`, the readiness probe, says the same by its exit status.
+        let probe = || {
+            let cfg = f.config.display().to_string();
+            let o = f.command(&["ctl", "--config", &cfg, "ready"]).output_within(COMMAND_LIMIT);
+            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            (o.status.code(), text)
+        };
+        let first = probe();
+        assert!(first.0 == Some(0) && first.1.trim() == "ready", "{mode:?}: {first:?}");
         std::fs::write(f.p("trigger/go"), "").expect("go");
         run.out_line(60, |l| l == "engine-again");
         let st = ctl(&f, "status");
+        let restarting = probe();
         let mut back = Value::Null;
         let ready_again = wait_until(Duration::from_secs(60), || {
             back = ctl(&f, "status");
@@ -1202,6 +1212,7 @@ fn ready_follows_the_roles_down_and_up() {
             held = ctl(&f, "status");
             held["roles"][0]["pid_state"] == "stopped"
         });
+        let held_probe = probe();
         kill(program, Signal::SIGCONT).expect("SIGCONT");
         let mut free = Value::Null;
         let ready_after = wait_until(Duration::from_secs(30), || {
@@ -1213,6 +1224,8 @@ fn ready_follows_the_roles_down_and_up() {
         assert!(ready_again, "{mode:?}: not ready again: {back}\n{err}");
         assert!(shown_held && held["ready"] == false, "{mode:?}: a stopped engine shown serving: {held}");
         assert!(ready_after, "{mode:?}: not ready once let go: {free}");
+        assert!(restarting.0 == Some(1) && restarting.1.contains("not ready: "), "{mode:?}: {restarting:?}");
+        assert!(held_probe.0 == Some(1) && held_probe.1.contains("the engine is stopped"), "{mode:?}: {held_probe:?}");
         assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }

@@ -13,9 +13,18 @@ use super::{Failure, Outcome};
 
 /// What to do with the answer.
 pub enum Show {
-    Status { json: bool },
-    Recycle { json: bool },
-    Metrics { textfile: Option<PathBuf> },
+    Status {
+        json: bool,
+    },
+    Recycle {
+        json: bool,
+    },
+    Metrics {
+        textfile: Option<PathBuf>,
+    },
+    /// A readiness probe: exit 0 when the cell serves, else 1 (an orchestrator's probe, a
+    /// script waiting for the node).
+    Ready,
 }
 
 /// Where the supervisor listens: `--socket`, else the config's `cell.runtime_dir`, read without
@@ -59,6 +68,14 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
                 }
             }
         }
+        Show::Ready => match ask::<Status>(&path, Request::Status, false, "status", control::CLIENT_TIMEOUT)? {
+            Asked::Read(s) if s.ready => {
+                println!("ready");
+                Ok(sealnode::exit::OK)
+            }
+            Asked::Read(s) => Err(Failure::general(format!("not ready: {}", not_ready_because(&s)))),
+            Asked::Shown(code) => Ok(code),
+        },
         Show::Recycle { json } => match ask::<Recycled>(&path, Request::Recycle, json, "recycle", recycle_wait)? {
             Asked::Shown(code) => Ok(code),
             Asked::Read(r) => {
@@ -103,6 +120,28 @@ pub fn ctl(target: Target, show: Show) -> Outcome {
             Ok(sealnode::exit::OK)
         }
     }
+}
+
+/// Why a status says the cell does not serve: each role that is not running, or is held;
+/// else the engine's readiness check, or a stop.
+fn not_ready_because(s: &Status) -> String {
+    let mut why: Vec<String> = s
+        .roles
+        .iter()
+        .filter_map(|r| {
+            let state = r.state.as_str();
+            let held = r.pid_state.as_ref().filter(|p| p.held()).map(|p| p.as_str());
+            match (state, held) {
+                ("running", None) => None,
+                ("running", Some(h)) => Some(format!("the {} is {h}", r.role)),
+                (other, _) => Some(format!("the {} is {other}", r.role)),
+            }
+        })
+        .collect();
+    if why.is_empty() {
+        why.push("the engine has not answered its readiness check since its last start, or a stop is under way".into());
+    }
+    why.join(", ")
 }
 
 /// An answer `ctl` printed as it came (`--json`: exit 1 for a refusal), or read for showing.
