@@ -26,7 +26,7 @@
 //! [`lifecycle`] is data and pure rules, unit-tested as tables: each role's phase and its
 //! state × event table (`Phase::on`; every phase change goes through `Slot::apply`), the
 //! cell's course and its tables (`Cycle::apply`: every change of the stop under way and the
-//! wipes; `Cycle::next`: the next step, a stop's SIGTERMs in order, the wipes once both roles
+//! wipes; `Cycle::next`: the next step, a clean stop's drain, its SIGTERMs in order, the wipes once both roles
 //! are down, what follows the wipes), restarts and backoff, which of two stops wins, which
 //! role a pass starts, and what makes the cell too busy for a SIGHUP or a recycle
 //! (`UnderWay`: one rule for both); [`reload`] holds the reload in its steps and sorts what a
@@ -374,17 +374,7 @@ impl Supervisor {
             .chain(self.server.next_deadline())
             .chain(self.fwd.next_lookup_deadline())
             .chain(self.fwd.next_hold_deadline())
-            // A drain's end, and its settling after the node's last connection to the engine
-            // (while still ahead: a past one would wake the loop at once).
-            .chain(self.cycle.stop.and(self.cycle.drain).filter(|t| *t > Instant::now()))
-            .chain(
-                self.cycle
-                    .stop
-                    .and(self.cycle.drain)
-                    .and(self.fwd.engine_closed_at())
-                    .map(|t| t + lifecycle::DRAIN_SETTLE)
-                    .filter(|t| *t > Instant::now()),
-            )
+            .chain(self.cycle.drain_deadline(self.fwd.engine_closed_at(), Instant::now()))
             .chain(self.attest.next_deadline())
             .chain(self.cycle.wipes.next_deadline())
             .chain(self.gate.next_deadline())

@@ -424,6 +424,15 @@ impl Cycle {
         }
     }
 
+    /// When a drain under way may end without an event: its own end, or a second after the
+    /// node's last connection to the engine closed (`last_closed`, [`engine_busy`]); only
+    /// times still ahead of `now` (a past one would wake the loop at once).
+    pub(super) fn drain_deadline(&self, last_closed: Option<Instant>, now: Instant) -> Option<Instant> {
+        let until = self.stop.and(self.drain)?;
+        let settled = last_closed.map(|t| t + DRAIN_SETTLE);
+        [Some(until), settled].into_iter().flatten().filter(|t| *t > now).min()
+    }
+
     /// What follows once both wipes are done (`failed`: one of them failed).
     pub(super) fn after_wipes(&self, failed: bool) -> AfterWipes {
         let reprovision = self.stop.is_some();

@@ -250,6 +250,22 @@ fn the_node_is_busy_with_the_engine_until_a_moment_after_its_last_connection() {
 }
 
 #[test]
+fn a_drain_wakes_the_loop_at_its_end_and_when_the_node_has_settled() {
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs(10);
+    let stop = Some(Stop { code: 0, after: After::Exit });
+    let draining = Cycle { stop, drain: Some(end), wipes: Wipes::default() };
+    // The last connection's close, now: when the loop wakes.
+    assert_eq!(draining.drain_deadline(None, t0), Some(end));
+    assert_eq!(draining.drain_deadline(Some(t0), t0), Some(t0 + DRAIN_SETTLE));
+    assert_eq!(draining.drain_deadline(Some(t0), t0 + DRAIN_SETTLE), Some(end), "a past settle no longer wakes it");
+    assert_eq!(draining.drain_deadline(Some(t0), end), None, "nothing ahead");
+    // No drain, or no stop: nothing.
+    assert_eq!(Cycle { drain: None, ..draining.clone() }.drain_deadline(Some(t0), t0), None);
+    assert_eq!(Cycle { stop: None, ..draining }.drain_deadline(Some(t0), t0), None);
+}
+
+#[test]
 fn a_reload_and_a_recycle_are_refused_for_the_same_reasons() {
     let all = UnderWay { stop: true, wipes: true, gate: true, recycle: true };
     assert_eq!(UnderWay::default().busy(), None);
