@@ -708,3 +708,16 @@ fn a_reload_keeps_the_running_ids_and_refuses_other_users() {
         other => panic!("another user was not refused (rootful) or kept (rootless): {other:?}"),
     }
 }
+
+/// The engine hold and the drain (#29 item 6): 0 turns each off, over an hour is refused by
+/// name, with its line.
+#[test]
+fn the_engine_hold_and_the_drain_are_bounded() {
+    let f = "/etc/sealnode/test.toml";
+    for field in ["engine_hold_s", "drain_timeout_s"] {
+        assert!(parse(&with("[cell]\n", &format!("[cell]\n{field} = 0\n"))).is_ok(), "{field} = 0");
+        assert!(parse(&with("[cell]\n", &format!("[cell]\n{field} = 3600\n"))).is_ok(), "{field} = 3600");
+        let e = parse(&with("[cell]\n", &format!("[cell]\n{field} = 3601\n"))).expect_err(field);
+        assert_eq!(e.to_string(), format!("{f}: cell.{field} (line 4): must be between 0 and 3600 (seconds)"));
+    }
+}
