@@ -262,10 +262,7 @@ impl Forwarder {
             return;
         }
         self.engine_ready = ready;
-        let Some(i) = self.upstreams.iter().position(Upstream::is_engine) else { return };
-        if !ready {
-            return;
-        }
+        let Some(i) = self.upstreams.iter().position(Upstream::is_engine).filter(|_| ready) else { return };
         let held = std::mem::take(&mut self.upstreams[i].held);
         if !held.is_empty() {
             tracing::info!(connections = held.len(), "the engine is ready: the node's waiting connections go through");
