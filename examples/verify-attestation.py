@@ -5,7 +5,7 @@
                           [--min-generation N] [--tpm-ak AK.pem] ENVELOPE.json
 
 The envelope is DSSE (payloadType application/vnd.in-toto+json) holding an in-toto Statement
-v1 with predicateType urn:sealnode:seal:v2, signed with ed25519 (docs/attestation.md). The exit
+v1 with predicateType urn:sealnode:seal:v3, signed with ed25519 (docs/attestation.md). The exit
 status is sealnode verify-attestation's: 0 verified, 10 bad signature, 11 wrong or missing
 nonce, 12 an expectation not met, 13 not a sealnode attestation, 14 (with --tpm-ak) the TPM
 quote is missing or does not bind the statement.
@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat,
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "urn:sealnode:seal:v2"
+PREDICATE_TYPE = "urn:sealnode:seal:v3"
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
@@ -90,12 +90,13 @@ def b64(text) -> bytes:
     return raw
 
 
-# The statement's schema (urn:sealnode:seal:v2), with the types sealnode's (serde) parser
+# The statement's schema (urn:sealnode:seal:v3), with the types sealnode's (serde) parser
 # demands: exactly these members, none missing, none extra; "?" marks one that may be absent
 # or null. Integers are JSON integers in the Rust type's range (never true/false).
 U64, U32, I32 = (0, 2**64 - 1), (0, 2**32 - 1), (-(2**31), 2**31 - 1)
 STR, BOOL = "str", "bool"
-HOST = {"kernel_release": STR, "landlock_abi": I32, "userns_mode": STR, "sealnode_version": STR}
+CONTAINER = {"runtime": STR, "version": "?str", "rootless": "?bool", "orchestrator": "?str", "evidence": [STR]}
+HOST = {"kernel_release": STR, "landlock_abi": I32, "userns_mode": STR, "sealnode_version": STR, "container": ("?", CONTAINER)}
 ROLE = {
     "generation": U64, "program": STR, "layers": [STR], "seccomp_instructions": U64, "refused_syscalls_logged": BOOL,
     "rlimits": {"*": U64}, "devices": [STR], "restarts": U32, "restarts_since_preflight": U32,

@@ -1,9 +1,11 @@
 //! The kernel and the files sealnode trusts: the system calls the std library does not wrap
 //! ([`sys`]), files opened and checked on their descriptor ([`trusted`]), atomic replacement
 //! ([`atomic`]), emptying a role's scratch without following its links ([`wipe`]), and text
-//! made safe to print ([`escape`]). Nothing here knows a config, a role or a sandbox.
+//! made safe to print ([`escape`]), and whether this is a container and whose ([`container`]).
+//! Nothing here knows a config, a role or a sandbox.
 
 pub mod atomic;
+pub mod container;
 pub mod escape;
 pub mod sys;
 pub mod trusted;

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// The predicate's type and version: a change to its fields is a new version.
-pub const PREDICATE_TYPE: &str = "urn:sealnode:seal:v2";
+pub const PREDICATE_TYPE: &str = "urn:sealnode:seal:v3";
 /// In the state dir: the key pair (the dir 0700, the private key 0600, never in a role's view).
 pub const KEY_DIR: &str = crate::layout::ATTEST_KEY_DIR;
 pub const KEY_FILE: &str = crate::layout::ATTEST_KEY_FILE;
@@ -77,7 +77,7 @@ pub struct Subject {
     pub digest: BTreeMap<String, String>,
 }
 
-/// `urn:sealnode:seal:v2`: how what the subjects name is sealed, at which generation.
+/// `urn:sealnode:seal:v3`: how what the subjects name is sealed, at which generation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Predicate {
@@ -105,6 +105,9 @@ pub struct Host {
     /// "rootful" or "rootless".
     pub userns_mode: String,
     pub sealnode_version: String,
+    /// The container sealnode ran in and its runtime (null on a host): the outer runtime is
+    /// then part of the trusted base (docs/containers.md).
+    pub container: Option<crate::os::container::Container>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -321,6 +324,7 @@ pub fn build(i: &Inputs) -> Statement {
                 landlock_abi: r.kernel.landlock_abi,
                 userns_mode: r.kernel.userns_mode.clone(),
                 sealnode_version: r.sealnode.version.clone().unwrap_or_default(),
+                container: r.container.clone(),
             },
             roles,
             preflight: Preflight {
@@ -411,6 +415,7 @@ const STATEMENT_OBJECTS: &[&str] = &[
     "/subject/*/digest",
     "/predicate",
     "/predicate/host",
+    "/predicate/host/container",
     "/predicate/roles",
     "/predicate/roles/*",
     "/predicate/roles/*/rlimits",
@@ -941,6 +946,7 @@ mod tests {
                     landlock_abi: 7,
                     userns_mode: "rootful".into(),
                     sealnode_version: "0".into(),
+                    container: None,
                 },
                 roles: BTreeMap::new(),
                 preflight: Preflight { passed: true, report_sha256: "c".into(), roles: BTreeMap::new() },

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::proof::canary::Report;
 
 /// Version of the receipt format.
-pub const SCHEMA: u32 = 2;
+pub const SCHEMA: u32 = 3;
 pub const FILE: &str = "receipt.json";
 const GENERATION_FILE: &str = "generation";
 
@@ -40,6 +40,9 @@ pub struct Receipt {
     pub config: Artifact,
     pub roles: BTreeMap<String, RoleDigests>,
     pub kernel: Kernel,
+    /// The container sealnode ran in, by its runtime's marks (docs/containers.md); absent on a host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::os::container::Container>,
     pub canary: CanarySummary,
     /// Per role: its cgroup leaf and the limit files written there (none without a cgroup).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -309,6 +312,7 @@ pub fn write(
             landlock_abi: crate::os::sys::landlock_abi(),
             userns_mode: if inv.rootful() { "rootful" } else { "rootless" }.into(),
         },
+        container: crate::os::container::detect(),
         canary: CanarySummary {
             passed: canary.passed,
             schema: canary.schema,
@@ -423,6 +427,7 @@ mod tests {
             config: Artifact { path: "/etc/sealnode/sealnode.toml".into(), sha256: "e".repeat(64), version: None },
             roles: [("engine".to_string(), digests.clone()), ("node".to_string(), digests)].into(),
             kernel: Kernel { release: "6.18".into(), landlock_abi: 7, userns_mode: "rootful".into() },
+            container: None,
             canary: CanarySummary {
                 passed: true,
                 schema: 1,
@@ -439,14 +444,14 @@ mod tests {
         let bytes = serde_json::to_vec(&r).expect("json");
         assert_eq!(parse(&bytes, Path::new("r.json")).expect("parse"), r);
         let mut v: serde_json::Value = serde_json::from_slice(&bytes).expect("value");
-        v["schema"] = 1.into();
-        let e = parse(v.to_string().as_bytes(), Path::new("r.json")).expect_err("schema 1").to_string();
-        assert!(e.contains("r.json") && e.contains("receipt schema 1 is not 2"), "{e}");
         v["schema"] = 2.into();
+        let e = parse(v.to_string().as_bytes(), Path::new("r.json")).expect_err("schema 2").to_string();
+        assert!(e.contains("r.json") && e.contains("receipt schema 2 is not 3"), "{e}");
+        v["schema"] = 3.into();
         v["kernel"]["extra"] = true.into();
         let e = parse(v.to_string().as_bytes(), Path::new("r.json")).expect_err("unknown field").to_string();
         assert!(e.contains("unknown field") && e.contains("extra"), "{e}");
-        let e = parse(b"{\"schema\":2}", Path::new("r.json")).expect_err("truncated").to_string();
+        let e = parse(b"{\"schema\":3}", Path::new("r.json")).expect_err("truncated").to_string();
         assert!(e.contains("not a sealnode receipt") && e.contains("missing field"), "{e}");
     }
 
