@@ -27,15 +27,86 @@ fn sysctl(path: &str) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }
 
-/// Try creating every namespace a role uses, in a child that exits at once.
-fn try_namespaces() -> Result<(), Errno> {
-    // SAFETY: doctor is single-threaded; the child only calls _exit.
-    let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }?;
+/// What a role's setup does first in its namespaces, as doctor tries it: a step and its errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// Creating the namespaces themselves.
+    Namespaces(Errno),
+    /// sethostname in the new UTS namespace (podman's default seccomp profile refuses it).
+    Hostname(Errno),
+    /// A mount in the new mount namespace (Docker's and containerd's defaults refuse it).
+    Mount(Errno),
+}
+
+/// Create every namespace a role uses, and in a child there set a hostname and mount a tmpfs,
+/// as each role's setup does: what a container's seccomp profile may refuse.
+fn try_namespaces() -> Result<(), Refused> {
+    let (r, w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
+    // SAFETY: doctor is single-threaded; the child only makes system calls and _exits.
+    let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }.map_err(Refused::Namespaces)?;
     if pid == 0 {
+        drop(r);
+        let step = |n: u8, res: Result<(), Errno>| {
+            if let Err(e) = res {
+                let _ = nix::unistd::write(&w, &[n, e as i32 as u8]);
+                sys::exit_now(1);
+            }
+        };
+        step(1, nix::unistd::sethostname("sealnode-doctor"));
+        // Private first: nothing done here reaches the mount namespace doctor came from.
+        use nix::mount::{mount, MsFlags};
+        step(2, mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>));
+        step(2, mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
         sys::exit_now(0);
     }
-    nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None)?;
-    Ok(())
+    drop(w);
+    let mut buf = [0u8; 2];
+    let n = nix::unistd::read(&r, &mut buf).unwrap_or(0);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    match (n, buf[0]) {
+        (2, 1) => Err(Refused::Hostname(Errno::from_raw(i32::from(buf[1])))),
+        (2, _) => Err(Refused::Mount(Errno::from_raw(i32::from(buf[1])))),
+        _ => Ok(()),
+    }
+}
+
+/// Each option a container needs for sealnode, named as its runtime spells it.
+struct Options {
+    seccomp: &'static str,
+    proc: &'static str,
+    cgroup: &'static str,
+    caps: &'static str,
+}
+
+fn options(c: &crate::os::container::Container) -> Options {
+    if c.orchestrator.as_deref() == Some("kubernetes") {
+        return Options {
+            seccomp: "the container's securityContext.seccompProfile: {type: Localhost, localhostProfile: profiles/sealnode.json} (scripts/container-seccomp's profile on each node)",
+            proc: "the container's securityContext.procMount: Unmasked (with the pod's hostUsers: false)",
+            cgroup: "none in a pod spec: the kubelet mounts /sys/fs/cgroup read-only; leave per-role limits out and size the pod's resources",
+            caps: "the container's securityContext.capabilities.add",
+        };
+    }
+    match c.runtime.as_str() {
+        "podman" => Options {
+            seccomp: "podman run --security-opt seccomp=FILE (scripts/container-seccomp /usr/share/containers/seccomp.json > FILE)",
+            proc: "podman run --security-opt unmask=/proc/*",
+            cgroup: "podman run --security-opt unmask=/proc/*:/sys/fs/cgroup",
+            caps: "podman run --cap-add",
+        },
+        "docker" => Options {
+            seccomp: "docker run --security-opt seccomp=FILE (scripts/container-seccomp's profile)",
+            proc: "docker run --security-opt systempaths=unconfined",
+            cgroup: "docker run --cgroupns=private with a writable /sys/fs/cgroup (not offered by docker run; leave per-role limits out)",
+            caps: "docker run --cap-add",
+        },
+        _ => Options {
+            seccomp: "the runtime spec's linux.seccomp: scripts/container-seccomp's profile (ctr run --seccomp-profile FILE)",
+            proc: "the runtime spec's linux.maskedPaths and linux.readonlyPaths without /proc entries",
+            cgroup: "a writable cgroup2 mount at /sys/fs/cgroup in the runtime spec (options rw)",
+            caps: "the runtime spec's process.capabilities",
+        },
+    }
 }
 
 pub fn checks(min_abi: u8) -> Vec<Check> {
@@ -48,20 +119,56 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
     };
     v.push(Check { name: "mode", level: Level::Ok, value: format!("uid {uid}"), meaning: mode.into() });
 
+    let container = crate::os::container::detect();
+    let opts = container.as_ref().map(options);
+    v.push(match &container {
+        None => Check { name: "container", level: Level::Ok, value: "none".into(), meaning: "sealnode runs on the host".into() },
+        Some(c) => Check {
+            name: "container",
+            level: Level::Ok,
+            value: format!(
+                "{}{}{}{}",
+                c.runtime,
+                c.version.as_deref().map(|v| format!(" {v}")).unwrap_or_default(),
+                match c.rootless {
+                    Some(true) => " (rootless)",
+                    Some(false) => " (rootful)",
+                    None => "",
+                },
+                c.orchestrator.as_deref().map(|o| format!(" under {o}")).unwrap_or_default(),
+            ),
+            meaning: format!(
+                "sealnode runs in a container ({}); the runtime is part of the trusted base and each option it needs is named below (docs/containers.md)",
+                c.evidence.join(", ")
+            ),
+        },
+    });
     match try_namespaces() {
         Ok(()) => v.push(Check {
             name: "user namespaces",
             level: Level::Ok,
             value: "available".into(),
-            meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user".into(),
+            meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, set a hostname and mount there".into(),
         }),
-        Err(e) => {
+        Err(Refused::Namespaces(e)) => {
             let (what, fix) = crate::sandbox::namespaces::explain_userns_failure(e);
+            let fix = match &opts {
+                Some(o) if e == Errno::EPERM || e == Errno::ENOSYS => format!("the container's seccomp profile refuses the namespace calls: {}", o.seccomp),
+                _ => fix,
+            };
+            v.push(Check { name: "user namespaces", level: Level::Fail, value: e.desc().into(), meaning: format!("{what}; fix: {fix}") });
+        }
+        Err(r @ (Refused::Hostname(e) | Refused::Mount(e))) => {
+            let step = if matches!(r, Refused::Hostname(_)) { "sethostname" } else { "mount" };
+            let fix = match &opts {
+                Some(o) => o.seccomp.to_string(),
+                None => "a seccomp filter or LSM above sealnode refuses it: run sealnode outside it (the systemd unit as shipped)".into(),
+            };
             v.push(Check {
                 name: "user namespaces",
                 level: Level::Fail,
-                value: e.desc().into(),
-                meaning: format!("{what}; fix: {fix}"),
+                value: format!("{step} refused: {}", e.desc()),
+                meaning: format!("the namespaces are made, but {step} in them is refused, as each role's setup needs it; fix: {fix}"),
             });
         }
     }
@@ -89,12 +196,15 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
         name: "/proc fully visible",
         level: if over.is_empty() { Level::Ok } else { Level::Fail },
         value: if over.is_empty() { "no over-mounts".into() } else { format!("over-mounted: {}", over.join(", ")) },
-        meaning: if over.is_empty() {
-            "each role can get its own fresh /proc".into()
-        } else {
-            "the kernel refuses a fresh /proc in a user namespace while /proc has over-mounts; remove ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname= from the unit (sealnode masks /proc inside each role itself)".into()
+        meaning: match (over.is_empty(), &opts) {
+            (true, _) => "each role can get its own fresh /proc".into(),
+            (false, Some(o)) => format!("the kernel refuses a fresh /proc in a user namespace while /proc has over-mounts, as the runtime's masked paths are; fix: {} (sealnode masks /proc inside each role itself)", o.proc),
+            (false, None) => "the kernel refuses a fresh /proc in a user namespace while /proc has over-mounts; remove ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname= from the unit (sealnode masks /proc inside each role itself)".into(),
         },
     });
+    if let Some(o) = &opts {
+        v.extend(container_caps(uid.is_root(), o));
+    }
     let abi = sys::landlock_abi();
     v.push(Check {
         name: "landlock",
@@ -116,12 +226,55 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
         value: if sec.is_ok() { "filter mode available".into() } else { "absent".into() },
         meaning: "each role gets a seccomp-BPF allowlist; without it sealnode refuses to start".into(),
     });
-    v.extend(host_hardening());
+    v.extend(host_hardening(opts.as_ref()));
     v
 }
 
+/// The capabilities a rootful sealnode uses in a container (found by trying each runtime
+/// without it, docs/containers.md): each role's host user is mapped into the cell's user
+/// namespace, scratch and runtime files are handed to those users, and a role is signalled.
+pub const CONTAINER_CAPS: &[caps::Capability] = &[
+    caps::Capability::CAP_SETUID,
+    caps::Capability::CAP_SETGID,
+    caps::Capability::CAP_CHOWN,
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_FOWNER,
+    caps::Capability::CAP_KILL,
+];
+
+/// Which of [`CONTAINER_CAPS`] this process lacks (rootful in a container only).
+fn container_caps(root: bool, o: &Options) -> Option<Check> {
+    if !root {
+        return None;
+    }
+    let eff = caps::read(None, caps::CapSet::Effective).unwrap_or_default();
+    let missing: Vec<String> = CONTAINER_CAPS
+        .iter()
+        .filter(|c| !eff.contains(c))
+        .map(|c| c.to_string().trim_start_matches("CAP_").to_string())
+        .collect();
+    Some(Check {
+        name: "capabilities",
+        level: if missing.is_empty() { Level::Ok } else { Level::Fail },
+        value: if missing.is_empty() {
+            "what a rootful cell uses".into()
+        } else {
+            format!("missing {}", missing.join(", "))
+        },
+        meaning: if missing.is_empty() {
+            "rootful in a container: each role's user is mapped, its files handed over, its processes signalled".into()
+        } else {
+            format!(
+                "rootful in a container, sealnode maps each role's user and hands it its files; fix: {} {}",
+                o.caps,
+                missing.join(",")
+            )
+        },
+    })
+}
+
 /// What the host adds or takes away: cgroups, io_uring, TIOCSTI.
-fn host_hardening() -> Vec<Check> {
+fn host_hardening(opts: Option<&Options>) -> Vec<Check> {
     let mut v = Vec::new();
     let cg2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     let hybrid = Path::new("/sys/fs/cgroup/unified").exists();
@@ -151,6 +304,13 @@ fn host_hardening() -> Vec<Check> {
         ),
         meaning: if delegated.is_some() {
             "per-role limits (engine.limits, node.limits, cell.limits) are enforced in this delegated cgroup: memory_* need memory, pids_max pids, cpu_* cpu, io_* io".into()
+        } else if let Some(o) = opts {
+            let rw = cg2 && nix::unistd::access("/sys/fs/cgroup", nix::unistd::AccessFlags::W_OK).is_ok();
+            if rw {
+                "per-role limits need cell.cgroup (a dir under the container's writable /sys/fs/cgroup, e.g. \"sealnode\")".into()
+            } else {
+                format!("per-role limits need a writable cgroup v2 mount; fix: {}; without limits the cell runs and the container's own limits cap it", o.cgroup)
+            }
         } else {
             "per-role limits need a unified cgroup v2 hierarchy and a cgroup sealnode may manage: the unit (Delegate=yes) or, by hand as root, cell.cgroup; here a configured limit refuses the start".into()
         },
@@ -208,5 +368,45 @@ pub fn report(checks: &[Check], json: bool) -> i32 {
         1
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::os::container::Container;
+
+    fn container(runtime: &str, orchestrator: Option<&str>) -> Container {
+        Container {
+            runtime: runtime.into(),
+            version: None,
+            rootless: None,
+            orchestrator: orchestrator.map(str::to_string),
+            evidence: vec![],
+        }
+    }
+
+    #[test]
+    fn each_runtime_gets_its_own_words_for_each_option() {
+        let k = options(&container("containerd", Some("kubernetes")));
+        assert!(k.seccomp.contains("seccompProfile") && k.seccomp.contains("Localhost"), "{}", k.seccomp);
+        assert!(k.proc.contains("procMount: Unmasked") && k.proc.contains("hostUsers: false"), "{}", k.proc);
+        assert!(k.caps.contains("capabilities.add"), "{}", k.caps);
+        let p = options(&container("podman", None));
+        assert!(p.seccomp.contains("--security-opt seccomp="), "{}", p.seccomp);
+        assert!(p.proc.contains("unmask=/proc/*"), "{}", p.proc);
+        assert!(p.cgroup.contains("/sys/fs/cgroup"), "{}", p.cgroup);
+        assert!(p.caps.contains("--cap-add"), "{}", p.caps);
+        let d = options(&container("docker", None));
+        assert!(d.proc.contains("systempaths=unconfined"), "{}", d.proc);
+        let c = options(&container("containerd", None));
+        assert!(c.proc.contains("maskedPaths") && c.seccomp.contains("linux.seccomp"), "{}", c.proc);
+    }
+
+    #[test]
+    fn on_this_machine_the_namespaces_and_their_first_steps_work() {
+        // The host tests run where sealnode runs: the probe that doctor reports must pass here,
+        // or every sandbox test would fail first.
+        assert_eq!(try_namespaces(), Ok(()));
     }
 }
