@@ -342,6 +342,18 @@ fn host_hardening(opts: Option<&Options>) -> Vec<Check> {
     v
 }
 
+/// What every start needs of the kernel and, in a container, of the runtime, tried as doctor
+/// tries it (namespaces with a hostname and a mount in them, a /proc without over-mounts,
+/// seccomp, a rootful cell's capabilities): the first one missing refuses the start, before
+/// the cell is made, naming it and the option that adds it.
+pub fn required() -> crate::error::Result<()> {
+    // ABI 0: the Landlock ABI the policies need is checked where they are compiled.
+    match checks(0).into_iter().find(|c| c.level == Level::Fail) {
+        None => Ok(()),
+        Some(c) => Err(crate::error::Error::Unsupported { what: format!("{}: {}", c.name, c.value), fix: c.meaning }),
+    }
+}
+
 /// The checks as a table, one entry per check: level, name, value, then what it means.
 pub fn print(checks: &[Check]) {
     for c in checks {

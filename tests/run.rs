@@ -1260,3 +1260,35 @@ fn a_sigterm_while_the_config_loads_stops_the_cell_cleanly() {
     assert_eq!(st.code(), Some(0), "{err}");
     drop(lease);
 }
+
+/// A container runtime's masked /proc (a file bound over /proc/timer_list, as podman, containerd
+/// and the kubelet do unless told `unmask=/proc/*` / `procMount: Unmasked`): the kernel would
+/// refuse each role's fresh /proc. `run` refuses before the cell is made, 125, naming the
+/// layer, and nothing runs. Rootful only: masking needs a mount namespace of root's.
+#[test]
+fn a_masked_proc_refuses_the_start_naming_it_before_anything_runs() {
+    if !modes().contains(&Mode::Rootful) {
+        return;
+    }
+    let f = cell(
+        Mode::Rootful,
+        "maskedproc",
+        "echo engine-up; exec sleep 1000",
+        "echo node-up; exec sleep 1000",
+        "",
+        "",
+        "",
+    );
+    let mut run = start_in_shell(
+        &f,
+        &[],
+        "exec unshare -m --propagation private /bin/sh -c 'mount --bind /dev/null /proc/timer_list && exec \"$0\" \"$@\"' \"$@\"; ",
+    );
+    let code = wait_timeout(&mut run.child, 30);
+    let err = run.stderr_after_exit();
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("/proc fully visible") && err.contains("over-mounted: /proc/timer_list"), "{err}");
+    assert!(err.contains("fix:"), "the refusal says what to change: {err}");
+    assert!(!err.contains("role started") && !err.contains("cell created"), "nothing may start: {err}");
+    assert!(!f.p("state/receipt.json").exists(), "no receipt for a refused start");
+}
