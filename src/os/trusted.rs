@@ -1,15 +1,24 @@
 //! Reading the files sealnode trusts (the config and every policy file) so that what is
-//! checked is what is read: each path component is opened without following symlinks, and the
-//! owner and mode of every directory on the way and of the file itself are checked on the
-//! descriptor (fstat), then the bytes are read from that same descriptor, once.
+//! checked is what is read: each path component is opened relative to the directory before
+//! it, without following symlinks, and the owner and mode of every directory on the way and of
+//! the file itself are checked on the descriptor (fstat), then the bytes are read from that
+//! same descriptor, once.
 //!
 //! Trusted owners: root, and in rootless mode also the launcher's own uid. A directory may not
 //! be writable by group or others unless it is sticky (like /tmp: nobody can then rename or
-//! remove an entry another user owns, and the next component is itself checked); the file may
-//! not be writable by group or others at all.
+//! remove an entry another user owns, and the next component is itself checked) or on a
+//! read-only mount (a Kubernetes ConfigMap volume's root is 0777, mounted read-only: nobody in
+//! the container can write it); the file may not be writable by group or others at all.
+//!
+//! One kind of symlink is followed, the kind kubelet's atomic writer makes for ConfigMap and
+//! Secret volumes (`sealnode.toml -> ..data/sealnode.toml`, `..data -> ..2026_12_03_...`): a
+//! link of a trusted owner whose target is relative, of one or two plain names (no `.`, `..`
+//! or empty component), so that it resolves inside the directory holding it; at most
+//! [`MAX_LINKS`] on one walk. The target's names are opened relative to that directory's
+//! descriptor, never by path. Every other link is refused, naming it.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
@@ -30,8 +39,17 @@ fn describe(st: &FileStat) -> String {
     format!("owner uid {}, mode {:o}", st.st_uid, st.st_mode & 0o7777)
 }
 
+/// Symlinks one checked walk follows at most: kubelet's shape needs two (`NAME ->
+/// ..data/NAME`, `..data -> ..TIMESTAMP`).
+pub const MAX_LINKS: usize = 8;
+
+/// Names a followed link's target may have at most (`..data/NAME`): with no `.` or `..`, it
+/// stays inside the directory holding the link.
+const MAX_LINK_NAMES: usize = 2;
+
 /// Why a directory on the way to a trusted file is not trusted, if it is not.
-fn dir_problem(st: &FileStat, launcher_uid: u32) -> Option<String> {
+/// `read_only_mount` is asked only of a directory writable by group or others.
+fn dir_problem(st: &FileStat, launcher_uid: u32, read_only_mount: impl FnOnce() -> bool) -> Option<String> {
     if !trusted_owner(st.st_uid, launcher_uid) {
         return Some(format!(
             "is owned by another user ({}); it must belong to root{}",
@@ -40,10 +58,19 @@ fn dir_problem(st: &FileStat, launcher_uid: u32) -> Option<String> {
         ));
     }
     let sticky = st.st_mode & libc::S_ISVTX != 0;
-    if st.st_mode & 0o022 != 0 && !sticky {
-        return Some(format!("is writable by group or others ({}): fix with chmod go-w", describe(st)));
+    if st.st_mode & 0o022 != 0 && !sticky && !read_only_mount() {
+        return Some(format!(
+            "is writable by group or others ({}) on a read-write mount: fix with chmod go-w",
+            describe(st)
+        ));
     }
     None
+}
+
+/// Whether the mount `fd` is on is read-only (ST_RDONLY: the mount's flag or its
+/// superblock's): nobody can write the directory through it, whatever its mode says.
+fn on_read_only_mount(fd: &impl AsFd) -> bool {
+    nix::sys::statvfs::fstatvfs(fd).is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
 }
 
 fn owner_hint(launcher_uid: u32) -> String {
@@ -81,31 +108,127 @@ fn components(path: &Path) -> std::result::Result<Vec<&std::ffi::OsStr>, String>
         .map_err(|()| format!("{}: '.' and '..' are not allowed in a trusted path", path.display()))
 }
 
-/// The checked walk: returns the file's descriptor once every component passed.
-pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, String> {
+/// Where a checked walk ended: the directory that holds what the path names (checked, as is
+/// every one above it), its name there, its O_PATH descriptor, and the path it was reached by
+/// (each followed link replaced by its target: no symlink is left in it).
+struct Walked {
+    dir: OwnedFd,
+    name: std::ffi::OsString,
+    fd: OwnedFd,
+    real: PathBuf,
+}
+
+/// The checked walk to `path`: every directory from `/` checked on its descriptor, each name
+/// opened relative to the one before without following it, and only the links [`follow`]
+/// accepts followed (their targets' names opened relative to the directory holding the link).
+fn walk(path: &Path, launcher_uid: u32) -> std::result::Result<Walked, String> {
     let names = components(path)?;
-    let Some((file, dirs)) = names.split_last() else {
+    if names.is_empty() {
         return Err(format!("{} names no file", path.display()));
-    };
+    }
+    let mut todo: std::collections::VecDeque<std::ffi::OsString> = names.into_iter().map(Into::into).collect();
     let dir_flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let mut here = std::path::PathBuf::from("/");
+    let mut here = PathBuf::from("/");
     let mut dir = nix::fcntl::open("/", dir_flags, Mode::empty()).map_err(|e| format!("open /: {e}"))?;
     check_dir(&dir, &here, launcher_uid)?;
-    for name in dirs {
-        here.push(name);
-        dir = openat(&dir, *name, dir_flags, Mode::empty()).map_err(|e| component_error(&here, e))?;
-        check_dir(&dir, &here, launcher_uid)?;
+    let mut followed = 0;
+    while let Some(name) = todo.pop_front() {
+        let at = here.join(&name);
+        // O_PATH without O_DIRECTORY: a symlink is opened as itself, to be judged on its fd.
+        let fd = openat(&dir, name.as_os_str(), OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(|e| component_error(&at, e))?;
+        let st = fstat(&fd).map_err(|e| format!("fstat {}: {e}", at.display()))?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFLNK => {
+                followed += 1;
+                for n in follow(&fd, &st, &at, followed, launcher_uid)?.into_iter().rev() {
+                    todo.push_front(n);
+                }
+            }
+            _ if todo.is_empty() => return Ok(Walked { dir, name, fd, real: at }),
+            libc::S_IFDIR => {
+                check_dir(&fd, &at, launcher_uid)?;
+                (dir, here) = (fd, at);
+            }
+            _ => return Err(format!("{} is not a directory", at.display())),
+        }
     }
-    here.push(file);
+    // The last name was a link, and its target's names all were links too: not reachable,
+    // since every link adds at least one name; said rather than assumed.
+    Err(format!("{} names no file", path.display()))
+}
+
+/// The names a symlink met on a checked walk stands for, if it is one sealnode follows: owned
+/// by a trusted owner (the directory holding it was checked already), at most [`MAX_LINKS`]
+/// on the walk, its target relative, of at most [`MAX_LINK_NAMES`] plain names. Otherwise
+/// the refusal, naming the link and why.
+fn follow(
+    link: &OwnedFd,
+    st: &FileStat,
+    at: &Path,
+    followed: usize,
+    launcher_uid: u32,
+) -> std::result::Result<Vec<std::ffi::OsString>, String> {
+    let refuse = |why: String| {
+        format!(
+            "{} is a symlink that sealnode does not follow ({why}); give the real path, or see docs/config.md, \"Files sealnode trusts\"",
+            at.display()
+        )
+    };
+    if !trusted_owner(st.st_uid, launcher_uid) {
+        return Err(refuse(format!(
+            "it is owned by another user (uid {}); only links of root{} are followed",
+            st.st_uid,
+            owner_hint(launcher_uid)
+        )));
+    }
+    if followed > MAX_LINKS {
+        return Err(refuse(format!("more than {MAX_LINKS} symlinks on the way")));
+    }
+    // The link's own descriptor, not its name again: what was judged is what is read.
+    let target = nix::fcntl::readlinkat(link, "").map_err(|e| format!("readlink {}: {e}", at.display()))?;
+    link_names(&target).map_err(refuse)
+}
+
+/// The names of a link target sealnode follows: relative, one or two names, none of them
+/// empty, `.` or `..` (so it resolves inside the directory holding the link).
+fn link_names(target: &std::ffi::OsStr) -> std::result::Result<Vec<std::ffi::OsString>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let shown = crate::os::escape::clean(target.as_bytes());
+    if target.as_bytes().first() == Some(&b'/') {
+        return Err(format!("its target {shown:?} is absolute"));
+    }
+    let names: Vec<&[u8]> = target.as_bytes().split(|b| *b == b'/').collect();
+    if names.iter().any(|n| n.is_empty() || *n == b"." || *n == b"..") {
+        return Err(format!("its target {shown:?} is not plain names: an empty name, '.' or '..'"));
+    }
+    if names.len() > MAX_LINK_NAMES {
+        return Err(format!(
+            "its target {shown:?} has more than {MAX_LINK_NAMES} names; a followed link stays beside it"
+        ));
+    }
+    Ok(names.into_iter().map(|n| std::ffi::OsStr::from_bytes(n).to_os_string()).collect())
+}
+
+/// The checked walk: returns the file's descriptor, open for reading, once every component
+/// passed and the file is a regular one of a trusted owner that no one else can write.
+pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, String> {
+    let Walked { dir, name, fd: at, real: here } = walk(path, launcher_uid)?;
     // O_NONBLOCK: a FIFO planted at the path must not hang the launcher (it is refused below).
     let fd = openat(
         &dir,
-        *file,
+        name.as_os_str(),
         OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NOCTTY | OFlag::O_NONBLOCK,
         Mode::empty(),
     )
     .map_err(|e| component_error(&here, e))?;
     let st = fstat(&fd).map_err(|e| format!("fstat {}: {e}", here.display()))?;
+    // The name still is what the walk judged (the directory holding it was checked; only its
+    // trusted owner could have swapped it since).
+    let was = fstat(&at).map_err(|e| format!("fstat {}: {e}", here.display()))?;
+    if (st.st_dev, st.st_ino) != (was.st_dev, was.st_ino) {
+        return Err(format!("{} changed while it was opened; try again", here.display()));
+    }
     if SFlag::from_bits_truncate(st.st_mode & libc::S_IFMT) != SFlag::S_IFREG {
         return Err(format!("{} is not a regular file", here.display()));
     }
@@ -128,9 +251,17 @@ pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, Stri
     Ok(fd)
 }
 
+/// The checked walk to `path`, following only the links [`open`] follows, for a file whose
+/// owner and mode the caller judges itself (the node's credential): its O_PATH descriptor and
+/// the path it was reached by, with no symlink left in it (what a bind mount of it, reopened
+/// without following symlinks, finds again).
+pub fn resolve(path: &Path, launcher_uid: u32) -> std::result::Result<(OwnedFd, PathBuf), String> {
+    walk(path, launcher_uid).map(|w| (w.fd, w.real))
+}
+
 /// Every directory from `/` down to `path`'s parent is one sealnode trusts (trusted owner, not
-/// writable by group or others unless sticky), reached without following a symlink: no other
-/// user can replace `path` or anything on the way to it.
+/// writable by group or others unless sticky or on a read-only mount), reached without
+/// following a symlink: no other user can replace `path` or anything on the way to it.
 pub fn check_dirs_to(path: &Path, launcher_uid: u32) -> std::result::Result<(), String> {
     let names = components(path)?;
     let dirs = names.split_last().map(|(_, d)| d).unwrap_or_default();
@@ -237,7 +368,7 @@ fn walk_own_dir(path: &Path, launcher_uid: u32, create: Option<u32>) -> std::res
 
 fn check_dir(fd: &impl AsFd, here: &Path, launcher_uid: u32) -> std::result::Result<(), String> {
     let st = fstat(fd).map_err(|e| format!("fstat {}: {e}", here.display()))?;
-    match dir_problem(&st, launcher_uid) {
+    match dir_problem(&st, launcher_uid, || on_read_only_mount(fd)) {
         Some(why) => Err(format!("directory {} {why}", here.display())),
         None => Ok(()),
     }
@@ -255,6 +386,36 @@ fn component_error(here: &Path, e: nix::errno::Errno) -> String {
         }
         e => format!("{}: {}", here.display(), std::io::Error::from_raw_os_error(e as i32)),
     }
+}
+
+/// kubelet's atomic writer's tree in `root` (which exists): `files` (name, contents, mode) in
+/// `..2026_12_03_10_00_00.123456789`, `..data` -> it, and `NAME` -> `..data/NAME` for each;
+/// `swap` writes the next version the way an update does (a new timestamped dir,
+/// `..data_tmp` -> it, renamed over `..data`, the old dir removed). For the tests of the
+/// walk, the config and the reload.
+#[cfg(test)]
+pub(crate) fn atomic_writer(root: &Path, files: &[(&str, &str, u32)], swap: bool) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let old = std::fs::read_link(root.join("..data")).ok();
+    let stamp = format!("..2026_12_03_10_00_{:02}.123456789", if swap { 1 } else { 0 });
+    let dir = root.join(&stamp);
+    std::fs::create_dir(&dir).expect("mkdir ..TIMESTAMP");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    for (name, contents, mode) in files {
+        std::fs::write(dir.join(name), contents).expect("write");
+        std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(*mode)).expect("chmod");
+    }
+    std::os::unix::fs::symlink(&stamp, root.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).expect("rename ..data");
+    for (name, _, _) in files {
+        if std::fs::symlink_metadata(root.join(name)).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), root.join(name)).expect("link");
+        }
+    }
+    if let Some(old) = old.filter(|o| *o != Path::new(&stamp)) {
+        std::fs::remove_dir_all(root.join(old)).expect("remove the old dir");
+    }
+    dir
 }
 
 #[cfg(test)]
@@ -355,5 +516,193 @@ mod tests {
         std::os::unix::fs::chown(d.path().join("p"), Some(4242), None).expect("chown");
         let e = read(&d.path().join("p/f.json"), 65534).expect_err("dir of uid 4242");
         assert!(e.contains(&format!("directory {}", d.path().join("p").display())) && e.contains("4242"), "{e}");
+    }
+
+    /// Root's tests: skipped loudly when not root, a failure under SEALNODE_TEST_REQUIRE=all
+    /// (or rootful), as tests/common's are.
+    fn root_or_skip(what: &str) -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        let required = std::env::var("SEALNODE_TEST_REQUIRE").unwrap_or_default();
+        if required.split(',').any(|f| matches!(f.trim(), "all" | "rootful")) {
+            panic!("{what} needs root (mounts, chown), and SEALNODE_TEST_REQUIRE={required} requires it");
+        }
+        eprintln!("\n!!! SKIPPED: {what} needs root (mounts, chown)\n");
+        false
+    }
+
+    /// `f` in a mount namespace of a thread of its own (unshare(CLONE_NEWNS) affects only the
+    /// calling thread), its mounts private: they go when the thread ends. Root only.
+    fn in_own_mount_ns(f: impl FnOnce() + Send) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare CLONE_NEWNS");
+                let private = nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE;
+                nix::mount::mount(None::<&str>, "/", None::<&str>, private, None::<&str>).expect("private /");
+                f();
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        });
+    }
+
+    /// `src` bound read-only at `dst` (in the caller's mount namespace).
+    fn bind_read_only(src: &Path, dst: &Path) {
+        use nix::mount::{mount, MsFlags};
+        mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
+        let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        mount(None::<&str>, dst, None::<&str>, ro, None::<&str>).expect("remount read-only");
+    }
+
+    fn mkdir(p: &Path, mode: u32) {
+        std::fs::create_dir_all(p).expect("mkdir");
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+
+    /// The ConfigMap's shape in a 0755 dir: the config is read through both links, from the
+    /// timestamped dir, and `resolve` says where that is; after an update's swap, the new one.
+    #[test]
+    fn kubelets_links_are_followed_to_the_timestamped_dir() {
+        let d = tree();
+        let cm = d.path().join("cm");
+        mkdir(&cm, 0o755);
+        let real = atomic_writer(&cm, &[("sealnode.toml", "v1", 0o644), ("node.json", "{}", 0o644)], false);
+        let f = read(&cm.join("sealnode.toml"), me()).expect("through both links");
+        assert_eq!(f.bytes, b"v1");
+        let (_, at) = resolve(&cm.join("sealnode.toml"), me()).expect("resolve");
+        assert_eq!(at, real.join("sealnode.toml"));
+        // A path through `..data` itself (a link in the middle) is followed too.
+        assert_eq!(read(&cm.join("..data/node.json"), me()).expect("through ..data").bytes, b"{}");
+        let real = atomic_writer(&cm, &[("sealnode.toml", "v2", 0o644), ("node.json", "{}", 0o644)], true);
+        assert_eq!(read(&cm.join("sealnode.toml"), me()).expect("after the swap").bytes, b"v2");
+        assert_eq!(resolve(&cm.join("sealnode.toml"), me()).expect("resolve").1, real.join("sealnode.toml"));
+    }
+
+    /// Every link but kubelet's kind is refused, naming the link and why; so is the file or a
+    /// directory it leads to when that is not trusted. (what, link name, target, words).
+    #[test]
+    fn links_of_any_other_shape_are_refused_by_name() {
+        let cases: &[(&str, &str, &str, &[&str])] = &[
+            ("absolute", "abs.toml", "/etc/passwd", &["abs.toml is a symlink", "is absolute"]),
+            ("escapes with ..", "up.toml", "../p/f.json", &["up.toml is a symlink", "not plain names"]),
+            ("a '.' name", "dot.toml", "./real/f.json", &["dot.toml is a symlink", "not plain names"]),
+            ("an empty name", "slash.toml", "real//f.json", &["slash.toml is a symlink", "not plain names"]),
+            ("three names", "deep.toml", "real/sub/f.json", &["deep.toml is a symlink", "more than 2 names"]),
+            ("a loop", "loop-a", "loop-b", &["is a symlink", "more than 8 symlinks"]),
+            ("to a writable file", "w.toml", "real/w.json", &["real/w.json is writable by group or others"]),
+            ("to a dir, not a file", "dir.toml", "real", &["real is not a regular file"]),
+            ("missing", "gone.toml", "real/none.json", &["real/none.json", "No such file"]),
+        ];
+        let d = tree();
+        let at = d.path().join("links");
+        mkdir(&at.join("real/sub"), 0o755);
+        std::fs::write(at.join("real/sub/f.json"), "{}").expect("write");
+        std::fs::write(at.join("real/w.json"), "{}").expect("write");
+        std::fs::set_permissions(at.join("real/w.json"), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        std::os::unix::fs::symlink("loop-a", at.join("loop-b")).expect("symlink");
+        for (what, name, target, words) in cases {
+            if *name != "loop-b" {
+                std::os::unix::fs::symlink(target, at.join(name)).expect("symlink");
+            }
+            let e = read(&at.join(name), me()).expect_err(what);
+            for w in *words {
+                assert!(e.contains(w), "{what}: {w:?} not in: {e}");
+            }
+            assert!(e.contains(&at.display().to_string()), "{what}: the path is named: {e}");
+        }
+        // Eight links in a row are followed; a ninth is one too many.
+        std::fs::write(at.join("real/f.json"), "eight").expect("write");
+        for i in 1..=8 {
+            let to = if i == 8 { "real/f.json".to_string() } else { format!("l{}", i + 1) };
+            std::os::unix::fs::symlink(to, at.join(format!("l{i}"))).expect("symlink");
+        }
+        assert_eq!(read(&at.join("l1"), me()).expect("eight links").bytes, b"eight");
+        std::os::unix::fs::symlink("l1", at.join("l0")).expect("symlink");
+        let e = read(&at.join("l0"), me()).expect_err("nine links");
+        assert!(e.contains("more than 8 symlinks"), "{e}");
+        // A kubelet-shaped link in a directory others can write (a read-write mount): refused
+        // at the directory, before the link is looked at.
+        let cm = d.path().join("cm-rw");
+        mkdir(&cm, 0o755);
+        atomic_writer(&cm, &[("sealnode.toml", "v1", 0o644)], false);
+        std::fs::set_permissions(&cm, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let e = read(&cm.join("sealnode.toml"), me()).expect_err("0777 on a read-write mount");
+        assert!(
+            e.contains(&format!("directory {} is writable by group or others", cm.display()))
+                && e.contains("read-write mount"),
+            "{e}"
+        );
+    }
+
+    /// A link another user owns is never followed, even of kubelet's shape, in a sticky
+    /// directory (where that user may create it) or any other.
+    #[test]
+    fn a_link_of_another_user_is_refused() {
+        if !root_or_skip("a_link_of_another_user_is_refused") {
+            return;
+        }
+        let d = tree();
+        let cm = d.path().join("cm");
+        mkdir(&cm, 0o1777);
+        atomic_writer(&cm, &[("sealnode.toml", "v1", 0o644)], false);
+        read(&cm.join("sealnode.toml"), 0).expect("root's links, in a sticky dir");
+        for link in ["sealnode.toml", "..data"] {
+            std::os::unix::fs::lchown(cm.join(link), Some(4242), None).expect("lchown");
+            let e = read(&cm.join("sealnode.toml"), 0).expect_err(link);
+            assert!(
+                e.contains(&format!("{} is a symlink", cm.join(link).display()))
+                    && e.contains("owned by another user (uid 4242)"),
+                "{link}: {e}"
+            );
+            std::os::unix::fs::lchown(cm.join(link), Some(0), None).expect("lchown");
+        }
+        // The launcher's own links are trusted when it is not root, a third user's are not.
+        read(&cm.join("sealnode.toml"), 65534).expect("root's links, rootless");
+    }
+
+    /// A directory writable by group or others is trusted only on a read-only mount: the
+    /// ConfigMap's root (0777, a read-only bind) and the Secret's (a 1777 tmpfs, read-only),
+    /// each with kubelet's links; the same 0777 dir through its read-write path is refused.
+    #[test]
+    fn a_writable_dir_is_trusted_only_on_a_read_only_mount() {
+        if !root_or_skip("a_writable_dir_is_trusted_only_on_a_read_only_mount") {
+            return;
+        }
+        let d = tree();
+        let (src, cm) = (d.path().join("cm-src"), d.path().join("cm"));
+        mkdir(&src, 0o755);
+        mkdir(&cm, 0o755);
+        atomic_writer(&src, &[("sealnode.toml", "v1", 0o644)], false);
+        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let (secret_src, secret) = (d.path().join("secret-src"), d.path().join("secret"));
+        mkdir(&secret_src, 0o755);
+        mkdir(&secret, 0o755);
+        in_own_mount_ns(|| {
+            let e = read(&src.join("sealnode.toml"), 0).expect_err("0777, read-write");
+            assert!(e.contains("writable by group or others") && e.contains("read-write mount"), "{e}");
+            bind_read_only(&src, &cm);
+            assert_eq!(read(&cm.join("sealnode.toml"), 0).expect("0777, read-only").bytes, b"v1");
+            check_dirs_to(&cm.join("sealnode.toml"), 0).expect("check_dirs_to: 0777, read-only");
+            // Still refused through the read-write path, beside the read-only one.
+            read(&src.join("sealnode.toml"), 0).expect_err("0777, read-write, again");
+            // The Secret: a tmpfs of mode 1777 (sticky: accepted as such too), read-only.
+            nix::mount::mount(
+                Some("tmpfs"),
+                &secret_src,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some("mode=1777,size=1m"),
+            )
+            .expect("tmpfs");
+            atomic_writer(&secret_src, &[("credential", "token", 0o400)], false);
+            bind_read_only(&secret_src, &secret);
+            let (_, real) = resolve(&secret.join("credential"), 0).expect("the Secret's credential");
+            assert!(real.starts_with(secret.join("..2026_12_03_10_00_00.123456789")), "{}", real.display());
+            // Writable by group (0775, not sticky) on a read-write tmpfs: refused.
+            std::fs::set_permissions(&secret_src, std::fs::Permissions::from_mode(0o775)).expect("chmod");
+            let e = resolve(&secret_src.join("credential"), 0).expect_err("0775, read-write");
+            assert!(e.contains("read-write mount"), "{e}");
+        });
     }
 }
