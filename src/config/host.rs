@@ -300,11 +300,16 @@ impl Config {
         }
         let writable: Vec<RolePath> =
             Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.writable).collect();
-        for (field, path) in &trusted {
+        // Each as named, and where its links lead (a ConfigMap's file is in a timestamped dir
+        // beside the link: a role-writable dir there would hold the real file).
+        let real: Vec<(String, PathBuf)> =
+            trusted.iter().filter_map(|(f, p)| Some((f.clone(), std::fs::canonicalize(p).ok()?))).collect();
+        let named = trusted.iter().map(|(f, p)| (f.as_str(), *p));
+        for (field, path) in named.chain(real.iter().map(|(f, p)| (f.as_str(), p.as_path()))) {
             for RolePath { field: wf, path: w, .. } in &writable {
                 if contains(w, path) {
                     return Err(self.err(
-                        field.clone(),
+                        field,
                         format!(
                             "{} is inside {} ({wf}), which a role can write; keep what sealnode trusts outside every role's writable dirs",
                             path.display(),
@@ -493,16 +498,24 @@ impl Config {
     }
 
     /// Open a role path without following symlinks and check it (type, mode, owner) on that
-    /// very descriptor. Returns its metadata, so the caller records (dev, inode) of exactly
-    /// what was checked: a path swapped later is caught in the child (ESTALE). At every start
-    /// (the path may have changed since load); the role's ids are the loaded ones.
-    pub fn checked_role_path(&self, role: Role, p: &RolePath, inv: &Invoker) -> Result<std::fs::Metadata> {
+    /// very descriptor. Returns its metadata and the path it was reached by, so the caller
+    /// binds that path and records (dev, inode) of exactly what was checked: a path swapped
+    /// later is caught in the child (ESTALE). At every start (the path may have changed since
+    /// load: a Secret volume's update); the role's ids are the loaded ones.
+    pub fn checked_role_path(&self, role: Role, p: &RolePath, inv: &Invoker) -> Result<(std::fs::Metadata, PathBuf)> {
         self.check_role_path(role, p, self.role_ids(role)?, inv)
     }
 
-    fn check_role_path(&self, role: Role, p: &RolePath, owner: Ids, inv: &Invoker) -> Result<std::fs::Metadata> {
+    fn check_role_path(
+        &self,
+        role: Role,
+        p: &RolePath,
+        owner: Ids,
+        inv: &Invoker,
+    ) -> Result<(std::fs::Metadata, PathBuf)> {
         let (field, path, writable) = (p.field.as_str(), p.path, p.writable);
-        let md = self.no_symlink_stat(field, path)?;
+        let (md, real) = self.role_path_stat(field, path, p.kind, inv)?;
+        let path = real.as_path();
         match p.kind {
             PathKind::Dir if !md.is_dir() => {
                 return Err(self.err(field.to_string(), format!("{} is not a directory", path.display())))
@@ -551,7 +564,7 @@ impl Config {
                 format!("{} is readable by group or others (mode {:o}); chmod 0400", path.display(), mode),
             ));
         }
-        Ok(md)
+        Ok((md, real))
     }
 
     /// sealnode's own dirs (receipts, control socket): if present, a real directory owned by
@@ -562,11 +575,26 @@ impl Config {
         crate::os::trusted::check_own_dir(dir, inv.uid).map_err(|e| self.err(field, e))
     }
 
-    /// Stat a path, refusing symlinks in any component.
-    fn no_symlink_stat(&self, field: &str, path: &Path) -> Result<std::fs::Metadata> {
+    /// Stat a role path, refusing symlinks in any component; and the path it was reached by.
+    /// The credential alone may be reached as a Kubernetes Secret volume's file is (`credential
+    /// -> ..data/credential`): through the links and the checked directories the config itself
+    /// may be read through (os::trusted::resolve), to the path with no symlink in it that is
+    /// then bound (unit test: config::tests::a_credential_in_a_secret_volume_is_bound_from_its_real_path).
+    fn role_path_stat(
+        &self,
+        field: &str,
+        path: &Path,
+        kind: PathKind,
+        inv: &Invoker,
+    ) -> Result<(std::fs::Metadata, PathBuf)> {
+        let stat = |fd: std::os::fd::OwnedFd, at: &Path| {
+            std::fs::File::from(fd).metadata().map_err(|e| self.err(field, format!("{}: {e}", at.display())))
+        };
         match crate::os::sys::open_path_no_symlinks(path) {
-            Ok(fd) => {
-                std::fs::File::from(fd).metadata().map_err(|e| self.err(field, format!("{}: {e}", path.display())))
+            Ok(fd) => Ok((stat(fd, path)?, path.to_path_buf())),
+            Err(nix::errno::Errno::ELOOP) if kind == PathKind::Secret => {
+                let (fd, real) = crate::os::trusted::resolve(path, inv.uid).map_err(|e| self.err(field, e))?;
+                Ok((stat(fd, &real)?, real))
             }
             Err(nix::errno::Errno::ELOOP) => {
                 Err(self.err(field, format!("{} is reached through a symlink; name the real path", path.display())))

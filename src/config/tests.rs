@@ -3,6 +3,7 @@
 use super::host::in_system_view;
 use super::*;
 use crate::error::{Error, Result};
+use crate::os::trusted::atomic_writer;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -362,6 +363,101 @@ fn host_config_writable_by_non_root_when_root() {
             assert!(reason.contains("writable by group or others") && reason.contains("chmod go-w"), "{reason}");
         }
         other => panic!("expected refusal, got {other:?}"),
+    }
+}
+
+/// The config, its policies and the credential, laid out as kubelet lays out a ConfigMap and
+/// a Secret volume (`NAME -> ..data/NAME`, `..data -> ..TIMESTAMP`): the config loads through
+/// the links, and the credential is checked and bound from its timestamped dir, the path with
+/// no symlink in it, resolved again after the Secret's update. Each refusal the links may
+/// meet names the field: (what, the credential link's target, words).
+#[test]
+fn a_credential_in_a_secret_volume_is_bound_from_its_real_path() {
+    let h = Host::new();
+    let (cm, secret) = (h.p("cm"), h.p("secret"));
+    for d in [&cm, &secret] {
+        std::fs::create_dir(d).expect("mkdir");
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let d = h.dir.path().display().to_string();
+    let text = h
+        .config()
+        .replace(&format!("{d}/cred\""), &format!("{}\"", secret.join("credential").display()))
+        .replace(&format!("{d}/pol/node.json"), &cm.join("node.json").display().to_string());
+    atomic_writer(&cm, &[("sealnode.toml", &text, 0o644), ("node.json", "{}", 0o644)], false);
+    let real = atomic_writer(&secret, &[("credential", "token", 0o400)], false);
+    let owner = std::fs::metadata(h.p("cred")).expect("stat").uid();
+    std::os::unix::fs::chown(real.join("credential"), Some(owner), Some(owner)).expect("chown");
+    let cfg = Config::load(&cm.join("sealnode.toml"), &h.me()).map_err(plain).expect("loads through the links");
+    let cred = |cfg: &Config| {
+        let r = RolePath {
+            field: "node.credential".into(),
+            path: cfg.node.credential.as_deref().expect("credential"),
+            writable: false,
+            kind: PathKind::Secret,
+        };
+        cfg.checked_role_path(Role::Node, &r, &h.me())
+    };
+    assert_eq!(cred(&cfg).expect("checked").1, real.join("credential"));
+    let real = atomic_writer(&secret, &[("credential", "token2", 0o400)], true);
+    std::os::unix::fs::chown(real.join("credential"), Some(owner), Some(owner)).expect("chown");
+    assert_eq!(cred(&cfg).expect("checked after the update").1, real.join("credential"), "resolved again");
+    // The file's own rules still hold at the end of the links.
+    std::fs::set_permissions(real.join("credential"), std::fs::Permissions::from_mode(0o440)).expect("chmod");
+    let (field, reason) = match Config::load(&cm.join("sealnode.toml"), &h.me()).map_err(plain) {
+        Err(Error::Config { field, reason, .. }) => (field, reason),
+        other => panic!("a group-readable credential loaded: {other:?}"),
+    };
+    assert_eq!(field, "node.credential");
+    assert!(reason.contains(&format!("{} is readable by group", real.join("credential").display())), "{reason}");
+    std::fs::set_permissions(real.join("credential"), std::fs::Permissions::from_mode(0o400)).expect("chmod");
+    for (what, target, words) in [
+        ("absolute", real.join("credential").display().to_string(), vec!["is a symlink", "is absolute"]),
+        ("out of its dir", "../cred".to_string(), vec!["is a symlink", "not plain names"]),
+    ] {
+        std::fs::remove_file(secret.join("credential")).expect("rm");
+        std::os::unix::fs::symlink(&target, secret.join("credential")).expect("symlink");
+        match Config::load(&cm.join("sealnode.toml"), &h.me()).map_err(plain) {
+            Err(Error::Config { field, reason, .. }) => {
+                assert_eq!(field, "node.credential", "{what}: {reason}");
+                for w in words {
+                    assert!(
+                        reason.contains(w) && reason.contains(&secret.join("credential").display().to_string()),
+                        "{what}: {w}: {reason}"
+                    );
+                }
+            }
+            other => panic!("{what}: loaded: {other:?}"),
+        }
+    }
+    // Every other role path still refuses any symlink.
+    let (field, reason) = host_bad(&h, &h.config().replace(&format!("{d}/models"), &format!("{d}/secret/..data")));
+    assert_eq!(field, "engine.models");
+    assert!(reason.contains("reached through a symlink"), "{reason}");
+}
+
+/// What sealnode trusts may not lie in a role-writable dir through a link either: a config
+/// whose link leads into the node's scratch (rootless, where the owners are all one uid) is
+/// refused, naming the real path.
+#[test]
+fn a_config_linked_into_a_role_writable_dir_is_refused() {
+    let h = Host::new();
+    let inside = h.p("nscratch/c.toml");
+    std::fs::write(&inside, h.config()).expect("write");
+    std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    std::os::unix::fs::symlink("nscratch/c.toml", h.p("c.toml")).expect("symlink");
+    // Rootless as the scratch's owner: every owner check passes, only this one can refuse.
+    let md = std::fs::metadata(h.p("nscratch")).expect("stat");
+    std::os::unix::fs::chown(&inside, Some(md.uid()), Some(md.gid())).expect("chown");
+    match Config::load(&h.p("c.toml"), &Invoker { uid: md.uid(), gid: md.gid() }).map_err(plain) {
+        Err(Error::Config { field, reason, .. }) => {
+            assert_eq!(field, "(config file)", "{reason}");
+            assert!(
+                reason.contains(&format!("{} is inside", inside.display())) && reason.contains("node.scratch"),
+                "{reason}"
+            );
+        }
+        other => panic!("a config in the node's scratch loaded: {other:?}"),
     }
 }
 

@@ -18,7 +18,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 
 use crate::config::{Config, Ids, Invoker, Role};
-use crate::layout::INSIDE_MODELS;
+use crate::layout::{INSIDE_CREDENTIAL, INSIDE_MODELS};
 use crate::sandbox::table::{Check, Mount};
 
 /// One role's paths, and the ids it will have.
@@ -66,17 +66,23 @@ pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::P
     if let Some(c) = &r.credential {
         named.push((c.clone(), format!("{role}.credential")));
     }
+    // The credential's bind source is the path it was reached by (a Secret volume's file is
+    // bound from its timestamped dir: Config::checked_role_path): known by where it goes.
+    let credential_dst = Path::new(crate::sandbox::table::NEWROOT).join(INSIDE_CREDENTIAL.trim_start_matches('/'));
     let mut items = Vec::new();
     for m in &plan.mounts {
-        let Mount::Bind { src, check, .. } = m else { continue };
+        let Mount::Bind { src, dst, check, .. } = m else { continue };
         if matches!(check, Check::Tmpfs(_)) {
             continue;
         }
         let host = PathBuf::from(std::ffi::OsStr::from_bytes(src.as_bytes()));
+        let to_credential =
+            r.credential.is_some() && Path::new(std::ffi::OsStr::from_bytes(dst.as_bytes())) == credential_dst;
         let field = named
             .iter()
             .find(|(p, _)| *p == host)
             .map(|(_, f)| f.clone())
+            .or_else(|| to_credential.then(|| format!("{role}.credential")))
             .unwrap_or_else(|| format!("{role} (system bind)"));
         items.push(Item { field, what: What::Source { mount: m.clone(), host } });
     }

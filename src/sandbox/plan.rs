@@ -480,9 +480,11 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
         }
     }
     // Role paths: opened without symlinks and checked (owner, mode) on that same fd, whose
-    // (dev, inode) the child verifies again right before mounting.
+    // (dev, inode) the child verifies again right before mounting. What is bound is the path
+    // that fd was reached by: the credential's in a Secret volume is its timestamped dir's,
+    // with no symlink left in it, resolved again at every start.
     let role_bind = |field: String, src: &Path, inside: &Path, writable: bool, exec: bool, kind| -> Result<Mount> {
-        let md = cfg.checked_role_path(role, &RolePath { field, path: src, writable, kind }, inv)?;
+        let (md, src) = cfg.checked_role_path(role, &RolePath { field, path: src, writable, kind }, inv)?;
         let mut attrs = NOSUID | NODEV;
         if !writable {
             attrs |= RDONLY;
@@ -491,7 +493,7 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
             attrs |= NOEXEC;
         }
         Ok(Mount::Bind {
-            src: cstr(src)?,
+            src: cstr(&src)?,
             dst: under_root(inside)?,
             dir: md.is_dir(),
             attrs,
