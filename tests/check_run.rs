@@ -5,6 +5,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -340,5 +341,94 @@ fn check_tries_the_denial_logs_pidfd_getfd() {
         let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(125), "{mode:?}: {out}");
         assert!(out.contains("pidfd_getfd refused") && out.contains("SystemCallFilter=pidfd_getfd"), "{mode:?}: {out}");
+    }
+}
+
+/// The config and the node's policies in a ConfigMap volume, the credential in a Secret volume,
+/// each exactly as kubelet lays them out and mounts them: the ConfigMap's root 0777 and bound
+/// read-only, the Secret a 1777 tmpfs bound read-only, the files behind `..data` links. `check`
+/// passes and `run` starts, both in a mount namespace of their own where the volumes are; the
+/// same ConfigMap through its read-write path (0777) is refused by both, naming the directory.
+/// kubelet writes a Secret's files as root; the credential here belongs to the node's user, as
+/// sealnode's credential rule asks (docs/config.md, "Files sealnode trusts").
+#[test]
+fn a_configmap_and_a_secret_volume_are_trusted_read_only() {
+    if !is_root() {
+        return unavailable("rootful", "read-only bind mounts in a private mount namespace need root");
+    }
+    for mode in modes() {
+        let mut f = fixture(mode, "cr-configmap");
+        let node_sh = format!("echo cred=$(cat /run/sealnode/credential); {NODE}");
+        f.node_cmd =
+            format!("[\"/usr/bin/busybox\", \"sh\", \"-c\", {}]", serde_json::to_string(&node_sh).expect("quote"));
+        f.write_config();
+        let d = f.dir.display().to_string();
+        let (cm, cm_src, secret, secret_src) = (f.p("cm"), f.p("cm-src"), f.p("secret"), f.p("secret-src"));
+        for dir in [&cm, &cm_src, &secret, &secret_src] {
+            std::fs::create_dir(dir).expect("mkdir");
+            chmod(dir, 0o755);
+        }
+        let text = std::fs::read_to_string(&f.config)
+            .expect("config")
+            .replace(&format!("{d}/credential\""), &format!("{}\"", secret.join("credential").display()))
+            .replace(&format!("{d}/policy/node."), &format!("{}/node.", cm.display()));
+        let policy = |ext: &str| std::fs::read(f.p(&format!("policy/node.{ext}"))).expect("policy");
+        let (json, toml) = (policy("json"), policy("toml"));
+        let file = |name, contents, mode| VolumeFile { name, contents, mode, owner: None };
+        kubelet_volume(
+            &cm_src,
+            &[
+                file("sealnode.toml", text.as_bytes(), 0o644),
+                file("node.json", &json, 0o644),
+                file("node.toml", &toml, 0o644),
+            ],
+        );
+        chmod(&cm_src, 0o777);
+        // The Secret is staged on disk and copied (links, owners, modes) into its tmpfs.
+        let node = if mode == Mode::Rootful { NODE_IDS } else { (NOBODY, NOBODY) };
+        let cred =
+            VolumeFile { name: "credential", contents: b"node-credential-token\n", mode: 0o400, owner: Some(node) };
+        kubelet_volume(&secret_src, &[cred]);
+        let volumes = format!(
+            "mount --bind {src} {cm} && mount -o remount,bind,ro {cm} && \
+             mount -t tmpfs -o mode=1777,size=1m tmpfs {secret} && cp -a {ssrc}/. {secret} && \
+             mount -o remount,ro {secret}",
+            src = cm_src.display(),
+            cm = cm.display(),
+            secret = secret.display(),
+            ssrc = secret_src.display()
+        );
+        let prefix =
+            format!("exec /usr/bin/unshare -m --propagation private /bin/sh -c '{volumes} && exec \"$@\"' sh \"$@\"; ");
+        f.config = cm.join("sealnode.toml");
+        let cfg = f.config.display().to_string();
+        let check = f.command(&["check", "--config", &cfg]);
+        let o = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("{prefix}exec \"$@\""))
+            .arg("sh")
+            .arg(check.get_program())
+            .args(check.get_args())
+            .current_dir(&f.dir)
+            .output_within(COMMAND_LIMIT);
+        let said = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{mode:?}: check refused the volumes:\n{said}");
+        let run = start_logged_in_shell(&f, &[], &prefix);
+        run.out_line(90, |l| l == "node-up");
+        // The node reads the Secret's credential at /run/sealnode/credential.
+        let read = LoggedRun::text(&run.out).lines().any(|l| l == "cred=node-credential-token");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(read, "{mode:?}: the node did not read the Secret's credential:\n{err}");
+        // The ConfigMap's own dir, read-write and 0777: refused, by `check` and `run` alike.
+        f.config = cm_src.join("sealnode.toml");
+        let want = format!("directory {} is writable by group or others", cm_src.display());
+        let (code, checked) = check_verdict(&f);
+        assert_eq!(code, Some(125), "{mode:?}: check:\n{checked}");
+        assert!(checked.contains(&want) && checked.contains("read-write mount"), "{mode:?}: {checked}");
+        let Err((code, err)) = run_verdict(&f) else { panic!("{mode:?}: run started from a 0777 read-write dir") };
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains(&want), "{mode:?}: {err}");
+        f.config = f.p("sealnode.toml");
     }
 }

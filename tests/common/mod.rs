@@ -934,3 +934,49 @@ pub fn mknod_char(path: &Path, mode: u32, major: u64, minor: u64) {
     .expect("mknod a test device");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
+
+/// One file of a Kubernetes volume ([`kubelet_volume`]): its name, bytes, mode and owner.
+pub struct VolumeFile<'a> {
+    pub name: &'a str,
+    pub contents: &'a [u8],
+    pub mode: u32,
+    pub owner: Option<(u32, u32)>,
+}
+
+/// Writes `files` into `root` (which exists) as kubelet's atomic writer does for a ConfigMap
+/// or Secret volume: the files in a new `..<timestamp>` dir (0755), `..data_tmp` -> it renamed
+/// over `..data` (one atomic swap), a `NAME -> ..data/NAME` link per file where there is none
+/// yet, then the previous timestamped dir removed. Returns the new timestamped dir. The
+/// first call makes the volume; each later one is an update.
+pub fn kubelet_volume(root: &Path, files: &[VolumeFile]) -> PathBuf {
+    let old = std::fs::read_link(root.join("..data")).ok();
+    let mut n = 0;
+    let stamp = loop {
+        let s = format!("..2026_12_03_10_00_{n:02}.123456789");
+        if !root.join(&s).exists() {
+            break s;
+        }
+        n += 1;
+    };
+    let dir = root.join(&stamp);
+    mkdir(&dir, 0o755, None);
+    for f in files {
+        let p = dir.join(f.name);
+        std::fs::write(&p, f.contents).expect("write");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(f.mode)).expect("chmod");
+        if let Some((u, g)) = f.owner {
+            chown(&p, Some(u), Some(g)).expect("chown");
+        }
+    }
+    std::os::unix::fs::symlink(&stamp, root.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).expect("rename ..data_tmp ..data");
+    for f in files {
+        if std::fs::symlink_metadata(root.join(f.name)).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{}", f.name), root.join(f.name)).expect("link");
+        }
+    }
+    if let Some(old) = old {
+        std::fs::remove_dir_all(root.join(old)).expect("remove the old timestamped dir");
+    }
+    dir
+}
