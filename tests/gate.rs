@@ -1405,3 +1405,132 @@ fn json_logs_are_one_object_per_line_and_an_unknown_format_is_refused() {
     assert!(err.contains("SEALNODE_LOG_FORMAT=xml: unknown log format (text or json)"), "{err}");
     assert!(!err.contains("cell created"), "{err}");
 }
+
+/// `cell` with its config in a ConfigMap volume's shape, as kubelet lays it out: the config
+/// in `cm/..<timestamp>/`, `cm/..data` -> it, `cm/sealnode.toml` -> `..data/sealnode.toml`
+/// (the fixture's config then names that link). `reload_on_change` goes into `[cell]`.
+fn configmap_cell(mode: Mode, name: &str, reload_on_change: bool) -> Fixture {
+    let mut f =
+        cell(mode, name, &format!("echo engine-env=$ENGINE_ONLY; {HTTPD}"), "echo node-up; exec sleep 1000", "", "");
+    f.cell_extra = format!("stop_timeout_s = 2\nreload_on_change = {reload_on_change}");
+    f.write_config();
+    let text = std::fs::read_to_string(&f.config).expect("config");
+    let cm = f.p("cm");
+    std::fs::create_dir(&cm).expect("mkdir");
+    std::fs::set_permissions(&cm, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    f.config = cm.join("sealnode.toml");
+    configmap_update(&f, &text);
+    f
+}
+
+/// A ConfigMap update, as kubelet makes it: a new timestamped dir, `..data_tmp` -> it, renamed
+/// over `..data`, the old dir removed.
+fn configmap_update(f: &Fixture, text: &str) {
+    let file = VolumeFile { name: "sealnode.toml", contents: text.as_bytes(), mode: 0o644, owner: None };
+    kubelet_volume(f.config.parent().expect("cm"), &[file]);
+}
+
+fn sha256_of(text: &str) -> String {
+    sha256_hex(text.as_bytes())
+}
+
+/// `cell.reload_on_change` (a ConfigMap volume's update): the config swapped the way kubelet
+/// swaps it reloads the cell as a SIGHUP would, with one line saying why; a swap while the
+/// cell is busy (its first pass through the gate, held) waits and is reloaded after, not
+/// dropped; a broken config swapped in is refused and the cell keeps running; one that reads
+/// as the config in force restarts nothing; a rename over the file (config management) and a
+/// rewrite in place reload too. Each reload is a new generation whose receipt has the new
+/// config's digest.
+#[test]
+fn a_config_change_reloads_the_cell_when_asked_to() {
+    for mode in modes() {
+        let f = configmap_cell(mode, "cm-reload", true);
+        let v1 = std::fs::read_to_string(&f.config).expect("config");
+        let run = start(&f, &[]);
+        // Held in its first pass through the gate: the cell is busy.
+        let worker = stop_gate_measurement(run.pid().as_raw(), 60);
+        let v2 = v1.replace("ENGINE_ONLY = \"1\"", "ENGINE_ONLY = \"2\"");
+        configmap_update(&f, &v2);
+        run.err_line(30, |l| l.contains("the config changed while") && l.contains("is in progress"));
+        kill(worker, Signal::SIGCONT).expect("SIGCONT");
+        run.out_line(60, |l| l == "engine-env=1");
+        run.err_line(60, |l| l.contains("the config changed: reloading as on SIGHUP"));
+        run.out_line(60, |l| l == "engine-env=2");
+        // The node runs again, started after the engine said `said`.
+        let settled = |said: &str| {
+            wait_until(Duration::from_secs(60), || {
+                let up = {
+                    let out = run.out.lock().expect("lock");
+                    let at = out.iter().rposition(|(_, l)| l == said);
+                    at.is_some_and(|at| out[at..].iter().any(|(_, l)| l == "node-up"))
+                };
+                up && ctl(&f, "status")["roles"][1]["state"] == "running"
+            })
+        };
+        assert!(settled("engine-env=2"), "{mode:?}: the node did not come back: {}", run.stderr());
+        let r = receipt(&f);
+        assert_eq!(r["config"]["sha256"], sha256_of(&v2), "{mode:?}: {r}");
+        let generation = r["generation"].as_u64().expect("generation");
+        assert_eq!(ctl(&f, "status")["reload"]["ok"], true, "{mode:?}");
+
+        // A broken config swapped in: refused as a SIGHUP's is, the roles running on.
+        let models = format!("models = \"{}\"", f.p("models").display());
+        configmap_update(&f, &v2.replace(&models, "models = \"/nonexistent-models\""));
+        run.err_line(60, |l| l.contains("reload refused") && l.contains("engine.models"));
+        let st = ctl(&f, "status");
+        assert_eq!(st["reload"]["ok"], false, "{mode:?}: {st}");
+        assert_eq!(
+            (&st["roles"][0]["state"], &st["roles"][1]["state"]),
+            (&"running".into(), &"running".into()),
+            "{st}"
+        );
+
+        // Back to the config in force: nothing to reload.
+        configmap_update(&f, &v2);
+        run.err_line(60, |l| l.contains("reads the same as the one in force"));
+
+        // Config management: a rename over the file (the link replaced by a file), then a
+        // rewrite in place.
+        let v3 = v2.replace("ENGINE_ONLY = \"2\"", "ENGINE_ONLY = \"3\"");
+        let tmp = f.p("cm/.sealnode.toml.new");
+        std::fs::write(&tmp, &v3).expect("write");
+        std::fs::rename(&tmp, &f.config).expect("rename over the config");
+        run.out_line(60, |l| l == "engine-env=3");
+        assert!(settled("engine-env=3"), "{mode:?}: the node did not come back: {}", run.stderr());
+        let v4 = v3.replace("ENGINE_ONLY = \"3\"", "ENGINE_ONLY = \"4\"");
+        std::fs::write(&f.config, &v4).expect("rewrite in place");
+        run.out_line(60, |l| l == "engine-env=4");
+        assert!(settled("engine-env=4"), "{mode:?}: the node did not come back: {}", run.stderr());
+        let r = receipt(&f);
+        assert_eq!(r["config"]["sha256"], sha256_of(&v4), "{mode:?}: {r}");
+        assert!(r["generation"].as_u64().expect("generation") > generation, "{mode:?}: {r}");
+
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=engine"), 4, "{mode:?}: one start and three reloads: {err}");
+        assert_eq!(run_count(&err, "the config changed: reloading as on SIGHUP"), 4, "{mode:?}: {err}");
+    }
+}
+
+/// Without `cell.reload_on_change`, a change of the config on disk reloads nothing, a
+/// ConfigMap's swap or a rewrite in place: only SIGHUP does.
+#[test]
+fn without_reload_on_change_a_config_change_reloads_nothing() {
+    for mode in modes() {
+        let f = configmap_cell(mode, "cm-still", false);
+        let v1 = std::fs::read_to_string(&f.config).expect("config");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        configmap_update(&f, &v1.replace("ENGINE_ONLY = \"1\"", "ENGINE_ONLY = \"2\""));
+        // Well past the second a change settles for.
+        std::thread::sleep(Duration::from_secs(4));
+        let st = ctl(&f, "status");
+        assert!(st["reload"].is_null(), "{mode:?}: {st}");
+        let out = LoggedRun::text(&run.out);
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=engine"), 1, "{mode:?}: {err}");
+        assert!(!err.contains("the config changed") && !err.contains("watching the config"), "{mode:?}: {err}");
+        assert!(!out.contains("engine-env=2"), "{mode:?}: {out}");
+    }
+}

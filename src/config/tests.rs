@@ -805,6 +805,19 @@ fn a_reload_keeps_the_running_ids_and_refuses_other_users() {
     }
 }
 
+/// `cell.reload_on_change`: off unless set; a boolean, refused otherwise by name with its line.
+#[test]
+fn reload_on_change_is_an_opt_in_boolean() {
+    assert!(!parse(GOOD).expect("good").cell.reload_on_change, "off by default");
+    let on = parse(&with("[cell]\n", "[cell]\nreload_on_change = true\n")).expect("true");
+    assert!(on.cell.reload_on_change);
+    let e = parse(&with("[cell]\n", "[cell]\nreload_on_change = \"yes\"\n")).expect_err("a string");
+    assert_eq!(
+        e.to_string(),
+        "/etc/sealnode/test.toml: cell.reload_on_change (line 4): invalid type: string \"yes\", expected a boolean"
+    );
+}
+
 /// The engine hold and the drain (#29 item 6): 0 turns each off, over an hour is refused by
 /// name, with its line.
 #[test]

@@ -113,6 +113,10 @@ pub struct CellConfig {
     /// flight to the engine finish first, up to this long, seconds (0: no drain).
     #[serde(default = "default_drain_timeout")]
     pub drain_timeout_s: u64,
+    /// `run`: a change of the config file (a ConfigMap volume's swap, a rename over the file, a
+    /// rewrite) reloads the cell as SIGHUP does, once the changes have settled.
+    #[serde(default)]
+    pub reload_on_change: bool,
     /// Uids allowed on the control socket (checked with SO_PEERCRED). Default: the uid
     /// sealnode runs as.
     pub control_uids: Option<Vec<u32>>,

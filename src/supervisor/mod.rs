@@ -21,6 +21,7 @@
 //! - [`attestation`]: the signed statements and their TPM quotes;
 //! - [`role_io`]: the roles' output and denial logs;
 //! - [`notify`]: sd_notify and the watchdog;
+//! - [`watch`]: with `cell.reload_on_change`, the config's directory, for a change to reload;
 //! - the forwarder (crate::egress) for the node's egress and its way to the engine.
 //!
 //! [`lifecycle`] is data and pure rules, unit-tested as tables: each role's phase and its
@@ -49,7 +50,8 @@
 //! Tokens: an event's top byte names its owner, the low bits its item (`tokens_are_distinct`
 //! below): 1 signals (here), 2 egress listeners, 3 egress connections, 7 egress lookups
 //! (crate::egress), 4 readiness, 5 the control listener and 6 its clients ([`server`]), 8 role
-//! output and 9 denial logs ([`role_io`]), 10 the gate's pipes ([`gate`]).
+//! output and 9 denial logs ([`role_io`]), 10 the gate's pipes ([`gate`]), 11 the config
+//! watch ([`watch`]).
 //!
 //! The sequences, hop by hop:
 //! - First start: `run` → `begin_wipes`; each wipe child reaped (`reap` → `wipe_exited`);
@@ -73,6 +75,10 @@
 //!   `gate.begin(DryRun)` in a throwaway cell) → `poll_gate` → `reload_passed` →
 //!   `begin_stop(OK, Restart)` → as a stop up to `wipes_done`, which switches the config
 //!   (`Reload::take_next`) and enters the gate as at the first start; READY=1 again.
+//! - Reload on a config change (with cell.reload_on_change): `watch.handle` (events of the config's
+//!   directory) → `on_timers` once quiet for a second (`watch.due`) → `on_config_change`: the
+//!   cell busy, it waits and asks again; the config's files as in force, nothing; else as a
+//!   SIGHUP from `Config::reload` on.
 //! - Recycle (`ctl recycle`): `on_request` → `begin_stop(OK, Restart)` → as a reload's switch,
 //!   without a new config; the client is answered at `on_engine_ready`.
 
@@ -89,6 +95,7 @@ mod server;
 mod setup;
 mod sighup;
 mod status;
+mod watch;
 mod wipes;
 
 use std::os::fd::OwnedFd;
@@ -206,6 +213,8 @@ pub struct Supervisor {
     attest: attestation::Publisher,
     io: role_io::RoleIo,
     reload: reload::Reload,
+    /// `cell.reload_on_change`: the config's directory watched.
+    watch: watch::ConfigWatch,
     sd: notify::Notifier,
     /// The last field: dropped last, the cell after every part that uses it, and the dirs'
     /// locks last of all (Base's last field).
@@ -283,6 +292,7 @@ impl Supervisor {
                     role_io::TOKEN_OUTPUT => self.io.on_output(token & !TOKEN_KIND, epoll),
                     role_io::TOKEN_REFUSED => self.io.on_refused((token & !TOKEN_KIND) as usize, epoll),
                     gate::TOKEN_GATE => self.gate.handle(token, epoll),
+                    watch::TOKEN_WATCH => self.watch.handle(Instant::now()),
                     _ => self.fwd.handle(epoll, token, ev.events()),
                 }
             }
@@ -378,6 +388,7 @@ impl Supervisor {
             .chain(self.attest.next_deadline())
             .chain(self.cycle.wipes.next_deadline())
             .chain(self.gate.next_deadline())
+            .chain(self.watch.next_deadline())
             .min()
     }
 
@@ -401,6 +412,9 @@ impl Supervisor {
         self.fwd.sweep(&self.base.epoll);
         self.fwd.expire_lookups(&self.base.epoll);
         self.fwd.expire_holds();
+        if self.watch.due(now) {
+            self.on_config_change(now);
+        }
     }
 
     fn on_signals(&mut self) {
@@ -489,6 +503,7 @@ mod tests {
             super::role_io::TOKEN_OUTPUT,
             super::role_io::TOKEN_REFUSED,
             super::gate::TOKEN_GATE,
+            super::watch::TOKEN_WATCH,
         ];
         let kinds: std::collections::BTreeSet<u64> = tokens.iter().map(|t| t & crate::egress::TOKEN_KIND).collect();
         assert_eq!(kinds.len(), tokens.len(), "{tokens:x?}");

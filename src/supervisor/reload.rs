@@ -108,6 +108,9 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
         engine_hold_s: _,
         // Read at every stop.
         drain_timeout_s: _,
+        // The watch follows the config in force: armed or dropped when a reload's config
+        // comes into force (watch::ConfigWatch::follow).
+        reload_on_change: _,
         cgroup,
         limits,
         tpm,
@@ -171,6 +174,22 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
     changed
 }
 
+/// Whether `new` was read from the same bytes as `old`, file by file (the config, each role's
+/// policies and CDI spec): a change seen on disk that changes none of them has nothing to
+/// reload (watch.rs: kubelet's swap of a ConfigMap whose other keys changed, a rewrite with
+/// the same content, a change seen again while its reload was under way). A config only
+/// parsed is never the same.
+pub(super) fn same_files(old: &Config, new: &Config) -> bool {
+    let digests = |c: &Config| {
+        c.loaded.as_ref().map(|l| {
+            let policies = l.seccomp.iter().chain(&l.landlock).map(|f| f.sha256.clone());
+            let cdi = l.cdi.iter().map(|c| c.as_ref().map(|c| c.sha256.clone()).unwrap_or_default());
+            std::iter::once(l.config.sha256.clone()).chain(policies).chain(cdi).collect::<Vec<_>>()
+        })
+    };
+    matches!((digests(old), digests(new)), (Some(a), Some(b)) if a == b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,8 +228,39 @@ mod tests {
             ("", "restart = \"always\""),
             ("", "tmp_size_mb = 16"),
             ("", "log_refused_syscalls = true"),
+            ("reload_on_change = true", ""),
         ] {
             assert!(refused(&base, &cfg(cell, engine)).is_empty(), "{cell} {engine}");
+        }
+    }
+
+    /// A change seen on disk reloads only when a file a load reads differs: (which file
+    /// differs, the same?).
+    #[test]
+    fn a_change_reloads_only_when_a_file_read_differs() {
+        use crate::config::{Ids, Loaded};
+        use crate::os::trusted::TrustedFile;
+        let file = |s: &str| TrustedFile { bytes: Vec::new(), sha256: s.to_string() };
+        let loaded = |config: &str, node_seccomp: &str| {
+            let mut c = cfg("", "");
+            c.loaded = Some(Loaded {
+                config: file(config),
+                seccomp: [file("e.json"), file(node_seccomp)],
+                landlock: [file("e.toml"), file("n.toml")],
+                cdi: [None, None],
+                ids: [Ids { uid: 1, gid: 1 }, Ids { uid: 2, gid: 2 }],
+                launcher_user: None,
+            });
+            c
+        };
+        let base = loaded("c1", "n.json");
+        for (what, new, same) in [
+            ("nothing", loaded("c1", "n.json"), true),
+            ("the config", loaded("c2", "n.json"), false),
+            ("a policy", loaded("c1", "n2.json"), false),
+            ("a config only parsed", cfg("", ""), false),
+        ] {
+            assert_eq!(same_files(&base, &new), same, "{what}");
         }
     }
 }

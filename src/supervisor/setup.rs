@@ -10,7 +10,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::lifecycle::{self, Phase};
-use super::{attestation, gate, notify, readiness, reload, role_io, server};
+use super::{attestation, gate, notify, readiness, reload, role_io, server, watch};
 use super::{Base, Current, Slot, Supervisor, TOKEN_SIGNAL};
 use crate::config::{Config, Invoker, Role};
 use crate::egress::{Forwarder, Upstream};
@@ -87,6 +87,9 @@ impl Supervisor {
         };
         let roles = [slot(Role::Engine), slot(Role::Node)];
         let ids = [cfg.role_ids(Role::Engine)?, cfg.role_ids(Role::Node)?];
+        // With cell.reload_on_change, the config's directory is watched from here on.
+        let mut watch = watch::ConfigWatch::default();
+        watch.follow(&cfg, &epoll);
         Ok(Supervisor {
             fwd,
             roles,
@@ -98,6 +101,7 @@ impl Supervisor {
             attest,
             io: role_io::RoleIo::default(),
             reload: reload::Reload::default(),
+            watch,
             sd: notify::Notifier::from_env(),
             base: Base { cfg, inv, ids, cell, epoll, sigfd, state_dir, born: Instant::now(), _locks: locks },
         })

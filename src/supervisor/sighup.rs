@@ -1,12 +1,15 @@
 //! SIGHUP, step by step: the config read again and checked (reload.rs says what may change),
 //! its dry run through the gate in a throwaway cell while the old roles run on, then the
 //! switch (both roles stopped and started again through the gate with it), or the refusal,
-//! said and kept for `ctl status`.
+//! said and kept for `ctl status`. A change of the config on disk, with
+//! `cell.reload_on_change` (watch.rs), takes the same path.
+
+use std::time::Instant;
 
 use sd_notify::NotifyState;
 
 use super::lifecycle::After;
-use super::reload::refused;
+use super::reload::{refused, same_files};
 use super::setup::log_devices_from;
 use super::{gate, notify, Supervisor};
 use crate::config::{Config, Role};
@@ -29,15 +32,55 @@ impl Supervisor {
             self.reload.refused(format!("{what} was in progress"));
             return;
         }
+        let loaded = self.read_new_config();
+        self.try_reload(loaded);
+    }
+
+    /// `cell.reload_on_change`: the config's directory changed and has been quiet since
+    /// (watch.rs). The same path as SIGHUP's, with two differences: while the cell is busy the
+    /// change waits and is asked again (watch::SETTLE) until it is not, where a SIGHUP is
+    /// refused, since nobody would send this one again; and a config whose files all read the
+    /// same as the ones in force (the config, its policies, its CDI specs) reloads nothing, where a
+    /// SIGHUP restarts the roles anyway, since a change on disk is not a request to restart
+    /// (tests/gate.rs: a_config_change_reloads_the_cell_when_asked_to).
+    pub(super) fn on_config_change(&mut self, now: Instant) {
+        if let Some(what) = self.under_way().busy() {
+            if self.watch.wait(now) {
+                tracing::info!(
+                    busy = what,
+                    "the config changed while {what} is in progress: it is reloaded once that is done"
+                );
+            }
+            return;
+        }
+        self.watch.taken();
+        let file = self.base.cfg.file.display().to_string();
+        let loaded = self.read_new_config();
+        if matches!(&loaded, Ok(new) if same_files(&self.base.cfg, new)) {
+            tracing::info!(config = file, "the config changed on disk but reads the same as the one in force, its policies too: nothing to reload");
+            return;
+        }
+        tracing::info!(config = file, "the config changed: reloading as on SIGHUP (cell.reload_on_change)");
+        self.try_reload(loaded);
+    }
+
+    /// The config read again through the checked path, with the running cell's ids, and held
+    /// to what a reload may change ([`refused`]).
+    fn read_new_config(&self) -> crate::error::Result<Config> {
         let cfg = &self.base.cfg;
-        let loaded = Config::reload(&cfg.file, &self.base.inv, cfg).and_then(|new| match refused(cfg, &new) {
+        Config::reload(&cfg.file, &self.base.inv, cfg).and_then(|new| match refused(cfg, &new) {
             changed if changed.is_empty() => Ok(new),
             changed => Err(Error::config(
                 &cfg.file,
                 changed.join(", "),
                 "changed, but the running cell (its network, listeners, users, dirs and TPM) was built with the old value; restart sealnode to apply it",
             )),
-        });
+        })
+    }
+
+    /// A config read for a reload: refused (said, kept for `ctl status`), or into its dry run
+    /// through the gate while the running roles are untouched.
+    fn try_reload(&mut self, loaded: crate::error::Result<Config>) {
         let new = match loaded {
             Ok(new) => new,
             Err(e) => return self.reload_failed(e.to_string()),

@@ -62,6 +62,7 @@ impl Supervisor {
             if let Some(new) = self.reload.take_next() {
                 self.fwd.set_engine_hold(Duration::from_secs(new.cell.engine_hold_s));
                 self.base.cfg = new;
+                self.watch.follow(&self.base.cfg, &self.base.epoll);
             }
             tracing::info!(recycle, "re-provisioning both roles");
         }
