@@ -153,8 +153,8 @@ fn walk(path: &Path, launcher_uid: u32) -> std::result::Result<Walked, String> {
             _ => return Err(format!("{} is not a directory", at.display())),
         }
     }
-    // The last name was a link, and its target's names all were links too: not reachable,
-    // since every link adds at least one name; said rather than assumed.
+    // Not reached: the last name returns above, and a link always adds a name after it
+    // (link_names refuses an empty target). Said rather than assumed.
     Err(format!("{} names no file", path.display()))
 }
 
