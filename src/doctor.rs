@@ -72,6 +72,7 @@ fn try_namespaces() -> Result<(), Refused> {
 
 /// Each option a container needs for sealnode, named as its runtime spells it.
 struct Options {
+    userns: &'static str,
     seccomp: &'static str,
     proc: &'static str,
     cgroup: &'static str,
@@ -81,7 +82,8 @@ struct Options {
 fn options(c: &crate::os::container::Container) -> Options {
     if c.orchestrator.as_deref() == Some("kubernetes") {
         return Options {
-            seccomp: "the container's securityContext.seccompProfile: {type: Localhost, localhostProfile: profiles/sealnode.json} (scripts/container-seccomp's profile on each node)",
+            userns: "the pod's hostUsers: false",
+            seccomp: "the container's securityContext.seccompProfile: {type: Localhost, localhostProfile: profiles/sealnode.json} (/usr/share/sealnode/container-seccomp's profile on each node)",
             proc: "the container's securityContext.procMount: Unmasked (with the pod's hostUsers: false)",
             cgroup: "none in a pod spec: the kubelet mounts /sys/fs/cgroup read-only; leave per-role limits out and size the pod's resources",
             caps: "the container's securityContext.capabilities.add",
@@ -89,19 +91,22 @@ fn options(c: &crate::os::container::Container) -> Options {
     }
     match c.runtime.as_str() {
         "podman" => Options {
-            seccomp: "podman run --security-opt seccomp=FILE (scripts/container-seccomp /usr/share/containers/seccomp.json > FILE)",
+            userns: "podman run --userns=auto (or rootless podman)",
+            seccomp: "podman run --security-opt seccomp=FILE (/usr/share/sealnode/container-seccomp /usr/share/containers/seccomp.json > FILE)",
             proc: "podman run --security-opt unmask=/proc/*",
             cgroup: "podman run --security-opt unmask=/proc/*:/sys/fs/cgroup",
             caps: "podman run --cap-add",
         },
         "docker" => Options {
-            seccomp: "docker run --security-opt seccomp=FILE (scripts/container-seccomp's profile)",
+            userns: "dockerd --userns-remap=default",
+            seccomp: "docker run --security-opt seccomp=FILE (/usr/share/sealnode/container-seccomp's profile)",
             proc: "docker run --security-opt systempaths=unconfined",
             cgroup: "docker run --cgroupns=private with a writable /sys/fs/cgroup (not offered by docker run; leave per-role limits out)",
             caps: "docker run --cap-add",
         },
         _ => Options {
-            seccomp: "the runtime spec's linux.seccomp: scripts/container-seccomp's profile (ctr run --seccomp-profile FILE)",
+            userns: "the runtime spec's linux.uidMappings and gidMappings (ctr run --uidmap, --gidmap)",
+            seccomp: "the runtime spec's linux.seccomp: /usr/share/sealnode/container-seccomp's profile (ctr run --seccomp-profile FILE)",
             proc: "the runtime spec's linux.maskedPaths and linux.readonlyPaths without /proc entries",
             cgroup: "a writable cgroup2 mount at /sys/fs/cgroup in the runtime spec (options rw)",
             caps: "the runtime spec's process.capabilities",
@@ -204,6 +209,7 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
     });
     if let Some(o) = &opts {
         v.extend(container_caps(uid.is_root(), o));
+        v.push(container_userns(o));
     }
     let abi = sys::landlock_abi();
     v.push(Check {
@@ -228,6 +234,26 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
     });
     v.extend(host_hardening(opts.as_ref()));
     v
+}
+
+/// Whether the container's root is the host's root: with /proc unmasked for sealnode, it should
+/// not be (docs/containers.md, "The trust model in a container").
+fn container_userns(o: &Options) -> Check {
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    let host_root = map.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 3 && f[0] == "0" && f[1] == "0"
+    });
+    Check {
+        name: "container user namespace",
+        level: if host_root { Level::Warn } else { Level::Ok },
+        value: map.lines().next().unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" "),
+        meaning: if host_root {
+            format!("the container's root is the host's root: with /proc unmasked for sealnode, a compromise of sealnode itself would be host root; fix: {}", o.userns)
+        } else {
+            "the container's root is an unprivileged host user".into()
+        },
+    }
 }
 
 /// The capabilities a rootful sealnode uses in a container (found by trying each runtime
@@ -350,7 +376,14 @@ pub fn required() -> crate::error::Result<()> {
     // ABI 0: the Landlock ABI the policies need is checked where they are compiled.
     match checks(0).into_iter().find(|c| c.level == Level::Fail) {
         None => Ok(()),
-        Some(c) => Err(crate::error::Error::Unsupported { what: format!("{}: {}", c.name, c.value), fix: c.meaning }),
+        Some(c) => {
+            // A check's meaning reads "why; fix: what to change": the error says each once.
+            let (why, fix) = c.meaning.split_once("; fix: ").unwrap_or((c.meaning.as_str(), ""));
+            let fix = if fix.is_empty() { why.to_string() } else { fix.to_string() };
+            let what =
+                if fix == why { format!("{}: {}", c.name, c.value) } else { format!("{}: {}: {why}", c.name, c.value) };
+            Err(crate::error::Error::Unsupported { what, fix })
+        }
     }
 }
 
