@@ -77,7 +77,9 @@ if not bad:
     print("none")
 else:
     kind_of = {j["job"]: f["kind"] for f in faults for j in f["jobs"]}
-    count = collections.Counter((kind_of.get(j["job"], "none"), j["error"]) for j in bad)
+    # The connection's number aside, so that one cause reads as one line.
+    count = collections.Counter((kind_of.get(j["job"], "none"), re.sub(r"connection \d+", "connection N", j["error"]))
+                                for j in bad)
     print("| fault kind | failed | text |")
     print("|---|---:|---|")
     for (k, e), n in sorted(count.items()):
