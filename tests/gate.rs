@@ -1349,6 +1349,53 @@ fn a_recycle_drains_the_nodes_requests_to_the_engine() {
     }
 }
 
+/// A request the node sends while a recycle drains its earlier one reaches the engine that is
+/// still up, and the drain waits for it too: it was held for the engine about to stop, and cut
+/// with the node (bench/soak.sh: every reload and recycle lost the jobs sent during its drain).
+#[test]
+fn a_request_the_node_sends_during_a_drain_reaches_the_engine_and_is_waited_for() {
+    for mode in modes() {
+        let node = "echo node-up; while [ ! -e /scratch/go ]; do sleep 0.05; done; echo req-start; \
+                    ( if (sleep 3; printf 'GET /hello.txt HTTP/1.0\\r\\n\\r\\n') | /usr/bin/busybox nc 127.0.0.1 18080 | grep -q hello; \
+                      then echo FIRST-OK; else echo FIRST-CUT; fi ) & \
+                    while [ ! -e /scratch/go2 ]; do sleep 0.05; done; \
+                    if (printf 'GET /hello.txt HTTP/1.0\\r\\n\\r\\n'; sleep 1) | /usr/bin/busybox nc 127.0.0.1 18080 | grep -q hello; \
+                    then echo SECOND-OK; else echo SECOND-CUT; fi; wait; exec sleep 1000";
+        let f = cell(mode, "drain-new", HTTPD, node, "", "");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        std::fs::write(f.p("node-scratch/go"), "").expect("go");
+        run.out_line(30, |l| l == "req-start");
+        assert!(
+            wait_until(Duration::from_secs(10), || ctl(&f, "status")["engine_forwarding"]["active"] == 1),
+            "{mode:?}: the first request never reached the engine: {}",
+            ctl(&f, "status")
+        );
+        let cfg = f.config.display().to_string();
+        let recycle = f
+            .command(&["ctl", "--config", &cfg, "recycle", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("ctl recycle");
+        run.err_line(30, |l| l.contains("draining"));
+        std::fs::write(f.p("node-scratch/go2"), "").expect("go2");
+        run.out_line(30, |l| l == "SECOND-OK" || l == "SECOND-CUT");
+        run.out_line(30, |l| l == "FIRST-OK" || l == "FIRST-CUT");
+        let out = LoggedRun::text(&run.out);
+        assert!(
+            out.contains("SECOND-OK"),
+            "{mode:?}: the request sent during the drain was cut: {out}\n{}",
+            run.stderr()
+        );
+        assert!(out.contains("FIRST-OK"), "{mode:?}: the drained request was cut: {out}\n{}", run.stderr());
+        let o = recycle.wait_with_output().expect("ctl recycle");
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        assert_eq!(v["ok"], true, "{mode:?}: {v} {}", run.stderr());
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
 /// With SEALNODE_LOG_FORMAT=json (a container's log driver keeps JSON lines whole) every line
 /// sealnode writes is one JSON object: its own events on stderr with their fields, each role's
 /// lines on the stream the role wrote them to, with role, pid, generation and stream. An

@@ -278,6 +278,11 @@ impl Forwarder {
         self.upstreams.iter().find(|u| u.is_engine()).map_or(0, |u| u.stats.active)
     }
 
+    /// The node's connections waiting for the engine (cell.engine_hold_s).
+    pub fn engine_waiting(&self) -> usize {
+        self.upstreams.iter().find(|u| u.is_engine()).map_or(0, |u| u.held.len())
+    }
+
     /// When the node's last connection to the engine closed (None: none has yet).
     pub fn engine_closed_at(&self) -> Option<Instant> {
         self.engine_closed_at
@@ -717,7 +722,15 @@ impl Forwarder {
     pub fn close_all(&mut self, epoll: &Epoll) {
         for u in self.upstreams.iter_mut() {
             u.parked.clear();
-            u.held.clear();
+            if !u.held.is_empty() {
+                // A stop ends what waited for the engine: said and counted, never silent.
+                tracing::warn!(
+                    connections = u.held.len(),
+                    "the cell stopped: the node's connections waiting for the engine are closed"
+                );
+                u.stats.hold_expired += u.held.len() as u64;
+                u.held.clear();
+            }
         }
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {

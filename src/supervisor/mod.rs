@@ -308,14 +308,17 @@ impl Supervisor {
     /// for an event: a stop's drain and SIGTERMs (node, then engine), both scratch dirs wiped
     /// once both roles are down, and what follows the wipes. Some(code): the loop ends with it.
     fn advance(&mut self) -> Option<i32> {
-        // The node's connections to the engine go through only while it is ready and no stop
-        // is under way; meanwhile they wait (cell.engine_hold_s).
-        let reachable = self.engine_is_ready() && self.cycle.stop.is_none();
+        // The node's connections to the engine go through while it is ready and no stop is
+        // under way, or a stop drains while the node runs; meanwhile they wait
+        // (cell.engine_hold_s) and count as busy for the drain.
+        let node = self.roles[Role::Node as usize].phase;
+        let reachable = self.cycle.forwards(self.engine_is_ready(), node);
         self.fwd.set_engine_ready(&self.base.epoll, reachable);
         loop {
             let (engine, node) = (self.roles[Role::Engine as usize].phase, self.roles[Role::Node as usize].phase);
             let now = Instant::now();
-            let engine_busy = lifecycle::engine_busy(self.fwd.engine_active(), self.fwd.engine_closed_at(), now);
+            let open = self.fwd.engine_active() + self.fwd.engine_waiting();
+            let engine_busy = lifecycle::engine_busy(open, self.fwd.engine_closed_at(), now);
             match self.cycle.next(engine, node, engine_busy, now) {
                 Step::Wait => return None,
                 Step::Term(role) => self.terminate(role),

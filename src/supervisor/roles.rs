@@ -147,7 +147,7 @@ impl Supervisor {
         // A clean stop lets the node's requests in flight to the engine finish first (the
         // cell's table waits for them: lifecycle::Cycle::next), up to cell.drain_timeout_s.
         let drain = Duration::from_secs(self.base.cfg.cell.drain_timeout_s);
-        let in_flight = self.fwd.engine_active();
+        let in_flight = self.fwd.engine_active() + self.fwd.engine_waiting();
         let node_runs = matches!(self.roles[Role::Node as usize].phase, Phase::Running(_));
         let clean = self.cycle.stop.is_some_and(|s| s.code == crate::exit::OK);
         if clean && !drain.is_zero() && node_runs && self.cycle.drain.is_none() {
@@ -185,7 +185,7 @@ impl Supervisor {
     pub(super) fn terminate(&mut self, role: Role) {
         let grace = Duration::from_secs(self.base.cfg.cell.stop_timeout_s);
         if role == Role::Node && self.cycle.drain.is_some() {
-            match self.fwd.engine_active() {
+            match self.fwd.engine_active() + self.fwd.engine_waiting() {
                 0 => tracing::debug!("drained: no request to the engine in flight"),
                 n => tracing::warn!(
                     in_flight = n,

@@ -329,8 +329,8 @@ pub(super) enum CellEvent {
 /// pass the answer on (to the gateway) before it is stopped.
 pub(super) const DRAIN_SETTLE: Duration = Duration::from_secs(1);
 
-/// The node is still busy with the engine, for a drain: a connection open, or the last one
-/// closed less than [`DRAIN_SETTLE`] ago.
+/// The node is still busy with the engine, for a drain: a connection open (forwarded or
+/// waiting for the engine), or the last one closed less than [`DRAIN_SETTLE`] ago.
 pub(super) fn engine_busy(open: usize, last_closed: Option<Instant>, now: Instant) -> bool {
     open > 0 || last_closed.is_some_and(|t| now < t + DRAIN_SETTLE)
 }
@@ -422,6 +422,16 @@ impl Cycle {
             // A stop moves every other phase to Down (Phase::on, StopAsked).
             _ => Step::Wait,
         }
+    }
+
+    /// Whether the node's new connections to the engine go through now (else they wait,
+    /// cell.engine_hold_s): while the engine is ready and no stop is under way, and during a
+    /// stop's drain while the node still runs. A job the node sends while the drain waits for
+    /// its earlier ones reaches the engine that is still up, and the drain waits for it too,
+    /// instead of holding it for an engine that is about to stop and cutting it with the node
+    /// (found by bench/soak.sh: each reload and recycle cut the jobs sent during its drain).
+    pub(super) fn forwards(&self, engine_ready: bool, node: Phase) -> bool {
+        engine_ready && (self.stop.is_none() || (self.drain.is_some() && matches!(node, Phase::Running(_))))
     }
 
     /// When a drain under way may end without an event: its own end, or a second after the

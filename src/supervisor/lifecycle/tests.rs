@@ -434,3 +434,28 @@ fn each_phase_shows_its_name_and_process() {
         assert_eq!(phase.shown().0.as_str(), name);
     }
 }
+
+/// Whether the node's new connections to the engine go through: while the engine is ready and
+/// no stop is under way, and through a clean stop's drain while the node still runs (a job the
+/// node sends meanwhile reaches the engine that is still up, and the drain waits for it);
+/// never past the drain, in a stop without one, or to an engine that is not ready.
+#[test]
+fn the_nodes_connections_reach_the_engine_through_a_drain() {
+    use Phase as P;
+    let (pid, t0) = (Pid::from_raw(9), Instant::now());
+    let stop = Some(Stop { code: 0, after: After::Restart });
+    let drain = Some(t0 + Duration::from_secs(10));
+    // stop, drain, engine ready, node: forwards.
+    for (stop, drain, ready, node, want) in [
+        (None, None, true, P::Running(pid), true),
+        (None, None, false, P::Running(pid), false),
+        (stop, drain, true, P::Running(pid), true),
+        (stop, drain, false, P::Running(pid), false),
+        (stop, drain, true, P::Stopping(pid, t0), false),
+        (stop, drain, true, P::Down, false),
+        (stop, None, true, P::Running(pid), false),
+    ] {
+        let cycle = Cycle { stop, drain, wipes: Wipes::default() };
+        assert_eq!(cycle.forwards(ready, node), want, "{cycle:?} ready={ready} node {node:?}");
+    }
+}
