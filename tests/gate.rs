@@ -1581,3 +1581,27 @@ fn without_reload_on_change_a_config_change_reloads_nothing() {
         assert!(!out.contains("engine-env=2"), "{mode:?}: {out}");
     }
 }
+
+/// The config's directory moved away and made again (found in review: the watch failed on the
+/// missing directory and never came back, so every later change was lost): it is tried again
+/// every few seconds, and once watched again its contents are taken as a change and reloaded.
+#[test]
+fn a_replaced_config_directory_is_watched_again_and_its_change_reloaded() {
+    for mode in modes() {
+        let f = configmap_cell(mode, "cm-gone", true);
+        let v1 = std::fs::read_to_string(&f.config).expect("config");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let cm = f.config.parent().expect("cm").to_path_buf();
+        std::fs::rename(&cm, f.p("cm.old")).expect("move the dir away");
+        run.err_line(30, |l| l.contains("reload refused") || l.contains("cannot watch the config's directory"));
+        std::thread::sleep(Duration::from_secs(2));
+        std::fs::create_dir(&cm).expect("mkdir");
+        std::fs::set_permissions(&cm, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        configmap_update(&f, &v1.replace("ENGINE_ONLY = \"1\"", "ENGINE_ONLY = \"2\""));
+        run.err_line(30, |l| l.contains("watched again"));
+        run.out_line(60, |l| l == "engine-env=2");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}

@@ -96,7 +96,12 @@ pub(super) struct ConfigWatch {
     due: Option<Instant>,
     /// The change waits for a busy cell (said once).
     waiting: bool,
+    /// The directory could not be watched (gone, replaced, unreadable): tried again then.
+    retry: Option<Instant>,
 }
+
+/// How often a directory that cannot be watched is tried again.
+pub(super) const RETRY: Duration = Duration::from_secs(5);
 
 impl ConfigWatch {
     /// Watch `cfg`'s file when `cell.reload_on_change` says so, and stop watching when it no
@@ -106,6 +111,7 @@ impl ConfigWatch {
         let want = cfg.cell.reload_on_change.then(|| split(&cfg.file)).flatten();
         let same = matches!((&self.armed, &want), (Some(a), Some((d, f))) if a.dir == *d && a.file == *f);
         if same {
+            self.rearm(Instant::now());
             return;
         }
         if let Some(a) = self.armed.take() {
@@ -130,7 +136,23 @@ impl ConfigWatch {
         if a.wd.is_some() {
             tracing::info!(dir = %a.dir.display(), file = %a.file.to_string_lossy(), "watching the config: a change reloads the cell (cell.reload_on_change)");
         }
+        self.retry = a.wd.is_none().then(|| Instant::now() + RETRY);
         self.armed = Some(a);
+    }
+
+    /// Arm the watch again (the directory's path may name another directory now); one that
+    /// cannot be watched is tried again in [`RETRY`]. True when it was unwatched and is
+    /// watched now: what changed meanwhile was not seen, so the caller takes it as a change.
+    fn rearm(&mut self, now: Instant) -> bool {
+        let Some(a) = &mut self.armed else { return false };
+        let was = a.wd.is_some();
+        a.arm();
+        self.retry = a.wd.is_none().then(|| now + RETRY);
+        if !was && a.wd.is_some() {
+            tracing::info!(dir = %a.dir.display(), "the config's directory is watched again; its contents are taken as a change");
+            return true;
+        }
+        false
     }
 
     /// The inotify fd is readable: every event read; a change of the config is due
@@ -161,28 +183,30 @@ impl ConfigWatch {
             }
         }
         if lost {
-            a.arm();
+            self.rearm(now);
         }
         if changed || lost {
-            tracing::debug!(dir = %a.dir.display(), lost, "config change seen; reloading once it settles");
+            tracing::debug!(lost, "config change seen; reloading once it settles");
             self.due = Some(now + SETTLE);
         }
     }
 
     pub(super) fn next_deadline(&self) -> Option<Instant> {
-        self.due
+        [self.due, self.retry].into_iter().flatten().min()
     }
 
     /// A change has settled: it is the caller's now (the watch armed again first, so the next
     /// change is seen whatever became of the directory).
     pub(super) fn due(&mut self, now: Instant) -> bool {
+        if self.retry.is_some_and(|t| t <= now) && self.rearm(now) {
+            // Watched again after a gap: whatever changed in it is a change, once quiet.
+            self.due = Some(now + SETTLE);
+        }
         if self.due.is_none_or(|t| t > now) {
             return false;
         }
         self.due = None;
-        if let Some(a) = &mut self.armed {
-            a.arm();
-        }
+        self.rearm(now);
         true
     }
 
