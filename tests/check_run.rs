@@ -432,3 +432,21 @@ fn a_configmap_and_a_secret_volume_are_trusted_read_only() {
         f.config = f.p("sealnode.toml");
     }
 }
+
+/// The node's credential reached through a link (the shape a Secret volume's is) into the
+/// engine's model dir: the engine could read it. Refused by where the link leads, not only by
+/// the name in the config (found in review: a link into the engine's writable model dir passed).
+#[test]
+fn a_credential_linked_into_the_engines_model_dir_is_refused() {
+    for mode in modes() {
+        let f = fixture(mode, "cred-link");
+        let real = f.p("models/cred");
+        std::fs::rename(f.p("credential"), &real).expect("move the credential");
+        std::os::unix::fs::symlink("models/cred", f.p("credential")).expect("link");
+        same_refusal(
+            &f,
+            "a credential linked into the model dir",
+            &["node.credential", "engine.models", "another role can read"],
+        );
+    }
+}

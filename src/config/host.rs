@@ -319,6 +319,35 @@ impl Config {
                 }
             }
         }
+        // A role's credential where its links lead (a Secret's file is beside its link): not
+        // in anything another role has bound, nor in a dir any role can write (review: a
+        // link to a credential in the engine's writable model dir passed the check by name).
+        for role in Role::ALL {
+            let Some(c) = &self.role(role).credential else { continue };
+            let Ok(real) = std::fs::canonicalize(c) else { continue };
+            let field = format!("{role}.credential");
+            for other in Role::ALL {
+                for RolePath { field: of, path: p, writable, .. } in self.host_paths(other) {
+                    let own = other == role && of == field;
+                    if own || !(writable || other != role) {
+                        continue;
+                    }
+                    let bound = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+                    if contains(&bound, &real) || contains(p, &real) {
+                        return Err(self.err(
+                            &field,
+                            format!(
+                                "{} (where {} leads) is inside {} ({of}), which {}; the credential reaches the node only through `credential`",
+                                real.display(),
+                                c.display(),
+                                p.display(),
+                                if writable { "a role can write" } else { "another role can read" }
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
         // The state dir holds the attestation key: no role may see it, through the system view
         // (tests/attest.rs: a_state_dir_in_the_system_view_is_refused) ...
         let real = std::fs::canonicalize(&self.cell.state_dir).unwrap_or_else(|_| self.cell.state_dir.clone());
