@@ -2,8 +2,9 @@
 //! with systemd as PID 1 and cgroup v2, booted with qemu and no network device. The package is
 //! built here, installed there, and in one boot (tests/vm/suite.sh, with a software TPM) the
 //! unit is started, reloaded, watched and stopped for real (tests/vm/unit.sh), per-role cgroup
-//! limits are enforced (tests/vm/limits.sh) and statements are bound to the TPM
-//! (tests/vm/tpm.sh); then the same root boots bookworm's kernel 6.1, where sealnode must
+//! limits are enforced (tests/vm/limits.sh), statements are bound to the TPM
+//! (tests/vm/tpm.sh) and the image runs as a container's entrypoint under podman and
+//! containerd (tests/vm/container.sh); then the same root boots bookworm's kernel 6.1, where sealnode must
 //! refuse with the fix (tests/vm/old-kernel.sh).
 
 mod common;
@@ -163,9 +164,57 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
     passed(ok, text, &needed, "the TPM");
     tpm_statements_verify_here(&tpm_out);
 
+    // sealnode as a container's entrypoint (docs/containers.md): the image, with exactly the
+    // documented options, under rootful and rootless podman and containerd; each option taken
+    // away refuses the start, naming it.
+    let (ok, text) = section(&all, "tests/vm/container.sh");
+    let needed = [
+        "ok: the image imported from scripts/build-image's rootfs",
+        "ok: doctor in the container passes with the documented options",
+        "ok: doctor says it runs in podman",
+        "ok: ctl ready in the container (readiness probe) once both roles run",
+        "ok: the canary passed at this start (receipt)",
+        "ok: the receipt names podman as the container's runtime",
+        "ok: a job round trip through declared egress to the gateway's container",
+        "ok: it verifies (examples/verify-attestation.py) for the nonce",
+        "ok: its predicate says it ran in podman",
+        "ok: SIGTERM (podman stop) stops it within 30 s",
+        "ok: a clean stop: exit status 0",
+        "ok: scratch wiped",
+        "ok: without the seccomp profile: refused with 125",
+        "ok: without the seccomp profile: the refusal names it",
+        "ok: without unmask=/proc/*: refused with 125",
+        "ok: without unmask=/proc/*: the refusal names it",
+        "ok: without the capabilities: refused with 125",
+        "ok: without the capabilities: the refusal names it",
+        "ok: rootless: ctl ready in the container",
+        "ok: rootless: the canary passed and the receipt names podman",
+        "ok: rootless: a job round trip through declared egress",
+        "ok: rootless: SIGTERM stops it within 30 s",
+        "ok: containerd: ctl ready in the container",
+        "ok: containerd: the canary passed and the receipt names containerd",
+        "ok: containerd: SIGTERM stops it within 30 s",
+    ];
+    passed(ok, text, &needed, "containers");
+    container_statement_verifies_here(&tpm_out);
+
     let (ok, text) = guest.boot("old");
     assert!(text.contains("guest: 6.1."), "not the 6.1 kernel:\n{text}");
     assert!(ok && !text.contains("FAIL:"), "6.1 kernel:\n{text}");
+}
+
+/// The statement the rootful podman container gave for its nonce, verified here by sealnode's
+/// own verifier (the guest checked it with the Python one): what a gateway receives from a
+/// containerized node, with `host.container` naming podman.
+fn container_statement_verifies_here(out: &Path) {
+    let nonce = std::fs::read_to_string(out.join("container-nonce")).expect("the container's nonce from the guest");
+    let o = Command::new(env!("CARGO_BIN_EXE_sealnode"))
+        .arg("verify-attestation")
+        .args(["--pubkey", &out.join("container-pubkey.pem").display().to_string(), "--nonce", nonce.trim()])
+        .arg(out.join("container-statement.json"))
+        .output_within(Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "the container's statement: {text}");
 }
 
 /// The guest's TPM-bound statements, verified on the host by both verifiers: the fresh one with

@@ -9,7 +9,7 @@
 set -u
 REPO=$1 CACHE=$2 DEB=$3
 shift 3
-[ $# -gt 0 ] || set -- tests/vm/unit.sh tests/vm/limits.sh tests/vm/tpm.sh
+[ $# -gt 0 ] || set -- tests/vm/unit.sh tests/vm/limits.sh tests/vm/tpm.sh tests/vm/container.sh
 worst=0
 for s in "$@"; do
   echo "=== BEGIN $s"
