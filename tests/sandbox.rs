@@ -496,3 +496,36 @@ fn swapped_role_dir_is_never_mounted() {
         );
     }
 }
+
+/// A filter above sealnode that answers landlock_restrict_self with a faked success (what a
+/// container runtime's seccomp profile could do; found in review: both roles ran without
+/// Landlock and the preflight passed). The sandbox checks the domain is in force after the
+/// call, by a signal its scope must refuse, and refuses to run the command.
+#[test]
+fn a_faked_landlock_restrict_self_is_caught_and_nothing_runs() {
+    use std::os::unix::process::CommandExt;
+    for mode in modes() {
+        let f = Fixture::new(mode, "fake-landlock");
+        let ok = f.exec("engine", &["/usr/bin/busybox", "echo", "ran"]);
+        assert!(ok.status.success(), "{mode:?}: without the filter: {}", String::from_utf8_lossy(&ok.stderr));
+        let filter = seccompiler::SeccompFilter::new(
+            [(libc::SYS_landlock_restrict_self, vec![])].into_iter().collect(),
+            seccompiler::SeccompAction::Allow,
+            seccompiler::SeccompAction::Errno(0),
+            seccompiler::TargetArch::x86_64,
+        )
+        .expect("filter");
+        let prog: seccompiler::BpfProgram = filter.try_into().expect("bpf");
+        let cfg = f.config.display().to_string();
+        let mut cmd =
+            f.command(&["exec", "--config", &cfg, "--role", "engine", "--", "/usr/bin/busybox", "echo", "ran"]);
+        // SAFETY: between fork and exec only prctl and seccomp are called, on a program built before.
+        unsafe {
+            cmd.pre_exec(move || seccompiler::apply_filter(&prog).map_err(std::io::Error::other));
+        }
+        let o = cmd.output_within(COMMAND_LIMIT);
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(!o.status.success() && !out.contains("ran"), "{mode:?}: ran without Landlock: {out}{err}");
+        assert!(err.contains("landlock"), "{mode:?}: the refusal names the layer: {err}");
+    }
+}

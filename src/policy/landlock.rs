@@ -379,6 +379,14 @@ pub fn apply(res: &Resolved) -> std::result::Result<(), ApplyError> {
     if status.ruleset != RulesetStatus::FullyEnforced {
         return Err(ApplyError::NotEnforced);
     }
+    // The call's return is not proof: a filter above sealnode (a container runtime's seccomp
+    // profile) can answer landlock_restrict_self with a faked success (found in review). With
+    // the signal scope in force, even signal 0 to the parent, outside this domain, is refused.
+    if res.scopes.contains(Scope::Signal)
+        && nix::sys::signal::kill(nix::unistd::getppid(), None) != Err(nix::errno::Errno::EPERM)
+    {
+        return Err(ApplyError::NotEnforced);
+    }
     Ok(())
 }
 
