@@ -503,13 +503,26 @@ fn swapped_role_dir_is_never_mounted() {
 /// call, by a signal its scope must refuse, and refuses to run the command.
 #[test]
 fn a_faked_landlock_restrict_self_is_caught_and_nothing_runs() {
+    faked_call_refuses("fake-landlock", libc::SYS_landlock_restrict_self, "landlock");
+}
+
+/// The same for mount_setattr (the read-only, nosuid, nodev and noexec flags of a role's
+/// binds): the mount's flags as the kernel reports them must hold what was asked.
+#[test]
+fn a_faked_mount_setattr_is_caught_and_nothing_runs() {
+    faked_call_refuses("fake-mount-setattr", libc::SYS_mount_setattr, "EOPNOTSUPP");
+}
+
+/// `sealnode exec` under a seccomp filter that answers `nr` with a faked success (errno 0):
+/// it must refuse, saying `says`, and run nothing.
+fn faked_call_refuses(name: &str, nr: i64, says: &str) {
     use std::os::unix::process::CommandExt;
     for mode in modes() {
-        let f = Fixture::new(mode, "fake-landlock");
+        let f = Fixture::new(mode, name);
         let ok = f.exec("engine", &["/usr/bin/busybox", "echo", "ran"]);
         assert!(ok.status.success(), "{mode:?}: without the filter: {}", String::from_utf8_lossy(&ok.stderr));
         let filter = seccompiler::SeccompFilter::new(
-            [(libc::SYS_landlock_restrict_self, vec![])].into_iter().collect(),
+            [(nr, vec![])].into_iter().collect(),
             seccompiler::SeccompAction::Allow,
             seccompiler::SeccompAction::Errno(0),
             seccompiler::TargetArch::x86_64,
@@ -525,7 +538,7 @@ fn a_faked_landlock_restrict_self_is_caught_and_nothing_runs() {
         }
         let o = cmd.output_within(COMMAND_LIMIT);
         let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(!o.status.success() && !out.contains("ran"), "{mode:?}: ran without Landlock: {out}{err}");
-        assert!(err.contains("landlock"), "{mode:?}: the refusal names the layer: {err}");
+        assert!(!o.status.success() && !out.contains("ran"), "{mode:?}: ran with the call faked: {out}{err}");
+        assert!(err.contains(says), "{mode:?}: the refusal says {says:?}: {err}");
     }
 }

@@ -211,7 +211,21 @@ pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno
             std::mem::size_of::<MountAttr>(),
         )
     };
-    Errno::result(r).map(drop)
+    Errno::result(r)?;
+    // The call's return is not proof: a filter above sealnode (a container runtime's seccomp
+    // profile) can answer it with a faked success (found in review). The mount's flags as the
+    // kernel reports them must now hold what was asked; else EOPNOTSUPP.
+    let want = [
+        (MOUNT_ATTR_RDONLY, nix::sys::statvfs::FsFlags::ST_RDONLY),
+        (MOUNT_ATTR_NOSUID, nix::sys::statvfs::FsFlags::ST_NOSUID),
+        (MOUNT_ATTR_NODEV, nix::sys::statvfs::FsFlags::ST_NODEV),
+        (MOUNT_ATTR_NOEXEC, nix::sys::statvfs::FsFlags::ST_NOEXEC),
+    ];
+    let flags = nix::sys::statvfs::statvfs(path)?.flags();
+    if want.iter().any(|(attr, st)| set & attr != 0 && !flags.contains(*st)) {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
 }
 
 /// pivot_root(new_root, put_old).
