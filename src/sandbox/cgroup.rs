@@ -451,15 +451,16 @@ fn make_path(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Write a role's limits into its leaf; returns the files and values written. A file that
-/// cannot be written fails the start, naming the limit.
-fn write_limits(
+/// A role's limits as the files of its leaf and their values, in order, each with the limit's
+/// field (for the error that names it); a device io.max names that is not a block device is
+/// refused here, before anything is written.
+fn limit_files(
     cfg: &Config,
     role: Role,
     leaf: &Path,
     l: &Limits,
     controllers: &[String],
-) -> Result<BTreeMap<String, String>> {
+) -> Result<Vec<(&'static str, String, &'static str)>> {
     let mut files: Vec<(&str, String, &str)> = Vec::new();
     let mb = |m: u64| (m * 1024 * 1024).to_string();
     let memory = controllers.iter().any(|c| c == "memory");
@@ -481,8 +482,11 @@ fn write_limits(
         files.push(("pids.max", p.to_string(), "pids_max"));
     }
     if let Some(c) = l.cpu_max {
-        const PERIOD: u64 = 100_000;
-        files.push(("cpu.max", format!("{} {PERIOD}", ((c * PERIOD as f64).round() as u64).max(1000)), "cpu_max"));
+        files.push((
+            "cpu.max",
+            format!("{} {CPU_PERIOD}", ((c * CPU_PERIOD as f64).round() as u64).max(1000)),
+            "cpu_max",
+        ));
     }
     if let Some(w) = l.cpu_weight {
         files.push(("cpu.weight", w.to_string(), "cpu_weight"));
@@ -501,20 +505,170 @@ fn write_limits(
         }
         files.push(("io.max", v, "io_max"));
     }
-    let mut written = BTreeMap::new();
-    for (file, value, field) in files {
+    Ok(files)
+}
+
+/// cpu.max's period, µs.
+const CPU_PERIOD: u64 = 100_000;
+
+/// Write a role's limits into its leaf; returns the files and values written. A file that
+/// cannot be written fails the start, naming the limit.
+fn write_limits(
+    cfg: &Config,
+    role: Role,
+    leaf: &Path,
+    l: &Limits,
+    controllers: &[String],
+) -> Result<BTreeMap<String, String>> {
+    write_files(cfg, role, leaf, limit_files(cfg, role, leaf, l, controllers)?)
+}
+
+fn write_files(
+    cfg: &Config,
+    role: Role,
+    leaf: &Path,
+    files: Vec<(&str, String, &str)>,
+) -> Result<BTreeMap<String, String>> {
+    for (file, value, field) in &files {
         let p = leaf.join(file);
-        if let Err(e) = std::fs::write(&p, &value) {
+        if let Err(e) = std::fs::write(&p, value) {
             return Err(Error::config(
                 &cfg.file,
                 cfg.limit_field(role, field),
                 format!("cannot be enforced here: writing {value:?} to {} failed: {e}", p.display()),
             ));
         }
-        // io.max takes one line per device: keep them all.
-        written.entry(file.to_string()).and_modify(|v: &mut String| v.push_str(&format!("; {value}"))).or_insert(value);
     }
-    Ok(written)
+    // io.max takes one line per device: the record keeps them all.
+    Ok(record(&files))
+}
+
+/// What undoes a limit file written before and not written now (a limit taken out of the
+/// config on reload): the kernel's own default for it. io.max: each device line written
+/// before and not now, back to no cap.
+fn resets(
+    before: &BTreeMap<String, String>,
+    now: &[(&str, String, &str)],
+) -> Vec<(&'static str, String, &'static str)> {
+    let mut out = Vec::new();
+    for (file, default, field) in [
+        ("memory.high", "max".to_string(), "memory_high_mb"),
+        ("memory.max", "max".to_string(), "memory_max_mb"),
+        ("memory.swap.max", "max".to_string(), "memory_swap_max_mb"),
+        ("pids.max", "max".to_string(), "pids_max"),
+        ("cpu.max", format!("max {CPU_PERIOD}"), "cpu_max"),
+        ("cpu.weight", "100".to_string(), "cpu_weight"),
+        ("io.weight", "default 100".to_string(), "io_weight"),
+    ] {
+        if before.contains_key(file) && !now.iter().any(|(f, _, _)| *f == file) {
+            out.push((file, default, field));
+        }
+    }
+    let device = |line: &str| line.split_whitespace().next().map(str::to_string);
+    let kept: Vec<String> = now.iter().filter(|(f, _, _)| *f == "io.max").filter_map(|(_, v, _)| device(v)).collect();
+    for line in before.get("io.max").map(|v| v.split("; ").collect::<Vec<_>>()).unwrap_or_default() {
+        if let Some(d) = device(line).filter(|d| !kept.contains(d)) {
+            out.push(("io.max", format!("{d} rbps=max wbps=max riops=max wiops=max"), "io_max"));
+        }
+    }
+    out
+}
+
+/// For a reload, without side effects: whether `cfg`'s limits can be written into the running
+/// cell's leaves (`tree`; none: the cell has no cgroups, and a limit is refused as at a start),
+/// each controller they need enabled there, each io.max device a block device.
+pub fn check_update(tree: Option<&Tree>, cfg: &Config) -> Result<()> {
+    let Some(tree) = tree else { return check(cfg).map(drop) };
+    for ctl in CONTROLLERS {
+        if !tree.controllers.iter().any(|c| c == ctl) {
+            if let Some(field) = first_limit(cfg, Some(ctl)) {
+                return Err(refuse(
+                    cfg,
+                    &field,
+                    &format!(
+                        "the running cell's cgroup {} has no {ctl} controller for its leaves",
+                        tree.root.display()
+                    ),
+                    "restart sealnode where the controller is delegated",
+                ));
+            }
+        }
+    }
+    for l in &tree.leaves {
+        limit_files(cfg, l.role, &l.path, &cfg.limits(l.role), &tree.controllers)?;
+    }
+    Ok(())
+}
+
+impl Tree {
+    /// A reload's limits, written live into the leaves of the roles whose limits changed
+    /// (the kernel applies a cgroup file the moment it is written: a lower memory.max reclaims,
+    /// and OOM-kills the role if it cannot); a limit taken out goes back to the kernel's
+    /// default. Returns the roles whose limits changed. A write that fails puts every leaf's
+    /// earlier values back and names the limit: the cell goes on with the limits it had.
+    pub fn update(&mut self, cfg: &Config) -> Result<Vec<Role>> {
+        let mut done: Vec<(usize, BTreeMap<String, String>, Limits)> = Vec::new();
+        for i in 0..self.leaves.len() {
+            let leaf = &self.leaves[i];
+            let limits = cfg.limits(leaf.role);
+            if limits == leaf.limits {
+                continue;
+            }
+            let applied = limit_files(cfg, leaf.role, &leaf.path, &limits, &self.controllers).and_then(|now| {
+                write_files(cfg, leaf.role, &leaf.path, resets(&leaf.written, &now))?;
+                write_files(cfg, leaf.role, &leaf.path, now)
+            });
+            match applied {
+                Ok(written) => {
+                    let leaf = &mut self.leaves[i];
+                    let before = std::mem::replace(&mut leaf.written, written);
+                    done.push((i, before, std::mem::replace(&mut leaf.limits, limits)));
+                }
+                Err(e) => {
+                    // Back to what the receipt says is in force, this leaf and those before it.
+                    let (written, limits) = (self.leaves[i].written.clone(), self.leaves[i].limits.clone());
+                    self.restore(i, &written, &cfg.limits(self.leaves[i].role), limits, cfg);
+                    for (j, written, limits) in done.into_iter().rev() {
+                        let tried = self.leaves[j].limits.clone();
+                        self.restore(j, &written, &tried, limits, cfg);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done.iter().map(|(i, _, _)| self.leaves[*i].role).collect())
+    }
+
+    /// Leaf `i` back to `limits` and the files `written` records (what the `tried` limits set
+    /// and they do not, to the kernel's default), best effort: the update that needs it has
+    /// failed already.
+    fn restore(&mut self, i: usize, written: &BTreeMap<String, String>, tried: &Limits, limits: Limits, cfg: &Config) {
+        let controllers = self.controllers.clone();
+        let leaf = &mut self.leaves[i];
+        let before: Vec<(&str, String, &str)> =
+            written.iter().flat_map(|(f, v)| v.split("; ").map(move |v| (f.as_str(), v.to_string(), ""))).collect();
+        let tried = limit_files(cfg, leaf.role, &leaf.path, tried, &controllers).unwrap_or_default();
+        let tried = record(&tried);
+        for (file, value, _) in resets(&tried, &before).into_iter().chain(before) {
+            if let Err(e) = std::fs::write(leaf.path.join(file), &value) {
+                tracing::error!(cgroup = %leaf.path.display(), file, value, error = %e, "could not put a limit back");
+            }
+        }
+        leaf.written = written.clone();
+        leaf.limits = limits;
+    }
+}
+
+/// The files and values of a write, as the receipt records them (io.max's lines joined).
+fn record(files: &[(&str, String, &str)]) -> BTreeMap<String, String> {
+    let mut written = BTreeMap::new();
+    for (file, value, _) in files {
+        written
+            .entry(file.to_string())
+            .and_modify(|v: &mut String| v.push_str(&format!("; {value}")))
+            .or_insert_with(|| value.clone());
+    }
+    written
 }
 
 /// A block device's major:minor, for io.max. `/dev/NAME` missing from this mount namespace (the
@@ -637,6 +791,78 @@ mod tests {
         let got = write_limits(&c, Role::Node, node.path(), &c.limits(Role::Node), &["pids".into()]).expect("node");
         assert_eq!(got, want(&[("pids.max", "10")]));
         assert_eq!(c.limits(Role::Node).set_fields(), [("pids_max", "pids")]);
+    }
+
+    /// A tree over two temp dirs laid out as the role leaves, with `c`'s limits written.
+    fn tree_in(dir: &Path, c: &Config) -> Tree {
+        let controllers: Vec<String> = ["memory", "pids", "cpu", "io"].map(String::from).to_vec();
+        let leaves = Role::ALL
+            .into_iter()
+            .map(|role| {
+                let path = dir.join(role.name());
+                std::fs::create_dir(&path).expect("leaf");
+                let limits = c.limits(role);
+                let written = write_limits(c, role, &path, &limits, &controllers).expect("write");
+                let fd = nix::fcntl::open(&path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()).expect("open");
+                Leaf { role, path, dir: fd, written, limits }
+            })
+            .collect();
+        Tree { root: dir.to_path_buf(), controllers, leaves }
+    }
+
+    /// A reload's limits go into the leaves of the roles whose limits changed, a limit taken
+    /// out goes back to the kernel's default, and the record follows; a write that fails puts
+    /// every leaf back as it was and names the limit.
+    #[test]
+    fn a_reload_writes_changed_limits_live_and_undoes_them_all_on_a_failure() {
+        let d = tempfile::tempdir().expect("tmp");
+        let read = |role: &str, f: &str| std::fs::read_to_string(d.path().join(role).join(f)).expect(f);
+        let before = cfg("limits = { memory_max_mb = 512, cpu_max = 1.5 }", "limits = { pids_max = 100 }");
+        let mut tree = tree_in(d.path(), &before);
+        assert_eq!(read("engine", "cpu.max"), "150000 100000");
+
+        // The engine's memory lowered, its CPU cap taken out; the node's limits as they were.
+        let after = cfg("limits = { memory_max_mb = 256 }", "limits = { pids_max = 100 }");
+        assert_eq!(tree.update(&after).expect("update"), vec![Role::Engine]);
+        assert_eq!(read("engine", "memory.max"), "268435456");
+        assert_eq!(read("engine", "cpu.max"), "max 100000", "a cap taken out is the kernel's default again");
+        assert_eq!(read("engine", "pids.max"), "100");
+        let engine = tree.leaf(Role::Engine).expect("leaf");
+        assert_eq!(engine.written.get("memory.max").map(String::as_str), Some("268435456"));
+        assert!(!engine.written.contains_key("cpu.max"), "the record holds what is in force");
+        assert_eq!(tree.update(&after).expect("again"), Vec::<Role>::new(), "nothing changed, nothing written");
+
+        // Both roles change and the node's pids.max cannot be written: the engine, written
+        // first, is put back too, and the error names the node's field.
+        std::fs::remove_file(d.path().join("node/pids.max")).expect("rm");
+        std::fs::create_dir(d.path().join("node/pids.max")).expect("a dir where the file was");
+        let worse = cfg("limits = { memory_max_mb = 128, cpu_max = 0.5 }", "limits = { pids_max = 50 }");
+        let e = tree.update(&worse).expect_err("node fails").to_string();
+        assert!(e.contains("pids_max") && e.contains("cannot be enforced here"), "{e}");
+        assert_eq!(read("engine", "memory.max"), "268435456", "the engine's earlier value is back");
+        assert_eq!(read("engine", "cpu.max"), "max 100000", "what the failed update set is undone");
+        assert_eq!(tree.leaf(Role::Engine).expect("leaf").limits, after.limits(Role::Engine));
+        assert_eq!(tree.leaf(Role::Node).expect("leaf").limits, after.limits(Role::Node));
+    }
+
+    /// Resets: what was written before and is not now; io.max per device line.
+    #[test]
+    fn a_limit_taken_out_resets_to_the_kernels_default() {
+        let before = record(&[
+            ("memory.max", "1".into(), ""),
+            ("cpu.weight", "200".into(), ""),
+            ("io.max", "8:0 rbps=1".into(), ""),
+            ("io.max", "8:16 wbps=2".into(), ""),
+        ]);
+        assert_eq!(before.get("io.max").map(String::as_str), Some("8:0 rbps=1; 8:16 wbps=2"));
+        let now = [("memory.max", "2".to_string(), ""), ("io.max", "8:16 wbps=3".to_string(), "")];
+        assert_eq!(
+            resets(&before, &now),
+            vec![
+                ("cpu.weight", "100".to_string(), "cpu_weight"),
+                ("io.max", "8:0 rbps=max wbps=max riops=max wiops=max".to_string(), "io_max"),
+            ]
+        );
     }
 
     #[test]
