@@ -249,6 +249,49 @@ impl Forwarder {
         })
     }
 
+    /// A reload's bounds (`cell.egress_max_connections`, `egress_idle_timeout_s`,
+    /// `egress_connect_timeout_s`): they hold for every connection from now on, and the next
+    /// sweep looks at the open ones with the new timeouts.
+    pub fn set_bounds(&mut self, max_per_upstream: usize, idle_timeout: Duration, connect_timeout: Duration) {
+        self.max_per_upstream = max_per_upstream;
+        self.idle_timeout = idle_timeout;
+        self.connect_timeout = connect_timeout;
+        self.next_sweep = (!self.conns.is_empty()).then(Instant::now);
+    }
+
+    /// A reload's egress, while the node is down and nothing is forwarded: the declared
+    /// upstreams are taken out (their listeners given back, in order, for the new ones to keep
+    /// where their address stays), and name lookups in flight for them are given up.
+    pub fn take_egress(&mut self, epoll: &Epoll) -> Vec<OwnedFd> {
+        // Connections name their upstream by index: none may outlive the switch.
+        self.close_all(epoll);
+        for (_, l) in self.lookups.drain() {
+            let _ = epoll.delete(l.pipe.as_fd());
+            let _ = nix::sys::signal::kill(l.pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        for u in &self.upstreams {
+            let _ = epoll.delete(u.listener.as_fd());
+        }
+        let (engine, egress): (Vec<Upstream>, Vec<Upstream>) =
+            std::mem::take(&mut self.upstreams).into_iter().partition(Upstream::is_engine);
+        self.upstreams = engine;
+        egress.into_iter().map(|u| u.listener).collect()
+    }
+
+    /// The new egress upstreams, before the node's way to the engine; every listener is
+    /// watched again under its new index.
+    pub fn set_egress(&mut self, epoll: &Epoll, egress: Vec<Upstream>) -> Result<(), Errno> {
+        let engine = std::mem::take(&mut self.upstreams);
+        self.upstreams = egress.into_iter().chain(engine).collect();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            epoll.add(u.listener.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_LISTENER | i as u64))?;
+        }
+        let nofile =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|l| l.0).unwrap_or(1024);
+        self.max_total = fd_budget(nofile, self.upstreams.len());
+        Ok(())
+    }
+
     /// How long the node's connections wait for an engine that is not ready (a reload's
     /// config brings its own).
     pub fn set_engine_hold(&mut self, hold: Duration) {

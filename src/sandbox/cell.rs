@@ -405,6 +405,68 @@ impl Cell {
     }
 }
 
+impl Cell {
+    /// Listeners bound in the node's network namespace at `addrs` (a reload's new egress,
+    /// while the node is down), made by a short-lived child that joins the cell's user
+    /// namespace and the node's network namespace and hands them back over a socketpair
+    /// (a socket stays in the namespace it was made in), as the cell init handed the first.
+    pub fn node_listeners(&self, addrs: &[(Ipv4Addr, u16)]) -> Result<Vec<OwnedFd>> {
+        if addrs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+            .map_err(|e| Error::errno("socketpair", e))?;
+        // SAFETY: the supervisor is single-threaded; the child only joins two namespaces,
+        // binds sockets, sends them and exits.
+        match unsafe { nix::unistd::fork() }.map_err(|e| Error::errno("fork", e))? {
+            nix::unistd::ForkResult::Child => {
+                drop(ours);
+                let _ = nix::sys::prctl::set_name(c"sealnode-listen");
+                let (step, item, errno) = match self.listen_child(addrs, theirs.as_raw_fd()) {
+                    Ok(()) => sys::exit_now(0),
+                    Err((item, e)) => (Step::EgressListen as u32, item as u32, e as i32),
+                };
+                let _ = send_fds(theirs.as_raw_fd(), Frame::Failed { step, item, errno }, &[]);
+                sys::exit_now(1)
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(theirs);
+                let got = recv_with_fds(ours.as_raw_fd(), addrs.len());
+                let _ = waitpid(child, None);
+                let (payload, fds) = got.map_err(|e| Error::errno("receive the node's new listeners", e))?;
+                match Frame::decode(&payload) {
+                    Some(Frame::Ok(n)) if n as usize == addrs.len() && fds.len() == addrs.len() => Ok(fds),
+                    Some(Frame::Failed { item, errno, .. }) if fds.is_empty() => {
+                        let (a, p) = addrs.get(item as usize).copied().unwrap_or((Ipv4Addr::UNSPECIFIED, 0));
+                        Err(Error::Setup {
+                            step: Step::EgressListen.name(),
+                            detail: format!("cell: listen on {a}:{p}"),
+                            errno: Errno::from_raw(errno),
+                        })
+                    }
+                    _ => Err(Error::errno("the node's new listeners", Errno::EPROTO)),
+                }
+            }
+        }
+    }
+
+    /// The listening child: in the node's network namespace, one listener per address, sent
+    /// back in order; the index of the address that failed, with why.
+    fn listen_child(&self, addrs: &[(Ipv4Addr, u16)], to: RawFd) -> std::result::Result<(), (usize, Errno)> {
+        let at0 = |e| (0, e);
+        // Never outlives the supervisor, which waits for it.
+        sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong).map_err(at0)?;
+        nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER).map_err(at0)?;
+        nix::sched::setns(self.node_netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(at0)?;
+        let fds = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, (a, p))| listener(*a, *p).map_err(|e| (i, e)))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        send_fds(to, Frame::Ok(fds.len() as u32), &fds).map_err(at0)
+    }
+}
+
 /// What a wipe empties: an uncapped scratch dir (its descriptor, opened once when the cell was
 /// made), or a capped one (the cell's tmpfs at this path in the cell's mount namespace).
 #[derive(Debug, Clone, Copy)]
