@@ -1605,3 +1605,132 @@ fn a_replaced_config_directory_is_watched_again_and_its_change_reloaded() {
         assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }
+
+/// A host upstream that greets every connection.
+fn greeter() -> (std::net::TcpListener, u16) {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let l2 = l.try_clone().expect("clone");
+    std::thread::spawn(move || {
+        for mut s in l2.incoming().flatten() {
+            let _ = s.write_all(b"hello\n");
+        }
+    });
+    (l, port)
+}
+
+/// The TCP ports listening in `pid`'s network namespace (its /proc/PID/net/tcp: every socket
+/// of the namespace, not only the process's).
+fn listening_ports(pid: i64) -> Vec<u16> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let port = w.get(1)?.rsplit(':').next()?;
+            (w.get(3) == Some(&"0A")).then(|| u16::from_str_radix(port, 16).ok()).flatten()
+        })
+        .collect()
+}
+
+/// Issue #29 item 6: a new gateway address is a reload of the node alone. The engine keeps
+/// running (its model stays loaded: it started once); the node restarts with its new egress,
+/// reaches each upstream now declared by its name, and the listener of the one taken out is
+/// closed in its namespace. Each is a new generation whose receipt verifies.
+#[test]
+fn a_new_gateway_address_restarts_the_node_alone() {
+    for mode in modes() {
+        let ((_l1, p1), (_l2, p2)) = (greeter(), greeter());
+        let egress = |list: &[(&str, u16)]| {
+            let items: Vec<String> = list
+                .iter()
+                .map(|(h, p)| format!("{{ host = \"{h}\", port = {p}, connect = \"127.0.0.1:{p}\" }}"))
+                .collect();
+            format!("egress = [{}]", items.join(", "))
+        };
+        let node_sh = format!(
+            "for t in 'gw1.test {p1}' 'gw2.test {p2}'; do if /usr/bin/busybox nc -w 3 $t </dev/null 2>/dev/null | /usr/bin/busybox grep -q hello; then echo \"reach ${{t% *}}\"; else echo \"miss ${{t% *}}\"; fi; done; echo node-up; exec sleep 1000"
+        );
+        let f = cell(mode, "reload-egress", HTTPD, &node_sh, "", &egress(&[("gw1.test", p1)]));
+        let run = start(&f, &[]);
+        let ups = |n: usize| {
+            assert!(
+                wait_until(Duration::from_secs(60), || {
+                    Running::text(&run.out).matches("node-up").count() == n
+                        && ctl(&f, "status")["roles"][1]["state"] == "running"
+                }),
+                "{mode:?}: the node did not come up ({n}): {}",
+                run.stderr()
+            );
+            let out = Running::text(&run.out);
+            let last: Vec<&str> = out.lines().rev().skip_while(|l| !l.ends_with("node-up")).take(3).collect();
+            last.join(" ")
+        };
+        let seen = ups(1);
+        assert!(seen.contains("reach gw1.test") && seen.contains("miss gw2.test"), "{mode:?}: {seen}");
+        // A second gateway added: gw1's listener kept, gw2's made in the node's namespace.
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        let text = text.replace(&egress(&[("gw1.test", p1)]), &egress(&[("gw1.test", p1), ("gw2.test", p2)]));
+        std::fs::write(&f.config, &text).expect("edit");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        let seen = ups(2);
+        assert!(seen.contains("reach gw1.test") && seen.contains("reach gw2.test"), "{mode:?}: {seen}");
+        // gw1 taken out: its listener is closed, gw2's is made anew on the first address.
+        let text = text.replace(&egress(&[("gw1.test", p1), ("gw2.test", p2)]), &egress(&[("gw2.test", p2)]));
+        std::fs::write(&f.config, &text).expect("edit");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        let seen = ups(3);
+        assert!(seen.contains("miss gw1.test") && seen.contains("reach gw2.test"), "{mode:?}: {seen}");
+        let st = ctl(&f, "status");
+        assert_eq!(st["reload"]["ok"], true, "{mode:?}: {st}");
+        let node = st["roles"][1]["pid"].as_i64().expect("node pid");
+        let ports = listening_ports(node);
+        assert!(ports.contains(&p2) && ports.contains(&18080) && !ports.contains(&p1), "{mode:?}: {ports:?}");
+        let cfg = f.config.display().to_string();
+        let v = f.command(&["verify-receipt", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        assert_eq!(v.status.code(), Some(0), "{mode:?}: {}", String::from_utf8_lossy(&v.stdout));
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=engine"), 1, "{mode:?}: the engine ran on: {err}");
+        assert_eq!(run_count(&err, "role started role=node"), 3, "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "the node's egress switched"), 2, "{mode:?}: {err}");
+    }
+}
+
+/// Issue #29 item 6: a change that no role's sandbox is made from (the forwarder's bounds, the
+/// timers) applies in place: no role restarts, and the config now in force has a receipt of
+/// its own (the next generation, the roles' digests those of their running processes) that
+/// verifies, with READY=1 said again.
+#[test]
+fn a_change_of_the_forwarders_bounds_applies_in_place() {
+    for mode in modes() {
+        let f = cell(mode, "reload-inplace", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        assert!(wait_until(Duration::from_secs(30), || ctl(&f, "status")["roles"][1]["state"] == "running"));
+        let before = receipt(&f);
+        let pids = |st: &Value| (st["roles"][0]["pid"].clone(), st["roles"][1]["pid"].clone());
+        let running = pids(&ctl(&f, "status"));
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        let text =
+            text.replace("stop_timeout_s = 2", "stop_timeout_s = 2\negress_idle_timeout_s = 7\ndrain_timeout_s = 4");
+        std::fs::write(&f.config, &text).expect("edit");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.err_line(60, |l| l.contains("reload applied in place; receipt written"));
+        let st = ctl(&f, "status");
+        assert_eq!(st["reload"]["ok"], true, "{mode:?}: {st}");
+        assert_eq!(pids(&st), running, "{mode:?}: no role restarted: {st}");
+        let after = receipt(&f);
+        assert_eq!(after["generation"].as_u64(), before["generation"].as_u64().map(|g| g + 1), "{mode:?}: {after}");
+        assert_eq!(after["roles"], before["roles"], "{mode:?}: the running roles' digests: {after}");
+        assert_eq!(after["config"]["sha256"].as_str(), Some(sha256_of(&text).as_str()), "{mode:?}: {after}");
+        let cfg = f.config.display().to_string();
+        let v = f.command(&["verify-receipt", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        assert_eq!(v.status.code(), Some(0), "{mode:?}: {}", String::from_utf8_lossy(&v.stdout));
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=engine"), 1, "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=node"), 1, "{mode:?}: {err}");
+    }
+}

@@ -74,6 +74,36 @@ fn a_limit_the_host_cannot_enforce_refuses_the_start() {
     }
 }
 
+/// A reload applies limits live (issue #29 item 6), but only where they can be enforced: a
+/// limit a reload adds on a host with no cgroup for the cell is refused by its field, and the
+/// roles run on untouched (the guest writes them live: tests/vm/limits.sh).
+#[test]
+fn a_reload_that_adds_a_limit_the_host_cannot_enforce_is_refused_by_name() {
+    use nix::sys::signal::{kill, Signal};
+    for mode in modes() {
+        for (at, line, field) in &CASES[..3] {
+            let mut f = Fixture::new(mode, "reload-limit");
+            f.engine_cmd =
+                "[\"/usr/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"127.0.0.1:18080\", \"-h\", \"/models\"]".into();
+            f.node_cmd = "[\"/usr/bin/busybox\", \"sh\", \"-c\", \"echo node-up; exec sleep 1000\"]".into();
+            f.cell_extra = "stop_timeout_s = 2".into();
+            f.write_config();
+            let run = start_logged(&f, &[]);
+            run.out_line(60, |l| l == "node-up");
+            let text = std::fs::read_to_string(&f.config).expect("cfg");
+            let table = format!("[{at}]\n");
+            assert!(text.contains(&table), "{text}");
+            std::fs::write(&f.config, text.replacen(&table, &format!("{table}{line}\n"), 1)).expect("edit");
+            kill(run.pid(), Signal::SIGHUP).expect("hup");
+            run.err_line(60, |l| l.contains("reload refused") && l.contains(field) && l.contains("cannot be enforced"));
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?} {field}: {err}");
+            assert_eq!(err.matches("role started role=engine").count(), 1, "{mode:?} {field}: {err}");
+            assert_eq!(err.matches("role started role=node").count(), 1, "{mode:?} {field}: {err}");
+        }
+    }
+}
+
 #[test]
 fn bad_limits_are_config_errors_naming_the_field() {
     for (at, line, field, why) in [

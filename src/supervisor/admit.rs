@@ -111,6 +111,11 @@ impl Supervisor {
             Some(a) => self.start(a),
             None => self.nothing_admitted(first),
         }
+        // The node's own pass, beside the ready engine (a crash restart, the node's own
+        // reload): the roles are up again once it runs.
+        if first == Role::Node && self.cycle.stop.is_none() {
+            self.roles_up();
+        }
     }
 
     /// The node's pass came back while the engine was not ready: it waits and passes again.
@@ -146,14 +151,8 @@ impl Supervisor {
                 }
             }
         }
-        let (cfg, inv, cell) = (&self.base.cfg, &self.base.inv, &self.base.cell);
-        let resources = Role::ALL
-            .iter()
-            .filter_map(|r| {
-                let (cgroup, files) = cell.cgroups.as_ref()?.record(*r)?;
-                Some((r.name().to_string(), crate::proof::receipt::Resources { cgroup, files }))
-            })
-            .collect();
+        let (cfg, inv) = (&self.base.cfg, &self.base.inv);
+        let resources = self.resources();
         let written =
             crate::proof::receipt::write(cfg, inv, &self.base.state_dir, &report, digests, &p.roles, resources);
         self.current.report = Some(report);
@@ -169,6 +168,44 @@ impl Supervisor {
                 self.begin_stop(exit::FAILED, After::Exit);
                 None
             }
+        }
+    }
+
+    /// Each role's cgroup and the limit files in force there, for the receipt.
+    fn resources(&self) -> std::collections::BTreeMap<String, crate::proof::receipt::Resources> {
+        let tree = self.base.cell.cgroups.as_ref();
+        Role::ALL
+            .iter()
+            .filter_map(|r| {
+                let (cgroup, files) = tree?.record(*r)?;
+                Some((r.name().to_string(), crate::proof::receipt::Resources { cgroup, files }))
+            })
+            .collect()
+    }
+
+    /// A reload applied in place: a receipt of the next generation for the config now in
+    /// force, with the running roles' digests and latest preflights and the limits now in
+    /// force (no role passed the gate: none started), and its statement. A receipt that
+    /// cannot be written stops the cell, as at a start.
+    pub(super) fn receipt_in_place(&mut self) {
+        let Some(report) = self.current.report.clone() else { return };
+        let digests = self.roles.iter().filter_map(|s| Some((s.role.name().to_string(), s.digests.clone()?))).collect();
+        let resources = self.resources();
+        let (cfg, inv) = (&self.base.cfg, &self.base.inv);
+        match crate::proof::receipt::write(cfg, inv, &self.base.state_dir, &report, digests, &[], resources) {
+            Ok(r) => {
+                tracing::info!(generation = r.generation, path = %crate::proof::receipt::path(cfg).display(), "reload applied in place; receipt written");
+                self.current.receipt = Some(r);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot write the receipt");
+                crate::logging::log::say(&format!("{e}"));
+                return self.begin_stop(exit::FAILED, After::Exit);
+            }
+        }
+        let facts = super::facts(&self.base, &self.current, &self.roles);
+        if let Err(code) = self.attest.publish(&facts) {
+            self.begin_stop(code, After::Exit);
         }
     }
 

@@ -71,10 +71,14 @@
 //!   `terminate(node)`, once it is reaped `terminate(engine)` (SIGKILL from `roles_timer`
 //!   after the grace period), both down → `begin_wipes`, both done → `wipes_done` →
 //!   `finish_stop` (forwarding closed, totals) → the exit status.
-//! - Reload (SIGHUP): `on_sighup` (`Config::reload`, `reload::refused`, the dry run:
-//!   `gate.begin(DryRun)` in a throwaway cell) → `poll_gate` → `reload_passed` →
-//!   `begin_stop(OK, Restart)` → as a stop up to `wipes_done`, which switches the config
-//!   (`Reload::take_next`) and enters the gate as at the first start; READY=1 again.
+//! - Reload (SIGHUP): `on_sighup` (`Config::reload`, `reload::refused`,
+//!   `cgroup::check_update`) → `reload::scope`: nothing restarts → `apply_in_place` (limits
+//!   written live, the forwarder's bounds, a new receipt, READY=1); else the dry run
+//!   (`gate.begin(DryRun)` in a throwaway cell) → `poll_gate` → `reload_passed` (limits
+//!   written live) → `begin_stop(OK, RestartNode)` (the engine's inputs unchanged and it
+//!   ready) or `begin_stop(OK, Restart)` → as a stop of those roles up to `wipes_done`, which
+//!   switches the config (`Reload::take_next`; `switch_egress` while the node is down) and
+//!   enters the gate with the stopped roles; READY=1 again once the node runs.
 //! - Reload on a config change (with cell.reload_on_change): `watch.handle` (events of the config's
 //!   directory) → `on_timers` once quiet for a second (`watch.due`) → `on_config_change`: the
 //!   cell busy, it waits and asks again; the config's files as in force, nothing; else as a

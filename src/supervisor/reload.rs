@@ -1,10 +1,14 @@
 //! SIGHUP. The config is read again through the checked path; a change only a new cell could
 //! apply is refused by name ([`refused`]: every field of the config is named there, by
 //! exhaustive destructuring, so a field added to the config does not compile until it is
-//! sorted into "applies at the next start" or "needs a new cell", and no field can be
-//! half-applied). A valid new config passes the gate first, in a throwaway cell of its own,
-//! while the old roles keep running ([`Reload`] holds it meanwhile); then both roles stop and
-//! start again through the gate with it. The outcome is kept for `ctl status`.
+//! sorted into "applies in place", "applies at the next start" or "needs a new cell", and no
+//! field can be half-applied). What the change restarts is [`scope`]'s: nothing, when only
+//! what applies in place changed (cgroup limits written live, the forwarder's bounds, the
+//! timers); the node alone, when the engine's own inputs are unchanged (the engine keeps its
+//! loaded model); else both. A config that restarts a role passes the gate first, in a
+//! throwaway cell of its own, while the old roles keep running ([`Reload`] holds it
+//! meanwhile); then the roles stop and start again through the gate with it. The outcome is
+//! kept for `ctl status`.
 
 use std::fmt::Debug;
 
@@ -49,6 +53,13 @@ impl Reload {
         self.in_progress = true;
     }
 
+    /// `new` applied in place (no role restarts): READY=1 again once the node runs, which it
+    /// does unless it is restarting.
+    pub(super) fn applied_in_place(&mut self, new: &Config) {
+        self.last = Some(ReloadOutcome::applied(crate::os::sys::unix_now(), new.config_sha256().to_string()));
+        self.in_progress = true;
+    }
+
     pub(super) fn in_progress(&self) -> bool {
         self.in_progress
     }
@@ -80,8 +91,8 @@ impl Reload {
 }
 
 /// The fields that differ between `old` and `new` and that only a new cell can apply (its
-/// network namespaces and egress listeners, the users it maps, its dirs, its scratch tmpfs and
-/// cgroup limits, the TPM tools it checked at start), by config name.
+/// hostname, the users it maps, its dirs, its scratch tmpfs, the node's way to the engine, its
+/// cgroup's place, the TPM tools it checked at start), by config name.
 pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
     let mut changed = Vec::new();
     let mut cmp = |name: String, a: &dyn Debug, b: &dyn Debug| {
@@ -99,9 +110,10 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
         stop_timeout_s: _,
         // Read at every pass through the gate.
         preflight_timeout_s: _,
-        egress_max_connections,
-        egress_idle_timeout_s,
-        egress_connect_timeout_s,
+        // The forwarder's bounds, set in place (Forwarder::set_bounds).
+        egress_max_connections: _,
+        egress_idle_timeout_s: _,
+        egress_connect_timeout_s: _,
         // Read for every control connection.
         control_uids: _,
         // Handed to the forwarder when a reload's config comes into force.
@@ -112,7 +124,8 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
         // comes into force (watch::ConfigWatch::follow).
         reload_on_change: _,
         cgroup,
-        limits,
+        // Written live into the leaves (cgroup::Tree::update).
+        limits: _,
         tpm,
     } = cell;
     let o = &old.cell;
@@ -124,13 +137,8 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
     // The user namespace maps these users, and the wipes run as them (Config::reload keeps
     // the ids looked up at start and refuses other users before this).
     cmp("cell.rootful".into(), &o.rootful, rootful);
-    // The forwarder was built with them.
-    cmp("cell.egress_max_connections".into(), &o.egress_max_connections, egress_max_connections);
-    cmp("cell.egress_idle_timeout_s".into(), &o.egress_idle_timeout_s, egress_idle_timeout_s);
-    cmp("cell.egress_connect_timeout_s".into(), &o.egress_connect_timeout_s, egress_connect_timeout_s);
-    // The limits are written into the leaves when the cell is made.
+    // The leaves were made there, and sealnode moved itself into its supervisor leaf.
     cmp("cell.cgroup".into(), &o.cgroup, cgroup);
-    cmp("cell.limits".into(), &o.limits, limits);
     // The tools and the attestation key were checked at start; every statement is quoted with
     // them, and the config in force must say so (and keep the TPM out of the roles).
     cmp("cell.tpm".into(), &o.tpm, tpm);
@@ -154,9 +162,12 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
             tmp_size_mb: _,
             env: _,
             rlimits: _,
-            egress,
+            // The node's listeners are made anew, in its namespace, while it is down for its
+            // restart (Cell::node_listeners).
+            egress: _,
             ready_set: _,
-            limits,
+            // Written live into the role's leaf.
+            limits: _,
             log_refused_syscalls: _,
             restart: _,
             restart_limit: _,
@@ -167,11 +178,47 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
         // cell's tmpfs.
         cmp(format!("{role}.scratch"), &o.scratch, scratch);
         cmp(format!("{role}.scratch_max_mb"), &o.scratch_max_mb, scratch_max_mb);
-        // The egress listeners are the cell's.
-        cmp(format!("{role}.egress"), &o.egress, egress);
-        cmp(format!("{role}.limits"), &o.limits, limits);
     }
     changed
+}
+
+/// What a reload restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// No role: only what applies in place changed (the limits, the forwarder's bounds, the
+    /// timers, a comment).
+    InPlace,
+    /// The node alone, the engine running on: nothing the engine's sandbox is made from
+    /// changed.
+    Node,
+    /// Both roles (and a SIGHUP whose config reads the same: a re-provision on request).
+    Both,
+}
+
+/// What `new` restarts, coming after `old` (already held to [`refused`]): a role restarts
+/// when anything its sandbox is made from changed (its section but its limits, its policies,
+/// its CDI spec); the node also when the engine does (it starts only beside a ready engine).
+pub(super) fn scope(old: &Config, new: &Config) -> Scope {
+    if same_files(old, new) {
+        return Scope::Both;
+    }
+    let inputs = |c: &Config, role: Role| {
+        let r = c.role(role);
+        let section = format!("{:?}", RoleConfig { limits: Default::default(), ..r.clone() });
+        let files = c.loaded.as_ref().map(|l| {
+            let i = role as usize;
+            let cdi = l.cdi[i].as_ref().map(|c| c.sha256.clone()).unwrap_or_default();
+            [l.seccomp[i].sha256.clone(), l.landlock[i].sha256.clone(), cdi]
+        });
+        (section, files)
+    };
+    if inputs(old, Role::Engine) != inputs(new, Role::Engine) {
+        Scope::Both
+    } else if inputs(old, Role::Node) != inputs(new, Role::Node) {
+        Scope::Node
+    } else {
+        Scope::InPlace
+    }
 }
 
 /// Whether `new` was read from the same bytes as `old`, file by file (the config, each role's
@@ -211,15 +258,17 @@ mod tests {
         for (cell, engine, want) in [
             ("tpm = { tcti = \"device:/dev/tpmrm0\" }", "", "cell.tpm"),
             ("hostname = \"other\"", "", "cell.hostname"),
-            ("egress_idle_timeout_s = 5", "", "cell.egress_idle_timeout_s"),
+            ("cgroup = \"sealnode/other\"", "", "cell.cgroup"),
             ("", "scratch_max_mb = 64", "engine.scratch_max_mb"),
-            ("", "limits = { memory_max_mb = 512 }", "engine.limits"),
         ] {
             assert_eq!(refused(&base, &cfg(cell, engine)), vec![want.to_string()], "{cell} {engine}");
         }
         let mut moved = cfg("", "");
         moved.engine.scratch = "/srv/e2".into();
         assert_eq!(refused(&base, &moved), vec!["engine.scratch".to_string()]);
+        let mut port = cfg("", "");
+        port.engine.port = Some(8081);
+        assert_eq!(refused(&base, &port), vec!["engine.port".to_string()]);
         // What the next start reads applies.
         for (cell, engine) in [
             ("stop_timeout_s = 3", ""),
@@ -229,8 +278,51 @@ mod tests {
             ("", "tmp_size_mb = 16"),
             ("", "log_refused_syscalls = true"),
             ("reload_on_change = true", ""),
+            ("egress_idle_timeout_s = 5", ""),
+            ("limits = { pids_max = 64 }", ""),
+            ("", "limits = { memory_max_mb = 512 }"),
         ] {
             assert!(refused(&base, &cfg(cell, engine)).is_empty(), "{cell} {engine}");
+        }
+    }
+
+    /// What a reload restarts: nothing for what applies in place, the node alone for the
+    /// node's own inputs, both for the engine's (and for a config that reads the same).
+    #[test]
+    fn a_reload_restarts_only_the_roles_whose_inputs_changed() {
+        use crate::config::{Ids, Loaded};
+        use crate::os::trusted::TrustedFile;
+        let file = |s: &str| TrustedFile { bytes: Vec::new(), sha256: s.to_string() };
+        let loaded = |text_sha: &str, mut c: Config, engine_seccomp: &str, node_landlock: &str| {
+            c.loaded = Some(Loaded {
+                config: file(text_sha),
+                seccomp: [file(engine_seccomp), file("n.json")],
+                landlock: [file("e.toml"), file(node_landlock)],
+                cdi: [None, None],
+                ids: [Ids { uid: 1, gid: 1 }, Ids { uid: 2, gid: 2 }],
+                launcher_user: None,
+            });
+            c
+        };
+        let base = loaded("c0", cfg("", ""), "e.json", "n.toml");
+        let mut with_egress = cfg("", "");
+        with_egress.node.egress =
+            vec![crate::config::Egress { host: "gw.test".into(), port: 443, connect: None, allow_private: false }];
+        for (what, new, want) in [
+            ("the same files", loaded("c0", cfg("", ""), "e.json", "n.toml"), Scope::Both),
+            ("a limit", loaded("c1", cfg("limits = { pids_max = 64 }", ""), "e.json", "n.toml"), Scope::InPlace),
+            (
+                "the engine's limit",
+                loaded("c1", cfg("", "limits = { memory_max_mb = 512 }"), "e.json", "n.toml"),
+                Scope::InPlace,
+            ),
+            ("a bound", loaded("c1", cfg("egress_idle_timeout_s = 5", ""), "e.json", "n.toml"), Scope::InPlace),
+            ("the node's egress", loaded("c1", with_egress, "e.json", "n.toml"), Scope::Node),
+            ("the node's policy", loaded("c1", cfg("", ""), "e.json", "n2.toml"), Scope::Node),
+            ("the engine's policy", loaded("c1", cfg("", ""), "e2.json", "n.toml"), Scope::Both),
+            ("the engine's section", loaded("c1", cfg("", "tmp_size_mb = 16"), "e.json", "n.toml"), Scope::Both),
+        ] {
+            assert_eq!(scope(&base, &new), want, "{what}");
         }
     }
 

@@ -97,6 +97,12 @@ impl Supervisor {
                 tracing::error!(role = %role, pid = pid.as_raw(), code, memory_max_mb = max, oom_kills = kills, "role OOM-killed: it reached its memory limit");
             }
         }
+        // The engine gone while the node's own restart is under way: both roles restart (the
+        // node would come back beside an engine that is down), the engine's exit a stop's.
+        if role == Role::Engine && self.cycle.stop.is_some_and(|s| !s.stops(Role::Engine)) {
+            tracing::warn!(pid = pid.as_raw(), code, "the engine exited during the node's restart: both roles restart");
+            self.course(CellEvent::StopAsked(Stop { code: crate::exit::OK, after: After::Restart }));
+        }
         let policy = self.base.cfg.role(role).restart;
         let limit = self.base.cfg.role(role).restart_limit;
         let now = Instant::now();
@@ -138,10 +144,11 @@ impl Supervisor {
     }
 
     /// Stop both roles (node first: the loop's [`Supervisor::advance`] sends the SIGTERMs),
-    /// for `after`; a stop already under way keeps the stricter outcome
-    /// (lifecycle::Stop::merge). Whatever was about to start does not: the readiness check, a
-    /// pass through the gate (its processes killed), a reload's dry run, restarts waiting out
-    /// their backoff, a node admitted and waiting for the engine.
+    /// or the node alone (`After::RestartNode`), for `after`; a stop already under way keeps
+    /// the stricter outcome (lifecycle::Stop::merge). Whatever was about to start of what it
+    /// stops does not: the readiness check, a pass through the gate (its processes killed), a
+    /// reload's dry run, restarts waiting out their backoff, a node admitted and waiting for
+    /// the engine.
     pub(super) fn begin_stop(&mut self, code: i32, after: After) {
         self.course(CellEvent::StopAsked(Stop { code, after }));
         // A clean stop lets the node's requests in flight to the engine finish first (the
@@ -167,13 +174,16 @@ impl Supervisor {
                 "sealnode is stopping; the recycle did not complete",
             ));
         }
-        self.readiness.cancel(&self.base.epoll);
+        let stop = self.cycle.stop.unwrap_or(Stop { code, after });
+        if stop.stops(Role::Engine) {
+            self.readiness.cancel(&self.base.epoll);
+        }
         if self.gate.busy() {
             tracing::info!("preflight abandoned: a stop was requested (the gate's measurement and probes are killed)");
             self.gate.abandon(&self.base.epoll);
         }
         self.reload.abandon();
-        for s in self.roles.iter_mut() {
+        for s in self.roles.iter_mut().filter(|s| stop.stops(s.role)) {
             s.apply(Event::StopAsked);
         }
         self.current.node_admitted = None;
@@ -246,6 +256,12 @@ impl Supervisor {
                 return;
             }
         }
+        self.roles_up();
+    }
+
+    /// The engine is ready and the node runs (again): tell systemd, end a reload, answer a
+    /// recycle.
+    pub(super) fn roles_up(&mut self) {
         if matches!(self.roles[Role::Node as usize].phase, Phase::Running(_)) {
             self.sd.roles_up(self.reload.in_progress());
             if self.reload.finish() {

@@ -20,11 +20,12 @@ use crate::sandbox::cell::{WipeFailed, WipeTarget};
 use sd_notify::NotifyState;
 
 impl Supervisor {
-    /// Start emptying both roles' scratch dirs, each in a child of its own; [`Supervisor::
-    /// wipes_done`] goes on once both are done.
+    /// Start emptying the scratch dirs of the roles the stop stopped (both before the first
+    /// start: lifecycle::Cycle::stopped), each in a child of its own; [`Supervisor::
+    /// wipes_done`] goes on once they are done.
     pub(super) fn begin_wipes(&mut self) {
         self.course(CellEvent::WipesBegun);
-        for role in Role::ALL {
+        for role in self.cycle.stopped() {
             let cell = &self.base.cell;
             let target = match cell.capped_scratch(role) {
                 Some(path) => WipeTarget::Tmpfs(path),
@@ -53,18 +54,27 @@ impl Supervisor {
     /// (lifecycle::Cycle::after_wipes). Some(code): the loop ends with it.
     pub(super) fn wipes_done(&mut self, next: AfterWipes) -> Option<i32> {
         let failed = self.cycle.wipes.failed.clone();
+        let roles = self.cycle.stopped();
         self.course(CellEvent::WipesOver);
         // A restart, recycle or reload: its stop is over, the new config (if any) in force.
         if next.reprovision() {
             let recycle = self.server.recycle_waiting();
+            // Every forwarded connection is the node's, and the node is down.
             self.fwd.close_all(&self.base.epoll);
             self.course(CellEvent::StopOver);
             if let Some(new) = self.reload.take_next() {
-                self.fwd.set_engine_hold(Duration::from_secs(new.cell.engine_hold_s));
+                // The node is down: its egress listeners are made anew where they changed.
+                if let Err(e) = self.switch_egress(&new) {
+                    tracing::error!(error = %e, "the new config's egress could not be set up; not starting");
+                    crate::logging::log::say(&format!("{e}"));
+                    return Some(self.end_before_start("re-provision", crate::exit::FAILED));
+                }
                 self.base.cfg = new;
+                self.forwarding_from_config();
                 self.watch.follow(&self.base.cfg, &self.base.epoll);
             }
-            tracing::info!(recycle, "re-provisioning both roles");
+            let names: Vec<&str> = roles.iter().map(|r| r.name()).collect();
+            tracing::info!(recycle, roles = %names.join(","), "re-provisioning");
         }
         let what = if next.reprovision() { "re-provision" } else { "start" };
         match next {
@@ -84,7 +94,7 @@ impl Supervisor {
                 }
                 Some(self.end_before_start(what, code))
             }
-            AfterWipes::Gate { .. } => match self.enter_gate(&Role::ALL) {
+            AfterWipes::Gate { .. } => match self.enter_gate(&roles) {
                 Ok(()) => None,
                 Err(code) => Some(self.end_before_start(what, code)),
             },

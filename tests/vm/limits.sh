@@ -19,7 +19,7 @@ install -m 0644 "$REPO/tests/vm/limits-role.py" /usr/local/share/sealnode-limits
 CG=/sys/fs/cgroup/system.slice/sealnode.service
 since() { journalctl -u sealnode --since "$T0" --no-pager; }
 # A config: the stand-in engine, the limits role in MODE, and the limits given (TOML lines).
-config() {  # MODE NODE_LIMITS [CELL_EXTRA] [NODE_EXTRA]
+config() {  # MODE NODE_LIMITS [CELL_EXTRA] [NODE_EXTRA]; $ENGINE_LIMITS replaces the engine's
   cat > /etc/sealnode/sealnode.toml <<TOML
 schema = 1
 [cell]
@@ -39,7 +39,7 @@ models = "/var/lib/sealnode/models"
 scratch = "/var/lib/sealnode/engine"
 ro_binds = [{ src = "$PYCOPY", dst = "$SEALNODE_TEST_PYTHON_PREFIX" }, { src = "$VENV" }, { src = "/usr/local/share/sealnode-standin", dst = "/opt/standin" }]
 ready = { kind = "http", path = "/", timeout_s = 60 }
-limits = { memory_max_mb = 256, pids_max = 64 }
+limits = { ${ENGINE_LIMITS:-memory_max_mb = 256, pids_max = 64} }
 [node]
 command = ["$VENV/bin/python", "-I", "-u", "/opt/limits/limits-role.py", "$1"]
 seccomp = "/usr/share/sealnode/seccomp/node.json"
@@ -141,6 +141,31 @@ share=$(awk -v du=$((u1 - u0)) -v dt=$(((t1 - t0) / 1000)) 'BEGIN { printf "%.3f
 echo "info: the CPU hog used $share CPU (cpu_max 0.5)"
 check "the CPU hog is throttled to cpu_max (used $share CPU)" awk -v s="$share" 'BEGIN { exit !(s <= 0.55) }'
 check "cpu.stat counts throttled periods" sh -c "[ \$(awk '\$1 == \"nr_throttled\" {print \$2}' $CG/node/cpu.stat) -gt 0 ]"
+# 3a. A reload that changes only limits writes them into the running leaves: no role restarts,
+#     a limit taken out (io_max) goes back to the kernel's default, a new receipt says so.
+npid=$(rolepid node) epid=$(rolepid engine)
+gen() { "$VENV/bin/python" -c "import json; print(json.load(open('/var/lib/sealnode/receipt.json'))['generation'])"; }
+g0=$(gen)
+ENGINE_LIMITS="memory_max_mb = 192, pids_max = 64" config cpu "cpu_max = 0.25"
+T0=$(date '+%Y-%m-%d %H:%M:%S')
+systemctl reload sealnode.service
+check "a limits-only reload is applied in place" wait_log 60 "reload applied in place"
+check "reload, live: the node's cpu.max is 0.25 CPU ('$(cat $CG/node/cpu.max)')" grep -qx "25000 100000" $CG/node/cpu.max
+check "reload, live: the engine's memory.max is 192 MiB" sh -c "[ \$(cat $CG/engine/memory.max) = $((192 * 1024 * 1024)) ]"
+check "reload, live: io_max taken out, no io.max line for $vda in the node's leaf" sh -c "! grep -q '^$vda ' $CG/node/io.max"
+e1=$(rolepid engine) n1=$(rolepid node) g1=$(gen)
+check "reload, live: no role restarted (engine $epid, now $e1; node $npid, now $n1)" test "$e1 $n1" = "$epid $npid"
+check "reload, live: a new receipt generation ($g0, now $g1) records the new limits" sh -c \
+  "[ $g1 -gt $g0 ] && grep -q '\"cpu.max\": \"25000 100000\"' /var/lib/sealnode/receipt.json && ! grep -q '\"io.max\"' /var/lib/sealnode/receipt.json"
+check "reload, live: ctl status shows the reload applied and the new limits" status '
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["reload"]["ok"], s["reload"]
+r = {x["role"]: x for x in s["roles"]}
+assert r["node"]["resources"]["limits"]["cpu.max"] == "25000 100000", r["node"]["resources"]
+assert r["engine"]["resources"]["limits"]["memory.max"] == str(192 << 20), r["engine"]["resources"]
+assert r["node"]["restarts"] == 0 and r["engine"]["restarts"] == 0
+'
 stop
 
 # 3b. A capped scratch: the node fills it and gets ENOSPC at scratch_max_mb; the host's disk

@@ -125,6 +125,10 @@ pub(super) enum After {
     /// Both roles start again through the gate: a reload (with its new config) or a recycle
     /// (whose client the control server answers once the engine is ready).
     Restart,
+    /// The node alone stops, its scratch is wiped and it starts again through the gate, the
+    /// engine running on: a reload whose changes are the node's (reload::scope). Should the
+    /// engine exit meanwhile, the stop becomes a [`After::Restart`] of both.
+    RestartNode,
 }
 
 /// A stop in progress: the exit status it ends with, and what follows it.
@@ -136,13 +140,23 @@ pub(super) struct Stop {
 
 impl Stop {
     /// A second stop asked for while this one runs (a failure during a restart, a second
-    /// signal): the stricter of the two. An exit wins over a restart, and the exit status is
+    /// signal): the stricter of the two. An exit wins over a restart, a restart of both over
+    /// the node's alone, and the exit status is
     /// the larger: a failure's over a clean stop's
     /// 0, and between failures the exit table's later row (125 config > 6 preflight error >
     /// 5 restart limit > 4 not ready > 3 escape > 1).
     pub(super) fn merge(self, code: i32, after: After) -> Stop {
-        let after = if self.after == After::Exit || after == After::Exit { After::Exit } else { After::Restart };
+        let after = match (self.after, after) {
+            (After::Exit, _) | (_, After::Exit) => After::Exit,
+            (After::Restart, _) | (_, After::Restart) => After::Restart,
+            (After::RestartNode, After::RestartNode) => After::RestartNode,
+        };
         Stop { code: self.code.max(code), after }
+    }
+
+    /// Whether this stop stops `role` (all but a [`After::RestartNode`] stop both).
+    pub(super) fn stops(self, role: Role) -> bool {
+        self.after != After::RestartNode || role == Role::Node
     }
 }
 
@@ -342,7 +356,7 @@ pub(super) enum Step {
     Wait,
     /// SIGTERM to this role (a stop: the node first, the engine once the node is down).
     Term(Role),
-    /// Both roles are down after a stop: empty both scratch dirs.
+    /// The roles a stop stops are down: empty their scratch dirs ([`Cycle::stopped`]).
     Wipe,
     /// Both wipes are done: this follows.
     WipesDone(AfterWipes),
@@ -412,11 +426,14 @@ impl Cycle {
             return Step::Wait;
         }
         let draining = engine_busy && self.drain.is_some_and(|until| now < until);
+        let node_only = self.stop.is_some_and(|s| !s.stops(Role::Engine));
         match (node, engine) {
             // A clean stop lets the node's requests to the engine finish first (bounded).
             (Phase::Running(_), _) if draining => Step::Wait,
             (Phase::Running(_), _) => Step::Term(Role::Node),
             (Phase::Stopping(..), _) | (_, Phase::Stopping(..)) => Step::Wait,
+            // The node's own restart: the engine runs on.
+            (Phase::Down, _) if node_only => Step::Wipe,
             (_, Phase::Running(_)) => Step::Term(Role::Engine),
             (Phase::Down, Phase::Down) => Step::Wipe,
             // A stop moves every other phase to Down (Phase::on, StopAsked).
@@ -441,6 +458,12 @@ impl Cycle {
         let until = self.stop.and(self.drain)?;
         let settled = last_closed.map(|t| t + DRAIN_SETTLE);
         [Some(until), settled].into_iter().flatten().filter(|t| *t > now).min()
+    }
+
+    /// The roles the stop under way stops, which its wipes empty and its re-provision starts
+    /// again: both, but for the node's own restart; both before the first start.
+    pub(super) fn stopped(&self) -> Vec<Role> {
+        Role::ALL.into_iter().filter(|r| self.stop.is_none_or(|s| s.stops(*r))).collect()
     }
 
     /// What follows once both wipes are done (`failed`: one of them failed).

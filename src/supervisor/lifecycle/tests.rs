@@ -59,6 +59,8 @@ fn after_the_wipes_an_exit_ends_a_failure_refuses_and_the_rest_enters_the_gate()
         (stop(After::Exit), true, AfterWipes::Exit(7)),
         (stop(After::Restart), false, AfterWipes::Gate { reprovision: true }),
         (stop(After::Restart), true, AfterWipes::Refuse { reprovision: true, code: exit::CONFIG }),
+        (stop(After::RestartNode), false, AfterWipes::Gate { reprovision: true }),
+        (stop(After::RestartNode), true, AfterWipes::Refuse { reprovision: true, code: exit::CONFIG }),
     ] {
         let cycle = Cycle { stop, drain: None, wipes: Wipes::default() };
         assert_eq!(cycle.after_wipes(failed), want, "{stop:?} failed={failed}");
@@ -93,6 +95,18 @@ fn the_cells_next_step() {
         (stop(After::Restart), none(), P::Stopping(pid, t0), P::Down, Step::Wait),
         (stop(After::Exit), none(), P::Down, P::Running(pid), Step::Term(Role::Node)),
         (stop(After::Restart), none(), P::Down, P::Down, Step::Wipe),
+        // The node's own restart: the node stopped and wiped, the engine never stopped.
+        (stop(After::RestartNode), none(), P::Running(pid), P::Running(pid), Step::Term(Role::Node)),
+        (stop(After::RestartNode), none(), P::Running(pid), P::Stopping(pid, t0), Step::Wait),
+        (stop(After::RestartNode), none(), P::Running(pid), P::Down, Step::Wipe),
+        (stop(After::RestartNode), wipes(true, false), P::Running(pid), P::Wiping(pid), Step::Wait),
+        (
+            stop(After::RestartNode),
+            wipes(true, false),
+            P::Running(pid),
+            P::Down,
+            Step::WipesDone(AfterWipes::Gate { reprovision: true }),
+        ),
         // Wipes in flight: wait for both; done, what follows.
         (stop(After::Exit), wipes(true, false), P::Wiping(pid), P::Down, Step::Wait),
         (None, wipes(true, false), P::Down, P::Wiping(pid), Step::Wait),
@@ -376,10 +390,26 @@ fn a_second_stop_keeps_the_stricter_outcome() {
         (s(exit::PREFLIGHT_FAILED, Exit), exit::FAILED, Exit, s(exit::PREFLIGHT_FAILED, Exit)),
         (s(exit::NOT_READY, Exit), exit::CONFIG, Exit, s(exit::CONFIG, Exit)),
         (s(exit::RESTART_LIMIT, Exit), exit::PREFLIGHT_ERROR, Exit, s(exit::PREFLIGHT_ERROR, Exit)),
+        // The node's own restart gives way to a restart of both (the engine exited meanwhile)
+        // and to an exit.
+        (s(0, RestartNode), 0, RestartNode, s(0, RestartNode)),
+        (s(0, RestartNode), 0, Restart, s(0, Restart)),
+        (s(0, Restart), 0, RestartNode, s(0, Restart)),
+        (s(0, RestartNode), 0, Exit, s(0, Exit)),
     ];
     for (now, code, after, want) in table {
         assert_eq!(now.merge(code, after), want, "{now:?} then {code} {after:?}");
     }
+}
+
+/// Which roles a stop stops, wipes and starts again: both, but for the node's own restart.
+#[test]
+fn the_nodes_own_restart_leaves_the_engine_alone() {
+    let cycle = |after| Cycle { stop: Some(Stop { code: 0, after }), drain: None, wipes: Wipes::default() };
+    assert_eq!(cycle(After::RestartNode).stopped(), vec![Role::Node]);
+    assert_eq!(cycle(After::Restart).stopped(), Role::ALL.to_vec());
+    assert_eq!(cycle(After::Exit).stopped(), Role::ALL.to_vec());
+    assert_eq!(Cycle::default().stopped(), Role::ALL.to_vec());
 }
 
 #[test]
