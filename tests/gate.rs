@@ -1695,6 +1695,187 @@ fn a_new_gateway_address_restarts_the_node_alone() {
         assert_eq!(run_count(&err, "role started role=engine"), 1, "{mode:?}: the engine ran on: {err}");
         assert_eq!(run_count(&err, "role started role=node"), 3, "{mode:?}: {err}");
         assert_eq!(run_count(&err, "the node's egress switched"), 2, "{mode:?}: {err}");
+        // Every connection the node made is in the totals: gw1's, taken out, and gw2's, its
+        // counters kept across the switch that moved its listener (found by review).
+        let gw1 = log_line_with(&err, "egress totals", "upstream", &format!("gw1.test:{p1}"));
+        assert_eq!((gw1["accepted"].as_str(), gw1["taken_out"].as_str()), ("2", "true"), "{mode:?}: {err}");
+        let gw2 = log_line_with(&err, "egress totals", "upstream", &format!("gw2.test:{p2}"));
+        assert_eq!((gw2["accepted"].as_str(), gw2["taken_out"].as_str()), ("2", "false"), "{mode:?}: {err}");
+    }
+}
+
+/// Found by review (#29): the engine exiting while a node-only reload's wipe ran made the
+/// stop restart both roles, but only the node's scratch had been wiped: the new engine started
+/// on the old one's files. Now a role the stop comes to stop after its wipes began is wiped
+/// too, and the engine's exit is one like any other (its restart counted; `restart = "no"`
+/// stops the cell).
+#[test]
+fn an_engine_exit_during_the_nodes_reload_wipes_and_counts_it() {
+    for mode in modes() {
+        for policy in ["on-failure", "no"] {
+            let engine = crash_once_on_go("[ -e /scratch/MARKER ] && echo engine-saw-old-scratch; exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models");
+            let f = cell(
+                mode,
+                "reload-engine-exit",
+                &engine,
+                "echo node-up; exec sleep 1000",
+                &format!("restart = \"{policy}\""),
+                "",
+            );
+            let run = start(&f, &[]);
+            run.out_line(60, |l| l == "node-up");
+            assert!(wait_until(Duration::from_secs(30), || ctl(&f, "status")["roles"][1]["state"] == "running"));
+            // What the first engine leaves in its scratch; enough in the node's for its wipe
+            // to be found and held.
+            let owner = |ids: (u32, u32)| if mode == Mode::Rootful { ids.0 } else { NOBODY };
+            let marker = f.p("engine-scratch/MARKER");
+            std::fs::write(&marker, "").expect("marker");
+            std::os::unix::fs::lchown(&marker, Some(owner(ENGINE_IDS)), Some(owner(ENGINE_IDS))).expect("chown");
+            for i in 0..20_000 {
+                let p = f.p(&format!("node-scratch/f{i}"));
+                std::fs::write(&p, "").expect("write");
+                std::os::unix::fs::lchown(&p, Some(owner(NODE_IDS)), Some(owner(NODE_IDS))).expect("chown");
+            }
+            // A node-only change: the node is stopped and its wipe held; the engine exits then.
+            let text = std::fs::read_to_string(&f.config).expect("cfg");
+            std::fs::write(&f.config, text.replace("echo node-up", "echo node-up; true")).expect("edit");
+            kill(run.pid(), Signal::SIGHUP).expect("hup");
+            let wipe = stop_child_named(run.pid().as_raw(), "sealnode-wipe", 60);
+            std::fs::write(f.p("models/go"), "").expect("go");
+            run.err_line(30, |l| {
+                l.contains("role exited") || l.contains("the engine exited during the node's restart")
+            });
+            // The wiped engine starts afresh: it must not crash again.
+            std::fs::remove_file(f.p("models/go")).expect("go");
+            kill(wipe, Signal::SIGCONT).expect("cont");
+            if policy == "no" {
+                let (code, err) = run.exited(60);
+                assert_ne!(code, Some(0), "{mode:?}: restart = no: the cell stops on the engine's exit: {err}");
+                assert!(err.contains("role exited; stopping the cell (restart = \"no\")"), "{mode:?}: {err}");
+                assert_eq!(run_count(&err, "role started role=engine"), 1, "{mode:?}: {err}");
+                continue;
+            }
+            assert!(
+                wait_until(Duration::from_secs(90), || Running::text(&run.out).matches("node-up").count() == 2
+                    && ctl(&f, "status")["roles"][1]["state"] == "running"),
+                "{mode:?}: the roles did not come back: {}",
+                run.stderr()
+            );
+            let st = ctl(&f, "status");
+            assert_eq!(st["roles"][0]["restarts"], 1, "{mode:?}: the engine's exit is counted: {st}");
+            assert!(!marker.exists(), "{mode:?}: the engine's scratch was wiped");
+            let out = Running::text(&run.out);
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?}: {err}");
+            assert!(err.contains("the engine exited during the node's restart: both roles restart"), "{mode:?}: {err}");
+            assert!(err.contains("re-provisioning") && err.contains("roles=engine,node"), "{mode:?}: {err}");
+            assert!(!out.contains("engine-saw-old-scratch"), "{mode:?}: {out}");
+            assert_eq!(run_count(&err, "role started role=engine"), 2, "{mode:?}: {err}");
+        }
+    }
+}
+
+/// Found by review (#29): a statement asked for during a reload, after the new config was
+/// switched in and before its receipt, named the new config's policies beside the old
+/// generation's digests. Every statement now describes one generation: the policy it names
+/// is the one that generation's node ran.
+#[test]
+fn a_statement_asked_for_during_a_reload_describes_one_generation() {
+    use base64::Engine as _;
+    for mode in modes() {
+        let f = cell(mode, "reload-statement", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let cfg = f.config.display().to_string();
+        let init = f.command(&["attest", "init", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        assert!(init.status.success(), "{mode:?}: {}", String::from_utf8_lossy(&init.stderr));
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        assert!(wait_until(Duration::from_secs(30), || ctl(&f, "status")["roles"][1]["state"] == "running"));
+        let first = receipt(&f)["generation"].as_u64().expect("generation");
+        let policy = f.p("policy/node.toml");
+        let old = sha256_of(&std::fs::read_to_string(&policy).expect("policy"));
+        // A node-only change: its Landlock rules gain a comment (another file, the same rules).
+        let text = std::fs::read_to_string(&policy).expect("policy") + "\n# reloaded\n";
+        std::fs::write(&policy, &text).expect("edit");
+        let new = sha256_of(&text);
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        // Statements, one after another, until the reload's generation is the one in force.
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            let o = f
+                .command(&["attest", "--nonce", "00112233445566778899", "--config", &cfg])
+                .output_within(COMMAND_LIMIT);
+            let Ok(env) = serde_json::from_slice::<Value>(&o.stdout) else { continue };
+            let payload = base64::engine::general_purpose::STANDARD
+                .decode(env["payload"].as_str().expect("payload"))
+                .expect("base64");
+            let st: Value = serde_json::from_slice(&payload).expect("statement");
+            let generation = st["predicate"]["generation"].as_u64().expect("generation");
+            let landlock = st["subject"]
+                .as_array()
+                .expect("subjects")
+                .iter()
+                .find(|s| s["name"] == "node.landlock")
+                .and_then(|s| s["digest"]["sha256"].as_str())
+                .expect("node.landlock")
+                .to_string();
+            seen.push((generation, landlock.clone()));
+            if generation > first {
+                break;
+            }
+        }
+        for (generation, landlock) in &seen {
+            let want = if *generation == first { &old } else { &new };
+            assert_eq!(
+                &landlock, &want,
+                "{mode:?}: generation {generation} with another generation's policy: {seen:?}"
+            );
+        }
+        assert!(seen.last().is_some_and(|(g, _)| *g > first), "{mode:?}: the reload's generation never came: {seen:?}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
+/// Found by review (#29): a reload applied in place while the engine restarted after a crash
+/// said READY=1 and "reload complete" at once, with the engine not answering. It completes
+/// once the engine answers.
+#[test]
+fn an_in_place_reload_while_the_engine_restarts_completes_once_it_answers() {
+    for mode in modes() {
+        // The restarted engine answers only after 3 s (a model loading).
+        let engine = crash_once_on_go("sleep 3; exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models");
+        let f = cell(
+            mode,
+            "reload-inplace-restart",
+            &engine,
+            "echo node-up; exec sleep 1000",
+            "restart = \"on-failure\"",
+            "",
+        );
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        assert!(wait_until(Duration::from_secs(30), || ctl(&f, "status")["roles"][1]["state"] == "running"));
+        std::fs::write(f.p("models/go"), "").expect("go");
+        // The engine restarted: started again, not yet answering.
+        run.err_line(60, |l| l.contains("role started role=engine") && l.contains("generation=2"));
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        std::fs::write(&f.config, text.replace("stop_timeout_s = 2", "stop_timeout_s = 2\ndrain_timeout_s = 4"))
+            .expect("edit");
+        kill(run.pid(), Signal::SIGHUP).expect("hup");
+        run.err_line(30, |l| l.contains("reload complete"));
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        let at = |what: &str| {
+            err.lines().position(|l| l.contains(what)).unwrap_or_else(|| panic!("{mode:?}: no {what:?}: {err}"))
+        };
+        let applied = at("reload applied in place");
+        let ready = err.lines().enumerate().skip(applied).find(|(_, l)| l.contains("engine ready")).map(|(i, _)| i);
+        assert!(
+            ready.is_some_and(|r| r < at("reload complete")),
+            "{mode:?}: the reload completed before the restarted engine answered: {err}"
+        );
+        assert_eq!(run_count(&err, "role started role=node"), 1, "{mode:?}: {err}");
     }
 }
 

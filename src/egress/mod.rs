@@ -190,6 +190,8 @@ pub struct Forwarder {
     /// When the node's last connection to the engine closed (a drain gives the node a moment
     /// after it to pass the answer on).
     engine_closed_at: Option<Instant>,
+    /// The counters of upstreams a reload took out, for the totals at the end.
+    retired: Vec<Stats>,
 }
 
 /// Fds one forwarded connection holds: the node's socket, the outer one, two pipes.
@@ -246,6 +248,7 @@ impl Forwarder {
             engine_ready: false,
             engine_hold: Duration::ZERO,
             engine_closed_at: None,
+            retired: Vec::new(),
         })
     }
 
@@ -275,12 +278,25 @@ impl Forwarder {
         let (engine, egress): (Vec<Upstream>, Vec<Upstream>) =
             std::mem::take(&mut self.upstreams).into_iter().partition(Upstream::is_engine);
         self.upstreams = engine;
-        egress.into_iter().map(|u| u.listener).collect()
+        // Their counters go on in the upstream of the same name, if the new egress has one
+        // (set_egress), else into the totals of those taken out.
+        egress
+            .into_iter()
+            .map(|u| {
+                self.retired.push(u.stats);
+                u.listener
+            })
+            .collect()
     }
 
     /// The new egress upstreams, before the node's way to the engine; every listener is
     /// watched again under its new index.
-    pub fn set_egress(&mut self, epoll: &Epoll, egress: Vec<Upstream>) -> Result<(), Errno> {
+    pub fn set_egress(&mut self, epoll: &Epoll, mut egress: Vec<Upstream>) -> Result<(), Errno> {
+        for u in &mut egress {
+            if let Some(i) = self.retired.iter().position(|s| s.upstream == u.stats.upstream) {
+                u.stats = self.retired.swap_remove(i);
+            }
+        }
         let engine = std::mem::take(&mut self.upstreams);
         self.upstreams = egress.into_iter().chain(engine).collect();
         for (i, u) in self.upstreams.iter().enumerate() {
@@ -356,6 +372,11 @@ impl Forwarder {
     /// Counters of the declared egress upstreams.
     pub fn stats(&self) -> Vec<Stats> {
         self.upstreams.iter().filter(|u| !u.is_engine()).map(|u| u.stats.clone()).collect()
+    }
+
+    /// Counters of the egress upstreams a reload took out (none declared them since).
+    pub fn retired(&self) -> &[Stats] {
+        &self.retired
     }
 
     /// Counters of the node's connections to the engine.

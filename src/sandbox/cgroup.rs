@@ -575,10 +575,23 @@ fn resets(
 }
 
 /// For a reload, without side effects: whether `cfg`'s limits can be written into the running
-/// cell's leaves (`tree`; none: the cell has no cgroups, and a limit is refused as at a start),
-/// each controller they need enabled there, each io.max device a block device.
+/// cell's leaves (`tree`), each controller they need enabled there, each io.max device a block
+/// device. A cell made without cgroups (no limits then, or none the host could enforce) has
+/// no leaves to write into: any limit is refused, even where the host could enforce it now
+/// (found by review: the config in force and its receipt would have claimed limits nothing
+/// enforced).
 pub fn check_update(tree: Option<&Tree>, cfg: &Config) -> Result<()> {
-    let Some(tree) = tree else { return check(cfg).map(drop) };
+    let Some(tree) = tree else {
+        return match first_limit(cfg, None) {
+            Some(field) => Err(refuse(
+                cfg,
+                &field,
+                "the running cell was made without cgroup leaves (it had no limits when it started)",
+                "restart sealnode to apply limits",
+            )),
+            None => Ok(()),
+        };
+    };
     for ctl in CONTROLLERS {
         if !tree.controllers.iter().any(|c| c == ctl) {
             if let Some(field) = first_limit(cfg, Some(ctl)) {
@@ -843,6 +856,15 @@ mod tests {
         assert_eq!(read("engine", "cpu.max"), "max 100000", "what the failed update set is undone");
         assert_eq!(tree.leaf(Role::Engine).expect("leaf").limits, after.limits(Role::Engine));
         assert_eq!(tree.leaf(Role::Node).expect("leaf").limits, after.limits(Role::Node));
+    }
+
+    /// A cell made without leaves takes no limit on reload, even where the host could now
+    /// enforce one: nothing would write it (found by review).
+    #[test]
+    fn a_cell_without_leaves_refuses_every_limit_on_reload() {
+        let e = check_update(None, &cfg("", "limits = { pids_max = 10 }")).expect_err("refused").to_string();
+        assert!(e.contains("cell.limits.pids_max") && e.contains("without cgroup leaves"), "{e}");
+        assert!(check_update(None, &cfg("", "")).is_ok());
     }
 
     /// Resets: what was written before and is not now; io.max per device line.

@@ -101,6 +101,7 @@ impl Supervisor {
         // kept for the ready engine when the engine starts first.
         let starts_now = self.record_admitted(p, &receipt, first);
         self.current.receipt = Some(receipt);
+        self.current.config = Some(self.base.cfg.clone());
         // The statement next: the node is handed this generation's statement before it runs.
         let facts = super::facts(&self.base, &self.current, &self.roles);
         if let Err(code) = self.attest.publish(&facts) {
@@ -196,6 +197,7 @@ impl Supervisor {
             Ok(r) => {
                 tracing::info!(generation = r.generation, path = %crate::proof::receipt::path(cfg).display(), "reload applied in place; receipt written");
                 self.current.receipt = Some(r);
+                self.current.config = Some(self.base.cfg.clone());
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot write the receipt");

@@ -200,6 +200,10 @@ struct GatePass {
 #[derive(Debug, Default)]
 struct Current {
     receipt: Option<crate::proof::receipt::Receipt>,
+    /// The config the receipt was written with: a statement describes one generation, never
+    /// the receipt's with a reload's config switched in before its own receipt (found by
+    /// review: the policy subjects of the new config beside the old config's digest).
+    config: Option<Config>,
     report: Option<crate::proof::canary::Report>,
     node_admitted: Option<gate::Admitted>,
 }
@@ -471,7 +475,7 @@ impl Supervisor {
 /// publisher can be borrowed beside it).
 fn facts<'a>(base: &'a Base, current: &'a Current, roles: &[Slot]) -> attestation::Facts<'a> {
     attestation::Facts {
-        cfg: &base.cfg,
+        cfg: current.config.as_ref().unwrap_or(&base.cfg),
         inv: &base.inv,
         receipt: current.receipt.as_ref(),
         report: current.report.as_ref(),

@@ -97,20 +97,31 @@ impl Supervisor {
                 tracing::error!(role = %role, pid = pid.as_raw(), code, memory_max_mb = max, oom_kills = kills, "role OOM-killed: it reached its memory limit");
             }
         }
-        // The engine gone while the node's own restart is under way: both roles restart (the
-        // node would come back beside an engine that is down), the engine's exit a stop's.
-        if role == Role::Engine && self.cycle.stop.is_some_and(|s| !s.stops(Role::Engine)) {
-            tracing::warn!(pid = pid.as_raw(), code, "the engine exited during the node's restart: both roles restart");
-            self.course(CellEvent::StopAsked(Stop { code: crate::exit::OK, after: After::Restart }));
-        }
+        // The engine gone while the node's own restart is under way (a stop that does not stop
+        // it): an exit like any other, its restart policy and limit applied and counted.
+        let during_node_restart = role == Role::Engine && self.cycle.stop.is_some_and(|s| !s.stops(Role::Engine));
         let policy = self.base.cfg.role(role).restart;
         let limit = self.base.cfg.role(role).restart_limit;
         let now = Instant::now();
-        let stopping = self.cycle.stop.is_some();
+        let stopping = self.cycle.stop.is_some() && !during_node_restart;
         let s = self.slot(role);
         let ran = s.started.map(|t| now.duration_since(t));
-        let decision = s.restarts.on_exit(lifecycle::Exited { code, ran, stopping, now }, policy, limit);
-        s.apply(Event::Exited(decision, now));
+        let mut decision = s.restarts.on_exit(lifecycle::Exited { code, ran, stopping, now }, policy, limit);
+        if during_node_restart && matches!(decision, Decision::Restart(_)) {
+            // Its restart is the stop's: both roles restart (the node would come back beside
+            // an engine that is down), both scratch dirs wiped (lifecycle::Cycle::to_wipe).
+            let restarts = s.restarts.count;
+            tracing::warn!(
+                pid = pid.as_raw(),
+                code,
+                restarts,
+                "the engine exited during the node's restart: both roles restart"
+            );
+            self.course(CellEvent::StopAsked(Stop { code: crate::exit::OK, after: After::Restart }));
+            decision = Decision::StayDown;
+        }
+        self.slot(role).apply(Event::Exited(decision, now));
+        let s = self.slot(role);
         match decision {
             Decision::Restart(delay) => {
                 let restarts = s.restarts.count;
@@ -262,7 +273,9 @@ impl Supervisor {
     /// The engine is ready and the node runs (again): tell systemd, end a reload, answer a
     /// recycle.
     pub(super) fn roles_up(&mut self) {
-        if matches!(self.roles[Role::Node as usize].phase, Phase::Running(_)) {
+        // Both: an in-place reload while the engine restarts after a crash completes once it
+        // answers (on_engine_ready), not before (found by review).
+        if matches!(self.roles[Role::Node as usize].phase, Phase::Running(_)) && self.engine_is_ready() {
             self.sd.roles_up(self.reload.in_progress());
             if self.reload.finish() {
                 tracing::info!(generation = self.current.receipt.as_ref().map(|r| r.generation), "reload complete");

@@ -21,11 +21,12 @@ use sd_notify::NotifyState;
 
 impl Supervisor {
     /// Start emptying the scratch dirs of the roles the stop stopped (both before the first
-    /// start: lifecycle::Cycle::stopped), each in a child of its own; [`Supervisor::
-    /// wipes_done`] goes on once they are done.
+    /// start: lifecycle::Cycle::stopped) and not emptied yet (lifecycle::Cycle::to_wipe), each
+    /// in a child of its own; [`Supervisor::wipes_done`] goes on once they are done.
     pub(super) fn begin_wipes(&mut self) {
+        let roles = self.cycle.to_wipe();
         self.course(CellEvent::WipesBegun);
-        for role in self.cycle.stopped() {
+        for role in roles {
             let cell = &self.base.cell;
             let target = match cell.capped_scratch(role) {
                 Some(path) => WipeTarget::Tmpfs(path),
@@ -131,8 +132,10 @@ impl Supervisor {
         // Drain: no forwarded connection outlives the roles.
         self.fwd.close_all(&self.base.epoll);
         self.attest.abandon();
-        for s in self.fwd.stats() {
-            tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, "egress totals");
+        // Those a reload took out too: every connection the node made is counted.
+        let retired = self.fwd.retired().iter().map(|s| (s, true));
+        for (s, taken_out) in self.fwd.stats().iter().map(|s| (s, false)).chain(retired) {
+            tracing::info!(upstream = %s.upstream, accepted = s.accepted, bytes_up = s.bytes_up, bytes_down = s.bytes_down, refused = s.refused_over_limit, failed = s.connect_failed, taken_out, "egress totals");
         }
         if let Some(s) = self.fwd.engine_stats() {
             tracing::info!(

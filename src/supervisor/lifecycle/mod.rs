@@ -327,7 +327,9 @@ pub(super) enum CellEvent {
     Drain(Instant),
     /// The stop is over: the loop exits, or both roles are re-provisioned.
     StopOver,
-    /// Both scratch wipes began (each in a child of its own, or failed to start).
+    /// The wipes of the roles [`Cycle::to_wipe`] names began (each in a child of its own, or
+    /// failed to start); again, while wipes run, for a role the stop came to stop after they
+    /// began.
     WipesBegun,
     /// A role's wipe failed (it could not start, or it ended with an error).
     WipeFailed(Role, crate::sandbox::cell::WipeFailed),
@@ -368,7 +370,7 @@ impl Cycle {
     /// a wipe's end without wipes, a stop's end without a stop), and the course stays.
     pub(super) fn apply(&mut self, event: CellEvent) -> bool {
         let in_table = match event {
-            CellEvent::WipesBegun => !self.wipes.running,
+            CellEvent::WipesBegun => !self.wipes.running || !self.to_wipe().is_empty(),
             CellEvent::WipeFailed(..) | CellEvent::WipesOver => self.wipes.running,
             CellEvent::StopOver => self.stop.is_some(),
             CellEvent::GraceOver => self.wipes.deadline.is_some(),
@@ -396,7 +398,14 @@ impl Cycle {
                 self.stop = None;
                 self.drain = None;
             }
-            CellEvent::WipesBegun => self.wipes = Wipes { running: true, ..Wipes::default() },
+            CellEvent::WipesBegun => {
+                if !self.wipes.running {
+                    self.wipes = Wipes { running: true, ..Wipes::default() };
+                }
+                for r in self.to_wipe() {
+                    self.wipes.of[r as usize] = true;
+                }
+            }
             CellEvent::WipeFailed(role, why) => self.wipes.failed.push((role, why)),
             CellEvent::WipesOver => self.wipes = Wipes::default(),
             // Only a stop to exit bounds the wipes (a re-provision waits for them: it may not
@@ -420,7 +429,15 @@ impl Cycle {
     pub(super) fn next(&self, engine: Phase, node: Phase, engine_busy: bool, now: Instant) -> Step {
         if self.wipes.running {
             let wiping = [engine, node].iter().any(|p| matches!(p, Phase::Wiping(_)));
-            return if wiping { Step::Wait } else { Step::WipesDone(self.after_wipes(!self.wipes.failed.is_empty())) };
+            return if wiping {
+                Step::Wait
+            } else if !self.to_wipe().is_empty() {
+                // The stop came to stop a role after its wipes began (the engine exiting during
+                // the node's own restart: both restart): nothing starts on its scratch unwiped.
+                Step::Wipe
+            } else {
+                Step::WipesDone(self.after_wipes(!self.wipes.failed.is_empty()))
+            };
         }
         if self.stop.is_none() {
             return Step::Wait;
@@ -464,6 +481,11 @@ impl Cycle {
     /// again: both, but for the node's own restart; both before the first start.
     pub(super) fn stopped(&self) -> Vec<Role> {
         Role::ALL.into_iter().filter(|r| self.stop.is_none_or(|s| s.stops(*r))).collect()
+    }
+
+    /// The roles [`Cycle::stopped`] names whose wipes have not begun.
+    pub(super) fn to_wipe(&self) -> Vec<Role> {
+        self.stopped().into_iter().filter(|r| !self.wipes.of[*r as usize]).collect()
     }
 
     /// What follows once both wipes are done (`failed`: one of them failed).
@@ -514,6 +536,8 @@ pub(super) struct Wipes {
     /// Wipes begun and not yet over (their roles in Phase::Wiping until each is reaped); what
     /// follows them is the stop's (Cycle::after_wipes), or a start when there is none.
     pub running: bool,
+    /// The roles whose wipes began, by [`Role`] index.
+    pub of: [bool; 2],
     pub failed: Vec<(Role, crate::sandbox::cell::WipeFailed)>,
     /// A stop to exit waits this long for wipes in flight, then kills them: the next start
     /// wipes again (tests/gate.rs: a_stop_gives_a_held_wipe_its_grace_period_only).

@@ -79,6 +79,7 @@ fn the_cells_next_step() {
     let stop = |after| Some(Stop { code: 0, after });
     let wipes = |running, failed: bool| Wipes {
         running,
+        of: [running; 2],
         failed: if failed { vec![(Role::Node, crate::sandbox::cell::WipeFailed::Killed(9))] } else { Vec::new() },
         deadline: None,
     };
@@ -106,6 +107,22 @@ fn the_cells_next_step() {
             P::Running(pid),
             P::Down,
             Step::WipesDone(AfterWipes::Gate { reprovision: true }),
+        ),
+        // The engine exited during the node's own restart, after the node's wipe began: the
+        // stop now restarts both, and the engine's scratch is wiped too before anything starts.
+        (
+            stop(After::Restart),
+            Wipes { running: true, of: [false, true], ..Wipes::default() },
+            P::Down,
+            P::Wiping(pid),
+            Step::Wait,
+        ),
+        (
+            stop(After::Restart),
+            Wipes { running: true, of: [false, true], ..Wipes::default() },
+            P::Down,
+            P::Down,
+            Step::Wipe,
         ),
         // Wipes in flight: wait for both; done, what follows.
         (stop(After::Exit), wipes(true, false), P::Wiping(pid), P::Down, Step::Wait),
@@ -155,7 +172,7 @@ fn the_cells_course_table() {
     let t0 = Instant::now();
     let t1 = t0 + Duration::from_secs(5);
     let stop = |code, after| Some(Stop { code, after });
-    let wipes = |running, failed: Vec<(Role, Failed)>, deadline| Wipes { running, failed, deadline };
+    let wipes = |running, failed: Vec<(Role, Failed)>, deadline| Wipes { running, of: [running; 2], failed, deadline };
     let idle = || wipes(false, Vec::new(), None);
     let failure = (Role::Engine, Failed::Killed(9));
     // (stop, wipes) before, the event, (stop, wipes) after.
@@ -188,6 +205,15 @@ fn the_cells_course_table() {
             (stop(0, After::Exit), wipes(true, vec![failure], Some(t0))),
             CellEvent::WipesOver,
             (stop(0, After::Exit), idle()),
+        ),
+        // A role the stop came to stop after the wipes began: its wipe begins, the others' kept.
+        (
+            (
+                stop(0, After::Restart),
+                Wipes { running: true, of: [false, true], failed: vec![failure], deadline: None },
+            ),
+            CellEvent::WipesBegun,
+            (stop(0, After::Restart), wipes(true, vec![failure], None)),
         ),
         // The grace period: only a stop to exit bounds wipes in flight, and only once.
         (
