@@ -20,7 +20,11 @@ for s in "$@"; do
   [ "$code" = 0 ] || worst=1
   # The units a scenario may leave running, by name: a glob would match this run's own unit
   # (sealnode-vm-test.service), whose stop powers the guest off.
-  systemctl stop sealnode.service sealnode-rootless.service 'sealnode@*.service' 2>/dev/null
-  systemctl reset-failed sealnode.service sealnode-rootless.service 'sealnode@*.service' 2>/dev/null
+  # So are the gateway stand-ins a scenario starts (one left listening on 127.0.0.1:18765
+  # answered the next scenario's node, then exited under it).
+  systemctl stop sealnode.service sealnode-rootless.service 'sealnode@*.service' \
+    sealnode-vm-gateway.service sealnode-vm-gw-a.service sealnode-vm-gw-b.service sealnode-ctr-gateway.service 2>/dev/null
+  systemctl reset-failed sealnode.service sealnode-rootless.service 'sealnode@*.service' \
+    sealnode-vm-gateway.service sealnode-vm-gw-a.service sealnode-vm-gw-b.service sealnode-ctr-gateway.service 2>/dev/null
 done
 exit $worst

@@ -95,4 +95,5 @@ check "the start-time statement is quoted too" \
   /usr/bin/sealnode verify-attestation --pubkey "$OUT/pubkey.pem" --tpm-ak "$OUT/ak.pem" --no-nonce "$OUT/start.json"
 check "the unit is still active" test "$(systemctl show -p ActiveState --value sealnode.service)" = active
 check "systemctl stop returns" timeout 120 systemctl stop sealnode.service
+systemctl stop sealnode-vm-gateway.service 2>/dev/null
 exit $failed
