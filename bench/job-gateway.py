@@ -5,7 +5,7 @@ drift of the shared machine falls on both alike. Per job it prints one JSON line
 (job sent -> result received), for streamed jobs time to first chunk and the gaps between
 chunks, and the node's token count. Exits 0 when every job returned content.
 
-    python job-gateway.py --port P --rounds R [--nodes bare,sealed] [--timeout S]
+    python job-gateway.py --port P --rounds R [--nodes bare,sealed] [--host 127.0.0.1] [--timeout S]
 """
 import argparse
 import asyncio
@@ -59,7 +59,7 @@ async def main(a):
                         "chunks": len(chunks), "tokens": msg.get("tokens"),
                         "compute_ms": msg.get("compute_ms"), "content": msg.get("content", "")}
 
-    async with websockets.serve(handler, "127.0.0.1", a.port, max_size=None):
+    async with websockets.serve(handler, a.host, a.port, max_size=None):
         await asyncio.wait_for(all_in.wait(), a.timeout)
         ok = True
         for r in range(a.rounds + 1):  # round 0 warms both up and is not printed
@@ -78,6 +78,7 @@ async def main(a):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (a container's bridge: 0.0.0.0)")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--nodes", default="bare,sealed")
     p.add_argument("--model", default="smollm2")

@@ -55,43 +55,9 @@ volumes() {  # DIR: the volumes under DIR, each a line
   echo "container-credential" > "$1/cred/credential"
   chmod 0400 "$1/cred/credential"; chmod 0700 "$1/engine" "$1/node"
 }
-config() {  # DIR GATEWAY-ADDRESS
-  cat > "$1/config/sealnode.toml" <<TOML
-# docs/containers.md's example: the demo's stand-in engine, the real frutebox-node.
-schema = 1
-[cell]
-hostname = "sealnode-ctr"
-state_dir = "/var/lib/sealnode"
-runtime_dir = "/run/sealnode"
-rootful = { engine = "sealnode-engine", node = "sealnode-node" }
-stop_timeout_s = 5
-preflight_timeout_s = 180
-[engine]
-command = ["/opt/frutebox-node/bin/python", "-I", "-u", "/opt/standin/standin-engine.py", "--port", "11434"]
-port = 11434
-seccomp = "/usr/share/sealnode/seccomp/engine.json"
-landlock = "/usr/share/sealnode/landlock-rules/engine.toml"
-models = "/var/lib/sealnode-models"
-scratch = "/var/lib/sealnode-scratch/engine"
-ro_binds = [{ src = "/opt/frutebox-node" }, { src = "/opt/standin" }]
-ready = { kind = "http", path = "/", timeout_s = 60 }
-restart = "on-failure"
-[node]
-command = ["/opt/frutebox-node/bin/python", "-I", "-u", "-m", "frutebox.provider",
-           "--id", "sealnode-ctr", "--gateway-url", "ws://gateway.demo:$GW/provider/ws",
-           "--models", "standin", "--compute-type", "cpu", "--memory-gb", "2", "--cpu-cores", "1",
-           "--credential-file", "/run/sealnode/credential"]
-seccomp = "/usr/share/sealnode/seccomp/node.json"
-landlock = "/usr/share/sealnode/landlock-rules/node.toml"
-scratch = "/var/lib/sealnode-scratch/node"
-credential = "/etc/sealnode-credential/credential"
-ro_binds = [{ src = "/opt/frutebox-node" }]
-egress = [{ host = "gateway.demo", port = $GW, connect = "$2" }]
-env = { set = { FRUTEBOX_ENGINE = "ollama", OLLAMA_HOST = "http://127.0.0.1:11434", FRUTEBOX_OLLAMA_MODEL = "standin", FRUTEBOX_NODE_STATE_FILE = "/scratch/frutebox_node_state" } }
-restart = "on-failure"
-TOML
-  chmod 0644 "$1/config/sealnode.toml"
-}
+# shellcheck source=tests/vm/container-config.sh
+. "$REPO/tests/vm/container-config.sh"
+config() { container_config "$1/config/sealnode.toml" sealnode-ctr gateway.demo "$GW" "$2"; }  # DIR GATEWAY-ADDRESS
 mounts() {  # DIR [VOLUME-OPTION]: podman's -v for each volume (",idmap" under --userns=auto)
   o=${2:-}
   echo "-v $1/config:/etc/sealnode:ro$o -v $1/cred:/etc/sealnode-credential:ro$o -v $1/state:/var/lib/sealnode${o:+:${o#,}}" \
@@ -267,13 +233,19 @@ for m in "config:/etc/sealnode:ro" "cred:/etc/sealnode-credential:ro" "state:/va
   CM="$CM --mount type=bind,src=$C/$src,dst=$dst,options=rbind:$mode"
 done
 # shellcheck disable=SC2086
-timeout 60 ctr -n sealnode run -d --uidmap 0:200000:65536 --gidmap 0:200000:65536 --seccomp --seccomp-profile "$W/seccomp.json" \
-  $CM "$REF" spec-probe /bin/sleep 120 > "$W/ctr-probe.txt" 2>&1
+# Generous bounds: under emulation, beside a busy host, the first run of an image (its
+# snapshot prepared) has taken over a minute.
+t0=$(date +%s)
+timeout 300 ctr -n sealnode run -d --uidmap 0:200000:65536 --gidmap 0:200000:65536 --seccomp --seccomp-profile "$W/seccomp.json" \
+  $CM "$REF" spec-probe /bin/sleep 600 > "$W/ctr-probe.txt" 2>&1
+echo "ctr run exited $? after $(($(date +%s) - t0)) s" >> "$W/ctr-probe.txt"
 B=/run/containerd/io.containerd.runtime.v2.task/sealnode/spec-probe/config.json
-for _ in $(seq 1 30); do [ -f "$B" ] && break; sleep 1; done
+for _ in $(seq 1 120); do [ -f "$B" ] && break; sleep 1; done
 if ! test -f "$B"; then
   bad "ctr made the spec (the pod's user namespace, seccomp)"
   sed 's/^/info: ctr run: /' "$W/ctr-probe.txt"
+  ctr -n sealnode containers ls 2>&1 | sed 's/^/info: ctr containers: /'
+  ctr -n sealnode tasks ls 2>&1 | sed 's/^/info: ctr tasks: /'
   journalctl -u containerd --no-pager | tail -15 | sed 's/^/info: containerd: /'
   exit 1
 fi
