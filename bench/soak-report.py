@@ -25,12 +25,14 @@ regs = [r["t"] for r in rows if r["ev"] == "conn" and r["what"] == "registered"]
 closes = [r for r in rows if r["ev"] == "conn" and r["what"] == "closed"]
 unsent = [r for r in rows if r["ev"] == "unsent"]
 t0 = start["t"]
-KINDS = ["engine-kill", "reload", "recycle", "engine-stop", "node-kill"]
-NODE_RESTARTS = {"node-kill", "reload", "recycle"}
-TARGET = {"engine-kill", "reload", "recycle", "engine-stop"}
+KINDS = ["engine-kill", "reload", "recycle", "engine-stop", "rollout-in-place", "rollout-node", "node-kill"]
+NODE_RESTARTS = {"node-kill", "reload", "recycle", "rollout-node"}
+TARGET = {"engine-kill", "reload", "recycle", "engine-stop", "rollout-in-place", "rollout-node"}
 NAMES = {"engine-kill": "engine killed (SIGKILL of llama-server)", "node-kill": "node killed (SIGKILL of frutebox-node)",
          "reload": "reload (SIGHUP to sealnode)", "recycle": "recycle (`sealnode ctl recycle`)",
-         "engine-stop": "engine stopped 3 s (SIGSTOP, SIGCONT)"}
+         "engine-stop": "engine stopped 3 s (SIGSTOP, SIGCONT)",
+         "rollout-in-place": "rollout, applied in place (a forwarder bound changed, SIGHUP)",
+         "rollout-node": "rollout, the node alone (a node setting changed, SIGHUP)"}
 
 for f in faults:
     ready = f["ready_t"] if f["ready_t"] is not None else f["t"] + 180

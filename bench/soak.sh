@@ -4,7 +4,10 @@
 # benchmark stand-in (soak-gateway.py) keeping IN_FLIGHT jobs in flight for DURATION seconds.
 # Meanwhile FAULTS faults, evenly spread, each once the cell has recovered from the one before:
 # the engine's llama-server SIGKILLed, the node's frutebox-node SIGKILLed, a SIGHUP to sealnode
-# (a reload), `sealnode ctl recycle`, the engine's llama-server SIGSTOPped for 3 s. Then a
+# (a reload, the config unchanged: both roles re-provisioned), `sealnode ctl recycle`, the
+# engine's llama-server SIGSTOPped for 3 s, and two rollouts as a fleet pushes them (the config
+# edited, then SIGHUP): a forwarder bound changed (applied in place, no role restarts) and a node
+# setting changed (the node restarts alone beside the running engine). Then a
 # report: jobs sent, answered and failed, in total and per fault kind (a job counts for a fault
 # when it was in flight between the fault and GRACE_S seconds after the cell was ready again,
 # the node registered with the gateway again where it restarts), and every failure's text.
@@ -15,7 +18,7 @@
 # Needs scripts/build-llama-server and scripts/prepare-python (their env files are sourced).
 # shellcheck source=bench/common.sh disable=SC1091
 . "$(dirname "$0")/common.sh"
-DURATION=${DURATION:-600}; FAULTS=${FAULTS:-19}; IN_FLIGHT=${IN_FLIGHT:-2}; MAX_TOKENS=${MAX_TOKENS:-64}
+DURATION=${DURATION:-600}; FAULTS=${FAULTS:-21}; IN_FLIGHT=${IN_FLIGHT:-2}; MAX_TOKENS=${MAX_TOKENS:-64}
 GW=${GW_PORT:-18767}; HOLD=${ENGINE_HOLD_S:-30}; DRAIN=${DRAIN_TIMEOUT_S:-10}; GRACE=${GRACE_S:-5}
 JOB_TIMEOUT=${JOB_TIMEOUT_S:-60}
 llm_env
@@ -23,7 +26,7 @@ PY=$SEALNODE_TEST_VENV/bin/python
 d=$BENCH/soak
 sets=""
 for kv in FRUTEBOX_ENGINE=llamacpp FRUTEBOX_LLAMACPP_HOST=http://127.0.0.1:18080 \
-  FRUTEBOX_LLAMACPP_MAX_TOKENS="$MAX_TOKENS" FRUTEBOX_NODE_STATE_FILE=/scratch/state; do
+  FRUTEBOX_LLAMACPP_MAX_TOKENS="$MAX_TOKENS" FRUTEBOX_NODE_STATE_FILE=/scratch/state SOAK_ROLLOUT=0; do
   sets+="${kv%%=*} = \"${kv#*=}\", "
 done
 write_llama_fixture "$d" \
@@ -34,7 +37,7 @@ env = { set = { ${sets%, } } }
 restart = \"on-failure\""
 # Both roles come back after a crash; the node's connections wait for a restarting engine, and
 # a clean stop waits for the node's requests to the engine (docs/config.md).
-sed -i -e "s/^\[cell\]\$/[cell]\nengine_hold_s = $HOLD\ndrain_timeout_s = $DRAIN/" \
+sed -i -e "s/^\[cell\]\$/[cell]\nengine_hold_s = $HOLD\ndrain_timeout_s = $DRAIN\negress_idle_timeout_s = 600/" \
   -e "s/^\[engine\]\$/[engine]\nrestart = \"on-failure\"/" "$d/c.toml"
 : > "$d/faults.jsonl"
 pids=()
@@ -78,7 +81,12 @@ grep -q '"ev": "start"' "$d/jobs.jsonl" || { echo "soak: the node never register
 t0=$(python3 -c 'import json, sys; print(next(json.loads(l)["t"] for l in open(sys.argv[1]) if "\"start\"" in l))' "$d/jobs.jsonl")
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 
-kinds=(engine-kill node-kill reload recycle engine-stop)
+kinds=(engine-kill node-kill reload recycle engine-stop rollout-in-place rollout-node)
+# A rollout: the config edited (toggled between two values, renamed over as config management
+# writes it), then SIGHUP.
+rollout() {  # SED-EXPRESSION
+  sed -e "$1" "$d/c.toml" > "$d/c.toml.new" && mv "$d/c.toml.new" "$d/c.toml" && kill -HUP "$sn"
+}
 for i in $(seq 1 "$FAULTS"); do
   kind=${kinds[$(( (i - 1) % ${#kinds[@]} ))]}
   sleep_until "$(awk -v t="$t0" -v i="$i" -v n="$FAULTS" -v D="$DURATION" 'BEGIN { printf "%.3f", t + i * D / (n + 1) }')"
@@ -95,6 +103,8 @@ for i in $(seq 1 "$FAULTS"); do
     engine-kill) pid=$(engine_pid); [ -n "$pid" ] && kill -KILL "$pid" ;;
     node-kill) pid=$(node_pid); [ -n "$pid" ] && kill -KILL "$pid" ;;
     reload) kill -HUP "$sn" ;;
+    rollout-in-place) rollout 's/^egress_idle_timeout_s = 600$/egress_idle_timeout_s = 601/; t; s/^egress_idle_timeout_s = 601$/egress_idle_timeout_s = 600/' ;;
+    rollout-node) rollout 's/SOAK_ROLLOUT = "0"/SOAK_ROLLOUT = "1"/; t; s/SOAK_ROLLOUT = "1"/SOAK_ROLLOUT = "0"/' ;;
     recycle) "$SN" ctl --config "$d/c.toml" recycle > "$d/recycle-$i.out" 2>&1 & rc_pid=$! ;;
     engine-stop) pid=$(engine_pid); [ -n "$pid" ] && { kill -STOP "$pid"; sleep 3; kill -CONT "$pid"; } ;;
   esac
@@ -107,9 +117,11 @@ for i in $(seq 1 "$FAULTS"); do
       engine-kill) done_=$(( e1 > e0 )) ;;
       node-kill) done_=$(( n1 > n0 )) ;;
       reload | recycle) done_=$(( e1 > e0 && n1 > n0 )) ;;
+      rollout-node) done_=$(( n1 > n0 )) ;;
+      rollout-in-place) done_=$([ "$rok" = 1 ] && [ "$rat" != - ] && awk -v a="$rat" -v t="$t" 'BEGIN { exit !(a >= int(t)) }' && echo 1 || echo 0) ;;
       *) done_=1 ;;
     esac
-    if [ "$kind" = reload ] && [ "$rok" = 0 ] && [ "$rat" != - ] && awk -v a="$rat" -v t="$t" 'BEGIN { exit !(a >= int(t)) }'; then
+    if [ "${kind%%-*}" != engine ] && [ "$kind" != node-kill ] && [ "$kind" != recycle ] && [ "$rok" = 0 ] && [ "$rat" != - ] && awk -v a="$rat" -v t="$t" 'BEGIN { exit !(a >= int(t)) }'; then
       detail="reload refused: $("$SN" ctl --config "$d/c.toml" status --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["reload"]["error"])')"
       ready_t=$(now); break
     fi
@@ -119,7 +131,11 @@ for i in $(seq 1 "$FAULTS"); do
   if [ "$kind" = recycle ]; then
     wait "$rc_pid" && detail="recycle: $(tr '\n' ' ' < "$d/recycle-$i.out")" || detail="recycle failed: $(tr '\n' ' ' < "$d/recycle-$i.out")"
   fi
-  [ -z "$pid" ] && [ "${kind%-*}" != reload ] && [ "$kind" != recycle ] && detail="no workload process found"
+  case $kind in
+    engine-kill | node-kill | engine-stop) [ -z "$pid" ] && detail="no workload process found" ;;
+    # What a rollout restarted, by the starts ctl status counts.
+    rollout-*) read -r _ e1 n1 _ _ <<< "$(cell_state)"; detail="${detail:+$detail; }restarted: engine $((e1 - e0)), node $((n1 - n0))" ;;
+  esac
   python3 -c 'import json, sys
 i, kind, t, ready, pid, late, detail = sys.argv[1:]
 print(json.dumps({"fault": int(i), "kind": kind, "t": float(t), "ready_t": None if ready == "null" else float(ready),
