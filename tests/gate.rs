@@ -1775,65 +1775,127 @@ fn an_engine_exit_during_the_nodes_reload_wipes_and_counts_it() {
     }
 }
 
-/// Found by review (#29): a statement asked for during a reload, after the new config was
-/// switched in and before its receipt, named the new config's policies beside the old
-/// generation's digests. Every statement now describes one generation: the policy it names
-/// is the one that generation's node ran.
+/// Found by review (#29): a SIGTERM while a node-only reload's wipe ran ended the loop with
+/// the engine never signalled (it died only with sealnode) and its scratch wiped under it. The
+/// engine is now stopped as any stop stops it, then wiped, and the exit is clean.
 #[test]
-fn a_statement_asked_for_during_a_reload_describes_one_generation() {
-    use base64::Engine as _;
+fn a_stop_during_the_nodes_reload_wipe_stops_the_engine_first() {
     for mode in modes() {
-        let f = cell(mode, "reload-statement", HTTPD, "echo node-up; exec sleep 1000", "", "");
-        let cfg = f.config.display().to_string();
-        let init = f.command(&["attest", "init", "--config", &cfg]).output_within(COMMAND_LIMIT);
-        assert!(init.status.success(), "{mode:?}: {}", String::from_utf8_lossy(&init.stderr));
+        let f = cell(mode, "reload-stop-wipe", HTTPD, "echo node-up; exec sleep 1000", "", "");
         let run = start(&f, &[]);
         run.out_line(60, |l| l == "node-up");
         assert!(wait_until(Duration::from_secs(30), || ctl(&f, "status")["roles"][1]["state"] == "running"));
-        let first = receipt(&f)["generation"].as_u64().expect("generation");
-        let policy = f.p("policy/node.toml");
-        let old = sha256_of(&std::fs::read_to_string(&policy).expect("policy"));
-        // A node-only change: its Landlock rules gain a comment (another file, the same rules).
-        let text = std::fs::read_to_string(&policy).expect("policy") + "\n# reloaded\n";
-        std::fs::write(&policy, &text).expect("edit");
-        let new = sha256_of(&text);
+        let owner = |ids: (u32, u32)| if mode == Mode::Rootful { ids.0 } else { NOBODY };
+        let marker = f.p("engine-scratch/MARKER");
+        std::fs::write(&marker, "").expect("marker");
+        std::os::unix::fs::lchown(&marker, Some(owner(ENGINE_IDS)), Some(owner(ENGINE_IDS))).expect("chown");
+        for i in 0..20_000 {
+            let p = f.p(&format!("node-scratch/f{i}"));
+            std::fs::write(&p, "").expect("write");
+            std::os::unix::fs::lchown(&p, Some(owner(NODE_IDS)), Some(owner(NODE_IDS))).expect("chown");
+        }
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        std::fs::write(&f.config, text.replace("echo node-up", "echo node-up; true")).expect("edit");
         kill(run.pid(), Signal::SIGHUP).expect("hup");
-        // Statements, one after another, until the reload's generation is the one in force.
-        let mut seen = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            let o = f
-                .command(&["attest", "--nonce", "00112233445566778899", "--config", &cfg])
-                .output_within(COMMAND_LIMIT);
-            let Ok(env) = serde_json::from_slice::<Value>(&o.stdout) else { continue };
-            let payload = base64::engine::general_purpose::STANDARD
-                .decode(env["payload"].as_str().expect("payload"))
-                .expect("base64");
-            let st: Value = serde_json::from_slice(&payload).expect("statement");
-            let generation = st["predicate"]["generation"].as_u64().expect("generation");
-            let landlock = st["subject"]
-                .as_array()
-                .expect("subjects")
-                .iter()
-                .find(|s| s["name"] == "node.landlock")
-                .and_then(|s| s["digest"]["sha256"].as_str())
-                .expect("node.landlock")
-                .to_string();
-            seen.push((generation, landlock.clone()));
-            if generation > first {
-                break;
-            }
-        }
-        for (generation, landlock) in &seen {
-            let want = if *generation == first { &old } else { &new };
-            assert_eq!(
-                &landlock, &want,
-                "{mode:?}: generation {generation} with another generation's policy: {seen:?}"
-            );
-        }
-        assert!(seen.last().is_some_and(|(g, _)| *g > first), "{mode:?}: the reload's generation never came: {seen:?}");
-        let (code, _, err) = run.stop();
+        let wipe = stop_child_named(run.pid().as_raw(), "sealnode-wipe", 60);
+        kill(run.pid(), Signal::SIGTERM).expect("term");
+        // The engine is signalled while the node's wipe is still held (which the stop's grace
+        // period then kills, as for any held wipe).
+        run.err_line(30, |l| l.contains("stopping role (SIGTERM) role=engine"));
+        let _ = kill(wipe, Signal::SIGCONT);
+        let (code, err) = run.exited(60);
         assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(
+            !err.contains("internal error") && !err.contains("grace period over; SIGKILL role=engine"),
+            "{mode:?}: {err}"
+        );
+        assert!(!marker.exists(), "{mode:?}: the engine's scratch is wiped once it is down: {err}");
+    }
+}
+
+/// Found by review (#29): a statement asked for during a reload, after the new config was
+/// switched in and before the node passed again, named the new config's policies beside the
+/// node's record of its last pass (in the window before the reload's receipt, and for as long
+/// as the engine, crashed right after the switch, took to come back and write a receipt of its
+/// own). Every statement now names each role's policies from the config that role passed with.
+#[test]
+fn a_statement_asked_for_during_a_reload_describes_what_each_role_passed_with() {
+    use base64::Engine as _;
+    for mode in modes() {
+        for crash in [false, true] {
+            // The restarted engine answers only after 2 s: the node waits that long to pass.
+            let engine = crash_once_on_go("sleep 2; exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models");
+            let f = cell(
+                mode,
+                "reload-statement",
+                &engine,
+                "echo node-up; exec sleep 1000",
+                "restart = \"on-failure\"",
+                "",
+            );
+            let cfg = f.config.display().to_string();
+            let init = f.command(&["attest", "init", "--config", &cfg]).output_within(COMMAND_LIMIT);
+            assert!(init.status.success(), "{mode:?}: {}", String::from_utf8_lossy(&init.stderr));
+            let run = start(&f, &[]);
+            run.out_line(60, |l| l == "node-up");
+            assert!(wait_until(Duration::from_secs(30), || ctl(&f, "status")["roles"][1]["state"] == "running"));
+            let first = receipt(&f)["roles"]["node"]["generation"].as_u64().expect("generation");
+            let policy = f.p("policy/node.toml");
+            let old = sha256_of(&std::fs::read_to_string(&policy).expect("policy"));
+            // A node-only change: its Landlock rules gain a comment (another file, the same rules).
+            let text = std::fs::read_to_string(&policy).expect("policy") + "\n# reloaded\n";
+            std::fs::write(&policy, &text).expect("edit");
+            let new = sha256_of(&text);
+            kill(run.pid(), Signal::SIGHUP).expect("hup");
+            if crash {
+                // The engine goes down once the new config is in force: its restart writes a
+                // receipt while the node still waits to pass.
+                run.err_line(60, |l| l.contains("re-provisioning"));
+                std::fs::write(f.p("models/go"), "").expect("go");
+            }
+            // Statements, one after another, until the node ran the reload's config.
+            let mut seen = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                let o = f
+                    .command(&["attest", "--nonce", "00112233445566778899", "--config", &cfg])
+                    .output_within(COMMAND_LIMIT);
+                let Ok(env) = serde_json::from_slice::<Value>(&o.stdout) else { continue };
+                let payload = base64::engine::general_purpose::STANDARD
+                    .decode(env["payload"].as_str().expect("payload"))
+                    .expect("base64");
+                let st: Value = serde_json::from_slice(&payload).expect("statement");
+                let generation = st["predicate"]["generation"].as_u64().expect("generation");
+                let node = st["predicate"]["roles"]["node"]["generation"].as_u64().expect("node's generation");
+                let landlock = st["subject"]
+                    .as_array()
+                    .expect("subjects")
+                    .iter()
+                    .find(|s| s["name"] == "node.landlock")
+                    .and_then(|s| s["digest"]["sha256"].as_str())
+                    .expect("node.landlock")
+                    .to_string();
+                seen.push((generation, node, landlock == old, landlock == new));
+                if node > first {
+                    break;
+                }
+            }
+            for (generation, node, is_old, is_new) in &seen {
+                assert!(
+                    if *node == first { *is_old } else { *is_new },
+                    "{mode:?} crash {crash}: generation {generation}: the node's record of generation {node} with another config's policy: {seen:?}"
+                );
+            }
+            assert!(seen.last().is_some_and(|s| s.1 > first), "{mode:?}: the node never passed again: {seen:?}");
+            if crash {
+                assert!(
+                    seen.iter().any(|s| s.0 > first && s.1 == first),
+                    "{mode:?}: no statement of the engine's restart while the node waited: {seen:?}"
+                );
+            }
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?}: {err}");
+        }
     }
 }
 

@@ -111,7 +111,7 @@ pub fn subjects(config: &Path) -> Outcome {
             sealnode::proof::digests::models(d, &state, &cfg.cell.state_dir, &|| false).map_err(Failure::general)?;
         engine.models = files.into_iter().collect();
     }
-    for s in attest::subjects(&cfg, &sealnode.sha256, &conf.sha256, &roles) {
+    for s in attest::subjects([&cfg, &cfg], &sealnode.sha256, &conf.sha256, &roles) {
         println!("{}={}", s.name, s.digest.get("sha256").map(String::as_str).unwrap_or(""));
     }
     Ok(exit::OK)

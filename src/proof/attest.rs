@@ -199,6 +199,9 @@ impl Tpm {
 /// What a statement is made of, beyond the receipt: the supervisor's facts of the moment.
 pub struct Inputs<'a> {
     pub cfg: &'a crate::config::Config,
+    /// The config each role's record in the receipt was made with (its last pass), by
+    /// [`crate::config::Role`] index: its policies, rlimits and devices are named from it.
+    pub role_cfgs: [&'a crate::config::Config; 2],
     pub receipt: &'a crate::proof::receipt::Receipt,
     /// The latest preflight of each role (the receipt summarises it).
     pub report: Option<&'a crate::proof::canary::Report>,
@@ -218,7 +221,7 @@ const LAYERS: &[&str] = &["namespaces", "landlock", "seccomp", "credentials", "r
 /// files by path. Each role's are its process's (`roles`, from the receipt). `attest subjects`
 /// prints the same list for a config, so a gateway knows what to expect.
 pub fn subjects(
-    cfg: &crate::config::Config,
+    role_cfgs: [&crate::config::Config; 2],
     sealnode: &str,
     config: &str,
     roles: &BTreeMap<String, crate::proof::receipt::RoleDigests>,
@@ -234,7 +237,7 @@ pub fn subjects(
         if let Some(p) = &d.program_sha256 {
             subject.push(Subject { name: format!("{name}.program"), digest: sha(p) });
         }
-        if let Ok((sc, ll)) = cfg.policy_files(role) {
+        if let Ok((sc, ll)) = role_cfgs[role as usize].policy_files(role) {
             subject.push(Subject { name: format!("{name}.seccomp"), digest: sha(&sc.sha256) });
             subject.push(Subject { name: format!("{name}.landlock"), digest: sha(&ll.sha256) });
         }
@@ -253,11 +256,12 @@ pub fn subjects(
 pub fn build(i: &Inputs) -> Statement {
     use crate::config::Role;
     let r = i.receipt;
-    let subject = subjects(i.cfg, &r.sealnode.sha256, &r.config.sha256, &r.roles);
+    let subject = subjects(i.role_cfgs, &r.sealnode.sha256, &r.config.sha256, &r.roles);
     let mut roles = BTreeMap::new();
     for role in Role::ALL {
         let name = role.name();
-        let rc = i.cfg.role(role);
+        let cfg = i.role_cfgs[role as usize];
+        let rc = cfg.role(role);
         let Some(d) = r.roles.get(name) else { continue };
         let mut layers: Vec<String> = LAYERS.iter().map(|l| l.to_string()).collect();
         if r.resources.contains_key(name) {
@@ -280,7 +284,7 @@ pub fn build(i: &Inputs) -> Statement {
                     ("memlock_kb".to_string(), l.memlock_kb),
                 ]
                 .into(),
-                devices: i.cfg.devices(role).iter().map(|p| p.display().to_string()).collect(),
+                devices: cfg.devices(role).iter().map(|p| p.display().to_string()).collect(),
                 restarts: i.restarts.get(name).copied().unwrap_or(0),
                 restarts_since_preflight: 0,
                 models_binding: d.models_binding,

@@ -233,6 +233,7 @@ impl Supervisor {
             });
             s.sealed = Some(sealed);
             s.digests = Some(a.digests.clone());
+            s.config = Some(cfg.clone());
             s.apply(Event::Admitted);
             if role == first {
                 starts_now = Some(a);

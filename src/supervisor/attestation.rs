@@ -41,6 +41,9 @@ enum Purpose {
 /// What a statement is made of, from the supervisor's current generation.
 pub(super) struct Facts<'a> {
     pub cfg: &'a Config,
+    /// Each role's config as of its last pass through the gate (by [`crate::config::Role`]
+    /// index).
+    pub role_cfgs: [&'a Config; 2],
     pub inv: &'a Invoker,
     pub receipt: Option<&'a crate::proof::receipt::Receipt>,
     pub report: Option<&'a crate::proof::canary::Report>,
@@ -117,6 +120,7 @@ impl Publisher {
         let Some(receipt) = f.receipt else { return Err("no generation yet: the cell has not started".into()) };
         let st = crate::proof::attest::build(&crate::proof::attest::Inputs {
             cfg: f.cfg,
+            role_cfgs: f.role_cfgs,
             receipt,
             report: f.report,
             nonce,

@@ -158,6 +158,10 @@ struct Slot {
     /// What this role's current (or next) process is started from, as the gate measured it:
     /// every receipt and statement carries it unchanged while that process lives.
     digests: Option<crate::proof::receipt::RoleDigests>,
+    /// The config that start passed the gate with: a statement names this role's policies,
+    /// rlimits and devices from it, never from a config switched in since (a reload's, before
+    /// the role passes again: found by review).
+    config: Option<Config>,
     /// What this role's current (or next) sandbox holds, layer by layer, from the plan the
     /// gate admitted (`ctl status`'s "what is sealed").
     sealed: Option<crate::proof::sealed_text::RoleSeal>,
@@ -473,9 +477,11 @@ impl Supervisor {
 
 /// What a statement is made of now (a function of the fields it reads, so that the
 /// publisher can be borrowed beside it).
-fn facts<'a>(base: &'a Base, current: &'a Current, roles: &[Slot]) -> attestation::Facts<'a> {
+fn facts<'a>(base: &'a Base, current: &'a Current, roles: &'a [Slot]) -> attestation::Facts<'a> {
+    let cfg = current.config.as_ref().unwrap_or(&base.cfg);
     attestation::Facts {
-        cfg: current.config.as_ref().unwrap_or(&base.cfg),
+        cfg,
+        role_cfgs: [0, 1].map(|i| roles[i].config.as_ref().unwrap_or(cfg)),
         inv: &base.inv,
         receipt: current.receipt.as_ref(),
         report: current.report.as_ref(),

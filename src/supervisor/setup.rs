@@ -81,6 +81,7 @@ impl Supervisor {
             starts: 0,
             passed: None,
             digests: None,
+            config: None,
             sealed: None,
             oom_kills: 0,
             scratch: scratch.next().expect("one scratch per role"),

@@ -428,12 +428,19 @@ impl Cycle {
     /// drain's deadline.
     pub(super) fn next(&self, engine: Phase, node: Phase, engine_busy: bool, now: Instant) -> Step {
         if self.wipes.running {
-            let wiping = [engine, node].iter().any(|p| matches!(p, Phase::Wiping(_)));
+            // A role the stop came to stop after its wipes began (a SIGTERM, or the engine
+            // exiting, during the node's own restart): stopped as any stop stops it, then wiped
+            // too, before anything starts or the loop ends (found by review: a SIGTERM during
+            // the node's wipe left the engine running, unsignalled, and its scratch wiped under it).
+            let phase = |r: Role| if r == Role::Engine { engine } else { node };
+            let more = self.to_wipe();
+            if let Some(r) = more.iter().find(|r| matches!(phase(**r), Phase::Running(_))) {
+                return Step::Term(*r);
+            }
+            let wiping = [engine, node].iter().any(|p| matches!(p, Phase::Wiping(_) | Phase::Stopping(..)));
             return if wiping {
                 Step::Wait
-            } else if !self.to_wipe().is_empty() {
-                // The stop came to stop a role after its wipes began (the engine exiting during
-                // the node's own restart: both restart): nothing starts on its scratch unwiped.
+            } else if !more.is_empty() {
                 Step::Wipe
             } else {
                 Step::WipesDone(self.after_wipes(!self.wipes.failed.is_empty()))

@@ -124,6 +124,29 @@ fn the_cells_next_step() {
             P::Down,
             Step::Wipe,
         ),
+        // A SIGTERM during the node's own restart, its wipe running: the engine is stopped
+        // first (as any stop stops it), then wiped; never wiped while it runs.
+        (
+            stop(After::Exit),
+            Wipes { running: true, of: [false, true], ..Wipes::default() },
+            P::Running(pid),
+            P::Wiping(pid),
+            Step::Term(Role::Engine),
+        ),
+        (
+            stop(After::Exit),
+            Wipes { running: true, of: [false, true], ..Wipes::default() },
+            P::Stopping(pid, t0),
+            P::Down,
+            Step::Wait,
+        ),
+        (
+            stop(After::Exit),
+            Wipes { running: true, of: [false, true], ..Wipes::default() },
+            P::Down,
+            P::Down,
+            Step::Wipe,
+        ),
         // Wipes in flight: wait for both; done, what follows.
         (stop(After::Exit), wipes(true, false), P::Wiping(pid), P::Down, Step::Wait),
         (None, wipes(true, false), P::Down, P::Wiping(pid), Step::Wait),
