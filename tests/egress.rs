@@ -4,26 +4,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, UdpSocket};
+use std::io::{BufRead, BufReader};
+use std::net::UdpSocket;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// A host upstream that greets every connection.
-fn upstream() -> (TcpListener, u16) {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().expect("addr").port();
-    let l2 = l.try_clone().expect("clone");
-    std::thread::spawn(move || {
-        for mut s in l2.incoming().flatten() {
-            let _ = s.write_all(b"hello\n");
-        }
-    });
-    (l, port)
-}
 
 struct Cell {
     child: Child,
@@ -155,7 +142,7 @@ fn a_hanging_resolver_never_stalls_the_supervisor() {
     // The test's resolver: takes queries, never answers.
     let dns = UdpSocket::bind("127.0.0.77:53").expect("bind the silent resolver");
     for mode in modes() {
-        let (_up, port) = upstream();
+        let (_up, port) = greeter();
         let node_sh = format!(
             "echo node-up; while true; do /usr/bin/busybox nc -w 8 gw.hang.test {port} </dev/null >/dev/null 2>&1; sleep 0.2; done"
         );
@@ -204,9 +191,9 @@ fn resolved_addresses_are_held_to_the_deny_set() {
         return unavailable("rootful", "the test replaces /etc/hosts in a mount namespace (root)");
     }
     for mode in modes() {
-        let (_a, p1) = upstream();
-        let (_b, p2) = upstream();
-        let (_c, p3) = upstream();
+        let (_a, p1) = greeter();
+        let (_b, p2) = greeter();
+        let (_c, p3) = greeter();
         let node_sh = format!(
             "/opt/sealnode/sealnode __probe-inside --fetch loop.test:{p1} --fetch metadata.test:{p2} --fetch gw.test:{p3}; exec sleep 1000"
         );

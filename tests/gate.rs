@@ -1606,20 +1606,6 @@ fn a_replaced_config_directory_is_watched_again_and_its_change_reloaded() {
     }
 }
 
-/// A host upstream that greets every connection.
-fn greeter() -> (std::net::TcpListener, u16) {
-    use std::io::Write;
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().expect("addr").port();
-    let l2 = l.try_clone().expect("clone");
-    std::thread::spawn(move || {
-        for mut s in l2.incoming().flatten() {
-            let _ = s.write_all(b"hello\n");
-        }
-    });
-    (l, port)
-}
-
 /// The TCP ports listening in `pid`'s network namespace (its /proc/PID/net/tcp: every socket
 /// of the namespace, not only the process's).
 fn listening_ports(pid: i64) -> Vec<u16> {
@@ -1704,6 +1690,27 @@ fn a_new_gateway_address_restarts_the_node_alone() {
     }
 }
 
+/// A running cell (its node says "node-up") taken into a node-only reload whose scratch wipe
+/// is held (SIGSTOP): a marker left in the engine's scratch (the old engine's files), enough
+/// files in the node's for its wipe to be found and held. Returns the marker and the wipe.
+fn node_reload_with_its_wipe_held(f: &Fixture, run: &Running) -> (PathBuf, nix::unistd::Pid) {
+    run.out_line(60, |l| l == "node-up");
+    assert!(wait_until(Duration::from_secs(30), || ctl(f, "status")["roles"][1]["state"] == "running"));
+    let owner = |ids: (u32, u32)| if f.mode == Mode::Rootful { ids.0 } else { NOBODY };
+    let marker = f.p("engine-scratch/MARKER");
+    std::fs::write(&marker, "").expect("marker");
+    std::os::unix::fs::lchown(&marker, Some(owner(ENGINE_IDS)), Some(owner(ENGINE_IDS))).expect("chown");
+    for i in 0..20_000 {
+        let p = f.p(&format!("node-scratch/f{i}"));
+        std::fs::write(&p, "").expect("write");
+        std::os::unix::fs::lchown(&p, Some(owner(NODE_IDS)), Some(owner(NODE_IDS))).expect("chown");
+    }
+    let text = std::fs::read_to_string(&f.config).expect("cfg");
+    std::fs::write(&f.config, text.replace("echo node-up", "echo node-up; true")).expect("edit");
+    kill(run.pid(), Signal::SIGHUP).expect("hup");
+    (marker, stop_child_named(run.pid().as_raw(), "sealnode-wipe", 60))
+}
+
 /// Found by review (#29): the engine exiting while a node-only reload's wipe ran made the
 /// stop restart both roles, but only the node's scratch had been wiped: the new engine started
 /// on the old one's files. Now a role the stop comes to stop after its wipes began is wiped
@@ -1723,24 +1730,8 @@ fn an_engine_exit_during_the_nodes_reload_wipes_and_counts_it() {
                 "",
             );
             let run = start(&f, &[]);
-            run.out_line(60, |l| l == "node-up");
-            assert!(wait_until(Duration::from_secs(30), || ctl(&f, "status")["roles"][1]["state"] == "running"));
-            // What the first engine leaves in its scratch; enough in the node's for its wipe
-            // to be found and held.
-            let owner = |ids: (u32, u32)| if mode == Mode::Rootful { ids.0 } else { NOBODY };
-            let marker = f.p("engine-scratch/MARKER");
-            std::fs::write(&marker, "").expect("marker");
-            std::os::unix::fs::lchown(&marker, Some(owner(ENGINE_IDS)), Some(owner(ENGINE_IDS))).expect("chown");
-            for i in 0..20_000 {
-                let p = f.p(&format!("node-scratch/f{i}"));
-                std::fs::write(&p, "").expect("write");
-                std::os::unix::fs::lchown(&p, Some(owner(NODE_IDS)), Some(owner(NODE_IDS))).expect("chown");
-            }
-            // A node-only change: the node is stopped and its wipe held; the engine exits then.
-            let text = std::fs::read_to_string(&f.config).expect("cfg");
-            std::fs::write(&f.config, text.replace("echo node-up", "echo node-up; true")).expect("edit");
-            kill(run.pid(), Signal::SIGHUP).expect("hup");
-            let wipe = stop_child_named(run.pid().as_raw(), "sealnode-wipe", 60);
+            let (marker, wipe) = node_reload_with_its_wipe_held(&f, &run);
+            // The engine exits while the node's wipe is held.
             std::fs::write(f.p("models/go"), "").expect("go");
             run.err_line(30, |l| {
                 l.contains("role exited") || l.contains("the engine exited during the node's restart")
@@ -1783,21 +1774,7 @@ fn a_stop_during_the_nodes_reload_wipe_stops_the_engine_first() {
     for mode in modes() {
         let f = cell(mode, "reload-stop-wipe", HTTPD, "echo node-up; exec sleep 1000", "", "");
         let run = start(&f, &[]);
-        run.out_line(60, |l| l == "node-up");
-        assert!(wait_until(Duration::from_secs(30), || ctl(&f, "status")["roles"][1]["state"] == "running"));
-        let owner = |ids: (u32, u32)| if mode == Mode::Rootful { ids.0 } else { NOBODY };
-        let marker = f.p("engine-scratch/MARKER");
-        std::fs::write(&marker, "").expect("marker");
-        std::os::unix::fs::lchown(&marker, Some(owner(ENGINE_IDS)), Some(owner(ENGINE_IDS))).expect("chown");
-        for i in 0..20_000 {
-            let p = f.p(&format!("node-scratch/f{i}"));
-            std::fs::write(&p, "").expect("write");
-            std::os::unix::fs::lchown(&p, Some(owner(NODE_IDS)), Some(owner(NODE_IDS))).expect("chown");
-        }
-        let text = std::fs::read_to_string(&f.config).expect("cfg");
-        std::fs::write(&f.config, text.replace("echo node-up", "echo node-up; true")).expect("edit");
-        kill(run.pid(), Signal::SIGHUP).expect("hup");
-        let wipe = stop_child_named(run.pid().as_raw(), "sealnode-wipe", 60);
+        let (marker, wipe) = node_reload_with_its_wipe_held(&f, &run);
         kill(run.pid(), Signal::SIGTERM).expect("term");
         // The engine is signalled while the node's wipe is still held (which the stop's grace
         // period then kills, as for any held wipe).

@@ -980,3 +980,18 @@ pub fn kubelet_volume(root: &Path, files: &[VolumeFile]) -> PathBuf {
     }
     dir
 }
+
+/// A host upstream on 127.0.0.1 that greets every connection with "hello\n"; the listener is
+/// kept open while the returned handle lives.
+pub fn greeter() -> (std::net::TcpListener, u16) {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let l2 = l.try_clone().expect("clone");
+    std::thread::spawn(move || {
+        for mut s in l2.incoming().flatten() {
+            let _ = s.write_all(b"hello\n");
+        }
+    });
+    (l, port)
+}
