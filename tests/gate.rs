@@ -40,6 +40,11 @@ fn crash_once_on_go(then: &str) -> String {
     )
 }
 
+/// `s` as one word for sh.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
 fn receipt(f: &Fixture) -> Value {
     serde_json::from_slice(&std::fs::read(f.p("state/receipt.json")).expect("receipt")).expect("json")
 }
@@ -1299,6 +1304,84 @@ fn the_nodes_connection_waits_for_a_restarting_engine_within_the_hold() {
             }
             let (code, _, err) = run.stop();
             assert_eq!(code, Some(0), "{mode:?}: {err}");
+        }
+    }
+}
+
+/// A request the engine drops before it answers a byte (it died with the request inside) is
+/// sent again, once, to the restarted engine, and the node gets its answer; never one the
+/// engine had begun to answer, nor one longer than cell.engine_replay_kb, nor any with the
+/// replay off (#29 item 6: the soak's jobs inside a killed engine).
+#[test]
+fn a_request_the_engine_dropped_unanswered_is_sent_again_once_it_is_ready() {
+    // The first engine takes one request on its port and dies without answering: it reads
+    // the request line (and all the headers, or not: the drop is a FIN, or a reset with the
+    // rest unread), or answers part of it first. The restarted engine serves, and logs what
+    // it is asked.
+    let first = |handler: &str| {
+        format!(
+            "if [ ! -e /scratch/dropped ]; then \
+               /usr/bin/busybox nc -ll -p 18080 -e /usr/bin/busybox sh -c {handler} & \
+               while [ ! -e /scratch/dropped ]; do sleep 0.05; done; kill $!; exit 3; \
+             fi; exec /usr/bin/busybox httpd -f -vv -p 127.0.0.1:18080 -h /models 2>> /scratch/second",
+            handler = shell_quote(&format!(
+                "IFS= read -r l || exit 0; echo \"$l\" >> /scratch/requests; {handler}; : > /scratch/dropped"
+            ))
+        )
+    };
+    let headers = "while IFS= read -r h; do case \"$h\" in \"$(printf '\\r')\"|'') break;; esac; done";
+    let pad = "x".repeat(1500);
+    for mode in modes() {
+        // What the first engine does, the cell's extra lines, the node's extra header, and
+        // whether the node's request is sent again.
+        for (what, handler, cell_extra, header, again) in [
+            ("a drop after the whole request (FIN)", headers.to_string(), "", "", true),
+            ("a drop with the headers unread (reset)", ":".to_string(), "", "", true),
+            (
+                "a drop after part of an answer",
+                format!("{headers}; printf 'HTTP/1.0 200 OK\\r\\nContent-Length: 100\\r\\n\\r\\npartial'"),
+                "",
+                "",
+                false,
+            ),
+            ("a request past the bound", headers.to_string(), "engine_replay_kb = 1", pad.as_str(), false),
+            ("the replay off", headers.to_string(), "engine_replay_kb = 0", "", false),
+        ] {
+            let hdr = if header.is_empty() { String::new() } else { format!("--header 'X-Pad: {header}'") };
+            let node = format!(
+                "echo node-up; if /usr/bin/busybox wget -q -O /scratch/body {hdr} http://127.0.0.1:18080/hello.txt; \
+                 then echo \"GOT-$(cat /scratch/body)\"; else echo FAILED; fi; exec sleep 1000"
+            );
+            let mut f = cell(mode, "replay", &first(&handler), &node, "restart = \"on-failure\"", "");
+            // busybox nc runs its handler through vfork, which the Ollama engine's policy allows.
+            f.engine_policy = "engine-ollama".into();
+            f.cell_extra = format!("stop_timeout_s = 2\n{cell_extra}");
+            f.write_config();
+            let run = start(&f, &[]);
+            run.out_line(60, |l| l.starts_with("GOT-") || l == "FAILED");
+            let out = LoggedRun::text(&run.out);
+            let ctx = format!("{mode:?}, {what}: {out}\n{}", run.stderr());
+            let st = ctl(&f, "status");
+            let fwd = &st["engine_forwarding"];
+            let read = |p: &str| std::fs::read_to_string(f.p(p)).unwrap_or_default();
+            assert_eq!(read("engine-scratch/requests").lines().count(), 1, "the first engine saw it once: {ctx}");
+            if again {
+                assert!(out.lines().any(|l| l == "GOT-hello"), "{ctx}");
+                assert_eq!(fwd["replayed"], 1, "{ctx}\n{st}");
+                assert!(run.stderr().contains("a request the engine dropped unanswered is sent to it again"), "{ctx}");
+                // The restarted engine answered it, once (the node did not ask twice).
+                let second = read("engine-scratch/second");
+                assert_eq!(second.matches("url:/hello.txt").count(), 1, "{ctx}\n{second}");
+            } else {
+                assert!(out.lines().any(|l| l == "FAILED"), "{ctx}");
+                assert_eq!(fwd["replayed"], 0, "{ctx}\n{st}");
+                assert!(!run.stderr().contains("sent to it again"), "{ctx}");
+                // Nothing reached the restarted engine: the request was not sent twice.
+                wait_until(Duration::from_secs(30), || run.stderr().contains("restarts=1"));
+                assert!(!read("engine-scratch/second").contains("url:/hello.txt"), "{ctx}");
+            }
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{mode:?}, {what}: {err}");
         }
     }
 }

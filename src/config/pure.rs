@@ -52,6 +52,9 @@ impl Config {
         if self.cell.engine_hold_s > 3600 {
             return Err(self.err("cell.engine_hold_s", "must be between 0 and 3600 (seconds)"));
         }
+        if self.cell.engine_replay_kb > 16384 {
+            return Err(self.err("cell.engine_replay_kb", "must be between 0 and 16384 (KiB)"));
+        }
         if self.cell.drain_timeout_s > 3600 {
             return Err(self.err("cell.drain_timeout_s", "must be between 0 and 3600 (seconds)"));
         }

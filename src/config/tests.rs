@@ -818,8 +818,8 @@ fn reload_on_change_is_an_opt_in_boolean() {
     );
 }
 
-/// The engine hold and the drain (#29 item 6): 0 turns each off, over an hour is refused by
-/// name, with its line.
+/// The engine hold, the replay bound and the drain (#29 item 6): 0 turns each off, past its
+/// bound is refused by name, with its line.
 #[test]
 fn the_engine_hold_and_the_drain_are_bounded() {
     let f = "/etc/sealnode/test.toml";
@@ -829,4 +829,10 @@ fn the_engine_hold_and_the_drain_are_bounded() {
         let e = parse(&with("[cell]\n", &format!("[cell]\n{field} = 3601\n"))).expect_err(field);
         assert_eq!(e.to_string(), format!("{f}: cell.{field} (line 4): must be between 0 and 3600 (seconds)"));
     }
+    assert_eq!(parse(&with("[cell]\n", "[cell]\n")).expect("default").cell.engine_replay_kb, 256);
+    for ok in [0, 16384] {
+        assert!(parse(&with("[cell]\n", &format!("[cell]\nengine_replay_kb = {ok}\n"))).is_ok(), "{ok}");
+    }
+    let e = parse(&with("[cell]\n", "[cell]\nengine_replay_kb = 16385\n")).expect_err("over");
+    assert_eq!(e.to_string(), format!("{f}: cell.engine_replay_kb (line 4): must be between 0 and 16384 (KiB)"));
 }

@@ -109,6 +109,11 @@ pub struct CellConfig {
     /// once, to be refused or answered 503 by the engine).
     #[serde(default = "default_engine_hold")]
     pub engine_hold_s: u64,
+    /// A request the engine dropped before it answered a byte (it crashed, was killed) is sent
+    /// again, once, to the engine once it is ready, if it was no longer than this, KiB (0: never;
+    /// nothing is sent again without a hold either).
+    #[serde(default = "default_engine_replay")]
+    pub engine_replay_kb: u64,
     /// A stop with exit status 0 (SIGTERM, a reload, a recycle) lets the node's requests in
     /// flight to the engine finish first, up to this long, seconds (0: no drain).
     #[serde(default = "default_drain_timeout")]
@@ -219,6 +224,9 @@ fn default_stop_timeout() -> u64 {
 }
 fn default_engine_hold() -> u64 {
     30
+}
+fn default_engine_replay() -> u64 {
+    256
 }
 fn default_drain_timeout() -> u64 {
     10

@@ -258,6 +258,11 @@ pub fn render(status: &Status) -> String {
                 e.hold_expired,
                 "Of those, the connections closed because the engine was not ready within cell.engine_hold_s.",
             ),
+            (
+                "sealnode_engine_replayed_requests_total",
+                e.replayed,
+                "The node's requests the engine dropped unanswered (it crashed, was killed), sent again to it once it was ready (cell.engine_replay_kb).",
+            ),
         ];
         for (name, value, help) in waited {
             o.family(name, "counter", help);

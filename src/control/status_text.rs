@@ -153,6 +153,12 @@ pub fn render(v: &Status) -> String {
                 "", e.held, e.hold_expired
             ));
         }
+        if let Some(e) = v.engine_forwarding.as_ref().filter(|e| e.replayed > 0) {
+            s.push_str(&format!(
+                "{:<28} {} dropped unanswered by the engine, sent again (cell.engine_replay_kb)\n",
+                "", e.replayed
+            ));
+        }
     }
     if let Some(r) = &v.reload {
         // As its JSON (escaped: the error quotes the config).

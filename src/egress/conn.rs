@@ -9,11 +9,72 @@ use nix::errno::Errno;
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use nix::sys::epoll::EpollFlags;
 use nix::sys::socket::{
-    connect, shutdown, socket, sockopt, AddressFamily, Shutdown, SockFlag, SockType, SockaddrStorage,
+    connect, recv, send, shutdown, socket, sockopt, AddressFamily, MsgFlags, Shutdown, SockFlag, SockType,
+    SockaddrStorage,
 };
 
 /// Bytes buffered in each direction's pipe.
 pub(super) const PIPE_SIZE: usize = 256 * 1024;
+/// The most a recorded direction copies out of the socket per splice (a peek, then the splice
+/// of exactly those bytes).
+const PEEK: usize = 16 * 1024;
+
+/// The engine route: the node's bytes the engine has not answered (all it sent since the
+/// engine's last byte), kept so that a request the engine dropped unanswered (it crashed, or
+/// was killed) is sent again, once, to the engine once it is ready again
+/// (`cell.engine_replay_kb`). An answer's first byte ends the record: a request the engine began
+/// to answer is never sent twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Unanswered {
+    /// At most this many bytes are kept; a request longer than that is not sent again.
+    pub(super) limit: usize,
+    pub(super) bytes: Vec<u8>,
+    /// More than `limit` came: this request cannot be sent again.
+    pub(super) over: bool,
+    /// This request was sent again already: a second drop closes the connection.
+    pub(super) replayed: bool,
+    /// The node had finished sending (its half-close is passed on after the bytes).
+    pub(super) node_done: bool,
+    /// When a connection waiting to be sent again gives up (set at its first drop, kept
+    /// across failed connects to the engine).
+    pub(super) until: Option<Instant>,
+}
+
+impl Unanswered {
+    pub(super) fn new(limit: usize) -> Unanswered {
+        Unanswered { limit, ..Unanswered::default() }
+    }
+
+    /// Bytes the node sent towards the engine.
+    pub(super) fn take(&mut self, b: &[u8]) {
+        if self.over {
+            return;
+        }
+        if self.bytes.len() + b.len() > self.limit {
+            self.bytes = Vec::new();
+            self.over = true;
+        } else {
+            self.bytes.extend_from_slice(b);
+        }
+    }
+
+    /// The engine answered (a byte came back): what the node sends next is a new request.
+    pub(super) fn answered(&mut self) {
+        *self = Unanswered::new(self.limit);
+    }
+
+    /// The engine dropped the connection: whether what it left unanswered may be sent again.
+    pub(super) fn may_replay(&self) -> bool {
+        !self.over && !self.replayed && !self.bytes.is_empty()
+    }
+}
+
+/// Where a direction failed: reading its source, or writing its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fault {
+    Src(Errno),
+    Dst(Errno),
+}
 
 /// One direction of a forwarded connection: socket -> pipe -> socket.
 #[derive(Debug)]
@@ -23,6 +84,10 @@ pub(super) struct Dir {
     pub(super) buffered: usize,
     pub(super) eof: bool,
     pub(super) shut: bool,
+    /// Bytes written to the destination before any from the pipe (a request sent again).
+    pub(super) first: Vec<u8>,
+    /// Bytes taken from the source so far.
+    pub(super) taken: u64,
 }
 
 impl Dir {
@@ -30,29 +95,82 @@ impl Dir {
         let (pipe_r, pipe_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
         // A larger pipe means fewer wake-ups per megabyte; the default still works if refused.
         let _ = nix::fcntl::fcntl(&pipe_w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE as i32));
-        Ok(Dir { pipe_r, pipe_w, buffered: 0, eof: false, shut: false })
+        Ok(Dir { pipe_r, pipe_w, buffered: 0, eof: false, shut: false, first: Vec::new(), taken: 0 })
     }
 
-    /// Move what can be moved from `src` to `dst`: the bytes delivered to `dst`, and the error
-    /// that ended this direction, if one did (bytes delivered before it still count).
-    pub(super) fn pump(&mut self, src: &OwnedFd, dst: &OwnedFd) -> (u64, Result<(), Errno>) {
+    /// Bytes wait to go to the destination.
+    pub(super) fn pending(&self) -> bool {
+        self.buffered > 0 || !self.first.is_empty()
+    }
+
+    /// Move what can be moved from `src` to `dst`: the bytes delivered to `dst`, and the fault
+    /// that ended this direction, if one did (bytes delivered before it still count). With a
+    /// `record`, each byte taken from `src` is copied into it too (peeked, then exactly those
+    /// spliced).
+    pub(super) fn pump(
+        &mut self,
+        src: &OwnedFd,
+        dst: &OwnedFd,
+        mut record: Option<&mut Unanswered>,
+    ) -> (u64, Result<(), Fault>) {
         let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
         let mut delivered = 0u64;
+        // Only a recorded direction pays for the copy.
+        let mut peek = record.is_some().then(|| vec![0u8; PEEK]);
         loop {
             let mut progressed = false;
-            if !self.eof && self.buffered < PIPE_SIZE {
-                match splice(src, None, &self.pipe_w, None, PIPE_SIZE - self.buffered, flags) {
-                    Ok(0) => self.eof = true,
+            if !self.first.is_empty() {
+                match send(dst.as_raw_fd(), &self.first, MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT) {
                     Ok(n) => {
-                        self.buffered += n;
-                        progressed = true;
+                        self.first.drain(..n);
+                        delivered += n as u64;
+                        progressed |= n > 0;
                     }
                     Err(Errno::EAGAIN) => {}
                     Err(Errno::EINTR) => progressed = true,
-                    Err(e) => return (delivered, Err(e)),
+                    Err(e) => return (delivered, Err(Fault::Dst(e))),
                 }
             }
-            if self.buffered > 0 {
+            if !self.eof && self.buffered < PIPE_SIZE {
+                let mut len = PIPE_SIZE - self.buffered;
+                let mut copy = None;
+                if let (Some(r), Some(peek)) = (record.as_deref_mut().filter(|r| !r.over), peek.as_mut()) {
+                    // Never more than one past the bound: that byte is enough to know it is over.
+                    let want = len.min(PEEK).min(r.limit + 1 - r.bytes.len());
+                    match recv(src.as_raw_fd(), &mut peek[..want], MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+                        Ok(n) => {
+                            len = n;
+                            copy = Some(r);
+                        }
+                        Err(Errno::EAGAIN) => len = 0,
+                        Err(Errno::EINTR) => {
+                            progressed = true;
+                            len = 0;
+                        }
+                        Err(e) => return (delivered, Err(Fault::Src(e))),
+                    }
+                }
+                match (len, &copy) {
+                    // The peek saw the end (or nothing yet).
+                    (0, Some(_)) => self.eof = true,
+                    (0, None) => {}
+                    _ => match splice(src, None, &self.pipe_w, None, len, flags) {
+                        Ok(0) => self.eof = true,
+                        Ok(n) => {
+                            self.buffered += n;
+                            self.taken += n as u64;
+                            if let (Some(r), Some(peek)) = (copy, peek.as_ref()) {
+                                r.take(&peek[..n]);
+                            }
+                            progressed = true;
+                        }
+                        Err(Errno::EAGAIN) => {}
+                        Err(Errno::EINTR) => progressed = true,
+                        Err(e) => return (delivered, Err(Fault::Src(e))),
+                    },
+                }
+            }
+            if self.buffered > 0 && self.first.is_empty() {
                 match splice(&self.pipe_r, None, dst, None, self.buffered, flags) {
                     Ok(n) => {
                         self.buffered -= n;
@@ -61,19 +179,23 @@ impl Dir {
                     }
                     Err(Errno::EAGAIN) => {}
                     Err(Errno::EINTR) => progressed = true,
-                    Err(e) => return (delivered, Err(e)),
+                    Err(e) => return (delivered, Err(Fault::Dst(e))),
                 }
             }
             if !progressed {
                 break;
             }
         }
-        if self.eof && self.buffered == 0 && !self.shut {
-            // Pass the half-close on (a client that finished sending still gets its answer).
+        (delivered, Ok(()))
+    }
+
+    /// Once the source has ended and everything is delivered, pass the half-close on (a client
+    /// that finished sending still gets its answer).
+    pub(super) fn pass_half_close(&mut self, dst: &OwnedFd) {
+        if self.eof && !self.pending() && !self.shut {
             let _ = shutdown(dst.as_raw_fd(), Shutdown::Write);
             self.shut = true;
         }
-        (delivered, Ok(()))
     }
 }
 
@@ -94,6 +216,8 @@ pub(super) struct Conn {
     /// The interest currently registered for (inner, outer): epoll_ctl only on change.
     pub(super) registered: (EpollFlags, EpollFlags),
     pub(super) last_active: Instant,
+    /// The engine route with `cell.engine_replay_kb`: what the engine has not answered yet.
+    pub(super) record: Option<Unanswered>,
 }
 
 /// Interest for a connection's two sockets given its state.
@@ -106,7 +230,7 @@ pub(super) fn interest(c: &Conn) -> (EpollFlags, EpollFlags) {
     if !c.dirs[0].eof && c.dirs[0].buffered < PIPE_SIZE {
         inner |= EpollFlags::EPOLLIN;
     }
-    if c.dirs[0].buffered > 0 {
+    if c.dirs[0].pending() {
         outer |= EpollFlags::EPOLLOUT;
     }
     if !c.dirs[1].eof && c.dirs[1].buffered < PIPE_SIZE {

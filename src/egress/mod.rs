@@ -55,6 +55,9 @@ pub struct Stats {
     /// `cell.engine_hold_s`.
     pub held: u64,
     pub hold_expired: u64,
+    /// The engine route: requests the engine dropped unanswered (it crashed or was killed)
+    /// sent again to it once it was ready again (`cell.engine_replay_kb`).
+    pub replayed: u64,
 }
 
 #[derive(Debug)]
@@ -77,9 +80,24 @@ pub struct Upstream {
     failed_until: Option<Instant>,
     /// The engine route: the node's connections waiting for the engine to be ready, each
     /// until its deadline (`cell.engine_hold_s`).
-    held: Vec<(OwnedFd, Instant)>,
+    held: Vec<Held>,
     pub stats: Stats,
 }
+
+/// A node's connection waiting for the engine: new, or one whose request the engine dropped
+/// unanswered (with that request, to be sent again).
+#[derive(Debug)]
+struct Held {
+    inner: OwnedFd,
+    until: Instant,
+    /// Not before then: a connection the engine dropped waits a moment, for the engine's exit
+    /// to be seen first (else it would go straight back to an engine that is gone).
+    not_before: Option<Instant>,
+    record: Option<Unanswered>,
+}
+
+/// How long a connection the engine dropped waits before it may go to the engine again.
+const REPLAY_SETTLE: Duration = Duration::from_millis(250);
 
 impl Upstream {
     pub fn new(
@@ -152,7 +170,7 @@ mod lookup;
 #[cfg(test)]
 mod tests;
 
-use conn::{connect_nonblocking, interest, open_outer, Conn, Dir};
+use conn::{connect_nonblocking, interest, open_outer, Conn, Dir, Fault, Unanswered};
 pub use deny::denied;
 use deny::own_addresses;
 use lookup::{spawn_lookup, Lookup};
@@ -187,6 +205,9 @@ pub struct Forwarder {
     /// How long a connection to an engine that is not ready waits (`cell.engine_hold_s`;
     /// zero: none waits, each is forwarded at once).
     engine_hold: Duration,
+    /// A request the engine dropped unanswered is sent again if it was no longer than this
+    /// (`cell.engine_replay_kb`; zero, or no hold: never).
+    engine_replay: usize,
     /// When the node's last connection to the engine closed (a drain gives the node a moment
     /// after it to pass the answer on).
     engine_closed_at: Option<Instant>,
@@ -247,6 +268,7 @@ impl Forwarder {
             quiet: crate::logging::ratelimit::Quiet::default(),
             engine_ready: false,
             engine_hold: Duration::ZERO,
+            engine_replay: 0,
             engine_closed_at: None,
             retired: Vec::new(),
         })
@@ -314,6 +336,12 @@ impl Forwarder {
         self.engine_hold = hold;
     }
 
+    /// The longest request sent again to an engine that dropped it unanswered, in bytes (a
+    /// reload's config brings its own; connections open now keep the bound they began with).
+    pub fn set_engine_replay(&mut self, bytes: usize) {
+        self.engine_replay = bytes;
+    }
+
     /// Whether the engine may be reached now (ready, and no stop under way). Once it may,
     /// the connections that waited for it are forwarded.
     pub fn set_engine_ready(&mut self, epoll: &Epoll, ready: bool) {
@@ -321,14 +349,29 @@ impl Forwarder {
             return;
         }
         self.engine_ready = ready;
-        let Some(i) = self.upstreams.iter().position(Upstream::is_engine).filter(|_| ready) else { return };
-        let held = std::mem::take(&mut self.upstreams[i].held);
-        if !held.is_empty() {
-            tracing::info!(connections = held.len(), "the engine is ready: the node's waiting connections go through");
-        }
+        self.release_held(epoll);
+    }
+
+    /// While the engine is ready, the connections waiting for it go through (those it dropped
+    /// once their settle time has passed), the requests it left unanswered sent first.
+    fn release_held(&mut self, epoll: &Epoll) {
+        let Some(i) = self.upstreams.iter().position(Upstream::is_engine).filter(|_| self.engine_ready) else {
+            return;
+        };
         let Some(addr) = self.upstreams[i].connect else { return };
-        for (inner, _) in held {
-            self.connect_out(epoll, i, inner, addr);
+        let now = Instant::now();
+        let (go, stay): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.upstreams[i].held)
+            .into_iter()
+            .partition(|h| h.not_before.is_none_or(|t| t <= now));
+        self.upstreams[i].held = stay;
+        // Said for those that waited for a start; one the engine refused or dropped says so
+        // when it does (at most once a second).
+        let waited = go.iter().filter(|h| h.not_before.is_none()).count();
+        if waited > 0 {
+            tracing::info!(connections = waited, "the engine is ready: the node's waiting connections go through");
+        }
+        for h in go {
+            self.connect_out(epoll, i, h.inner, addr, h.record);
         }
     }
 
@@ -347,18 +390,26 @@ impl Forwarder {
         self.engine_closed_at
     }
 
-    /// When the first connection waiting for the engine gives up.
+    /// When the first connection waiting for the engine gives up, or (the engine being ready)
+    /// one it dropped may go to it again.
     pub fn next_hold_deadline(&self) -> Option<Instant> {
-        self.upstreams.iter().flat_map(|u| u.held.iter().map(|(_, t)| *t)).min()
+        let ready = self.engine_ready;
+        self.upstreams
+            .iter()
+            .flat_map(|u| {
+                u.held.iter().map(move |h| h.not_before.filter(|_| ready).map_or(h.until, |t| t.min(h.until)))
+            })
+            .min()
     }
 
     /// Connections that waited for the engine as long as they may are closed (as a connection
-    /// to an engine that is down always was).
-    pub fn expire_holds(&mut self) {
+    /// to an engine that is down always was); those it dropped go to it again once their
+    /// settle time has passed, if it is ready.
+    pub fn hold_timers(&mut self, epoll: &Epoll) {
         let now = Instant::now();
         for u in self.upstreams.iter_mut() {
             let before = u.held.len();
-            u.held.retain(|(_, t)| *t > now);
+            u.held.retain(|h| h.until > now);
             let expired = before - u.held.len();
             if expired > 0 {
                 u.stats.hold_expired += expired as u64;
@@ -367,6 +418,7 @@ impl Forwarder {
                 }
             }
         }
+        self.release_held(epoll);
     }
 
     /// Counters of the declared egress upstreams.
@@ -411,6 +463,12 @@ impl Forwarder {
     /// epoll and the remaining buffered bytes still flow the other way.
     fn hang_up(&mut self, epoll: &Epoll, id: u64, side: usize, error: bool) {
         let Some(c) = self.conns.get_mut(&id) else { return };
+        // The engine's side went with the node's request unanswered (or before it connected):
+        // the node's side waits for the engine, as in `pump`.
+        let again = c.record.as_ref().is_some_and(|r| c.connecting || r.may_replay());
+        if side == 1 && !c.gone[0] && again {
+            return self.requeue(epoll, id);
+        }
         if error || c.connecting {
             return self.close(epoll, id);
         }
@@ -489,11 +547,11 @@ impl Forwarder {
             // draining): the connection waits for it, as long as the hold allows.
             if u.is_engine() && !self.engine_ready && !self.engine_hold.is_zero() {
                 u.stats.held += 1;
-                u.held.push((inner, Instant::now() + self.engine_hold));
+                u.held.push(Held { inner, until: Instant::now() + self.engine_hold, not_before: None, record: None });
                 continue;
             }
             match u.known_address() {
-                Some(addr) => self.connect_out(epoll, i, inner, addr),
+                Some(addr) => self.connect_out(epoll, i, inner, addr, None),
                 None => self.park(epoll, i, inner),
             }
         }
@@ -596,7 +654,7 @@ impl Forwarder {
                 u.resolved = Some((addr, Instant::now()));
                 u.failed_until = None;
                 for inner in parked {
-                    self.connect_out(epoll, i, inner, addr);
+                    self.connect_out(epoll, i, inner, addr, None);
                 }
             }
             None => {
@@ -626,8 +684,9 @@ impl Forwarder {
         self.lookups.values().map(|l| l.deadline).min()
     }
 
-    /// Connect the node's connection `inner` out to `addr` for upstream `i`.
-    fn connect_out(&mut self, epoll: &Epoll, i: usize, inner: OwnedFd, addr: SocketAddr) {
+    /// Connect the node's connection `inner` out to `addr` for upstream `i`; on the engine
+    /// route, with what the engine left unanswered on it before (`record`), sent first.
+    fn connect_out(&mut self, epoll: &Epoll, i: usize, inner: OwnedFd, addr: SocketAddr, record: Option<Unanswered>) {
         let u = &mut self.upstreams[i];
         let outer = match u.open(addr) {
             Ok(fd) => fd,
@@ -639,14 +698,30 @@ impl Forwarder {
                 return;
             }
         };
-        let (Ok(d0), Ok(d1)) = (Dir::new(), Dir::new()) else {
+        let (Ok(mut d0), Ok(d1)) = (Dir::new(), Dir::new()) else {
             u.stats.connect_failed += 1;
             if let Some(suppressed) = self.quiet.allow(Instant::now()) {
                 tracing::warn!(upstream = %u.stats.upstream, suppressed, "egress connection dropped: no pipe for it (out of fds)");
             }
             return;
         };
-        u.stats.accepted += 1;
+        // The engine route records what the engine has not answered, while a connection it
+        // drops may wait for it (a hold) and the bound allows.
+        let replay = u.is_engine() && !self.engine_hold.is_zero() && self.engine_replay > 0;
+        // A connection the engine dropped was accepted (and counted) before.
+        let again = record.is_some();
+        let record = match record {
+            Some(r) => {
+                // Sent first, before anything more from the node; counted once connected.
+                d0.first = r.bytes.clone();
+                d0.eof = r.node_done;
+                Some(r)
+            }
+            None => replay.then(|| Unanswered::new(self.engine_replay)),
+        };
+        if !again {
+            u.stats.accepted += 1;
+        }
         u.stats.active += 1;
         let id = self.next_id;
         self.next_id += 1;
@@ -660,6 +735,7 @@ impl Forwarder {
             gone: [false; 2],
             registered: (EpollFlags::empty(), EpollFlags::empty()),
             last_active: Instant::now(),
+            record,
         };
         let (fi, fo) = interest(&c);
         c.registered = (fi, fo);
@@ -677,7 +753,18 @@ impl Forwarder {
         let Some(c) = self.conns.get_mut(&id) else { return };
         if c.connecting {
             match getsockopt(&c.outer, sockopt::SocketError) {
-                Ok(0) => c.connecting = false,
+                Ok(0) => {
+                    c.connecting = false;
+                    if let Some(r) = c.record.as_mut().filter(|_| !c.dirs[0].first.is_empty()) {
+                        r.replayed = true;
+                        let u = &mut self.upstreams[c.upstream].stats;
+                        u.replayed += 1;
+                        tracing::info!(upstream = %u.upstream, bytes = r.bytes.len(), "a request the engine dropped unanswered is sent to it again");
+                    }
+                }
+                // The engine's port refused: it is gone (the supervisor has not seen its exit
+                // yet) or not listening yet; the connection waits for it, as a new one would.
+                Ok(_) if c.record.is_some() => return self.requeue(epoll, id),
                 Ok(e) => {
                     let u = &mut self.upstreams[c.upstream].stats;
                     u.connect_failed += 1;
@@ -689,8 +776,14 @@ impl Forwarder {
                 Err(_) => return self.close(epoll, id),
             }
         }
-        let up = c.dirs[0].pump(&c.inner, &c.outer);
-        let down = c.dirs[1].pump(&c.outer, &c.inner);
+        let up = c.dirs[0].pump(&c.inner, &c.outer, c.record.as_mut());
+        let answered = c.dirs[1].taken;
+        let down = c.dirs[1].pump(&c.outer, &c.inner, None);
+        if c.dirs[1].taken > answered {
+            if let Some(r) = c.record.as_mut() {
+                r.answered();
+            }
+        }
         let stats = &mut self.upstreams[c.upstream].stats;
         // Bytes delivered count even when that direction or the other failed in the same pass,
         // as for an upstream that answers and closes at once (tests/operator.rs:
@@ -701,9 +794,20 @@ impl Forwarder {
         if u + d > 0 {
             c.last_active = Instant::now();
         }
+        // The engine dropped the connection (reset, or ended it) with the node's request
+        // unanswered, while the node still waits: it is sent again once the engine is ready.
+        let engine_dropped = matches!(up, Err(Fault::Dst(_)))
+            || matches!(down, Err(Fault::Src(_)))
+            || (c.dirs[1].eof && c.dirs[1].buffered == 0);
+        let node_failed = matches!(up, Err(Fault::Src(_))) || matches!(down, Err(Fault::Dst(_)));
+        if engine_dropped && !node_failed && !c.gone[0] && c.record.as_ref().is_some_and(Unanswered::may_replay) {
+            return self.requeue(epoll, id);
+        }
         if up.is_err() || down.is_err() {
             return self.close(epoll, id);
         }
+        c.dirs[0].pass_half_close(&c.outer);
+        c.dirs[1].pass_half_close(&c.inner);
         if c.dirs[0].shut && c.dirs[1].shut {
             return self.close(epoll, id);
         }
@@ -718,6 +822,33 @@ impl Forwarder {
         if !ok {
             self.close(epoll, id);
         }
+    }
+
+    /// The engine dropped connection `id` with the node's request unanswered, or refused to
+    /// connect: the node's side waits for the engine (its deadline kept from the first drop),
+    /// with that request, to be sent again once the engine is ready.
+    fn requeue(&mut self, epoll: &Epoll, id: u64) {
+        let Some(mut c) = self.conns.remove(&id) else { return };
+        for (side, fd) in [&c.inner, &c.outer].into_iter().enumerate() {
+            if !c.gone[side] {
+                let _ = epoll.delete(fd.as_fd());
+            }
+        }
+        let mut record = c.record.take().unwrap_or_else(|| Unanswered::new(self.engine_replay));
+        let now = Instant::now();
+        let until = *record.until.get_or_insert(now + self.engine_hold);
+        // The node had finished sending: its half-close follows the bytes sent again.
+        record.node_done = c.dirs[0].eof;
+        let u = &mut self.upstreams[c.upstream];
+        u.stats.active -= 1;
+        if let Some(suppressed) = self.quiet.allow(now) {
+            if record.bytes.is_empty() {
+                tracing::info!(upstream = %u.stats.upstream, suppressed, "the engine refused the node's connection: it waits for the engine (cell.engine_hold_s)");
+            } else {
+                tracing::info!(upstream = %u.stats.upstream, bytes = record.bytes.len(), suppressed, "the engine dropped a request it had not answered: it is sent again once the engine is ready");
+            }
+        }
+        u.held.push(Held { inner: c.inner, until, not_before: Some(now + REPLAY_SETTLE), record: Some(record) });
     }
 
     fn close(&mut self, epoll: &Epoll, id: u64) {

@@ -139,3 +139,81 @@ fn out_of_fds_with_nothing_waiting_ends_the_wake_up() {
         }
     }
 }
+
+/// What the engine route keeps of a request: all of it up to the bound, nothing past it; an
+/// answer's first byte starts a new request; sent again once at most.
+#[test]
+fn the_unanswered_record_is_bounded_and_ends_with_an_answer() {
+    use super::conn::Unanswered;
+    let mut r = Unanswered::new(8);
+    assert!(!r.may_replay(), "nothing sent: nothing to send again");
+    r.take(b"GET /");
+    r.take(b" x\n");
+    assert_eq!(r.bytes, b"GET / x\n");
+    assert!(r.may_replay());
+    r.take(b"!");
+    assert!(r.over && r.bytes.is_empty() && !r.may_replay(), "past the bound: {r:?}");
+    r.take(b"more");
+    assert!(r.bytes.is_empty(), "over stays over until an answer");
+    r.answered();
+    assert_eq!(r, Unanswered::new(8), "an answer starts afresh, with the same bound");
+    r.take(b"POST");
+    r.replayed = true;
+    assert!(!r.may_replay(), "sent again once already");
+    r.answered();
+    r.take(b"POST");
+    assert!(r.may_replay(), "the next request may be sent again once too");
+}
+
+/// A recorded direction copies exactly the bytes it moves (peeked, then those spliced), and
+/// the bytes to send first go before the pipe's; over real sockets.
+#[test]
+fn a_recorded_direction_copies_what_it_moves_and_sends_its_first_bytes_first() {
+    use super::conn::{Dir, Unanswered};
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let (mut node, src) = UnixStream::pair().expect("pair");
+    let (dst, mut engine) = UnixStream::pair().expect("pair");
+    for s in [&src, &dst] {
+        s.set_nonblocking(true).expect("nonblocking");
+    }
+    let (src, dst) = (std::os::fd::OwnedFd::from(src), std::os::fd::OwnedFd::from(dst));
+    let mut d = Dir::new().expect("dir");
+    let mut r = Unanswered::new(64 * 1024);
+    d.first = b"FIRST|".to_vec();
+    let big: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+    node.write_all(&big).expect("write");
+    let mut got = Vec::new();
+    engine.set_read_timeout(Some(std::time::Duration::from_secs(5))).expect("timeout");
+    while got.len() < 6 + big.len() {
+        let (_, res) = d.pump(&src, &dst, Some(&mut r));
+        assert!(res.is_ok(), "{res:?}");
+        let mut b = [0u8; 65536];
+        let n = engine.read(&mut b).expect("read");
+        got.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(&got[..6], b"FIRST|");
+    assert_eq!(&got[6..], &big[..]);
+    assert_eq!(r.bytes, big, "the record holds exactly what was moved");
+    assert_eq!(d.taken, big.len() as u64);
+    // Past the bound: the record gives up, the bytes still flow.
+    let mut small = Unanswered::new(1000);
+    node.write_all(&big[..3000]).expect("write");
+    let mut moved = 0;
+    while moved < 3000 {
+        let (n, res) = d.pump(&src, &dst, Some(&mut small));
+        assert!(res.is_ok(), "{res:?}");
+        moved += n;
+        let mut b = [0u8; 4096];
+        let _ = engine.read(&mut b);
+    }
+    assert!(small.over && small.bytes.is_empty(), "{:?}", small.bytes.len());
+    // The node's end: seen through the peek, passed on once everything is delivered.
+    drop(node);
+    let _ = d.pump(&src, &dst, Some(&mut Unanswered::new(10)));
+    assert!(d.eof);
+    d.pass_half_close(&dst);
+    assert!(d.shut);
+    let mut rest = Vec::new();
+    engine.read_to_end(&mut rest).expect("eof");
+}

@@ -426,7 +426,7 @@ impl Supervisor {
         self.sd.sweep(now);
         self.fwd.sweep(&self.base.epoll);
         self.fwd.expire_lookups(&self.base.epoll);
-        self.fwd.expire_holds();
+        self.fwd.hold_timers(&self.base.epoll);
         if self.watch.due(now) {
             self.on_config_change(now);
         }

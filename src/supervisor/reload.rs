@@ -118,6 +118,7 @@ pub(super) fn refused(old: &Config, new: &Config) -> Vec<String> {
         control_uids: _,
         // Handed to the forwarder when a reload's config comes into force.
         engine_hold_s: _,
+        engine_replay_kb: _,
         // Read at every stop.
         drain_timeout_s: _,
         // The watch follows the config in force: armed or dropped when a reload's config
@@ -279,6 +280,7 @@ mod tests {
             ("", "log_refused_syscalls = true"),
             ("reload_on_change = true", ""),
             ("egress_idle_timeout_s = 5", ""),
+            ("engine_replay_kb = 0", ""),
             ("limits = { pids_max = 64 }", ""),
             ("", "limits = { memory_max_mb = 512 }"),
         ] {
@@ -317,6 +319,7 @@ mod tests {
                 Scope::InPlace,
             ),
             ("a bound", loaded("c1", cfg("egress_idle_timeout_s = 5", ""), "e.json", "n.toml"), Scope::InPlace),
+            ("the replay bound", loaded("c1", cfg("engine_replay_kb = 0", ""), "e.json", "n.toml"), Scope::InPlace),
             ("the node's egress", loaded("c1", with_egress, "e.json", "n.toml"), Scope::Node),
             ("the node's policy", loaded("c1", cfg("", ""), "e.json", "n2.toml"), Scope::Node),
             ("the engine's policy", loaded("c1", cfg("", ""), "e2.json", "n.toml"), Scope::Both),

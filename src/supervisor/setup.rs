@@ -70,6 +70,7 @@ impl Supervisor {
         cell.cgroups = cgroups;
         let mut fwd = forwarder(&cfg, &mut cell, &epoll)?;
         fwd.set_engine_hold(Duration::from_secs(cfg.cell.engine_hold_s));
+        fwd.set_engine_replay(usize::try_from(cfg.cell.engine_replay_kb).unwrap_or(usize::MAX).saturating_mul(1024));
         tracing::info!(cell_pid = cell.pid.as_raw(), egress = cfg.node.egress.len(), "cell created");
         let server = server::Server::open(&cfg, &runtime_dir, &epoll)?;
         let mut scratch = scratch.into_iter();

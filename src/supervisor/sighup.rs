@@ -187,6 +187,7 @@ impl Supervisor {
             std::time::Duration::from_secs(c.egress_connect_timeout_s),
         );
         self.fwd.set_engine_hold(std::time::Duration::from_secs(c.engine_hold_s));
+        self.fwd.set_engine_replay(usize::try_from(c.engine_replay_kb).unwrap_or(usize::MAX).saturating_mul(1024));
     }
 
     /// The node's declared egress as `new` declares it, while the node is down for its
