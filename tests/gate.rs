@@ -1873,6 +1873,32 @@ fn a_stop_during_the_nodes_reload_wipe_stops_the_engine_first() {
     }
 }
 
+/// Found by review (#29): a SIGHUP ignored while a reload was under way left its refusal in
+/// `ctl status` as the last reload's outcome, though that reload then completed. Now the
+/// status shows the reload that ran; the ignored SIGHUP is logged.
+#[test]
+fn a_sighup_ignored_during_a_reload_leaves_that_reloads_outcome_in_the_status() {
+    for mode in modes() {
+        let f = cell(mode, "reload-busy-hup", HTTPD, "echo node-up; exec sleep 1000", "", "");
+        let run = start(&f, &[]);
+        let (_, wipe) = node_reload_with_its_wipe_held(&f, &run);
+        kill(run.pid(), Signal::SIGHUP).expect("second hup");
+        run.err_line(30, |l| l.contains("SIGHUP ignored"));
+        let _ = kill(wipe, Signal::SIGCONT);
+        run.out_line(60, |l| l == "node-up");
+        let st = ctl_json_after_reload(&f);
+        let sha = sha256_hex(&std::fs::read(&f.config).expect("cfg"));
+        assert!(
+            wait_until(Duration::from_secs(30), || ctl(&f, "status")["reload"]["config_sha256"] == sha.as_str()),
+            "{mode:?}: {st}"
+        );
+        let st = ctl(&f, "status");
+        assert_eq!(st["reload"]["ok"], true, "{mode:?}: {st}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
 /// Found by review (#29): a statement asked for during a reload, after the new config was
 /// switched in and before the node passed again, named the new config's policies beside the
 /// node's record of its last pass (in the window before the reload's receipt, and for as long

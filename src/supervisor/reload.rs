@@ -64,6 +64,11 @@ impl Reload {
         self.in_progress
     }
 
+    /// A reload is under way: its dry run, its switch, or its restart until the node runs.
+    pub(super) fn under_way(&self) -> bool {
+        self.candidate.is_some() || self.next.is_some() || self.in_progress
+    }
+
     /// The node runs again: the reload in progress (if any) is complete.
     pub(super) fn finish(&mut self) -> bool {
         std::mem::take(&mut self.in_progress)

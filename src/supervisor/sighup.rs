@@ -29,8 +29,18 @@ impl Supervisor {
         // included: that start's pass is next, and a dry run begun meanwhile would meet it
         // (tests/gate.rs: a_sighup_during_the_first_wipes_is_refused_and_the_start_goes_on).
         if let Some(what) = self.under_way().busy() {
-            tracing::warn!(busy = what, "SIGHUP ignored: {what} is in progress");
-            self.reload.refused(format!("{what} was in progress"));
+            // During a reload, `ctl status` goes on showing that reload's outcome: one ignored
+            // SIGHUP must not stand in for it (found by review: a refusal left there named a
+            // reload that then completed as refused).
+            if self.reload.under_way() {
+                tracing::warn!(
+                    busy = what,
+                    "SIGHUP ignored: a reload is in progress ({what}); ctl status shows its outcome"
+                );
+            } else {
+                tracing::warn!(busy = what, "SIGHUP ignored: {what} is in progress");
+                self.reload.refused(format!("{what} was in progress"));
+            }
             return;
         }
         let loaded = self.read_new_config();
