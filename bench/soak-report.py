@@ -111,7 +111,7 @@ try:
     s = json.load(open(os.path.join(d, "status-end.json")))
     ef = s.get("engine_forwarding") or {}
     print(f"\nsealnode at the end: engine_forwarding accepted {ef.get('accepted')}, held {ef.get('held')}, "
-          f"hold_expired {ef.get('hold_expired')}, connect_failed {ef.get('connect_failed')}; restarts "
+          f"hold_expired {ef.get('hold_expired')}, replayed {ef.get('replayed')}, connect_failed {ef.get('connect_failed')}; restarts "
           + ", ".join(f"{r['role']} {r['restarts']}" for r in s["roles"]))
 except (OSError, ValueError, KeyError):
     print("\n(no final status)")
