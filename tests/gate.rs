@@ -1334,24 +1334,45 @@ fn a_request_the_engine_dropped_unanswered_is_sent_again_once_it_is_ready() {
     for mode in modes() {
         // What the first engine does, the cell's extra lines, the node's extra header, and
         // whether the node's request is sent again.
-        for (what, handler, cell_extra, header, again) in [
-            ("a drop after the whole request (FIN)", headers.to_string(), "", "", true),
-            ("a drop with the headers unread (reset)", ":".to_string(), "", "", true),
+        let wget = |hdr: &str| {
+            format!(
+                "if /usr/bin/busybox wget -q -O /scratch/body {hdr} http://127.0.0.1:18080/hello.txt; \
+                 then echo \"GOT-$(cat /scratch/body)\"; else echo FAILED; fi"
+            )
+        };
+        // A second request on a connection the engine began to answer (pipelined, or after a
+        // `100 Continue`): found by review, it was sent again alone and its answer spliced
+        // after the first engine's.
+        let second_request = "(printf 'REQ1\\r\\n'; sleep 1; printf 'REQ2\\r\\n') | /usr/bin/busybox nc 127.0.0.1 18080 > /scratch/body; \
+                              echo \"GOT-$(cat /scratch/body | tr -d '\\r\\n')\"";
+        for (what, handler, cell_extra, fetch, want) in [
+            ("a drop after the whole request (FIN)", headers.to_string(), "", wget(""), "GOT-hello"),
+            ("a drop with the headers unread (reset)", ":".to_string(), "", wget(""), "GOT-hello"),
             (
                 "a drop after part of an answer",
                 format!("{headers}; printf 'HTTP/1.0 200 OK\\r\\nContent-Length: 100\\r\\n\\r\\npartial'"),
                 "",
-                "",
-                false,
+                wget(""),
+                "FAILED",
             ),
-            ("a request past the bound", headers.to_string(), "engine_replay_kb = 1", pad.as_str(), false),
-            ("the replay off", headers.to_string(), "engine_replay_kb = 0", "", false),
+            (
+                "a drop of a second request after part of an answer",
+                "printf 'PART1\\r\\n'; IFS= read -r l2".to_string(),
+                "",
+                second_request.to_string(),
+                "GOT-PART1",
+            ),
+            (
+                "a request past the bound",
+                headers.to_string(),
+                "engine_replay_kb = 1",
+                wget(&format!("--header 'X-Pad: {pad}'")),
+                "FAILED",
+            ),
+            ("the replay off", headers.to_string(), "engine_replay_kb = 0", wget(""), "FAILED"),
         ] {
-            let hdr = if header.is_empty() { String::new() } else { format!("--header 'X-Pad: {header}'") };
-            let node = format!(
-                "echo node-up; if /usr/bin/busybox wget -q -O /scratch/body {hdr} http://127.0.0.1:18080/hello.txt; \
-                 then echo \"GOT-$(cat /scratch/body)\"; else echo FAILED; fi; exec sleep 1000"
-            );
+            let again = want == "GOT-hello";
+            let node = format!("echo node-up; {fetch}; exec sleep 1000");
             let mut f = cell(mode, "replay", &first(&handler), &node, "restart = \"on-failure\"", "");
             // busybox nc runs its handler through vfork, which the Ollama engine's policy allows.
             f.engine_policy = "engine-ollama".into();
@@ -1365,24 +1386,73 @@ fn a_request_the_engine_dropped_unanswered_is_sent_again_once_it_is_ready() {
             let fwd = &st["engine_forwarding"];
             let read = |p: &str| std::fs::read_to_string(f.p(p)).unwrap_or_default();
             assert_eq!(read("engine-scratch/requests").lines().count(), 1, "the first engine saw it once: {ctx}");
+            assert!(out.lines().any(|l| l == want), "{ctx}");
             if again {
-                assert!(out.lines().any(|l| l == "GOT-hello"), "{ctx}");
                 assert_eq!(fwd["replayed"], 1, "{ctx}\n{st}");
                 assert!(run.stderr().contains("a request the engine dropped unanswered is sent to it again"), "{ctx}");
                 // The restarted engine answered it, once (the node did not ask twice).
                 let second = read("engine-scratch/second");
                 assert_eq!(second.matches("url:/hello.txt").count(), 1, "{ctx}\n{second}");
             } else {
-                assert!(out.lines().any(|l| l == "FAILED"), "{ctx}");
                 assert_eq!(fwd["replayed"], 0, "{ctx}\n{st}");
                 assert!(!run.stderr().contains("sent to it again"), "{ctx}");
-                // Nothing reached the restarted engine: the request was not sent twice.
+                // Nothing reached the restarted engine: no request was sent twice.
                 wait_until(Duration::from_secs(30), || run.stderr().contains("restarts=1"));
-                assert!(!read("engine-scratch/second").contains("url:/hello.txt"), "{ctx}");
+                assert!(!read("engine-scratch/second").contains("response:"), "{ctx}");
             }
             let (code, _, err) = run.stop();
             assert_eq!(code, Some(0), "{mode:?}, {what}: {err}");
         }
+    }
+}
+
+/// Found by review of the replay (#29): nothing waits to be sent again where the engine is not
+/// coming back for it. An engine that runs but refuses connections fails a new connection at
+/// once, as always (it waited out the whole hold); a request the engine drops during a stop
+/// fails at once (the stop ran out its whole drain waiting for it).
+#[test]
+fn nothing_waits_to_be_sent_again_where_the_engine_is_not_coming_back() {
+    let node = "echo node-up; while [ ! -e /scratch/go ]; do sleep 0.05; done; \
+                if /usr/bin/busybox wget -q -O /dev/null http://127.0.0.1:18080/hello.txt; \
+                then echo SENT-OK; else echo SENT-FAILED; fi; exec sleep 1000";
+    for mode in modes() {
+        // The engine stops listening but runs on, "ready": a hold of an hour would show.
+        let engine = "/usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & \
+                      while [ ! -e /models/go ]; do sleep 0.05; done; kill $!; wait; : > /scratch/closed; exec sleep 1000";
+        let mut f = cell(mode, "replay-refused", engine, node, "", "");
+        f.engine_policy = "engine-ollama".into();
+        f.cell_extra = "stop_timeout_s = 2\nengine_hold_s = 3600".into();
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        std::fs::write(f.p("models/go"), "").expect("go");
+        assert!(wait_until(Duration::from_secs(30), || f.p("engine-scratch/closed").exists()));
+        std::fs::write(f.p("node-scratch/go"), "").expect("node go");
+        run.out_line(60, |l| l == "SENT-FAILED");
+        let fwd = &ctl(&f, "status")["engine_forwarding"];
+        assert!(fwd["connect_failed"] == 1 && fwd["hold_expired"] == 0, "{mode:?}: {fwd}");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+
+        // The engine takes the request and drops it once the stop has begun.
+        let engine = "/usr/bin/busybox nc -ll -p 18080 -e /usr/bin/busybox sh -c \
+                      'IFS= read -r l || exit 0; : > /scratch/taken; while [ ! -e /models/go ]; do sleep 0.05; done' & \
+                      exec sleep 1000";
+        let mut f = cell(mode, "replay-stop", engine, node, "", "");
+        f.engine_policy = "engine-ollama".into();
+        f.cell_extra = "stop_timeout_s = 2\ndrain_timeout_s = 3600".into();
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        std::fs::write(f.p("node-scratch/go"), "").expect("node go");
+        assert!(wait_until(Duration::from_secs(30), || f.p("engine-scratch/taken").exists()));
+        kill(run.pid(), Signal::SIGTERM).expect("term");
+        run.err_line(30, |l| l.contains("draining"));
+        std::fs::write(f.p("models/go"), "").expect("go");
+        // The drain ends with the dropped request, not after an hour.
+        let (code, err) = run.exited(60);
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert!(!err.contains("sent to it again") && !err.contains("drain timed out"), "{mode:?}: {err}");
     }
 }
 

@@ -19,20 +19,20 @@ pub(super) const PIPE_SIZE: usize = 256 * 1024;
 /// of exactly those bytes).
 const PEEK: usize = 16 * 1024;
 
-/// The engine route: the node's bytes the engine has not answered (all it sent since the
-/// engine's last byte), kept so that a request the engine dropped unanswered (it crashed, or
-/// was killed) is sent again, once, to the engine once it is ready again
-/// (`cell.engine_replay_kb`). An answer's first byte ends the record: a request the engine began
-/// to answer is never sent twice.
+/// The engine route: every byte the node sent on a connection the engine has not answered a
+/// byte on, kept so that if the engine drops it (it crashed, or was killed) the request is
+/// sent again, once, to the engine once it is ready again (`cell.engine_replay_kb`). The
+/// engine's first byte on the connection ends the record for good (a `100 Continue` included):
+/// what a node reads on a connection is always one engine's answer, never two spliced, and a
+/// request is never sent twice to an engine that began to answer it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Unanswered {
-    /// At most this many bytes are kept; a request longer than that is not sent again.
+    /// At most this many bytes are kept; a connection that sends more is not sent again.
     pub(super) limit: usize,
     pub(super) bytes: Vec<u8>,
-    /// More than `limit` came: this request cannot be sent again.
-    pub(super) over: bool,
-    /// This request was sent again already: a second drop closes the connection.
-    pub(super) replayed: bool,
+    /// Nothing more is kept and nothing is sent again: the engine sent a byte, more than
+    /// `limit` came, or the bytes were sent again already.
+    pub(super) ended: bool,
     /// The node had finished sending (its half-close is passed on after the bytes).
     pub(super) node_done: bool,
     /// When a connection waiting to be sent again gives up (set at its first drop, kept
@@ -45,28 +45,39 @@ impl Unanswered {
         Unanswered { limit, ..Unanswered::default() }
     }
 
+    /// Whether bytes the node sends are still kept.
+    pub(super) fn recording(&self) -> bool {
+        !self.ended
+    }
+
     /// Bytes the node sent towards the engine.
     pub(super) fn take(&mut self, b: &[u8]) {
-        if self.over {
+        if self.ended {
             return;
         }
         if self.bytes.len() + b.len() > self.limit {
-            self.bytes = Vec::new();
-            self.over = true;
+            self.end();
         } else {
             self.bytes.extend_from_slice(b);
         }
     }
 
-    /// The engine answered (a byte came back): what the node sends next is a new request.
-    pub(super) fn answered(&mut self) {
-        *self = Unanswered::new(self.limit);
+    /// Recording is over for good (its memory given back).
+    pub(super) fn end(&mut self) {
+        self.bytes = Vec::new();
+        self.ended = true;
     }
 
-    /// The engine dropped the connection: whether what it left unanswered may be sent again.
+    /// The engine dropped the connection: whether what the node sent may be sent again.
     pub(super) fn may_replay(&self) -> bool {
-        !self.over && !self.replayed && !self.bytes.is_empty()
+        !self.ended && !self.bytes.is_empty()
     }
+}
+
+/// Bytes wait to be read from socket `fd` (an answer the engine sent before it went).
+pub(super) fn has_bytes(fd: &OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    matches!(recv(fd.as_raw_fd(), &mut b, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT), Ok(n) if n > 0)
 }
 
 /// Where a direction failed: reading its source, or writing its destination.
@@ -88,14 +99,59 @@ pub(super) struct Dir {
     pub(super) first: Vec<u8>,
     /// Bytes taken from the source so far.
     pub(super) taken: u64,
+    /// What the pipe holds (PIPE_SIZE, or the kernel's default if it refused that).
+    pub(super) cap: usize,
 }
 
 impl Dir {
     pub(super) fn new() -> Result<Dir, Errno> {
         let (pipe_r, pipe_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-        // A larger pipe means fewer wake-ups per megabyte; the default still works if refused.
+        // A larger pipe means fewer wake-ups per megabyte; the default still works if refused
+        // (an unprivileged user past fs.pipe-user-pages-soft), and is what is counted then.
         let _ = nix::fcntl::fcntl(&pipe_w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE as i32));
-        Ok(Dir { pipe_r, pipe_w, buffered: 0, eof: false, shut: false, first: Vec::new(), taken: 0 })
+        let cap = nix::fcntl::fcntl(&pipe_w, nix::fcntl::FcntlArg::F_GETPIPE_SZ)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(4096);
+        Ok(Dir { pipe_r, pipe_w, buffered: 0, eof: false, shut: false, first: Vec::new(), taken: 0, cap })
+    }
+
+    /// Room left in the pipe.
+    pub(super) fn room(&self) -> usize {
+        self.cap.saturating_sub(self.buffered)
+    }
+
+    /// splice(2) stops at TCP's urgent mark (a byte sent with MSG_OOB) and moves nothing while
+    /// the socket stays readable: the level-triggered loop would spin on it (found by review).
+    /// If `src` has bytes splice would not take, a plain read takes them past the mark (the
+    /// urgent byte itself is not part of the stream and is dropped) into the pipe. Returns the
+    /// bytes moved, copied into `buf`.
+    fn past_urgent_mark<'b>(&mut self, src: &OwnedFd, buf: &'b mut [u8]) -> Result<&'b [u8], Errno> {
+        let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+        match recv(src.as_raw_fd(), &mut buf[..1], peek) {
+            Ok(0) | Err(Errno::EAGAIN) | Err(Errno::EINTR) | Err(Errno::ENOTSOCK) => return Ok(&[]),
+            Ok(_) => {}
+            Err(e) => return Err(e),
+        }
+        let room = self.room().min(buf.len());
+        let n = match recv(src.as_raw_fd(), &mut buf[..room], MsgFlags::MSG_DONTWAIT) {
+            Ok(n) => n,
+            Err(Errno::EAGAIN) | Err(Errno::EINTR) => 0,
+            Err(e) => return Err(e),
+        };
+        let mut put = 0;
+        while put < n {
+            // The pipe has room for all of it (n <= room): a short write is not expected.
+            match nix::unistd::write(&self.pipe_w, &buf[put..n]) {
+                Ok(m) => put += m,
+                Err(Errno::EINTR) => {}
+                Err(_) => return Err(Errno::ENOBUFS),
+            }
+        }
+        self.buffered += n;
+        self.taken += n as u64;
+        Ok(&buf[..n])
     }
 
     /// Bytes wait to go to the destination.
@@ -105,18 +161,21 @@ impl Dir {
 
     /// Move what can be moved from `src` to `dst`: the bytes delivered to `dst`, and the fault
     /// that ended this direction, if one did (bytes delivered before it still count). With a
-    /// `record`, each byte taken from `src` is copied into it too (peeked, then exactly those
-    /// spliced).
+    /// `record` still recording, each byte taken from `src` is copied into it too (peeked, then
+    /// exactly those spliced). `readable`: epoll said `src` is readable (if nothing can be
+    /// spliced from it then, it may be stopped at an urgent mark).
     pub(super) fn pump(
         &mut self,
         src: &OwnedFd,
         dst: &OwnedFd,
         mut record: Option<&mut Unanswered>,
+        readable: bool,
     ) -> (u64, Result<(), Fault>) {
         let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
         let mut delivered = 0u64;
-        // Only a recorded direction pays for the copy.
-        let mut peek = record.is_some().then(|| vec![0u8; PEEK]);
+        let taken_before = self.taken;
+        // Only a direction still recording pays for the copy.
+        let mut peek = if record.as_deref().is_some_and(Unanswered::recording) { Some([0u8; PEEK]) } else { None };
         loop {
             let mut progressed = false;
             if !self.first.is_empty() {
@@ -131,10 +190,10 @@ impl Dir {
                     Err(e) => return (delivered, Err(Fault::Dst(e))),
                 }
             }
-            if !self.eof && self.buffered < PIPE_SIZE {
-                let mut len = PIPE_SIZE - self.buffered;
+            if !self.eof && self.room() > 0 {
+                let mut len = self.room();
                 let mut copy = None;
-                if let (Some(r), Some(peek)) = (record.as_deref_mut().filter(|r| !r.over), peek.as_mut()) {
+                if let (Some(r), Some(peek)) = (record.as_deref_mut().filter(|r| r.recording()), peek.as_mut()) {
                     // Never more than one past the bound: that byte is enough to know it is over.
                     let want = len.min(PEEK).min(r.limit + 1 - r.bytes.len());
                     match recv(src.as_raw_fd(), &mut peek[..want], MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
@@ -163,6 +222,19 @@ impl Dir {
                                 r.take(&peek[..n]);
                             }
                             progressed = true;
+                        }
+                        Err(Errno::EAGAIN) if readable && self.taken == taken_before => {
+                            let mut buf = [0u8; 4096];
+                            match self.past_urgent_mark(src, &mut buf) {
+                                Ok([]) => {}
+                                Ok(b) => {
+                                    if let Some(r) = record.as_deref_mut() {
+                                        r.take(b);
+                                    }
+                                    progressed = true;
+                                }
+                                Err(e) => return (delivered, Err(Fault::Src(e))),
+                            }
                         }
                         Err(Errno::EAGAIN) => {}
                         Err(Errno::EINTR) => progressed = true,
@@ -227,13 +299,13 @@ pub(super) fn interest(c: &Conn) -> (EpollFlags, EpollFlags) {
     if c.connecting {
         return (inner, EpollFlags::EPOLLOUT);
     }
-    if !c.dirs[0].eof && c.dirs[0].buffered < PIPE_SIZE {
+    if !c.dirs[0].eof && c.dirs[0].room() > 0 {
         inner |= EpollFlags::EPOLLIN;
     }
     if c.dirs[0].pending() {
         outer |= EpollFlags::EPOLLOUT;
     }
-    if !c.dirs[1].eof && c.dirs[1].buffered < PIPE_SIZE {
+    if !c.dirs[1].eof && c.dirs[1].room() > 0 {
         outer |= EpollFlags::EPOLLIN;
     }
     if c.dirs[1].buffered > 0 {

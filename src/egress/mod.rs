@@ -99,6 +99,21 @@ struct Held {
 /// How long a connection the engine dropped waits before it may go to the engine again.
 const REPLAY_SETTLE: Duration = Duration::from_millis(250);
 
+/// Whether the engine's drop of connection `c` sends its request again: the engine route with
+/// a record; the node still there; and either a request to send again whose connect failed,
+/// or a connection the engine never sent a byte on (none taken, none in the pipe, none waiting
+/// in the socket) with the node's bytes all kept.
+fn replayable(c: &Conn) -> bool {
+    let Some(r) = c.record.as_ref() else { return false };
+    if c.gone[0] {
+        return false;
+    }
+    if c.connecting {
+        return !c.dirs[0].first.is_empty();
+    }
+    r.may_replay() && c.dirs[1].taken == 0 && c.dirs[1].buffered == 0 && !conn::has_bytes(&c.outer)
+}
+
 impl Upstream {
     pub fn new(
         host: String,
@@ -208,6 +223,8 @@ pub struct Forwarder {
     /// A request the engine dropped unanswered is sent again if it was no longer than this
     /// (`cell.engine_replay_kb`; zero, or no hold: never).
     engine_replay: usize,
+    /// A stop is under way: the engine is not coming back for the node (nothing is sent again).
+    stopping: bool,
     /// When the node's last connection to the engine closed (a drain gives the node a moment
     /// after it to pass the answer on).
     engine_closed_at: Option<Instant>,
@@ -269,6 +286,7 @@ impl Forwarder {
             engine_ready: false,
             engine_hold: Duration::ZERO,
             engine_replay: 0,
+            stopping: false,
             engine_closed_at: None,
             retired: Vec::new(),
         })
@@ -447,7 +465,10 @@ impl Forwarder {
             TOKEN_LOOKUP => self.read_lookup(epoll, token & !TOKEN_KIND),
             TOKEN_CONN => {
                 let id = (token & !TOKEN_KIND) >> 1;
-                self.pump(epoll, id);
+                // Which of the connection's sockets epoll says is readable (0: the node's).
+                let mut readable = [false; 2];
+                readable[(token & 1) as usize] = events.contains(EpollFlags::EPOLLIN);
+                self.pump(epoll, id, readable);
                 // epoll reports an error or a hang-up whatever the interest: act on it, or a
                 // dead peer behind a full pipe would wake the loop forever (busy loop).
                 if events.intersects(EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
@@ -465,8 +486,7 @@ impl Forwarder {
         let Some(c) = self.conns.get_mut(&id) else { return };
         // The engine's side went with the node's request unanswered (or before it connected):
         // the node's side waits for the engine, as in `pump`.
-        let again = c.record.as_ref().is_some_and(|r| c.connecting || r.may_replay());
-        if side == 1 && !c.gone[0] && again {
+        if side == 1 && !self.stopping && replayable(c) {
             return self.requeue(epoll, id);
         }
         if error || c.connecting {
@@ -711,9 +731,10 @@ impl Forwarder {
         // A connection the engine dropped was accepted (and counted) before.
         let again = record.is_some();
         let record = match record {
-            Some(r) => {
-                // Sent first, before anything more from the node; counted once connected.
-                d0.first = r.bytes.clone();
+            Some(mut r) => {
+                // Sent first, before anything more from the node (moved, not copied: a
+                // refused connect moves them back); counted once connected.
+                d0.first = std::mem::take(&mut r.bytes);
                 d0.eof = r.node_done;
                 Some(r)
             }
@@ -749,22 +770,28 @@ impl Forwarder {
         }
     }
 
-    fn pump(&mut self, epoll: &Epoll, id: u64) {
+    fn pump(&mut self, epoll: &Epoll, id: u64, readable: [bool; 2]) {
         let Some(c) = self.conns.get_mut(&id) else { return };
         if c.connecting {
             match getsockopt(&c.outer, sockopt::SocketError) {
                 Ok(0) => {
                     c.connecting = false;
                     if let Some(r) = c.record.as_mut().filter(|_| !c.dirs[0].first.is_empty()) {
-                        r.replayed = true;
+                        // Sent this once: nothing more is kept, nothing sent again.
+                        r.end();
                         let u = &mut self.upstreams[c.upstream].stats;
                         u.replayed += 1;
-                        tracing::info!(upstream = %u.upstream, bytes = r.bytes.len(), "a request the engine dropped unanswered is sent to it again");
+                        tracing::info!(upstream = %u.upstream, bytes = c.dirs[0].first.len(), "a request the engine dropped unanswered is sent to it again");
                     }
                 }
-                // The engine's port refused: it is gone (the supervisor has not seen its exit
-                // yet) or not listening yet; the connection waits for it, as a new one would.
-                Ok(_) if c.record.is_some() => return self.requeue(epoll, id),
+                // A request to send again met a refusal: the engine is gone (the supervisor
+                // has not seen its exit yet) or not listening yet; it waits on, within its
+                // hold. A new connection refused fails at once, as it always did.
+                Ok(e) if !self.stopping && replayable(c) => {
+                    self.upstreams[c.upstream].stats.connect_failed += 1;
+                    tracing::debug!(error = %Errno::from_raw(e), "the engine refused a request to send again: it waits on");
+                    return self.requeue(epoll, id);
+                }
                 Ok(e) => {
                     let u = &mut self.upstreams[c.upstream].stats;
                     u.connect_failed += 1;
@@ -776,12 +803,12 @@ impl Forwarder {
                 Err(_) => return self.close(epoll, id),
             }
         }
-        let up = c.dirs[0].pump(&c.inner, &c.outer, c.record.as_mut());
-        let answered = c.dirs[1].taken;
-        let down = c.dirs[1].pump(&c.outer, &c.inner, None);
-        if c.dirs[1].taken > answered {
-            if let Some(r) = c.record.as_mut() {
-                r.answered();
+        let up = c.dirs[0].pump(&c.inner, &c.outer, c.record.as_mut(), readable[0]);
+        let down = c.dirs[1].pump(&c.outer, &c.inner, None, readable[1]);
+        if c.dirs[1].taken > 0 {
+            // The engine sent a byte on this connection: it is never sent again.
+            if let Some(r) = c.record.as_mut().filter(|r| r.recording()) {
+                r.end();
             }
         }
         let stats = &mut self.upstreams[c.upstream].stats;
@@ -800,7 +827,7 @@ impl Forwarder {
             || matches!(down, Err(Fault::Src(_)))
             || (c.dirs[1].eof && c.dirs[1].buffered == 0);
         let node_failed = matches!(up, Err(Fault::Src(_))) || matches!(down, Err(Fault::Dst(_)));
-        if engine_dropped && !node_failed && !c.gone[0] && c.record.as_ref().is_some_and(Unanswered::may_replay) {
+        if engine_dropped && !node_failed && !self.stopping && replayable(c) {
             return self.requeue(epoll, id);
         }
         if up.is_err() || down.is_err() {
@@ -835,20 +862,43 @@ impl Forwarder {
             }
         }
         let mut record = c.record.take().unwrap_or_else(|| Unanswered::new(self.engine_replay));
+        if !c.dirs[0].first.is_empty() {
+            // Its connect was refused: the bytes go back to wait with it.
+            record.bytes = std::mem::take(&mut c.dirs[0].first);
+        }
         let now = Instant::now();
-        let until = *record.until.get_or_insert(now + self.engine_hold);
-        // The node had finished sending: its half-close follows the bytes sent again.
-        record.node_done = c.dirs[0].eof;
         let u = &mut self.upstreams[c.upstream];
         u.stats.active -= 1;
-        if let Some(suppressed) = self.quiet.allow(now) {
-            if record.bytes.is_empty() {
-                tracing::info!(upstream = %u.stats.upstream, suppressed, "the engine refused the node's connection: it waits for the engine (cell.engine_hold_s)");
-            } else {
+        if record.until.is_none() {
+            // Waits for the engine from its first drop, up to the hold (counted as waiting).
+            u.stats.held += 1;
+            if let Some(suppressed) = self.quiet.allow(now) {
                 tracing::info!(upstream = %u.stats.upstream, bytes = record.bytes.len(), suppressed, "the engine dropped a request it had not answered: it is sent again once the engine is ready");
             }
         }
+        let until = *record.until.get_or_insert(now + self.engine_hold);
+        // The node had finished sending: its half-close follows the bytes sent again.
+        record.node_done = c.dirs[0].eof;
         u.held.push(Held { inner: c.inner, until, not_before: Some(now + REPLAY_SETTLE), record: Some(record) });
+    }
+
+    /// A stop is under way (or over): the engine is not coming back for the node, so nothing
+    /// waits to be sent again: those waiting are closed (counted as `hold_expired`), and a
+    /// request the engine drops from now on fails at once.
+    pub fn set_stopping(&mut self, stopping: bool) {
+        self.stopping = stopping;
+        if !stopping {
+            return;
+        }
+        for u in self.upstreams.iter_mut() {
+            let before = u.held.len();
+            u.held.retain(|h| h.record.is_none());
+            let closed = before - u.held.len();
+            if closed > 0 {
+                u.stats.hold_expired += closed as u64;
+                tracing::warn!(upstream = %u.stats.upstream, closed, "the cell is stopping: the node's requests waiting to be sent to the engine again are closed");
+            }
+        }
     }
 
     fn close(&mut self, epoll: &Epoll, id: u64) {

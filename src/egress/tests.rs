@@ -140,29 +140,26 @@ fn out_of_fds_with_nothing_waiting_ends_the_wake_up() {
     }
 }
 
-/// What the engine route keeps of a request: all of it up to the bound, nothing past it; an
-/// answer's first byte starts a new request; sent again once at most.
+/// What the engine route keeps of a connection: all the node sent up to the bound, nothing
+/// past it; the engine's first byte, or a send again, ends it for good.
 #[test]
-fn the_unanswered_record_is_bounded_and_ends_with_an_answer() {
+fn the_unanswered_record_is_bounded_and_ends_for_good() {
     use super::conn::Unanswered;
     let mut r = Unanswered::new(8);
     assert!(!r.may_replay(), "nothing sent: nothing to send again");
     r.take(b"GET /");
     r.take(b" x\n");
     assert_eq!(r.bytes, b"GET / x\n");
-    assert!(r.may_replay());
+    assert!(r.may_replay() && r.recording());
     r.take(b"!");
-    assert!(r.over && r.bytes.is_empty() && !r.may_replay(), "past the bound: {r:?}");
+    assert!(r.ended && r.bytes.is_empty() && !r.may_replay() && !r.recording(), "past the bound: {r:?}");
     r.take(b"more");
-    assert!(r.bytes.is_empty(), "over stays over until an answer");
-    r.answered();
-    assert_eq!(r, Unanswered::new(8), "an answer starts afresh, with the same bound");
-    r.take(b"POST");
-    r.replayed = true;
-    assert!(!r.may_replay(), "sent again once already");
-    r.answered();
-    r.take(b"POST");
-    assert!(r.may_replay(), "the next request may be sent again once too");
+    assert!(r.bytes.is_empty(), "ended stays ended");
+    let mut answered = Unanswered::new(8);
+    answered.take(b"POST");
+    answered.end();
+    answered.take(b"PUT");
+    assert!(!answered.may_replay() && answered.bytes.is_empty(), "after the engine's first byte: {answered:?}");
 }
 
 /// A recorded direction copies exactly the bytes it moves (peeked, then those spliced), and
@@ -186,7 +183,7 @@ fn a_recorded_direction_copies_what_it_moves_and_sends_its_first_bytes_first() {
     let mut got = Vec::new();
     engine.set_read_timeout(Some(std::time::Duration::from_secs(5))).expect("timeout");
     while got.len() < 6 + big.len() {
-        let (_, res) = d.pump(&src, &dst, Some(&mut r));
+        let (_, res) = d.pump(&src, &dst, Some(&mut r), true);
         assert!(res.is_ok(), "{res:?}");
         let mut b = [0u8; 65536];
         let n = engine.read(&mut b).expect("read");
@@ -201,19 +198,63 @@ fn a_recorded_direction_copies_what_it_moves_and_sends_its_first_bytes_first() {
     node.write_all(&big[..3000]).expect("write");
     let mut moved = 0;
     while moved < 3000 {
-        let (n, res) = d.pump(&src, &dst, Some(&mut small));
+        let (n, res) = d.pump(&src, &dst, Some(&mut small), true);
         assert!(res.is_ok(), "{res:?}");
         moved += n;
         let mut b = [0u8; 4096];
         let _ = engine.read(&mut b);
     }
-    assert!(small.over && small.bytes.is_empty(), "{:?}", small.bytes.len());
+    assert!(small.ended && small.bytes.is_empty(), "{:?}", small.bytes.len());
     // The node's end: seen through the peek, passed on once everything is delivered.
     drop(node);
-    let _ = d.pump(&src, &dst, Some(&mut Unanswered::new(10)));
+    let _ = d.pump(&src, &dst, Some(&mut Unanswered::new(10)), true);
     assert!(d.eof);
     d.pass_half_close(&dst);
     assert!(d.shut);
     let mut rest = Vec::new();
     engine.read_to_end(&mut rest).expect("eof");
+}
+
+/// A byte sent with MSG_OOB stops splice(2) at TCP's urgent mark while the socket stays
+/// readable: the direction reads past it and the stream goes on, recorded or not (found by
+/// review: one such byte from the node spun the supervisor at 100% CPU).
+#[test]
+fn a_direction_goes_past_an_urgent_mark() {
+    use super::conn::{Dir, Unanswered};
+    use nix::sys::socket::{send, MsgFlags};
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    for recorded in [false, true] {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let mut node = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (src, _) = l.accept().expect("accept");
+        let (dst, mut engine) = std::os::unix::net::UnixStream::pair().expect("pair");
+        src.set_nonblocking(true).expect("nb");
+        dst.set_nonblocking(true).expect("nb");
+        let (src, dst) = (std::os::fd::OwnedFd::from(src), std::os::fd::OwnedFd::from(dst));
+        node.write_all(b"before").expect("write");
+        send(node.as_raw_fd(), b"!", MsgFlags::MSG_OOB).expect("oob");
+        node.write_all(b"after").expect("write");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mut d = Dir::new().expect("dir");
+        let mut r = Unanswered::new(1024);
+        let mut got = Vec::new();
+        engine.set_read_timeout(Some(std::time::Duration::from_millis(200))).expect("timeout");
+        // A bounded number of wake-ups, each as epoll would give them (the socket readable).
+        for _ in 0..4 {
+            let (_, res) = d.pump(&src, &dst, recorded.then_some(&mut r), true);
+            assert!(res.is_ok(), "{res:?}");
+            let mut b = [0u8; 64];
+            if let Ok(n) = engine.read(&mut b) {
+                got.extend_from_slice(&b[..n]);
+            }
+            if got.len() >= 10 {
+                break;
+            }
+        }
+        assert_eq!(got, b"beforeafter", "recorded {recorded}: the urgent byte is dropped, the rest flows");
+        if recorded {
+            assert_eq!(r.bytes, b"beforeafter");
+        }
+    }
 }

@@ -325,6 +325,8 @@ impl Supervisor {
         // (cell.engine_hold_s) and count as busy for the drain.
         let node = self.roles[Role::Node as usize].phase;
         let reachable = self.cycle.forwards(self.engine_is_ready(), node);
+        // A stop does not bring the engine back for the node: nothing waits to be sent again.
+        self.fwd.set_stopping(self.cycle.stop.is_some());
         self.fwd.set_engine_ready(&self.base.epoll, reachable);
         loop {
             let (engine, node) = (self.roles[Role::Engine as usize].phase, self.roles[Role::Node as usize].phase);

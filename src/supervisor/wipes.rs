@@ -144,6 +144,9 @@ impl Supervisor {
                 bytes_down = s.bytes_down,
                 refused = s.refused_over_limit,
                 failed = s.connect_failed,
+                waited = s.held,
+                wait_expired = s.hold_expired,
+                replayed = s.replayed,
                 "node-to-engine totals"
             );
         }
