@@ -1453,6 +1453,39 @@ fn nothing_waits_to_be_sent_again_where_the_engine_is_not_coming_back() {
         let (code, err) = run.exited(60);
         assert_eq!(code, Some(0), "{mode:?}: {err}");
         assert!(!err.contains("sent to it again") && !err.contains("drain timed out"), "{mode:?}: {err}");
+
+        // The node gives up on its request while it waits for the engine to come back: it is
+        // not sent (a node that retries would have it run twice).
+        let engine = "if [ ! -e /scratch/dropped ]; then \
+                        /usr/bin/busybox nc -ll -p 18080 -e /usr/bin/busybox sh -c \
+                          'IFS= read -r l || exit 0; : > /scratch/dropped' & \
+                        while [ ! -e /scratch/dropped ]; do sleep 0.05; done; kill $!; exit 3; \
+                      fi; while [ ! -e /models/go ]; do sleep 0.05; done; \
+                      exec /usr/bin/busybox httpd -f -vv -p 127.0.0.1:18080 -h /models 2>> /scratch/second";
+        let node = "echo node-up; if /usr/bin/busybox timeout -s KILL 1 /usr/bin/busybox wget -q -O /dev/null \
+                    http://127.0.0.1:18080/hello.txt; then echo SENT-OK; else echo SENT-FAILED; fi; exec sleep 1000";
+        let mut f = cell(mode, "replay-gave-up", engine, node, "restart = \"on-failure\"", "");
+        f.engine_policy = "engine-ollama".into();
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "SENT-FAILED");
+        std::fs::write(f.p("models/go"), "").expect("go");
+        let mut st = Value::Null;
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                st = ctl(&f, "status");
+                st["engine_forwarding"]["hold_expired"] == 1
+            }),
+            "{mode:?}: {st}\n{}",
+            run.stderr()
+        );
+        assert_eq!(st["engine_forwarding"]["replayed"], 0, "{mode:?}: {st}");
+        assert!(
+            !std::fs::read_to_string(f.p("engine-scratch/second")).unwrap_or_default().contains("hello.txt"),
+            "{mode:?}"
+        );
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
     }
 }
 

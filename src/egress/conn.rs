@@ -74,6 +74,30 @@ impl Unanswered {
     }
 }
 
+/// SIOCATMARK from linux/sockios.h (asm-generic: x86_64 and aarch64 alike; the libc crate does
+/// not name it).
+const SIOCATMARK: libc::Ioctl = 0x8905;
+
+/// Socket `fd` stands at TCP's urgent mark (SIOCATMARK; false for what is not a TCP socket).
+fn at_urgent_mark(fd: &OwnedFd) -> bool {
+    let mut at: libc::c_int = 0;
+    // SAFETY: SIOCATMARK writes one int through the pointer, which points at `at`, alive for
+    // the call; the fd is borrowed, open for the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), SIOCATMARK, &mut at as *mut libc::c_int) };
+    r == 0 && at != 0
+}
+
+/// The peer of socket `fd` is gone: reset, or ended its side when it had not before
+/// (`ended_before`: it had half-closed after sending, so an end says nothing).
+pub(super) fn peer_gone(fd: &OwnedFd, ended_before: bool) -> bool {
+    let mut b = [0u8; 1];
+    match recv(fd.as_raw_fd(), &mut b, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+        Ok(0) => !ended_before,
+        Ok(_) | Err(Errno::EAGAIN) | Err(Errno::EINTR) => false,
+        Err(_) => true,
+    }
+}
+
 /// Bytes wait to be read from socket `fd` (an answer the engine sent before it went).
 pub(super) fn has_bytes(fd: &OwnedFd) -> bool {
     let mut b = [0u8; 1];
@@ -101,6 +125,11 @@ pub(super) struct Dir {
     pub(super) taken: u64,
     /// What the pipe holds (PIPE_SIZE, or the kernel's default if it refused that).
     pub(super) cap: usize,
+    /// The source is readable but nothing more goes into the pipe until it drains: it is full
+    /// by its slots (a pipe holds 16 buffers by default, however small each spliced segment),
+    /// or the source stands at an urgent mark with bytes still in the pipe. Not read meanwhile
+    /// (else the level-triggered loop spins); cleared when bytes leave the pipe.
+    pub(super) stalled: bool,
 }
 
 impl Dir {
@@ -114,7 +143,17 @@ impl Dir {
             .and_then(|n| usize::try_from(n).ok())
             .filter(|n| *n > 0)
             .unwrap_or(4096);
-        Ok(Dir { pipe_r, pipe_w, buffered: 0, eof: false, shut: false, first: Vec::new(), taken: 0, cap })
+        Ok(Dir {
+            pipe_r,
+            pipe_w,
+            buffered: 0,
+            eof: false,
+            shut: false,
+            first: Vec::new(),
+            taken: 0,
+            cap,
+            stalled: false,
+        })
     }
 
     /// Room left in the pipe.
@@ -122,31 +161,28 @@ impl Dir {
         self.cap.saturating_sub(self.buffered)
     }
 
-    /// splice(2) stops at TCP's urgent mark (a byte sent with MSG_OOB) and moves nothing while
-    /// the socket stays readable: the level-triggered loop would spin on it (found by review).
-    /// If `src` has bytes splice would not take, a plain read takes them past the mark (the
-    /// urgent byte itself is not part of the stream and is dropped) into the pipe. Returns the
-    /// bytes moved, copied into `buf`.
-    fn past_urgent_mark<'b>(&mut self, src: &OwnedFd, buf: &'b mut [u8]) -> Result<&'b [u8], Errno> {
-        let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-        match recv(src.as_raw_fd(), &mut buf[..1], peek) {
-            Ok(0) | Err(Errno::EAGAIN) | Err(Errno::EINTR) | Err(Errno::ENOTSOCK) => return Ok(&[]),
-            Ok(_) => {}
-            Err(e) => return Err(e),
-        }
-        let room = self.room().min(buf.len());
-        let n = match recv(src.as_raw_fd(), &mut buf[..room], MsgFlags::MSG_DONTWAIT) {
-            Ok(n) => n,
-            Err(Errno::EAGAIN) | Err(Errno::EINTR) => 0,
-            Err(e) => return Err(e),
+    /// splice(2) stops at TCP's urgent mark (a byte sent with MSG_OOB): it moves nothing there
+    /// (or answers 0, as at the end, if a FIN follows) while the socket stays readable, so the
+    /// level-triggered loop would spin, or the bytes after the mark be lost (found by review).
+    /// With the pipe empty, a plain read takes what follows the mark (the urgent byte itself is
+    /// not part of the stream and is dropped) into it, at most a page, which an empty pipe
+    /// always takes. Returns the bytes moved, copied into `buf` (none: the end).
+    fn past_urgent_mark<'b>(&mut self, src: &OwnedFd, buf: &'b mut [u8; 4096]) -> Result<&'b [u8], Errno> {
+        let n = loop {
+            match recv(src.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
+                Ok(n) => break n,
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return Ok(&[]),
+                Err(e) => return Err(e),
+            }
         };
         let mut put = 0;
         while put < n {
-            // The pipe has room for all of it (n <= room): a short write is not expected.
             match nix::unistd::write(&self.pipe_w, &buf[put..n]) {
                 Ok(m) => put += m,
                 Err(Errno::EINTR) => {}
-                Err(_) => return Err(Errno::ENOBUFS),
+                // An empty pipe takes a page: not expected.
+                Err(e) => return Err(e),
             }
         }
         self.buffered += n;
@@ -214,6 +250,25 @@ impl Dir {
                     (0, Some(_)) => self.eof = true,
                     (0, None) => {}
                     _ => match splice(src, None, &self.pipe_w, None, len, flags) {
+                        // Nothing moved where the socket stands at an urgent mark: past it once
+                        // the pipe is empty (what follows the mark may be the end).
+                        Ok(0) | Err(Errno::EAGAIN) if at_urgent_mark(src) => {
+                            if self.buffered > 0 {
+                                self.stalled = true;
+                            } else {
+                                let mut buf = [0u8; 4096];
+                                match self.past_urgent_mark(src, &mut buf) {
+                                    Ok([]) => self.eof = !has_bytes(src) && !at_urgent_mark(src),
+                                    Ok(b) => {
+                                        if let Some(r) = record.as_deref_mut() {
+                                            r.take(b);
+                                        }
+                                        progressed = true;
+                                    }
+                                    Err(e) => return (delivered, Err(Fault::Src(e))),
+                                }
+                            }
+                        }
                         Ok(0) => self.eof = true,
                         Ok(n) => {
                             self.buffered += n;
@@ -223,18 +278,10 @@ impl Dir {
                             }
                             progressed = true;
                         }
-                        Err(Errno::EAGAIN) if readable && self.taken == taken_before => {
-                            let mut buf = [0u8; 4096];
-                            match self.past_urgent_mark(src, &mut buf) {
-                                Ok([]) => {}
-                                Ok(b) => {
-                                    if let Some(r) = record.as_deref_mut() {
-                                        r.take(b);
-                                    }
-                                    progressed = true;
-                                }
-                                Err(e) => return (delivered, Err(Fault::Src(e))),
-                            }
+                        // Readable, yet nothing went in: the pipe is full by its slots. Wait
+                        // for it to drain rather than be woken for the same bytes again.
+                        Err(Errno::EAGAIN) if readable && self.taken == taken_before && self.buffered > 0 => {
+                            self.stalled = true;
                         }
                         Err(Errno::EAGAIN) => {}
                         Err(Errno::EINTR) => progressed = true,
@@ -248,6 +295,7 @@ impl Dir {
                         self.buffered -= n;
                         delivered += n as u64;
                         progressed |= n > 0;
+                        self.stalled &= n == 0;
                     }
                     Err(Errno::EAGAIN) => {}
                     Err(Errno::EINTR) => progressed = true,
@@ -299,13 +347,13 @@ pub(super) fn interest(c: &Conn) -> (EpollFlags, EpollFlags) {
     if c.connecting {
         return (inner, EpollFlags::EPOLLOUT);
     }
-    if !c.dirs[0].eof && c.dirs[0].room() > 0 {
+    if !c.dirs[0].eof && c.dirs[0].room() > 0 && !c.dirs[0].stalled {
         inner |= EpollFlags::EPOLLIN;
     }
     if c.dirs[0].pending() {
         outer |= EpollFlags::EPOLLOUT;
     }
-    if !c.dirs[1].eof && c.dirs[1].room() > 0 {
+    if !c.dirs[1].eof && c.dirs[1].room() > 0 && !c.dirs[1].stalled {
         outer |= EpollFlags::EPOLLIN;
     }
     if c.dirs[1].buffered > 0 {

@@ -389,6 +389,14 @@ impl Forwarder {
             tracing::info!(connections = waited, "the engine is ready: the node's waiting connections go through");
         }
         for h in go {
+            // A node that gave up on its request while it waited is not answered by sending
+            // it again (found by review: its own retry would run it twice).
+            if h.record.as_ref().is_some_and(|r| conn::peer_gone(&h.inner, r.node_done)) {
+                let u = &mut self.upstreams[i].stats;
+                u.hold_expired += 1;
+                tracing::info!(upstream = %u.upstream, "the node closed a connection waiting to be sent again: not sent");
+                continue;
+            }
             self.connect_out(epoll, i, h.inner, addr, h.record);
         }
     }
@@ -788,7 +796,7 @@ impl Forwarder {
                 // has not seen its exit yet) or not listening yet; it waits on, within its
                 // hold. A new connection refused fails at once, as it always did.
                 Ok(e) if !self.stopping && replayable(c) => {
-                    self.upstreams[c.upstream].stats.connect_failed += 1;
+                    // Part of its wait, not a failure (counted once, if the wait runs out).
                     tracing::debug!(error = %Errno::from_raw(e), "the engine refused a request to send again: it waits on");
                     return self.requeue(epoll, id);
                 }

@@ -258,3 +258,90 @@ fn a_direction_goes_past_an_urgent_mark() {
         }
     }
 }
+
+/// An urgent byte followed by the end: what follows the mark still arrives, then the end
+/// (found by review: splice answers 0 at the mark when a FIN follows, which read as the end).
+#[test]
+fn what_follows_an_urgent_mark_arrives_before_the_end() {
+    use super::conn::Dir;
+    use nix::sys::socket::{send, MsgFlags};
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let mut node = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (src, _) = l.accept().expect("accept");
+    let (dst, mut engine) = std::os::unix::net::UnixStream::pair().expect("pair");
+    src.set_nonblocking(true).expect("nb");
+    dst.set_nonblocking(true).expect("nb");
+    let (src, dst) = (std::os::fd::OwnedFd::from(src), std::os::fd::OwnedFd::from(dst));
+    node.write_all(b"AAAA").expect("write");
+    send(node.as_raw_fd(), b"!", MsgFlags::MSG_OOB).expect("oob");
+    node.write_all(b"BBBB").expect("write");
+    node.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut d = Dir::new().expect("dir");
+    for _ in 0..6 {
+        let (_, res) = d.pump(&src, &dst, None, true);
+        assert!(res.is_ok(), "{res:?}");
+        d.pass_half_close(&dst);
+        if d.shut {
+            break;
+        }
+    }
+    assert!(d.shut, "the end is passed on");
+    let mut got = Vec::new();
+    engine.read_to_end(&mut got).expect("read");
+    assert_eq!(got, b"AAAABBBB");
+}
+
+/// Small segments fill a pipe by its slots long before its bytes: the direction then waits
+/// for the pipe to drain (no read it cannot hand on) and every byte arrives, in order (found
+/// by review: the stream was cut, silently, on every route with a slower reader).
+#[test]
+fn a_pipe_full_by_its_slots_waits_and_loses_nothing() {
+    use super::conn::Dir;
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let mut up = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    up.set_nodelay(true).expect("nodelay");
+    let (src, _) = l.accept().expect("accept");
+    let (dst, mut node) = std::os::unix::net::UnixStream::pair().expect("pair");
+    src.set_nonblocking(true).expect("nb");
+    dst.set_nonblocking(true).expect("nb");
+    // The reader is slow: its socket is full before the stream begins.
+    let mut filler = 0usize;
+    while let Ok(n) = (&dst).write(&[0u8; 4096]) {
+        filler += n;
+    }
+    let (src, dst) = (std::os::fd::OwnedFd::from(src), std::os::fd::OwnedFd::from(dst));
+    let sent: Vec<u8> = (0..300 * 100).map(|i| (i % 253) as u8).collect();
+    let writer = std::thread::spawn(move || {
+        for c in sent.chunks(100) {
+            up.write_all(c).expect("write");
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        sent
+    });
+    let mut d = Dir::new().expect("dir");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !writer.is_finished() && std::time::Instant::now() < deadline {
+        let (_, res) = d.pump(&src, &dst, None, true);
+        assert!(res.is_ok(), "the stream was cut: {res:?}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let sent = writer.join().expect("writer");
+    assert!(d.stalled, "the pipe filled by its slots and the direction waits ({} bytes in it)", d.buffered);
+    // The reader catches up: everything arrives.
+    node.set_nonblocking(true).expect("nb");
+    let mut got = Vec::new();
+    while got.len() < filler + sent.len() && std::time::Instant::now() < deadline {
+        let (_, res) = d.pump(&src, &dst, None, true);
+        assert!(res.is_ok(), "{res:?}");
+        let mut b = [0u8; 65536];
+        if let Ok(n) = node.read(&mut b) {
+            got.extend_from_slice(&b[..n]);
+        }
+    }
+    assert_eq!(got.len(), filler + sent.len());
+    assert_eq!(&got[filler..], &sent[..]);
+}
