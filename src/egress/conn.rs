@@ -166,13 +166,15 @@ impl Dir {
     /// level-triggered loop would spin, or the bytes after the mark be lost (found by review).
     /// With the pipe empty, a plain read takes what follows the mark (the urgent byte itself is
     /// not part of the stream and is dropped) into it, at most a page, which an empty pipe
-    /// always takes. Returns the bytes moved, copied into `buf` (none: the end).
-    fn past_urgent_mark<'b>(&mut self, src: &OwnedFd, buf: &'b mut [u8; 4096]) -> Result<&'b [u8], Errno> {
+    /// always takes. Returns the bytes moved, copied into `buf` (`Some` of none: the end;
+    /// `None`: the urgent byte was all there was for now, and it is gone: not the end, found
+    /// by review).
+    fn past_urgent_mark<'b>(&mut self, src: &OwnedFd, buf: &'b mut [u8; 4096]) -> Result<Option<&'b [u8]>, Errno> {
         let n = loop {
             match recv(src.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
                 Ok(n) => break n,
                 Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => return Ok(&[]),
+                Err(Errno::EAGAIN) => return Ok(None),
                 Err(e) => return Err(e),
             }
         };
@@ -187,7 +189,7 @@ impl Dir {
         }
         self.buffered += n;
         self.taken += n as u64;
-        Ok(&buf[..n])
+        Ok(Some(&buf[..n]))
     }
 
     /// Bytes wait to go to the destination.
@@ -258,8 +260,9 @@ impl Dir {
                             } else {
                                 let mut buf = [0u8; 4096];
                                 match self.past_urgent_mark(src, &mut buf) {
-                                    Ok([]) => self.eof = !has_bytes(src) && !at_urgent_mark(src),
-                                    Ok(b) => {
+                                    Ok(None) => {}
+                                    Ok(Some([])) => self.eof = true,
+                                    Ok(Some(b)) => {
                                         if let Some(r) = record.as_deref_mut() {
                                             r.take(b);
                                         }

@@ -390,11 +390,12 @@ impl Forwarder {
         }
         for h in go {
             // A node that gave up on its request while it waited is not answered by sending
-            // it again (found by review: its own retry would run it twice).
-            if h.record.as_ref().is_some_and(|r| conn::peer_gone(&h.inner, r.node_done)) {
+            // it (again: found by review; its own retry would run it twice). One that had
+            // half-closed after sending cannot be told from one that left.
+            if conn::peer_gone(&h.inner, h.record.as_ref().is_some_and(|r| r.node_done)) {
                 let u = &mut self.upstreams[i].stats;
                 u.hold_expired += 1;
-                tracing::info!(upstream = %u.upstream, "the node closed a connection waiting to be sent again: not sent");
+                tracing::info!(upstream = %u.upstream, "the node closed a connection waiting for the engine: not sent");
                 continue;
             }
             self.connect_out(epoll, i, h.inner, addr, h.record);
@@ -503,13 +504,14 @@ impl Forwarder {
         let fd = if side == 0 { &c.inner } else { &c.outer };
         let _ = epoll.delete(fd.as_fd());
         c.gone[side] = true;
-        // Nothing more comes from that side, and nothing can be delivered to it: stop reading
-        // the other side too (there is nowhere to put its bytes).
-        c.dirs[side].eof = true;
+        // Nothing can be delivered to that side any more: stop reading the other side (there
+        // is nowhere to put its bytes). What that side sent and its socket still holds goes on
+        // being read, driven by the other side's events, to its end: a hang-up says it sends
+        // no more, not that all was read (found by review: a full pipe lost the rest).
         c.dirs[1 - side].eof = true;
         c.dirs[1 - side].shut = true;
         c.dirs[1 - side].buffered = 0;
-        if c.dirs[side].buffered == 0 || c.gone[1 - side] {
+        if c.gone[1 - side] || (c.dirs[side].eof && !c.dirs[side].pending()) {
             self.close(epoll, id);
         }
     }
