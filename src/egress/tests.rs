@@ -225,13 +225,7 @@ fn a_direction_goes_past_an_urgent_mark() {
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
     for recorded in [false, true] {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-        let mut node = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (src, _) = l.accept().expect("accept");
-        let (dst, mut engine) = std::os::unix::net::UnixStream::pair().expect("pair");
-        src.set_nonblocking(true).expect("nb");
-        dst.set_nonblocking(true).expect("nb");
-        let (src, dst) = (std::os::fd::OwnedFd::from(src), std::os::fd::OwnedFd::from(dst));
+        let (mut node, src, dst, mut engine) = tcp_then_unix();
         node.write_all(b"before").expect("write");
         send(node.as_raw_fd(), b"!", MsgFlags::MSG_OOB).expect("oob");
         node.write_all(b"after").expect("write");
@@ -267,13 +261,7 @@ fn what_follows_an_urgent_mark_arrives_before_the_end() {
     use nix::sys::socket::{send, MsgFlags};
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-    let mut node = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-    let (src, _) = l.accept().expect("accept");
-    let (dst, mut engine) = std::os::unix::net::UnixStream::pair().expect("pair");
-    src.set_nonblocking(true).expect("nb");
-    dst.set_nonblocking(true).expect("nb");
-    let (src, dst) = (std::os::fd::OwnedFd::from(src), std::os::fd::OwnedFd::from(dst));
+    let (mut node, src, dst, mut engine) = tcp_then_unix();
     node.write_all(b"AAAA").expect("write");
     send(node.as_raw_fd(), b"!", MsgFlags::MSG_OOB).expect("oob");
     node.write_all(b"BBBB").expect("write");
@@ -301,19 +289,13 @@ fn what_follows_an_urgent_mark_arrives_before_the_end() {
 fn a_pipe_full_by_its_slots_waits_and_loses_nothing() {
     use super::conn::Dir;
     use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-    let mut up = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (mut up, src, dst, mut node) = tcp_then_unix();
     up.set_nodelay(true).expect("nodelay");
-    let (src, _) = l.accept().expect("accept");
-    let (dst, mut node) = std::os::unix::net::UnixStream::pair().expect("pair");
-    src.set_nonblocking(true).expect("nb");
-    dst.set_nonblocking(true).expect("nb");
     // The reader is slow: its socket is full before the stream begins.
     let mut filler = 0usize;
-    while let Ok(n) = (&dst).write(&[0u8; 4096]) {
+    while let Ok(n) = nix::unistd::write(&dst, &[0u8; 4096]) {
         filler += n;
     }
-    let (src, dst) = (std::os::fd::OwnedFd::from(src), std::os::fd::OwnedFd::from(dst));
     let sent: Vec<u8> = (0..300 * 100).map(|i| (i % 253) as u8).collect();
     let writer = std::thread::spawn(move || {
         for c in sent.chunks(100) {
@@ -355,13 +337,7 @@ fn a_lone_urgent_byte_is_not_the_end() {
     use nix::sys::socket::{send, MsgFlags};
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-    let mut node = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-    let (src, _) = l.accept().expect("accept");
-    let (dst, mut engine) = std::os::unix::net::UnixStream::pair().expect("pair");
-    src.set_nonblocking(true).expect("nb");
-    dst.set_nonblocking(true).expect("nb");
-    let (src, dst) = (std::os::fd::OwnedFd::from(src), std::os::fd::OwnedFd::from(dst));
+    let (mut node, src, dst, mut engine) = tcp_then_unix();
     let mut d = Dir::new().expect("dir");
     node.write_all(b"AAAA").expect("write");
     send(node.as_raw_fd(), b"!", MsgFlags::MSG_OOB).expect("oob");
@@ -455,4 +431,18 @@ fn a_slow_reader_of_a_half_closed_exchange_gets_every_byte() {
     assert!(ended, "the end reached the node");
     assert_eq!(got.len(), sent.len(), "every byte reached the node");
     assert!(got == sent, "in order");
+}
+
+/// A direction's two ends as the forwarder has them: a TCP connection's far end (the peer
+/// writes on the first, returned) and a Unix stream towards the reader (returned last), both
+/// sockets on the forwarder's side non-blocking.
+fn tcp_then_unix() -> (std::net::TcpStream, std::os::fd::OwnedFd, std::os::fd::OwnedFd, std::os::unix::net::UnixStream)
+{
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let peer = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (src, _) = l.accept().expect("accept");
+    let (dst, reader) = std::os::unix::net::UnixStream::pair().expect("pair");
+    src.set_nonblocking(true).expect("nb");
+    dst.set_nonblocking(true).expect("nb");
+    (peer, src.into(), dst.into(), reader)
 }
