@@ -98,6 +98,12 @@ pub(super) fn peer_gone(fd: &OwnedFd, ended_before: bool) -> bool {
     }
 }
 
+/// Close socket `fd` with a reset rather than an end (SO_LINGER, zero time): its peer sees an
+/// error, not a whole answer.
+pub(super) fn reset_on_close(fd: &OwnedFd) {
+    let _ = nix::sys::socket::setsockopt(fd, sockopt::Linger, &libc::linger { l_onoff: 1, l_linger: 0 });
+}
+
 /// Bytes wait to be read from socket `fd` (an answer the engine sent before it went).
 pub(super) fn has_bytes(fd: &OwnedFd) -> bool {
     let mut b = [0u8; 1];

@@ -967,6 +967,14 @@ impl Forwarder {
                 }
             } else {
                 tracing::info!(upstream = %u.upstream, "egress connection closed: idle");
+                // Bytes not delivered yet: the side they were for is reset, not ended, so it
+                // cannot take a cut answer for a whole one (found by review).
+                let c = &self.conns[&id];
+                for (dir, src, dst) in [(&c.dirs[0], &c.inner, &c.outer), (&c.dirs[1], &c.outer, &c.inner)] {
+                    if dir.pending() || (!dir.eof && conn::has_bytes(src)) {
+                        conn::reset_on_close(dst);
+                    }
+                }
             }
             self.close(epoll, id);
         }
