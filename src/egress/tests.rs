@@ -368,8 +368,8 @@ fn a_lone_urgent_byte_is_not_the_end() {
 /// queued, fixed in `hang_up`, needs a timing this does not force.)
 #[test]
 fn a_slow_reader_of_a_half_closed_exchange_gets_every_byte() {
-    use super::{Forwarder, Upstream};
-    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollTimeout};
+    use super::Forwarder;
+    use nix::sys::epoll::{EpollEvent, EpollTimeout};
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
     let up = std::net::TcpListener::bind("127.0.0.1:0").expect("upstream");
@@ -388,13 +388,7 @@ fn a_slow_reader_of_a_half_closed_exchange_gets_every_byte() {
         }
         req
     });
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-    listener.set_nonblocking(true).expect("nb");
-    let at = listener.local_addr().expect("addr");
-    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
-    let u = Upstream::new("gw.test".into(), to.port(), Some(to), false, listener.into());
-    let mut fw = Forwarder::new(vec![u], 8, Duration::from_secs(60), Duration::from_secs(5), &epoll).expect("fw");
-    let mut node = std::net::TcpStream::connect(at).expect("node");
+    let (epoll, mut fw, mut node) = forwarding_to(to, Duration::from_secs(60));
     node.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("request");
     node.shutdown(std::net::Shutdown::Write).expect("half-close");
     // The node reads nothing until the upstream has sent everything and ended.
@@ -452,8 +446,7 @@ fn tcp_then_unix() -> (std::net::TcpStream, std::os::fd::OwnedFd, std::os::fd::O
 /// whole one (found by review: it ended cleanly).
 #[test]
 fn an_idle_close_with_bytes_undelivered_is_a_reset() {
-    use super::{Forwarder, Upstream};
-    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollTimeout};
+    use nix::sys::epoll::{EpollEvent, EpollTimeout};
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
     let up = std::net::TcpListener::bind("127.0.0.1:0").expect("upstream");
@@ -463,13 +456,7 @@ fn an_idle_close_with_bytes_undelivered_is_a_reset() {
         // More than the sockets and the pipe on the way hold: some stays undelivered.
         let _ = s.write_all(&vec![7u8; 32 << 20]);
     });
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-    listener.set_nonblocking(true).expect("nb");
-    let at = listener.local_addr().expect("addr");
-    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
-    let u = Upstream::new("gw.test".into(), to.port(), Some(to), false, listener.into());
-    let mut fw = Forwarder::new(vec![u], 8, Duration::from_secs(1), Duration::from_secs(5), &epoll).expect("fw");
-    let mut node = std::net::TcpStream::connect(at).expect("node");
+    let (epoll, mut fw, mut node) = forwarding_to(to, Duration::from_secs(1));
     // The node reads nothing until the forwarder has closed the connection as idle.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = false;
@@ -498,4 +485,21 @@ fn an_idle_close_with_bytes_undelivered_is_a_reset() {
     assert_eq!(end, Some(std::io::ErrorKind::ConnectionReset), "after {total} bytes");
     drop(node);
     let _ = server.join();
+}
+
+/// A forwarder with one egress upstream at `to` (its idle timeout `idle`), its epoll, and the
+/// node's connection to the upstream's listener.
+fn forwarding_to(
+    to: std::net::SocketAddr,
+    idle: std::time::Duration,
+) -> (nix::sys::epoll::Epoll, super::Forwarder, std::net::TcpStream) {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    listener.set_nonblocking(true).expect("nb");
+    let at = listener.local_addr().expect("addr");
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+    let u = super::Upstream::new("gw.test".into(), to.port(), Some(to), false, listener.into());
+    let fw = super::Forwarder::new(vec![u], 8, idle, std::time::Duration::from_secs(5), &epoll).expect("fw");
+    let node = std::net::TcpStream::connect(at).expect("node");
+    (epoll, fw, node)
 }
