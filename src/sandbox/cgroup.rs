@@ -1,7 +1,8 @@
 //! Each role its own cgroup v2 leaf: the cell's subtree (`supervisor`, `engine`, `node`), the
 //! limits written into a leaf before its role exists (roles are cloned straight into their
-//! leaf, CLONE_INTO_CGROUP, so no instruction of theirs runs outside it), and what each leaf
-//! reports (usage, events).
+//! leaf, CLONE_INTO_CGROUP, so no instruction of theirs runs outside it), a reload's limits
+//! written live into the running leaves (a lower memory limit's reclaim in a child:
+//! [`super::limit_write`]), and what each leaf reports (usage, events).
 //!
 //! Where the subtree lives: under the unit (`Delegate=yes`, found by systemd's `user.delegate`
 //! mark), the unit's cgroup; by hand, `cell.cgroup`. Either way sealnode moves itself into the
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+use super::limit_write::{self, Writer};
 use crate::config::{Config, Limits, Role};
 use crate::error::{Error, Result};
 
@@ -49,6 +51,10 @@ struct Leaf {
     /// The files written and their values, in order (what the receipt records).
     written: BTreeMap<String, String>,
     limits: Limits,
+    /// Children still in a live write of a lower memory limit, the kernel reclaiming
+    /// (limit_write): reaped by the loop ([`Tree::writer_exited`]), stopped (SIGKILL) when the
+    /// leaf's limits are written again or the leaf goes.
+    writers: Vec<Writer>,
 }
 
 /// Where the cell's cgroup is, or why there is none.
@@ -296,7 +302,7 @@ impl Tree {
             let written = write_limits(cfg, role, &path, &limits, &controllers)?;
             let dir = nix::fcntl::open(&path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
                 .map_err(|e| Error::errno(format!("open {}", path.display()), e))?;
-            leaves.push(Leaf { role, path, dir, written, limits });
+            leaves.push(Leaf { role, path, dir, written, limits, writers: Vec::new() });
         }
         Ok(Some(Tree { root, controllers, leaves }))
     }
@@ -372,7 +378,8 @@ impl Drop for Tree {
     /// its init). The supervisor's own leaf stays until sealnode exits (systemd removes the
     /// unit's cgroup; by hand it is reused by the next run).
     fn drop(&mut self) {
-        for l in &self.leaves {
+        for l in &mut self.leaves {
+            l.writers.iter_mut().for_each(Writer::stop);
             let _ = std::fs::remove_dir(&l.path);
         }
     }
@@ -627,10 +634,15 @@ impl Tree {
             if limits == leaf.limits {
                 continue;
             }
-            let applied = limit_files(cfg, leaf.role, &leaf.path, &limits, &self.controllers).and_then(|now| {
-                write_files(cfg, leaf.role, &leaf.path, resets(&leaf.written, &now))?;
-                write_files(cfg, leaf.role, &leaf.path, now)
-            });
+            let applied = limit_files(cfg, leaf.role, &leaf.path, &limits, &self.controllers)
+                .map(|now| (resets(&leaf.written, &now), now))
+                .and_then(|(resets, now)| {
+                    let leaf = &mut self.leaves[i];
+                    // An earlier write still reclaiming aims at a value no longer wanted.
+                    leaf.writers.iter_mut().for_each(Writer::stop);
+                    leaf.write_live(cfg, resets)?;
+                    leaf.write_live(cfg, now)
+                });
             match applied {
                 Ok(written) => {
                     let leaf = &mut self.leaves[i];
@@ -652,6 +664,26 @@ impl Tree {
         Ok(done.iter().map(|(i, _, _)| self.leaves[*i].role).collect())
     }
 
+    /// `pid` was a live limit write's child (limit_write): the kernel is done reclaiming (or the
+    /// write failed after the limit was in force: logged). False for any other child.
+    pub fn writer_exited(&mut self, pid: nix::unistd::Pid, code: i32) -> bool {
+        for l in &mut self.leaves {
+            let Some(at) = l.writers.iter().position(|w| w.pid == pid) else { continue };
+            let w = l.writers.remove(at);
+            let secs = format!("{:.1}", w.since.elapsed().as_secs_f64());
+            if w.stopped {
+                tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim was stopped: the role's limits were written again");
+            } else if code == 0 {
+                tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim is done");
+            } else {
+                let error = std::io::Error::from_raw_os_error(code);
+                tracing::warn!(role = %l.role, file = %w.file, value = %w.value, secs, %error, "a lower memory limit's write ended in an error after the limit was in force");
+            }
+            return true;
+        }
+        false
+    }
+
     /// Leaf `i` back to `limits` and the files `written` records (what the `tried` limits set
     /// and they do not, to the kernel's default), best effort: the update that needs it has
     /// failed already.
@@ -662,13 +694,43 @@ impl Tree {
             written.iter().flat_map(|(f, v)| v.split("; ").map(move |v| (f.as_str(), v.to_string(), ""))).collect();
         let tried = limit_files(cfg, leaf.role, &leaf.path, tried, &controllers).unwrap_or_default();
         let tried = record(&tried);
+        leaf.writers.iter_mut().for_each(Writer::stop);
         for (file, value, _) in resets(&tried, &before).into_iter().chain(before) {
-            if let Err(e) = std::fs::write(leaf.path.join(file), &value) {
-                tracing::error!(cgroup = %leaf.path.display(), file, value, error = %e, "could not put a limit back");
+            match limit_write::write(&leaf.path.join(file), &value) {
+                Ok(writer) => leaf.writers.extend(writer),
+                Err(e) => {
+                    tracing::error!(cgroup = %leaf.path.display(), file, value, error = %e, "could not put a limit back")
+                }
             }
         }
         leaf.written = written.clone();
         leaf.limits = limits;
+    }
+}
+
+impl Leaf {
+    /// A reload's files written into this running leaf, in order (limit_write: a lower memory
+    /// limit's reclaim goes on in a child once the limit is in force); returns the record as
+    /// [`write_files`] does. A file that cannot be written names its limit.
+    fn write_live(&mut self, cfg: &Config, files: Vec<(&str, String, &str)>) -> Result<BTreeMap<String, String>> {
+        for (file, value, field) in &files {
+            let p = self.path.join(file);
+            match limit_write::write(&p, value) {
+                Ok(None) => {}
+                Ok(Some(w)) => {
+                    tracing::info!(role = %self.role, file, value, "limit in force; the kernel reclaims the difference in a child (sealnode-limit) while sealnode goes on");
+                    self.writers.push(w);
+                }
+                Err(e) => {
+                    return Err(Error::config(
+                        &cfg.file,
+                        cfg.limit_field(self.role, field),
+                        format!("cannot be enforced here: writing {value:?} to {} failed: {e}", p.display()),
+                    ))
+                }
+            }
+        }
+        Ok(record(&files))
     }
 }
 
@@ -817,7 +879,7 @@ mod tests {
                 let limits = c.limits(role);
                 let written = write_limits(c, role, &path, &limits, &controllers).expect("write");
                 let fd = nix::fcntl::open(&path, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()).expect("open");
-                Leaf { role, path, dir: fd, written, limits }
+                Leaf { role, path, dir: fd, written, limits, writers: Vec::new() }
             })
             .collect();
         Tree { root: dir.to_path_buf(), controllers, leaves }

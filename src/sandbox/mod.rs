@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod child;
 pub mod idmap;
 pub mod init;
+pub mod limit_write;
 pub mod locks;
 pub mod mounts;
 pub mod namespaces;

@@ -449,7 +449,7 @@ impl Supervisor {
     }
 
     /// Every child that exited, to the part that owns it: a wipe, the gate's measurement or
-    /// probes, the TPM's tools, the cell's init, a role.
+    /// probes, a live limit write, the TPM's tools, the cell's init, a role.
     fn reap(&mut self) {
         loop {
             let ws = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
@@ -458,6 +458,9 @@ impl Supervisor {
             };
             let (Some(pid), Some(code)) = (ws.pid(), status_code(ws)) else { continue };
             if self.wipe_exited(pid, ws) || self.gate.exited(pid, code) {
+                continue;
+            }
+            if self.base.cell.cgroups.as_mut().is_some_and(|t| t.writer_exited(pid, code)) {
                 continue;
             }
             let generation = self.generation();

@@ -8,6 +8,8 @@ role still answers. Runs sealed (node role), as `python -I -u limits-role.py MOD
              the engine while holding them
   cpu        two busy processes forever (cpu_max throttles them)
   fill       write /scratch/fill until ENOSPC (scratch_max_mb), print "scratch full after N MiB"
+  cache      write /scratch/cache (400 MiB, page cache charged to the leaf), print "cached N MiB",
+             then read it again and again (a lower memory_max_mb has it to reclaim)
 """
 import os
 import sys
@@ -64,6 +66,17 @@ def main(mode):
                     n += 1
         except OSError as e:
             print(f"scratch full after {n} MiB: {e}", flush=True)
+    elif mode == "cache":
+        n = 400
+        with open("/scratch/cache", "wb") as f:
+            for _ in range(n):
+                f.write(os.urandom(1 << 20))
+        print(f"cached {n} MiB", flush=True)
+        while True:
+            with open("/scratch/cache", "rb") as f:
+                while f.read(1 << 20):
+                    pass
+            time.sleep(0.5)
     while True:
         time.sleep(1000)
 

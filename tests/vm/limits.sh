@@ -168,6 +168,33 @@ assert r["node"]["restarts"] == 0 and r["engine"]["restarts"] == 0
 '
 stop
 
+# 3a'. A lower memory_max_mb on reload: the kernel reclaims the node's page cache inside the
+#      write to memory.max, which sealnode makes from a child once the limit reads back in
+#      force; the reload is applied and logged while the kernel still reclaims.
+config cache "memory_max_mb = 1024"
+started cache
+check "the node has its page cache" wait_log 240 "cached 400 MiB"
+sync  # written back (the node's policy has no fsync): clean cache, reclaimed without waiting on the disk
+cur=$(cat $CG/node/memory.current)
+echo "info: the node's memory.current $cur before the reload"
+npid=$(rolepid node)
+config cache "memory_max_mb = 128"
+T0=$(date '+%Y-%m-%d %H:%M:%S')
+systemctl reload sealnode.service
+check "reload, lower memory.max: the reclaim is done" wait_log 120 "a lower memory limit's reclaim is done"
+since | grep -E "limit in force|reload applied in place|reclaim is done" | sed 's/^/info: /'
+line_of() { since | grep -n "$1" | head -1 | cut -d: -f1; }
+l_force=$(line_of "limit in force; the kernel reclaims") l_applied=$(line_of "reload applied in place") l_done=$(line_of "reclaim is done")
+check "reload, lower memory.max: in force and applied before the kernel was done (lines $l_force < $l_applied < $l_done)" \
+  sh -c "[ -n '$l_force' ] && [ -n '$l_applied' ] && [ '$l_force' -lt '$l_applied' ] && [ '$l_applied' -lt '$l_done' ]"
+check "reload, lower memory.max: the node's memory.current is under 128 MiB now" \
+  sh -c "[ \$(cat $CG/node/memory.current) -le $((128 * 1024 * 1024)) ]"
+n1=$(rolepid node)
+check "reload, lower memory.max: the node was reclaimed, not killed or restarted (pid $npid, now $n1)" \
+  sh -c "[ '$n1' = '$npid' ] && ! grep -q 'oom_kill [1-9]' $CG/node/memory.events"
+check "reload, lower memory.max: no writer child left" sh -c "! pgrep -x sealnode-limit"
+stop
+
 # 3b. A capped scratch: the node fills it and gets ENOSPC at scratch_max_mb; the host's disk
 #     is untouched (the tmpfs is the cell's, in memory, charged to the node's leaf).
 config fill "memory_max_mb = 96" "" "scratch_max_mb = 8"
