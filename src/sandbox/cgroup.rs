@@ -675,9 +675,25 @@ impl Tree {
                 tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim was stopped: the role's limits were written again");
             } else if code == 0 {
                 tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim is done");
+            } else if code > 128 {
+                tracing::warn!(role = %l.role, file = %w.file, value = %w.value, secs, signal = code - 128, "a lower memory limit's writer was killed from outside sealnode after the limit was in force");
             } else {
                 let error = std::io::Error::from_raw_os_error(code);
                 tracing::warn!(role = %l.role, file = %w.file, value = %w.value, secs, %error, "a lower memory limit's write ended in an error after the limit was in force");
+            }
+            // A stopped writer may have set its value after a later one was proven (its write
+            // had not reached the kernel's store yet): the value in force is the record's, read
+            // back once no live writer of the file is left (found by review).
+            let want = l.written.get(&w.file).map_or("max", String::as_str).to_string();
+            let path = l.path.join(&w.file);
+            if !l.writers.iter().any(|o| o.file == w.file && !o.stopped)
+                && path.exists()
+                && !limit_write::in_force(&path, &want)
+            {
+                tracing::warn!(role = %l.role, file = %w.file, value = %want, "a stopped write left another value: written again");
+                if let Err(error) = limit_write::write(&path, &want, &mut l.writers) {
+                    tracing::error!(role = %l.role, file = %w.file, value = %want, %error, "could not write the limit in force again");
+                }
             }
             return true;
         }
@@ -696,11 +712,8 @@ impl Tree {
         let tried = record(&tried);
         leaf.writers.iter_mut().for_each(Writer::stop);
         for (file, value, _) in resets(&tried, &before).into_iter().chain(before) {
-            match limit_write::write(&leaf.path.join(file), &value) {
-                Ok(writer) => leaf.writers.extend(writer),
-                Err(e) => {
-                    tracing::error!(cgroup = %leaf.path.display(), file, value, error = %e, "could not put a limit back")
-                }
+            if let Err(e) = limit_write::write(&leaf.path.join(file), &value, &mut leaf.writers) {
+                tracing::error!(cgroup = %leaf.path.display(), file, value, error = %e, "could not put a limit back");
             }
         }
         leaf.written = written.clone();
@@ -714,12 +727,15 @@ impl Leaf {
     /// [`write_files`] does. A file that cannot be written names its limit.
     fn write_live(&mut self, cfg: &Config, files: Vec<(&str, String, &str)>) -> Result<BTreeMap<String, String>> {
         for (file, value, field) in &files {
+            // A memory limit the leaf has already: nothing to write, nothing to reclaim.
+            if limit_write::RECLAIMING.contains(file) && self.written.get(*file) == Some(value) {
+                continue;
+            }
             let p = self.path.join(file);
-            match limit_write::write(&p, value) {
-                Ok(None) => {}
-                Ok(Some(w)) => {
+            match limit_write::write(&p, value, &mut self.writers) {
+                Ok(false) => {}
+                Ok(true) => {
                     tracing::info!(role = %self.role, file, value, "limit in force; the kernel reclaims the difference in a child (sealnode-limit) while sealnode goes on");
-                    self.writers.push(w);
                 }
                 Err(e) => {
                     return Err(Error::config(
@@ -918,6 +934,89 @@ mod tests {
         assert_eq!(read("engine", "cpu.max"), "max 100000", "what the failed update set is undone");
         assert_eq!(tree.leaf(Role::Engine).expect("leaf").limits, after.limits(Role::Engine));
         assert_eq!(tree.leaf(Role::Node).expect("leaf").limits, after.limits(Role::Node));
+    }
+
+    /// A reload that changes no memory limit writes none (nothing to reclaim, no child to make):
+    /// one where this user can make no process at all still applies a pids limit (found by
+    /// review: it was refused, naming memory_max_mb).
+    #[test]
+    fn a_reload_without_a_memory_change_needs_no_child() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().expect("tmp");
+        let before = cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256, pids_max = 100 }");
+        let mut tree = tree_in(d.path(), &before);
+        for p in [d.path().to_path_buf(), d.path().join("engine"), d.path().join("node")] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+            for e in std::fs::read_dir(&p).expect("ls").flatten() {
+                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+            }
+        }
+        let (r, w) = nix::unistd::pipe().expect("pipe");
+        // SAFETY: the child drops its ids, limits itself, updates the tree, reports and exits.
+        match unsafe { nix::unistd::fork() }.expect("fork") {
+            nix::unistd::ForkResult::Child => {
+                use nix::unistd::{Gid, Uid};
+                drop(r);
+                let msg = (|| -> std::result::Result<String, nix::errno::Errno> {
+                    if nix::unistd::geteuid().is_root() {
+                        nix::unistd::setresgid(Gid::from_raw(65534), Gid::from_raw(65534), Gid::from_raw(65534))?;
+                        nix::unistd::setresuid(Uid::from_raw(65534), Uid::from_raw(65534), Uid::from_raw(65534))?;
+                    }
+                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, 0, 0)?;
+                    let after =
+                        cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256, pids_max = 50 }");
+                    Ok(match tree.update(&after) {
+                        Ok(r) => format!("ok {r:?}"),
+                        Err(e) => format!("refused: {e}"),
+                    })
+                })()
+                .unwrap_or_else(|e| format!("setup: {e}"));
+                let _ = nix::unistd::write(&w, msg.as_bytes());
+                crate::os::sys::exit_now(0)
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(w);
+                let _ = nix::sys::wait::waitpid(child, None);
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut std::fs::File::from(r), &mut s).expect("read");
+                assert_eq!(s, "ok [Engine, Node]", "cell.limits.pids_max is both roles'");
+                let read = |r: &str, f: &str| std::fs::read_to_string(d.path().join(r).join(f)).expect(f);
+                assert_eq!(
+                    (read("engine", "pids.max"), read("engine", "memory.max")),
+                    ("50".into(), "536870912".into())
+                );
+                assert_eq!((read("node", "pids.max"), read("node", "memory.max")), ("50".into(), "268435456".into()));
+            }
+        }
+    }
+
+    /// A stopped writer that set its value after a later write was proven: once it is reaped,
+    /// the file reads the value in force again (found by review).
+    #[test]
+    fn a_stopped_writers_late_value_is_written_over() {
+        let d = tempfile::tempdir().expect("tmp");
+        let c = cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256 }");
+        let mut tree = tree_in(d.path(), &c);
+        let max = d.path().join("node/memory.max");
+        // SAFETY: the child exits at once.
+        let pid = match unsafe { nix::unistd::fork() }.expect("fork") {
+            nix::unistd::ForkResult::Child => crate::os::sys::exit_now(0),
+            nix::unistd::ForkResult::Parent { child } => child,
+        };
+        let _ = nix::sys::wait::waitpid(pid, None);
+        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
+        leaf.writers.push(Writer {
+            pid,
+            file: "memory.max".into(),
+            value: "67108864".into(),
+            since: std::time::Instant::now(),
+            stopped: true,
+        });
+        std::fs::write(&max, "67108864").expect("the stale value");
+        assert!(tree.writer_exited(pid, 137), "its writer");
+        assert_eq!(std::fs::read_to_string(&max).expect("read"), "268435456", "the value in force again");
+        assert!(tree.leaves.iter().all(|l| l.writers.is_empty()));
+        assert!(!tree.writer_exited(pid, 0), "not a writer any more");
     }
 
     /// A cell made without leaves takes no limit on reload, even where the host could now
