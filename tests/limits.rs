@@ -109,6 +109,12 @@ fn bad_limits_are_config_errors_naming_the_field() {
     for (at, line, field, why) in [
         ("engine", "limits = { memory_max_mb = 4 }", "engine.limits.memory_max_mb", "between 16"),
         ("node", "limits = { memory_max_mb = 64, memory_high_mb = 128 }", "node.limits.memory_high_mb", "not above"),
+        (
+            "node",
+            "limits = { memory_high_mb = 17592186044416 }",
+            "node.limits.memory_high_mb",
+            "between 16 and 16777216",
+        ),
         ("cell", "limits = { pids_max = 2 }", "cell.limits.pids_max", "between 8"),
         ("engine", "limits = { cpu_max = 0 }", "engine.limits.cpu_max", "number of CPUs"),
         ("node", "limits = { cpu_weight = 0 }", "node.limits.cpu_weight", "between 1 and 10000"),

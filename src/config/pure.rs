@@ -318,8 +318,10 @@ impl Config {
             }
         }
         if let Some(h) = l.memory_high_mb {
-            if h < 16 || l.memory_max_mb.is_some_and(|m| h > m) {
-                return Err(self.err(at("memory_high_mb"), "must be at least 16 (MiB) and not above memory_max_mb"));
+            if !(16..=16 * 1024 * 1024).contains(&h) || l.memory_max_mb.is_some_and(|m| h > m) {
+                return Err(
+                    self.err(at("memory_high_mb"), "must be between 16 and 16777216 (MiB) and not above memory_max_mb")
+                );
             }
         }
         if l.memory_swap_max_mb.is_some_and(|s| s > 16 * 1024 * 1024) {

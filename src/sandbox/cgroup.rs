@@ -52,8 +52,8 @@ struct Leaf {
     written: BTreeMap<String, String>,
     limits: Limits,
     /// Children still in a live write of a lower memory limit, the kernel reclaiming
-    /// (limit_write): reaped by the loop ([`Tree::writer_exited`]), stopped (SIGKILL) when the
-    /// leaf's limits are written again or the leaf goes.
+    /// (limit_write): reaped by the loop ([`Tree::writer_exited`]), stopped (SIGKILL) when their
+    /// file is written again or the leaf goes.
     writers: Vec<Writer>,
 }
 
@@ -469,7 +469,8 @@ fn limit_files(
     controllers: &[String],
 ) -> Result<Vec<(&'static str, String, &'static str)>> {
     let mut files: Vec<(&str, String, &str)> = Vec::new();
-    let mb = |m: u64| (m * 1024 * 1024).to_string();
+    // The config holds every MiB value to 16777216 (16 TiB): no product overflows.
+    let mb = |m: u64| m.saturating_mul(1024 * 1024).to_string();
     let memory = controllers.iter().any(|c| c == "memory");
     if memory {
         // A blow-up in the role kills the whole role, never only some of its processes.
@@ -638,8 +639,6 @@ impl Tree {
                 .map(|now| (resets(&leaf.written, &now), now))
                 .and_then(|(resets, now)| {
                     let leaf = &mut self.leaves[i];
-                    // An earlier write still reclaiming aims at a value no longer wanted.
-                    leaf.writers.iter_mut().for_each(Writer::stop);
                     leaf.write_live(cfg, resets)?;
                     leaf.write_live(cfg, now)
                 });
@@ -672,7 +671,7 @@ impl Tree {
             let w = l.writers.remove(at);
             let secs = format!("{:.1}", w.since.elapsed().as_secs_f64());
             if w.stopped {
-                tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim was stopped: the role's limits were written again");
+                tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim was stopped: its file was written again");
             } else if code == 0 {
                 tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim is done");
             } else if code > 128 {
@@ -686,13 +685,21 @@ impl Tree {
             // back once no live writer of the file is left (found by review).
             let want = l.written.get(&w.file).map_or("max", String::as_str).to_string();
             let path = l.path.join(&w.file);
+            // Once only: a writer that was itself such a rewrite is not retried (found by review:
+            // one the kernel never took was given up and retried without end, 2 s a time).
             if !l.writers.iter().any(|o| o.file == w.file && !o.stopped)
                 && path.exists()
                 && !limit_write::in_force(&path, &want)
             {
-                tracing::warn!(role = %l.role, file = %w.file, value = %want, "a stopped write left another value: written again");
-                if let Err(error) = limit_write::write(&path, &want, &mut l.writers) {
-                    tracing::error!(role = %l.role, file = %w.file, value = %want, %error, "could not write the limit in force again");
+                if w.again {
+                    tracing::error!(role = %l.role, file = %w.file, value = %want, "the limit in force could not be written again: the file and the record differ until the next reload");
+                } else {
+                    tracing::warn!(role = %l.role, file = %w.file, value = %want, "a stopped write left another value: written again");
+                    let before = l.writers.len();
+                    if let Err(error) = limit_write::write(&path, &want, &mut l.writers) {
+                        tracing::error!(role = %l.role, file = %w.file, value = %want, %error, "could not write the limit in force again");
+                    }
+                    l.writers[before..].iter_mut().for_each(|n| n.again = true);
                 }
             }
             return true;
@@ -727,11 +734,14 @@ impl Leaf {
     /// [`write_files`] does. A file that cannot be written names its limit.
     fn write_live(&mut self, cfg: &Config, files: Vec<(&str, String, &str)>) -> Result<BTreeMap<String, String>> {
         for (file, value, field) in &files {
-            // A memory limit the leaf has already: nothing to write, nothing to reclaim.
-            if limit_write::RECLAIMING.contains(file) && self.written.get(*file) == Some(value) {
+            let p = self.path.join(file);
+            // A memory limit the leaf has already (its file reads it): nothing to write, and a
+            // writer still reclaiming towards it goes on.
+            if limit_write::RECLAIMING.contains(file) && limit_write::in_force(&p, value) {
                 continue;
             }
-            let p = self.path.join(file);
+            // An earlier write of this file still reclaiming aims at a value no longer wanted.
+            self.writers.iter_mut().filter(|w| w.file == *file).for_each(Writer::stop);
             match limit_write::write(&p, value, &mut self.writers) {
                 Ok(false) => {}
                 Ok(true) => {
@@ -1011,12 +1021,182 @@ mod tests {
             value: "67108864".into(),
             since: std::time::Instant::now(),
             stopped: true,
+            again: false,
         });
         std::fs::write(&max, "67108864").expect("the stale value");
         assert!(tree.writer_exited(pid, 137), "its writer");
         assert_eq!(std::fs::read_to_string(&max).expect("read"), "268435456", "the value in force again");
         assert!(tree.leaves.iter().all(|l| l.writers.is_empty()));
         assert!(!tree.writer_exited(pid, 0), "not a writer any more");
+    }
+
+    /// A child that sleeps, standing in for a live writer still reclaiming.
+    fn sleeper() -> nix::unistd::Pid {
+        // SAFETY: the child only sleeps and exits.
+        match unsafe { nix::unistd::fork() }.expect("fork") {
+            nix::unistd::ForkResult::Child => {
+                std::thread::sleep(std::time::Duration::from_secs(30));
+                crate::os::sys::exit_now(0)
+            }
+            nix::unistd::ForkResult::Parent { child } => child,
+        }
+    }
+
+    /// A reload that changes only pids_max leaves the live reclaim of the node's memory.max
+    /// (unchanged) going (found by review: it was stopped, and nothing written in its place).
+    #[test]
+    fn a_reload_of_other_limits_leaves_a_live_reclaim_going() {
+        let d = tempfile::tempdir().expect("tmp");
+        let before = cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256, pids_max = 100 }");
+        let mut tree = tree_in(d.path(), &before);
+        // Usage above the limit in force: the kernel is still reclaiming towards 256 MiB.
+        std::fs::write(d.path().join("node/memory.current"), "1073741824").expect("current");
+        let pid = sleeper();
+        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
+        leaf.writers.push(Writer {
+            pid,
+            file: "memory.max".into(),
+            value: "268435456".into(),
+            since: std::time::Instant::now(),
+            stopped: false,
+            again: false,
+        });
+        let after = cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256, pids_max = 50 }");
+        tree.update(&after).expect("update");
+        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
+        let live = leaf.writers.iter().filter(|w| w.file == "memory.max" && !w.stopped).count();
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
+        for w in leaf.writers.drain(..) {
+            let _ = nix::sys::signal::kill(w.pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(w.pid, None);
+        }
+        assert_eq!(live, 1, "the reclaim of a limit still wanted goes on (or is resumed)");
+    }
+
+    /// A memory.max that differs from the record (a restore that could not write it back, a
+    /// rewrite in writer_exited that failed) is written by the next reload of the role: what
+    /// is skipped is what the file reads, not what the record says (found by review).
+    #[test]
+    fn a_memory_limit_that_differs_from_the_record_is_written_on_reload() {
+        let d = tempfile::tempdir().expect("tmp");
+        let before = cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256, pids_max = 100 }");
+        let mut tree = tree_in(d.path(), &before);
+        std::fs::write(d.path().join("node/memory.max"), "536870912").expect("not what the record says");
+        let after = cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256, pids_max = 50 }");
+        tree.update(&after).expect("update");
+        let (_, rec) = tree.record(Role::Node).expect("record");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("node/memory.max")).expect("read"),
+            rec["memory.max"],
+            "the file holds what the record (receipt, ctl status) says is in force"
+        );
+    }
+
+    /// memory_high_mb is bounded without memory_max_mb too (found by review: MiB to bytes
+    /// overflowed, a panic in debug, a wrap to 0 bytes in release).
+    #[test]
+    fn memory_high_mb_without_max_is_bounded() {
+        let text = "schema = 1\n[cell]\nstate_dir = \"/s\"\nruntime_dir = \"/r\"\nlimits = { memory_high_mb = 17592186044416 }\n\
+                    [engine]\ncommand = [\"/e\"]\nport = 1\nseccomp = \"/p\"\nlandlock = \"/l\"\nscratch = \"/x\"\n\
+                    [node]\ncommand = [\"/n\"]\nseccomp = \"/p\"\nlandlock = \"/l\"\nscratch = \"/y\"\n";
+        let e = Config::parse(text, Path::new("/t.toml")).expect_err("2^44 MiB refused").to_string();
+        assert!(e.contains("cell.limits.memory_high_mb") && e.contains("between 16 and 16777216"), "{e}");
+    }
+
+    /// A limit taken out is "max" in the file; a stopped writer's late value is written over
+    /// with "max", not with the old limit.
+    #[test]
+    fn a_late_value_after_a_limit_taken_out_becomes_max() {
+        let d = tempfile::tempdir().expect("tmp");
+        let before = cfg("", "limits = { memory_max_mb = 256 }");
+        let mut tree = tree_in(d.path(), &before);
+        tree.update(&cfg("", "limits = { pids_max = 50 }")).expect("update");
+        let max = d.path().join("node/memory.max");
+        assert_eq!(std::fs::read_to_string(&max).expect("read"), "max");
+        let pid = sleeper();
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
+        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
+        leaf.writers.push(Writer {
+            pid,
+            file: "memory.max".into(),
+            value: "67108864".into(),
+            since: std::time::Instant::now(),
+            stopped: true,
+            again: false,
+        });
+        std::fs::write(&max, "67108864").expect("stale");
+        assert!(tree.writer_exited(pid, 137));
+        assert_eq!(std::fs::read_to_string(&max).expect("read"), "max");
+    }
+
+    /// A stopped writer reaped while a newer live writer of its file is still in the write:
+    /// its file is not touched (the live writer owns it).
+    #[test]
+    fn a_newer_live_writer_owns_its_file() {
+        let d = tempfile::tempdir().expect("tmp");
+        let c = cfg("", "limits = { memory_max_mb = 256 }");
+        let mut tree = tree_in(d.path(), &c);
+        let max = d.path().join("node/memory.max");
+        let (old, live) = (sleeper(), sleeper());
+        let _ = nix::sys::signal::kill(old, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(old, None);
+        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
+        let now = std::time::Instant::now();
+        leaf.writers.push(Writer {
+            pid: old,
+            file: "memory.max".into(),
+            value: "67108864".into(),
+            since: now,
+            stopped: true,
+            again: false,
+        });
+        leaf.writers.push(Writer {
+            pid: live,
+            file: "memory.max".into(),
+            value: "268435456".into(),
+            since: now,
+            stopped: false,
+            again: false,
+        });
+        std::fs::write(&max, "1").expect("what the file holds");
+        assert!(tree.writer_exited(old, 137));
+        let after = std::fs::read_to_string(&max).expect("read");
+        let n = tree.leaves.iter().map(|l| l.writers.len()).sum::<usize>();
+        let _ = nix::sys::signal::kill(live, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(live, None);
+        assert_eq!((after.as_str(), n), ("1", 1));
+    }
+
+    /// A rewrite in writer_exited that is itself given up on (the value does not read back
+    /// within 2 s) is not retried when its child is reaped (found by review: each reap
+    /// blocked the loop 2 s and left one more given-up writer, without end): the file is left
+    /// as it reads, said in the log, until the next reload.
+    #[test]
+    fn a_given_up_rewrite_is_not_retried() {
+        let d = tempfile::tempdir().expect("tmp");
+        let c = cfg("", "limits = { memory_max_mb = 256 }");
+        let mut tree = tree_in(d.path(), &c);
+        let max = d.path().join("node/memory.max");
+        let pid = sleeper();
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
+        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
+        leaf.writers.push(Writer {
+            pid,
+            file: "memory.max".into(),
+            value: "268435456".into(),
+            since: std::time::Instant::now(),
+            stopped: true,
+            again: true,
+        });
+        std::fs::write(&max, "67108864").expect("what the kernel kept");
+        let at = std::time::Instant::now();
+        assert!(tree.writer_exited(pid, 137));
+        assert!(at.elapsed() < std::time::Duration::from_millis(500), "nothing waited for");
+        assert_eq!(std::fs::read_to_string(&max).expect("read"), "67108864", "not written a second time");
+        assert!(tree.leaves.iter().all(|l| l.writers.is_empty()), "no new writer");
     }
 
     /// A cell made without leaves takes no limit on reload, even where the host could now

@@ -10,7 +10,7 @@
 //! also reads the file again: a stopped writer never leaves a value that is not in force). Any
 //! other write is made directly, and so is this one where no child can be made (a role that
 //! used up the unit's tasks: the limit matters more than the loop's pause). A writer is stopped
-//! (SIGKILL, not waited for) when its leaf's limits are written again: it reclaims towards the
+//! (SIGKILL, not waited for) when its file is written again: it reclaims towards the
 //! value it wrote, no longer the one wanted, and the kernel sees the signal only between
 //! rounds of reclaim (a round may be long: some cache may still go).
 
@@ -44,6 +44,9 @@ pub struct Writer {
     pub since: Instant,
     /// SIGKILLed: its value is no longer wanted; the loop reaps it all the same.
     pub stopped: bool,
+    /// Itself a write of the value in force again after a stopped writer's late value
+    /// (`Tree::writer_exited`): not written again a second time.
+    pub again: bool,
 }
 
 impl Writer {
@@ -121,7 +124,8 @@ fn write_proven(path: &Path, value: &str, writers: &mut Vec<Writer>, proven: imp
     drop(file);
     let start = Instant::now();
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-    let writer = |stopped| Writer { pid, file: name.clone(), value: value.to_string(), since: start, stopped };
+    let writer =
+        |stopped| Writer { pid, file: name.clone(), value: value.to_string(), since: start, stopped, again: false };
     let mut nap = Duration::from_micros(200);
     loop {
         match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
