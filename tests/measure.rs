@@ -657,7 +657,8 @@ fn a_large_scratch_is_wiped_while_the_loop_answers() {
             })
         };
         let (mut wiping, mut slowest, mut n) = (0, Duration::ZERO, 0);
-        let deadline = Instant::now() + Duration::from_secs(300);
+        let began = Instant::now();
+        let deadline = began + Duration::from_secs(300);
         while !recycled.load(std::sync::atomic::Ordering::SeqCst) {
             assert!(Instant::now() < deadline, "{mode:?}: the recycle did not complete:\n{}", run.stderr());
             let t = Instant::now();
@@ -676,7 +677,13 @@ fn a_large_scratch_is_wiped_while_the_loop_answers() {
         assert!(o.status.success(), "{mode:?}: {}", String::from_utf8_lossy(&o.stderr));
         eprintln!("{mode:?}: {n} status answers during the recycle, {wiping} saying wiping, the slowest {slowest:?}");
         assert!(wiping > 0, "{mode:?}: no answer said wiping ({n} answers)");
-        assert!(slowest < Duration::from_millis(100), "{mode:?}: ctl status took {slowest:?} during the wipe");
+        // A loop that waited for the wipe would answer once in its whole length (seconds for
+        // 150000 files); one answer slower than a second or than a quarter of the recycle is
+        // that. Tighter bounds measured the machine's load, not the loop (134 ms once, rootless,
+        // with builds running beside the suite).
+        let took = began.elapsed();
+        let bound = Duration::from_secs(1).min(took / 4);
+        assert!(slowest < bound, "{mode:?}: ctl status took {slowest:?} during a recycle of {took:?}");
         assert_eq!(std::fs::read_dir(f.p("node-scratch")).expect("ls").count(), 0, "{mode:?}: scratch not emptied");
         let (code, _, err) = run.stop();
         assert_eq!(code, Some(0), "{mode:?}: {err}");
