@@ -1008,21 +1008,7 @@ mod tests {
         let c = cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256 }");
         let mut tree = tree_in(d.path(), &c);
         let max = d.path().join("node/memory.max");
-        // SAFETY: the child exits at once.
-        let pid = match unsafe { nix::unistd::fork() }.expect("fork") {
-            nix::unistd::ForkResult::Child => crate::os::sys::exit_now(0),
-            nix::unistd::ForkResult::Parent { child } => child,
-        };
-        let _ = nix::sys::wait::waitpid(pid, None);
-        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
-        leaf.writers.push(Writer {
-            pid,
-            file: "memory.max".into(),
-            value: "67108864".into(),
-            since: std::time::Instant::now(),
-            stopped: true,
-            again: false,
-        });
+        let pid = node_writer(&mut tree, "67108864", true, true, false);
         std::fs::write(&max, "67108864").expect("the stale value");
         assert!(tree.writer_exited(pid, 137), "its writer");
         assert_eq!(std::fs::read_to_string(&max).expect("read"), "268435456", "the value in force again");
@@ -1042,6 +1028,20 @@ mod tests {
         }
     }
 
+    /// A writer of the node's memory.max that wrote `value` (its child sleeping, or gone and
+    /// reaped when `gone`), tracked in the node's leaf; returns its pid.
+    fn node_writer(tree: &mut Tree, value: &str, gone: bool, stopped: bool, again: bool) -> nix::unistd::Pid {
+        let pid = sleeper();
+        if gone {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(pid, None);
+        }
+        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
+        let since = std::time::Instant::now();
+        leaf.writers.push(Writer { pid, file: "memory.max".into(), value: value.into(), since, stopped, again });
+        pid
+    }
+
     /// A reload that changes only pids_max leaves the live reclaim of the node's memory.max
     /// (unchanged) going (found by review: it was stopped, and nothing written in its place).
     #[test]
@@ -1051,16 +1051,7 @@ mod tests {
         let mut tree = tree_in(d.path(), &before);
         // Usage above the limit in force: the kernel is still reclaiming towards 256 MiB.
         std::fs::write(d.path().join("node/memory.current"), "1073741824").expect("current");
-        let pid = sleeper();
-        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
-        leaf.writers.push(Writer {
-            pid,
-            file: "memory.max".into(),
-            value: "268435456".into(),
-            since: std::time::Instant::now(),
-            stopped: false,
-            again: false,
-        });
+        let pid = node_writer(&mut tree, "268435456", false, false, false);
         let after = cfg("limits = { memory_max_mb = 512 }", "limits = { memory_max_mb = 256, pids_max = 50 }");
         tree.update(&after).expect("update");
         let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
@@ -1114,18 +1105,7 @@ mod tests {
         tree.update(&cfg("", "limits = { pids_max = 50 }")).expect("update");
         let max = d.path().join("node/memory.max");
         assert_eq!(std::fs::read_to_string(&max).expect("read"), "max");
-        let pid = sleeper();
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = nix::sys::wait::waitpid(pid, None);
-        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
-        leaf.writers.push(Writer {
-            pid,
-            file: "memory.max".into(),
-            value: "67108864".into(),
-            since: std::time::Instant::now(),
-            stopped: true,
-            again: false,
-        });
+        let pid = node_writer(&mut tree, "67108864", true, true, false);
         std::fs::write(&max, "67108864").expect("stale");
         assert!(tree.writer_exited(pid, 137));
         assert_eq!(std::fs::read_to_string(&max).expect("read"), "max");
@@ -1139,27 +1119,8 @@ mod tests {
         let c = cfg("", "limits = { memory_max_mb = 256 }");
         let mut tree = tree_in(d.path(), &c);
         let max = d.path().join("node/memory.max");
-        let (old, live) = (sleeper(), sleeper());
-        let _ = nix::sys::signal::kill(old, nix::sys::signal::Signal::SIGKILL);
-        let _ = nix::sys::wait::waitpid(old, None);
-        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
-        let now = std::time::Instant::now();
-        leaf.writers.push(Writer {
-            pid: old,
-            file: "memory.max".into(),
-            value: "67108864".into(),
-            since: now,
-            stopped: true,
-            again: false,
-        });
-        leaf.writers.push(Writer {
-            pid: live,
-            file: "memory.max".into(),
-            value: "268435456".into(),
-            since: now,
-            stopped: false,
-            again: false,
-        });
+        let old = node_writer(&mut tree, "67108864", true, true, false);
+        let live = node_writer(&mut tree, "268435456", false, false, false);
         std::fs::write(&max, "1").expect("what the file holds");
         assert!(tree.writer_exited(old, 137));
         let after = std::fs::read_to_string(&max).expect("read");
@@ -1179,18 +1140,7 @@ mod tests {
         let c = cfg("", "limits = { memory_max_mb = 256 }");
         let mut tree = tree_in(d.path(), &c);
         let max = d.path().join("node/memory.max");
-        let pid = sleeper();
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = nix::sys::wait::waitpid(pid, None);
-        let leaf = tree.leaves.iter_mut().find(|l| l.role == Role::Node).expect("leaf");
-        leaf.writers.push(Writer {
-            pid,
-            file: "memory.max".into(),
-            value: "268435456".into(),
-            since: std::time::Instant::now(),
-            stopped: true,
-            again: true,
-        });
+        let pid = node_writer(&mut tree, "268435456", true, true, true);
         std::fs::write(&max, "67108864").expect("what the kernel kept");
         let at = std::time::Instant::now();
         assert!(tree.writer_exited(pid, 137));
