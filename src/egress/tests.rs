@@ -412,13 +412,7 @@ fn a_slow_reader_of_a_half_closed_exchange_gets_every_byte() {
         turn(&mut fw, 2);
         if Instant::now() >= next_read {
             next_read = Instant::now() + Duration::from_millis(10);
-            let mut b = [0u8; 16384];
-            match node.read(&mut b) {
-                Ok(0) => ended = true,
-                Ok(n) => got.extend_from_slice(&b[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => panic!("{e}"),
-            }
+            ended = read_some(&mut node, &mut got, 16384);
         }
     }
     let req = server.join().expect("server");
@@ -569,16 +563,26 @@ fn an_upstream_hang_up_with_bytes_still_queued_delivers_them() {
     let mut ended = false;
     while !ended && Instant::now() < deadline {
         turn(&mut fw);
-        let mut b = [0u8; 65536];
-        match node.read(&mut b) {
-            Ok(0) => ended = true,
-            Ok(n) => got.extend_from_slice(&b[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("{e}"),
-        }
+        ended = read_some(&mut node, &mut got, 65536);
     }
     let sent = server.join().expect("server");
     assert!(ended, "the end reached the node");
     assert_eq!(got.len(), sent.len(), "every byte reached the node ({queued} were queued at the hang-up)");
     assert!(got == sent, "in order");
+}
+
+/// One read of at most `max` bytes from the node's non-blocking socket into `got`: whether it
+/// was the end (nothing yet is not).
+fn read_some(node: &mut std::net::TcpStream, got: &mut Vec<u8>, max: usize) -> bool {
+    use std::io::Read;
+    let mut b = vec![0u8; max];
+    match node.read(&mut b) {
+        Ok(0) => true,
+        Ok(n) => {
+            got.extend_from_slice(&b[..n]);
+            false
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(e) => panic!("{e}"),
+    }
 }
