@@ -665,20 +665,28 @@ impl Tree {
 
     /// `pid` was a live limit write's child (limit_write): the kernel is done reclaiming (or the
     /// write failed after the limit was in force: logged). False for any other child.
-    pub fn writer_exited(&mut self, pid: nix::unistd::Pid, code: i32) -> bool {
+    pub fn writer_exited(&mut self, pid: nix::unistd::Pid, ws: nix::sys::wait::WaitStatus) -> bool {
+        use nix::sys::wait::WaitStatus;
         for l in &mut self.leaves {
             let Some(at) = l.writers.iter().position(|w| w.pid == pid) else { continue };
             let w = l.writers.remove(at);
             let secs = format!("{:.1}", w.since.elapsed().as_secs_f64());
             if w.stopped {
                 tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim was stopped: its file was written again");
-            } else if code == 0 {
-                tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim is done");
-            } else if code > 128 {
-                tracing::warn!(role = %l.role, file = %w.file, value = %w.value, secs, signal = code - 128, "a lower memory limit's writer was killed from outside sealnode after the limit was in force");
             } else {
-                let error = std::io::Error::from_raw_os_error(code);
-                tracing::warn!(role = %l.role, file = %w.file, value = %w.value, secs, %error, "a lower memory limit's write ended in an error after the limit was in force");
+                match ws {
+                    WaitStatus::Exited(_, 0) => {
+                        tracing::info!(role = %l.role, file = %w.file, value = %w.value, secs, "a lower memory limit's reclaim is done")
+                    }
+                    // Its exit status is the write's errno (limit_write's child).
+                    WaitStatus::Exited(_, errno) => {
+                        let error = std::io::Error::from_raw_os_error(errno);
+                        tracing::warn!(role = %l.role, file = %w.file, value = %w.value, secs, %error, "a lower memory limit's write ended in an error after the limit was in force");
+                    }
+                    _ => {
+                        tracing::warn!(role = %l.role, file = %w.file, value = %w.value, secs, status = ?ws, "a lower memory limit's writer was killed from outside sealnode after the limit was in force")
+                    }
+                }
             }
             // A stopped writer may have set its value after a later one was proven (its write
             // had not reached the kernel's store yet): the value in force is the record's, read
@@ -1010,10 +1018,10 @@ mod tests {
         let max = d.path().join("node/memory.max");
         let pid = node_writer(&mut tree, "67108864", true, true, false);
         std::fs::write(&max, "67108864").expect("the stale value");
-        assert!(tree.writer_exited(pid, 137), "its writer");
+        assert!(tree.writer_exited(pid, killed(pid)), "its writer");
         assert_eq!(std::fs::read_to_string(&max).expect("read"), "268435456", "the value in force again");
         assert!(tree.leaves.iter().all(|l| l.writers.is_empty()));
-        assert!(!tree.writer_exited(pid, 0), "not a writer any more");
+        assert!(!tree.writer_exited(pid, nix::sys::wait::WaitStatus::Exited(pid, 0)), "not a writer any more");
     }
 
     /// A child that sleeps, standing in for a live writer still reclaiming.
@@ -1030,6 +1038,11 @@ mod tests {
 
     /// A writer of the node's memory.max that wrote `value` (its child sleeping, or gone and
     /// reaped when `gone`), tracked in the node's leaf; returns its pid.
+    /// How the loop sees a writer it stopped: killed by SIGKILL.
+    fn killed(pid: nix::unistd::Pid) -> nix::sys::wait::WaitStatus {
+        nix::sys::wait::WaitStatus::Signaled(pid, nix::sys::signal::Signal::SIGKILL, false)
+    }
+
     fn node_writer(tree: &mut Tree, value: &str, gone: bool, stopped: bool, again: bool) -> nix::unistd::Pid {
         let pid = sleeper();
         if gone {
@@ -1107,7 +1120,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&max).expect("read"), "max");
         let pid = node_writer(&mut tree, "67108864", true, true, false);
         std::fs::write(&max, "67108864").expect("stale");
-        assert!(tree.writer_exited(pid, 137));
+        assert!(tree.writer_exited(pid, killed(pid)));
         assert_eq!(std::fs::read_to_string(&max).expect("read"), "max");
     }
 
@@ -1122,7 +1135,7 @@ mod tests {
         let old = node_writer(&mut tree, "67108864", true, true, false);
         let live = node_writer(&mut tree, "268435456", false, false, false);
         std::fs::write(&max, "1").expect("what the file holds");
-        assert!(tree.writer_exited(old, 137));
+        assert!(tree.writer_exited(old, killed(old)));
         let after = std::fs::read_to_string(&max).expect("read");
         let n = tree.leaves.iter().map(|l| l.writers.len()).sum::<usize>();
         let _ = nix::sys::signal::kill(live, nix::sys::signal::Signal::SIGKILL);
@@ -1143,7 +1156,7 @@ mod tests {
         let pid = node_writer(&mut tree, "268435456", true, true, true);
         std::fs::write(&max, "67108864").expect("what the kernel kept");
         let at = std::time::Instant::now();
-        assert!(tree.writer_exited(pid, 137));
+        assert!(tree.writer_exited(pid, killed(pid)));
         assert!(at.elapsed() < std::time::Duration::from_millis(500), "nothing waited for");
         assert_eq!(std::fs::read_to_string(&max).expect("read"), "67108864", "not written a second time");
         assert!(tree.leaves.iter().all(|l| l.writers.is_empty()), "no new writer");

@@ -460,7 +460,7 @@ impl Supervisor {
             if self.wipe_exited(pid, ws) || self.gate.exited(pid, code) {
                 continue;
             }
-            if self.base.cell.cgroups.as_mut().is_some_and(|t| t.writer_exited(pid, code)) {
+            if self.base.cell.cgroups.as_mut().is_some_and(|t| t.writer_exited(pid, ws)) {
                 continue;
             }
             let generation = self.generation();
