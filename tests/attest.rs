@@ -364,7 +364,8 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
     }
 }
 
-/// A key others can read refuses the start: statements signed with it would prove nothing.
+/// A key others can read refuses the start: statements signed with it would prove nothing;
+/// so does a key with a second name (found by review: no path check sees a hard link).
 #[test]
 fn a_key_readable_by_others_refuses_the_start() {
     let Some(&mode) = modes().first() else { return };
@@ -377,6 +378,13 @@ fn a_key_readable_by_others_refuses_the_start() {
     let (code, _, err) = out(&f, &["run", "--config", &cfg]);
     assert_eq!(code, 125, "{err}");
     assert!(err.contains("attestation key") && err.contains("readable or writable by others"), "{err}");
+    // A second name for the key (a hard link, as in a role's model dir): refused.
+    std::fs::set_permissions(f.p("state/attest/ed25519.key"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::hard_link(f.p("state/attest/ed25519.key"), f.p("models/key")).expect("link");
+    let (code, _, err) = out(&f, &["run", "--config", &cfg]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("attestation key") && err.contains("has 2 hard links"), "{err}");
+    std::fs::remove_file(f.p("models/key")).expect("rm");
     // A key that belongs to another user (mode 0600 again): refused by check and run alike.
     std::fs::set_permissions(f.p("state/attest/ed25519.key"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
     if is_root() {

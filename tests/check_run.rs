@@ -450,3 +450,15 @@ fn a_credential_linked_into_the_engines_model_dir_is_refused() {
         );
     }
 }
+
+/// A second name for the credential in the engine's model dir (a hard link: no path check
+/// sees where it leads; rootless, the engine is the launcher's uid and could read it). Found
+/// by review: check and run passed it, and the engine printed the credential.
+#[test]
+fn a_credential_another_role_can_reach_is_refused_by_check_and_run() {
+    for mode in modes() {
+        let f = fixture(mode, "cred-hardlink");
+        std::fs::hard_link(f.p("credential"), f.p("models/.cache")).expect("link");
+        same_refusal(&f, "a credential hard-linked into the model dir", &["node.credential", "has 2 hard links"]);
+    }
+}

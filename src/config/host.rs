@@ -324,8 +324,19 @@ impl Config {
         // link to a credential in the engine's writable model dir passed the check by name).
         for role in Role::ALL {
             let Some(c) = &self.role(role).credential else { continue };
-            let Ok(real) = std::fs::canonicalize(c) else { continue };
             let field = format!("{role}.credential");
+            // Not in the system view every role reads (tests/check_run.rs:
+            // a_credential_another_role_can_reach_is_refused_by_check_and_run).
+            let real = std::fs::canonicalize(c).unwrap_or_else(|_| c.clone());
+            if let Some(s) = SYSTEM_RO.iter().find(|s| c.starts_with(s) || real.starts_with(s)) {
+                return Err(self.err(
+                    &field,
+                    format!(
+                        "{} is under {s}, which every role sees read-only; keep the credential outside it (e.g. /etc/sealnode/credential)",
+                        c.display()
+                    ),
+                ));
+            }
             for other in Role::ALL {
                 for RolePath { field: of, path: p, writable, .. } in self.host_paths(other) {
                     let own = other == role && of == field;
@@ -591,6 +602,20 @@ impl Config {
             return Err(self.err(
                 field.to_string(),
                 format!("{} is readable by group or others (mode {:o}); chmod 0400", path.display(), mode),
+            ));
+        }
+        // A second name is a way in no path check sees: a hard link in the engine's model dir
+        // is the engine's to read (rootless, the roles share the launcher's uid) (tests/check_run.rs:
+        // a_credential_another_role_can_reach_is_refused_by_check_and_run; unit test:
+        // config::tests::a_credential_with_a_second_name_is_refused_at_every_start).
+        if p.kind == PathKind::Secret && md.nlink() != 1 {
+            return Err(self.err(
+                field.to_string(),
+                format!(
+                    "{} has {} hard links; another name for it (in a role's dir) would hand it to that role: keep it one file with one name",
+                    path.display(),
+                    md.nlink()
+                ),
             ));
         }
         Ok((md, real))

@@ -350,6 +350,34 @@ fn host_credential_readable_by_others() {
     assert!(reason.contains("readable by group or others"), "{reason}");
 }
 
+/// A hard link to the credential is a name no path check sees (in the engine's model dir,
+/// rootless, the engine could read it): refused at load and by the check every start makes.
+#[test]
+fn a_credential_with_a_second_name_is_refused_at_every_start() {
+    let h = Host::new();
+    let cfg = h.check(&h.config(), h.me()).expect("loads with one name");
+    std::fs::hard_link(h.p("cred"), h.p("cred.other")).expect("link");
+    let (field, reason) = host_bad(&h, &h.config());
+    assert_eq!(field, "node.credential");
+    assert!(reason.contains("has 2 hard links"), "{reason}");
+    let r = RolePath { field: "node.credential".into(), path: &h.p("cred"), writable: false, kind: PathKind::Secret };
+    match cfg.checked_role_path(Role::Node, &r, &h.me()).map_err(plain) {
+        Err(Error::Config { reason, .. }) => assert!(reason.contains("has 2 hard links"), "{reason}"),
+        other => panic!("a start took a credential with two names: {other:?}"),
+    }
+}
+
+/// The system view (/usr, /etc/ssl, ...) is every role's to read: no credential there.
+#[test]
+fn a_credential_in_the_system_view_is_refused() {
+    let h = Host::new();
+    let d = h.dir.path().display().to_string();
+    let text = h.config().replace(&format!("{d}/cred\""), "/usr/share/sealnode-nothing/credential\"");
+    let (field, reason) = host_bad(&h, &text);
+    assert_eq!(field, "node.credential");
+    assert!(reason.contains("is under /usr, which every role sees read-only"), "{reason}");
+}
+
 #[test]
 fn host_config_writable_by_non_root_when_root() {
     let h = Host::new();

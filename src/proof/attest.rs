@@ -745,6 +745,9 @@ fn read_key_file(dir: &impl AsFd, name: &str, shown: &Path, uid: u32, private: b
         ))
     } else if md.mode() & 0o022 != 0 {
         Some(format!("is writable by others (mode {:o})", md.mode() & 0o7777))
+    } else if private && md.nlink() != 1 {
+        // Another name for the key (a hard link in a role's dir) is a way in no path check sees.
+        Some(format!("has {} hard links: remove the other names, and rotate the key", md.nlink()))
     } else {
         None
     };
