@@ -4,7 +4,9 @@
 //! change of the config ([`Seen::of`], unit-tested as a table): kubelet's swap of a ConfigMap
 //! volume (`..data` renamed over, in the directory that holds the config's link), a rename over
 //! the file (config management's atomic write), the file created or rewritten in place; and
-//! the directory itself gone, moved or unmounted, or events lost (the watch is armed again).
+//! the directory itself gone, moved or unmounted, a symlink on the way to it renamed over or
+//! made anew (the directory each is in is watched too), or events lost, the queue's overflow
+//! included (the watch is armed again).
 //! It offers `handle` (events to read), a next deadline and `due`; the supervisor's
 //! `on_config_change` (sighup.rs) takes SIGHUP's path from there, and asks it to `wait` while
 //! the cell is busy: a change is then reloaded once the cell is not, never dropped.
@@ -78,13 +80,24 @@ impl Seen {
             _ => Seen::Other,
         }
     }
+
+    /// Whether the event `mask` on `name`, in the directory a symlink `link` on the way to the
+    /// config's directory is in, may have changed where the link leads (or the directory went).
+    pub(super) fn of_link(mask: AddWatchFlags, name: Option<&OsStr>, link: &OsStr) -> bool {
+        let gone = AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_UNMOUNT;
+        let made = AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE;
+        mask.intersects(gone) || (name == Some(link) && mask.intersects(made))
+    }
 }
 
-/// The armed watch: the inotify instance (in the loop's epoll set) and its one watch.
+/// The armed watch: the inotify instance (in the loop's epoll set), its watch of the config's
+/// directory, and one of the directory each symlink on the way to it is in (with the link's
+/// name): a link renamed over there (a release's `current -> rel2`) leads to another directory.
 #[derive(Debug)]
 struct Armed {
     inotify: Inotify,
     wd: Option<WatchDescriptor>,
+    links: Vec<(WatchDescriptor, OsString)>,
     dir: PathBuf,
     file: OsString,
 }
@@ -131,7 +144,7 @@ impl ConfigWatch {
         if let Err(e) = epoll.add(inotify.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_WATCH)) {
             return tracing::warn!(error = %e, "cannot watch the config (epoll_ctl); a change will not reload the cell, SIGHUP does");
         }
-        let mut a = Armed { inotify, wd: None, dir, file };
+        let mut a = Armed { inotify, wd: None, links: Vec::new(), dir, file };
         a.arm();
         if a.wd.is_some() {
             tracing::info!(dir = %a.dir.display(), file = %a.file.to_string_lossy(), "watching the config: a change reloads the cell (cell.reload_on_change)");
@@ -164,8 +177,23 @@ impl ConfigWatch {
         loop {
             match a.inotify.read_events() {
                 Ok(events) if !events.is_empty() => {
-                    // Events of a watch dropped for a newer one (its IN_IGNORED) are not news.
-                    for ev in events.into_iter().filter(|ev| Some(ev.wd) == a.wd) {
+                    for ev in events {
+                        // The queue overflowed: its event has no watch (wd -1), and what was
+                        // dropped may have been the config's (found by review: it was ignored).
+                        if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                            lost = true;
+                        }
+                        // A link on the way renamed over or made anew, or its directory gone.
+                        if a.links
+                            .iter()
+                            .any(|(wd, name)| *wd == ev.wd && Seen::of_link(ev.mask, ev.name.as_deref(), name))
+                        {
+                            lost = true;
+                        }
+                        // Events of a watch dropped for a newer one (its IN_IGNORED) are not news.
+                        if Some(ev.wd) != a.wd {
+                            continue;
+                        }
                         match Seen::of(ev.mask, ev.name.as_deref(), &a.file) {
                             Seen::Change => changed = true,
                             Seen::Lost => lost = true,
@@ -228,18 +256,69 @@ impl Armed {
     /// put in its place gets a new watch and the old is dropped. A directory that cannot be
     /// watched now is said; the next change seen, or the next reload, tries again.
     fn arm(&mut self) {
+        // One mask for every watch: a directory watched twice (a link's and the config's) has
+        // one watch, whose mask the second add would replace.
+        let before: Vec<WatchDescriptor> = self.wd.iter().copied().chain(self.links.iter().map(|l| l.0)).collect();
         match self.inotify.add_watch(&self.dir, mask()) {
-            Ok(wd) => {
-                if let Some(old) = self.wd.replace(wd).filter(|old| *old != wd) {
-                    let _ = self.inotify.rm_watch(old);
-                }
-            }
+            Ok(wd) => self.wd = Some(wd),
             Err(e) => {
                 self.wd = None;
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot watch the config's directory; a change will not reload the cell until it can be watched (SIGHUP does)");
             }
         }
+        // A link's directory that cannot be watched leaves that link unfollowed (said); the
+        // config's own directory is still watched.
+        self.links = links_on_the_way(&self.dir)
+            .into_iter()
+            .filter_map(|(at, name)| match self.inotify.add_watch(&at, mask()) {
+                Ok(wd) => Some((wd, name)),
+                Err(e) => {
+                    tracing::warn!(dir = %at.display(), link = %name.to_string_lossy(), error = %e, "cannot watch the directory of a link on the way to the config; a new target of that link reloads nothing until SIGHUP");
+                    None
+                }
+            })
+            .collect();
+        for old in before {
+            if self.wd != Some(old) && !self.links.iter().any(|l| l.0 == old) {
+                let _ = self.inotify.rm_watch(old);
+            }
+        }
     }
+}
+
+/// Every symlink met on the way to `dir` (links in links' targets too), as the directory it is
+/// in and its name, in the order they are met; at most 40, as the kernel follows.
+fn links_on_the_way(dir: &Path) -> Vec<(PathBuf, OsString)> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    fn names(p: &Path) -> impl DoubleEndedIterator<Item = OsString> + '_ {
+        p.components().filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+    }
+    let mut found = Vec::new();
+    let mut at = PathBuf::from("/");
+    let mut rest: VecDeque<OsString> = names(dir).collect();
+    while let Some(name) = rest.pop_front() {
+        if name == ".." {
+            at.pop();
+            continue;
+        }
+        let here = at.join(&name);
+        match std::fs::read_link(&here) {
+            Ok(target) if found.len() < 40 => {
+                found.push((at.clone(), name));
+                if target.is_absolute() {
+                    at = PathBuf::from("/");
+                }
+                names(&target).rev().for_each(|n| rest.push_front(n));
+            }
+            _ => at = here,
+        }
+    }
+    found
 }
 
 /// The config's directory and its name there.
@@ -282,6 +361,90 @@ mod tests {
         }
     }
 
+    /// An armed watch of `file`'s directory, as `follow` makes it, in `epoll`.
+    fn armed(file: &Path, epoll: &Epoll) -> ConfigWatch {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).expect("inotify");
+        epoll.add(inotify.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_WATCH)).expect("epoll");
+        let (dir, name) = split(file).expect("split");
+        let mut a = Armed { inotify, wd: None, links: Vec::new(), dir, file: name };
+        a.arm();
+        assert!(a.wd.is_some());
+        ConfigWatch { armed: Some(a), ..Default::default() }
+    }
+
+    /// Found by review: the queue's overflow (its event has no watch) was dropped with the
+    /// events of old watches, so a config changed while the queue was full reloaded nothing.
+    #[test]
+    fn an_overflowed_queue_is_taken_as_a_change() {
+        let max: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(16384);
+        assert!(max <= 1 << 20, "max_queued_events {max}: too many events to make in a test");
+        let d = tempfile::tempdir().expect("tmp");
+        let file = d.path().join("sealnode.toml");
+        std::fs::write(&file, "a").expect("write");
+        let epoll = Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+        let mut w = armed(&file, &epoll);
+        // Other names only: each makes IN_CREATE and IN_CLOSE_WRITE, none the config's.
+        for i in 0..max / 2 + 1 {
+            std::fs::File::create(d.path().join(format!("f{i}"))).expect("create");
+        }
+        let t0 = Instant::now();
+        w.handle(t0);
+        assert_eq!(w.next_deadline(), Some(t0 + SETTLE), "an overflow is a change");
+    }
+
+    /// Found by review: a config reached through a symlink on the way to its directory (a
+    /// release's `current -> rel1`) kept its watch on the old directory when the link was
+    /// renamed over: the new release's config never reloaded. The link's directory is watched.
+    #[test]
+    fn a_link_on_the_way_renamed_over_moves_the_watch() {
+        let d = tempfile::tempdir().expect("tmp");
+        let app = d.path().join("app");
+        for r in ["rel1", "rel2"] {
+            std::fs::create_dir_all(app.join(r)).expect("mkdir");
+            std::fs::write(app.join(r).join("sealnode.toml"), r).expect("write");
+        }
+        std::os::unix::fs::symlink("rel1", app.join("current")).expect("link");
+        let epoll = Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+        let mut w = armed(&app.join("current").join("sealnode.toml"), &epoll);
+        let t0 = Instant::now();
+        // Another name in the link's directory is nothing.
+        std::fs::create_dir(app.join("rel3")).expect("mkdir");
+        w.handle(t0);
+        assert_eq!(w.next_deadline(), None, "another name beside the link");
+        std::os::unix::fs::symlink("rel2", app.join(".current.new")).expect("link");
+        std::fs::rename(app.join(".current.new"), app.join("current")).expect("rename over the link");
+        w.handle(t0);
+        assert_eq!(w.next_deadline(), Some(t0 + SETTLE), "the link renamed over is a change");
+        assert!(w.due(t0 + SETTLE));
+        w.taken();
+        // Armed again on where the link leads now: rel2's config is watched, rel1's is not.
+        std::fs::write(app.join("rel1").join("sealnode.toml"), "old").expect("write");
+        w.handle(t0);
+        assert_eq!(w.next_deadline(), None, "the old release is not watched any more");
+        std::fs::write(app.join("rel2").join("sealnode.toml"), "new").expect("write");
+        w.handle(t0);
+        assert_eq!(w.next_deadline(), Some(t0 + SETTLE), "the new release is");
+    }
+
+    /// Links in links' targets are met too, each with the directory it is in.
+    #[test]
+    fn every_link_on_the_way_is_found() {
+        let d = tempfile::tempdir().expect("tmp");
+        let root = d.path().canonicalize().expect("real");
+        std::fs::create_dir_all(root.join("store/r1/conf")).expect("mkdir");
+        std::os::unix::fs::symlink("store", root.join("releases")).expect("link");
+        std::os::unix::fs::symlink("releases/r1", root.join("current")).expect("link");
+        std::os::unix::fs::symlink(root.join("current"), root.join("abs")).expect("link");
+        let found = links_on_the_way(&root.join("abs/conf"));
+        let want: Vec<(PathBuf, OsString)> =
+            ["abs", "current", "releases"].iter().map(|n| (root.clone(), OsString::from(n))).collect();
+        assert_eq!(found, want);
+        assert!(links_on_the_way(&root.join("store/r1/conf")).is_empty());
+    }
+
     /// A change is due a second after the last event; a busy cell puts it back and is said
     /// once; the directory's watch sees a rename over the config (a real inotify instance).
     #[test]
@@ -290,20 +453,7 @@ mod tests {
         let file = d.path().join("sealnode.toml");
         std::fs::write(&file, "a").expect("write");
         let epoll = Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
-        let cfg_file = |on: bool| {
-            let mut w = ConfigWatch::default();
-            let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).expect("inotify");
-            epoll.add(inotify.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_WATCH)).expect("epoll");
-            if on {
-                let (dir, name) = split(&file).expect("split");
-                let mut a = Armed { inotify, wd: None, dir, file: name };
-                a.arm();
-                assert!(a.wd.is_some());
-                w.armed = Some(a);
-            }
-            w
-        };
-        let mut w = cfg_file(true);
+        let mut w = armed(&file, &epoll);
         let t0 = Instant::now();
         w.handle(t0);
         assert_eq!(w.next_deadline(), None, "nothing happened yet");
@@ -323,7 +473,7 @@ mod tests {
         w.handle(t0);
         assert_eq!(w.next_deadline(), None);
         // Off: nothing is watched.
-        let mut off = cfg_file(false);
+        let mut off = ConfigWatch::default();
         std::fs::write(&file, "d").expect("write");
         off.handle(t0);
         assert_eq!(off.next_deadline(), None);
