@@ -1235,6 +1235,67 @@ fn ready_follows_the_roles_down_and_up() {
     }
 }
 
+/// Found by review: readiness was checked once per engine start, so an engine that closed its
+/// port later stayed "ready" for `ctl ready`. It is checked again every 5 s: the probe says
+/// not ready while the engine does not answer (nothing restarted), and ready once it does.
+#[test]
+fn ready_follows_an_engine_that_stops_answering() {
+    // The engine's filter refuses kill(2): the test stops its listener from outside.
+    let engine_sh = "/usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models; echo port-closed; \
+                     while [ ! -e /opt/trigger/open ]; do sleep 0.05; done; \
+                     exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models";
+    for mode in modes() {
+        let mut f = cell(mode, "ready-recheck", engine_sh, "echo node-up; exec sleep 1000", "", "");
+        std::fs::create_dir(f.p("trigger")).expect("mkdir");
+        std::fs::set_permissions(f.p("trigger"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        f.engine_extra = format!(
+            "ro_binds = [{{ src = \"{}\", dst = \"/opt/sealnode\" }}, {{ src = \"{}\", dst = \"/opt/trigger\" }}]",
+            f.p("bin").display(),
+            f.p("trigger").display()
+        );
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(60, |l| l == "node-up");
+        let probe = || {
+            let cfg = f.config.display().to_string();
+            let o = f.command(&["ctl", "--config", &cfg, "ready"]).output_within(COMMAND_LIMIT);
+            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            (o.status.code(), text)
+        };
+        let first = probe();
+        let init = ctl(&f, "status")["roles"][0]["pid"].as_i64().unwrap_or(0) as i32;
+        let httpd = descendants(init).into_iter().find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(b"/usr/bin/busybox\0httpd\0"))
+        });
+        let httpd = httpd.unwrap_or_else(|| panic!("{mode:?}: no httpd under the engine's init {init}"));
+        kill(nix::unistd::Pid::from_raw(httpd), Signal::SIGKILL).expect("stop the engine's listener");
+        run.out_line(60, |l| l == "port-closed");
+        let mut down = (None, String::new());
+        let said_down = wait_until(Duration::from_secs(20), || {
+            down = probe();
+            down.0 == Some(1)
+        });
+        let st = ctl(&f, "status");
+        std::fs::write(f.p("trigger/open"), "").expect("open");
+        let mut up = (None, String::new());
+        let said_up = wait_until(Duration::from_secs(20), || {
+            up = probe();
+            up.0 == Some(0)
+        });
+        let (code, _, err) = run.stop();
+        assert!(first.0 == Some(0), "{mode:?}: {first:?}");
+        assert!(said_down, "{mode:?}: still ready 20 s after the engine closed its port: {down:?}\n{err}");
+        assert!(down.1.contains("the engine stopped answering its readiness check"), "{mode:?}: {down:?}");
+        assert!(st["engine_not_answering"].is_string() && st["ready"] == false, "{mode:?}: {st}");
+        assert_eq!(st["roles"][0]["state"], "running", "{mode:?}: a recheck restarted the engine: {st}");
+        assert!(said_up, "{mode:?}: not ready once the engine answers again: {up:?}\n{err}");
+        assert_eq!(run_count(&err, "the engine stopped answering its readiness check"), 1, "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "the engine answers its readiness check again"), 1, "{mode:?}: {err}");
+        assert_eq!(run_count(&err, "role started role=engine"), 1, "{mode:?}: {err}");
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
 /// A node admitted beside an engine that then exits before it is ready waits (Admitted) and
 /// starts from the plan its own pass admitted once the restarted engine (a newer generation)
 /// is ready: its log line, its output's label, the receipt and `ctl status` all say the

@@ -138,6 +138,12 @@ fn not_ready_because(s: &Status) -> String {
             }
         })
         .collect();
+    if let Some(last) = &s.engine_not_answering {
+        why.push(format!(
+            "the engine stopped answering its readiness check (last try: {})",
+            sealnode::logging::log::clean(last.as_bytes())
+        ));
+    }
     if why.is_empty() {
         why.push("the engine has not answered its readiness check since its last start, or a stop is under way".into());
     }

@@ -212,11 +212,16 @@ pub struct Status {
     #[serde(default)]
     pub cell_pid: i32,
     /// The cell serves now: both roles run (none of their processes stopped or traced), the
-    /// engine answered its readiness check since its last start, and no stop is under way.
+    /// engine answered its readiness check since its last start and its last recheck, and no
+    /// stop is under way.
     #[serde(default)]
     pub ready: bool,
     /// The engine's last start to readiness, in ms; none before its first ready.
     pub engine_ready_ms: Option<f64>,
+    /// What the last recheck of the ready engine saw, while it does not answer; none while it
+    /// does (or before it was first ready).
+    #[serde(default, deserialize_with = "lenient")]
+    pub engine_not_answering: Option<String>,
     /// Lines of sealnode's own log dropped rather than block the loop.
     #[serde(default)]
     pub log_dropped_lines: LogDropped,
@@ -593,6 +598,7 @@ pub(crate) mod tests {
         v["reload"] = serde_json::json!({ "ok": false, "at": 1_700_000_000u64, "error": "cell.x: changed" });
         v["attest_waiting"] = 2.into();
         v["engine_ready_ms"] = Value::Null;
+        v["engine_not_answering"] = "connect: Connection refused".into();
         v["receipt"] = Value::Null;
         v["roles"][0]["resources"] = serde_json::json!({
             "cgroup": "/sys/fs/cgroup/system.slice/sealnode.service/engine",

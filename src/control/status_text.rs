@@ -84,6 +84,9 @@ pub fn render(v: &Status) -> String {
     if let Some(ms) = v.engine_ready_ms {
         s.push_str(&format!("engine:   ready {:.1} s after its start\n", ms / 1000.0));
     }
+    if let Some(last) = &v.engine_not_answering {
+        s.push_str(&format!("engine:   NOT ANSWERING its readiness check (last try: {}): not ready\n", text(last)));
+    }
     s.push_str(&format!(
         "\n{:<7} {:<11} {:>8} {:>8} {:>6} {:>8} {:>6}  {:<22} {}\n",
         "ROLE", "STATE", "PID", "UPTIME", "STARTS", "RESTARTS", "GEN", "PREFLIGHT", "MEMORY / PIDS"

@@ -3,7 +3,10 @@
 //! READY_INTERVAL until its deadline, through a non-blocking socket in the engine's network
 //! namespace that the loop watches under [`TOKEN_READY`]. It offers `handle` (the socket is
 //! ready), a next deadline and `sweep` (the next try, or the timeout), and answers with an
-//! [`Verdict`] the supervisor acts on.
+//! [`Verdict`] the supervisor acts on. Once the engine is ready, the same check is made again
+//! every [`RECHECK_INTERVAL`] while it runs (a try that fails or takes over
+//! [`RECHECK_TIMEOUT`] marks it as not answering, the next that passes as answering again):
+//! `ctl ready` and status's `ready` follow it; a recheck never stops or restarts anything.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -19,6 +22,11 @@ use crate::sandbox::cell::Cell;
 pub(super) const TOKEN_READY: u64 = 4 << 56;
 /// Time between readiness attempts.
 pub(super) const READY_INTERVAL: Duration = Duration::from_millis(100);
+/// Time between the checks of an engine that was ready (found by review: checked once per
+/// start, an engine that closed its port later stayed "ready" for `ctl ready`).
+pub(super) const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// How long one recheck may take before it counts as not answering.
+pub(super) const RECHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Stage {
@@ -38,6 +46,9 @@ struct Check {
     /// What the last try saw ("connection refused", "HTTP/1.1 503 Service Unavailable"), for
     /// the timeout's message.
     last: String,
+    /// A check of an engine that was ready: one try at a time, each until its `deadline`, and
+    /// never a verdict.
+    recheck: bool,
 }
 
 /// What a check came to.
@@ -54,6 +65,8 @@ pub(super) struct Readiness {
     check: Option<Check>,
     /// How long the engine's last start took to pass its readiness check, in milliseconds.
     last_ms: Option<f64>,
+    /// What the last recheck of the ready engine saw, while it does not answer.
+    not_answering: Option<String>,
 }
 
 impl Readiness {
@@ -68,12 +81,19 @@ impl Readiness {
             deadline: now + Duration::from_secs(cfg.engine.ready().timeout_s),
             began: now,
             last: "no answer yet".to_string(),
+            recheck: false,
         });
+        self.not_answering = None;
     }
 
     /// A check is under way (the engine started and has not answered yet).
     pub(super) fn pending(&self) -> bool {
-        self.check.is_some()
+        self.check.as_ref().is_some_and(|c| !c.recheck)
+    }
+
+    /// What the last recheck of the ready engine saw, while it does not answer.
+    pub(super) fn not_answering(&self) -> Option<&str> {
+        self.not_answering.as_deref()
     }
 
     pub(super) fn last_ms(&self) -> Option<f64> {
@@ -84,16 +104,29 @@ impl Readiness {
     pub(super) fn cancel(&mut self, epoll: &Epoll) {
         self.close_try(epoll);
         self.check = None;
+        self.not_answering = None;
     }
 
     pub(super) fn next_deadline(&self) -> Option<Instant> {
         let c = self.check.as_ref()?;
-        Some(if c.fd.is_none() { c.deadline.min(c.next_try) } else { c.deadline })
+        Some(match (c.fd.is_none(), c.recheck) {
+            (true, true) => c.next_try,
+            (true, false) => c.deadline.min(c.next_try),
+            (false, _) => c.deadline,
+        })
     }
 
     /// The timeout, or the next try when due.
     pub(super) fn sweep(&mut self, now: Instant, cfg: &Config, cell: &Cell, epoll: &Epoll) -> Option<Verdict> {
         let c = self.check.as_ref()?;
+        if c.recheck {
+            if c.fd.is_some() && c.deadline <= now {
+                self.missed(format!("no answer within {} s", RECHECK_TIMEOUT.as_secs()), epoll);
+            } else if c.fd.is_none() && c.next_try <= now {
+                self.try_connect(cfg, cell, epoll);
+            }
+            return None;
+        }
         if c.deadline <= now {
             let ready = cfg.engine.ready();
             let port = cfg.engine.port.unwrap_or(0);
@@ -121,13 +154,20 @@ impl Readiness {
     fn try_connect(&mut self, cfg: &Config, cell: &Cell, epoll: &Epoll) {
         let port = cfg.engine.port.unwrap_or(0) as u16;
         let Some(c) = self.check.as_mut() else { return };
-        c.next_try = Instant::now() + READY_INTERVAL;
+        let now = Instant::now();
+        if c.recheck {
+            c.next_try = now + RECHECK_INTERVAL;
+            c.deadline = now + RECHECK_TIMEOUT;
+        } else {
+            c.next_try = now + READY_INTERVAL;
+        }
         let Ok(fd) = cell.engine_socket() else { return };
         match connect(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))) {
             Ok(()) | Err(Errno::EINPROGRESS) => {}
             Err(e) => {
                 c.last = format!("connect: {}", e.desc());
-                return;
+                let why = c.last.clone();
+                return self.missed(why, epoll);
             }
         }
         if epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLOUT, TOKEN_READY)).is_ok() {
@@ -137,17 +177,42 @@ impl Readiness {
         }
     }
 
-    /// This try is over; the next comes after READY_INTERVAL.
+    /// This try is over; the next comes after READY_INTERVAL (RECHECK_INTERVAL once ready).
     fn close_try(&mut self, epoll: &Epoll) {
         if let Some(fd) = self.check.as_mut().and_then(|c| c.fd.take()) {
             let _ = epoll.delete(fd.as_fd());
         }
     }
 
+    /// This try failed, saying `why`. A recheck's failure marks the engine as not answering
+    /// (logged when it starts); a start's check just tries again.
+    fn missed(&mut self, why: String, epoll: &Epoll) {
+        self.close_try(epoll);
+        if !self.check.as_ref().is_some_and(|c| c.recheck) {
+            return;
+        }
+        if self.not_answering.is_none() {
+            // The engine's words, escaped like its own output (it could forge a line).
+            tracing::warn!(role = "engine", last = %crate::logging::log::clean(why.as_bytes()), "the engine stopped answering its readiness check: not ready until it does");
+        }
+        self.not_answering = Some(why);
+    }
+
     fn ready(&mut self, epoll: &Epoll) -> Option<Verdict> {
         self.close_try(epoll);
-        let latency = self.check.take().map(|c| c.began.elapsed());
-        self.last_ms = latency.map(|d| d.as_secs_f64() * 1000.0);
+        let c = self.check.as_mut()?;
+        // The first answer since the start is the verdict; then the engine is checked again.
+        let first = !c.recheck;
+        c.recheck = true;
+        c.next_try = Instant::now() + RECHECK_INTERVAL;
+        c.last = String::new();
+        if !first {
+            if self.not_answering.take().is_some() {
+                tracing::info!(role = "engine", "the engine answers its readiness check again");
+            }
+            return None;
+        }
+        self.last_ms = Some(c.began.elapsed().as_secs_f64() * 1000.0);
         tracing::info!(role = "engine", ready_ms = self.last_ms, "engine ready");
         Some(Verdict::Ready)
     }
@@ -164,12 +229,14 @@ impl Readiness {
                     Ok(0) => {}
                     Ok(e) => {
                         c.last = format!("connect: {}", Errno::from_raw(e).desc());
-                        self.close_try(epoll);
+                        let why = c.last.clone();
+                        self.missed(why, epoll);
                         return None;
                     }
                     Err(e) => {
                         c.last = format!("connect: {}", e.desc());
-                        self.close_try(epoll);
+                        let why = c.last.clone();
+                        self.missed(why, epoll);
                         return None;
                     }
                 }
@@ -179,7 +246,7 @@ impl Readiness {
                 let path = &cfg.engine.ready().path;
                 let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nUser-Agent: sealnode-readiness\r\n\r\n");
                 if nix::unistd::write(fd, req.as_bytes()).ok() != Some(req.len()) {
-                    self.close_try(epoll);
+                    self.missed("could not send the request".to_string(), epoll);
                     return None;
                 }
                 c.stage = Stage::Reading;
@@ -190,7 +257,8 @@ impl Readiness {
                 match nix::unistd::read(fd, &mut b) {
                     Ok(0) | Err(_) => {
                         c.last = "the connection closed before an HTTP status line".to_string();
-                        self.close_try(epoll);
+                        let why = c.last.clone();
+                        self.missed(why, epoll);
                         return None;
                     }
                     Ok(n) => c.buf.extend_from_slice(&b[..n]),
@@ -203,12 +271,14 @@ impl Readiness {
                     // The engine's words, escaped like its own output (it could forge a line).
                     tracing::debug!(status = %crate::logging::log::clean(line.as_bytes()), "engine not ready yet");
                     c.last = format!("answered {:?}", line.chars().take(120).collect::<String>());
-                    self.close_try(epoll);
+                    let why = c.last.clone();
+                    self.missed(why, epoll);
                     return None;
                 }
                 if c.buf.len() > 4096 {
                     c.last = "answered 4 KiB without an HTTP status line".to_string();
-                    self.close_try(epoll);
+                    let why = c.last.clone();
+                    self.missed(why, epoll);
                 }
             }
         }

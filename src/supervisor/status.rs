@@ -60,6 +60,7 @@ impl Supervisor {
             cell_pid: self.base.cell.pid.as_raw(),
             ready,
             engine_ready_ms: self.readiness.last_ms(),
+            engine_not_answering: self.readiness.not_answering().map(str::to_string),
             log_dropped_lines: LogDropped {
                 stdout: dropped.0,
                 stderr: dropped.1,
@@ -96,14 +97,15 @@ impl Supervisor {
     }
 
     /// The cell serves now: no stop under way, both roles run and the engine answered its
-    /// readiness check since its last start. READY=1 is said once; this follows the roles
-    /// down and up again (a crash, a restart, a recycle, a reload).
+    /// readiness check since its last start, and its last recheck. READY=1 is said once; this
+    /// follows the roles down and up again (a crash, a restart, a recycle, a reload).
     /// A role whose processes are held (stopped or traced: its init or the program it runs,
     /// `states` as [`slot_state`] read them) does not serve either.
     fn serving(&self, states: &[Option<ProcessState>; 2]) -> bool {
         self.cycle.stop.is_none()
             && self.readiness.last_ms().is_some()
             && !self.readiness.pending()
+            && self.readiness.not_answering().is_none()
             && self
                 .roles
                 .iter()
