@@ -120,7 +120,18 @@ pub fn classify(m: &Marks) -> Option<Container> {
         evidence.push("KUBERNETES_SERVICE_HOST".to_string());
         "kubernetes".to_string()
     });
+    // The marks are the image's and the environment's words: shown by doctor, written into the
+    // receipt and the statements, made unambiguous and short first (found by review: a
+    // `container` value with a terminal escape and a line break forged a doctor line).
+    let (runtime, version) = (word(&runtime), version.as_deref().map(word));
+    let evidence = evidence.iter().map(|e| word(e)).collect();
     Some(Container { runtime, version, rootless, orchestrator, evidence })
+}
+
+/// A mark's value as shown and recorded: escaped ([`crate::os::escape::clean`]), at most 64
+/// characters.
+fn word(s: &str) -> String {
+    crate::os::escape::clean(s.as_bytes()).chars().take(64).collect()
 }
 
 #[cfg(test)]
@@ -187,6 +198,14 @@ mod tests {
                 "kubernetes variables alone say nothing of a container",
                 Marks { kubernetes: true, ..Marks::default() },
                 None,
+            ),
+            (
+                "a value with a terminal escape and a line break: escaped, and cut at 64",
+                Marks {
+                    container_var: Some(format!("podman\u{1b}[2J\n[ok  ] all good{}", "x".repeat(80))),
+                    ..Marks::default()
+                },
+                Some((r"podman\u{1b}[2J\u{a}[ok  ] all goodxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", None, None, None)),
             ),
         ];
         for (what, marks, want) in rows {

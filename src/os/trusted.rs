@@ -87,7 +87,7 @@ pub fn read(path: &Path, launcher_uid: u32) -> std::result::Result<TrustedFile, 
     let fd = open(path, launcher_uid)?;
     let mut f = std::fs::File::from(fd);
     let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| format!("cannot read {}: {e}", shown(&path)))?;
     use sha2::Digest;
     Ok(TrustedFile { sha256: hex::encode(sha2::Sha256::digest(&bytes)), bytes })
 }
@@ -96,7 +96,7 @@ pub fn read(path: &Path, launcher_uid: u32) -> std::result::Result<TrustedFile, 
 /// says what the walk will reach).
 fn components(path: &Path) -> std::result::Result<Vec<&std::ffi::OsStr>, String> {
     if !path.is_absolute() {
-        return Err(format!("{} is not an absolute path", path.display()));
+        return Err(format!("{} is not an absolute path", shown(&path)));
     }
     path.components()
         .filter_map(|c| match c {
@@ -105,7 +105,7 @@ fn components(path: &Path) -> std::result::Result<Vec<&std::ffi::OsStr>, String>
             _ => Some(Err(())),
         })
         .collect::<std::result::Result<_, ()>>()
-        .map_err(|()| format!("{}: '.' and '..' are not allowed in a trusted path", path.display()))
+        .map_err(|()| format!("{}: '.' and '..' are not allowed in a trusted path", shown(&path)))
 }
 
 /// Where a checked walk ended: the directory that holds what the path names (checked, as is
@@ -124,7 +124,7 @@ struct Walked {
 fn walk(path: &Path, launcher_uid: u32) -> std::result::Result<Walked, String> {
     let names = components(path)?;
     if names.is_empty() {
-        return Err(format!("{} names no file", path.display()));
+        return Err(format!("{} names no file", shown(&path)));
     }
     let mut todo: std::collections::VecDeque<std::ffi::OsString> = names.into_iter().map(Into::into).collect();
     let dir_flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -137,7 +137,7 @@ fn walk(path: &Path, launcher_uid: u32) -> std::result::Result<Walked, String> {
         // O_PATH without O_DIRECTORY: a symlink is opened as itself, to be judged on its fd.
         let fd = openat(&dir, name.as_os_str(), OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(|e| component_error(&at, e))?;
-        let st = fstat(&fd).map_err(|e| format!("fstat {}: {e}", at.display()))?;
+        let st = fstat(&fd).map_err(|e| format!("fstat {}: {e}", shown(&at)))?;
         match st.st_mode & libc::S_IFMT {
             libc::S_IFLNK => {
                 followed += 1;
@@ -150,12 +150,12 @@ fn walk(path: &Path, launcher_uid: u32) -> std::result::Result<Walked, String> {
                 check_dir(&fd, &at, launcher_uid)?;
                 (dir, here) = (fd, at);
             }
-            _ => return Err(format!("{} is not a directory", at.display())),
+            _ => return Err(format!("{} is not a directory", shown(&at))),
         }
     }
     // Not reached: the last name returns above, and a link always adds a name after it
     // (link_names refuses an empty target). Said rather than assumed.
-    Err(format!("{} names no file", path.display()))
+    Err(format!("{} names no file", shown(&path)))
 }
 
 /// The names a symlink met on a checked walk stands for, if it is one sealnode follows: owned
@@ -172,7 +172,7 @@ fn follow(
     let refuse = |why: String| {
         format!(
             "{} is a symlink that sealnode does not follow ({why}); give the real path, or see docs/config.md, \"Files sealnode trusts\"",
-            at.display()
+            shown(&at)
         )
     };
     if !trusted_owner(st.st_uid, launcher_uid) {
@@ -186,7 +186,7 @@ fn follow(
         return Err(refuse(format!("more than {MAX_LINKS} symlinks on the way")));
     }
     // The link's own descriptor, not its name again: what was judged is what is read.
-    let target = nix::fcntl::readlinkat(link, "").map_err(|e| format!("readlink {}: {e}", at.display()))?;
+    let target = nix::fcntl::readlinkat(link, "").map_err(|e| format!("readlink {}: {e}", shown(&at)))?;
     link_names(&target).map_err(refuse)
 }
 
@@ -222,20 +222,20 @@ pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, Stri
         Mode::empty(),
     )
     .map_err(|e| component_error(&here, e))?;
-    let st = fstat(&fd).map_err(|e| format!("fstat {}: {e}", here.display()))?;
+    let st = fstat(&fd).map_err(|e| format!("fstat {}: {e}", shown(&here)))?;
     // The name still is what the walk judged (the directory holding it was checked; only its
     // trusted owner could have swapped it since).
-    let was = fstat(&at).map_err(|e| format!("fstat {}: {e}", here.display()))?;
+    let was = fstat(&at).map_err(|e| format!("fstat {}: {e}", shown(&here)))?;
     if (st.st_dev, st.st_ino) != (was.st_dev, was.st_ino) {
-        return Err(format!("{} changed while it was opened; try again", here.display()));
+        return Err(format!("{} changed while it was opened; try again", shown(&here)));
     }
     if SFlag::from_bits_truncate(st.st_mode & libc::S_IFMT) != SFlag::S_IFREG {
-        return Err(format!("{} is not a regular file", here.display()));
+        return Err(format!("{} is not a regular file", shown(&here)));
     }
     if !trusted_owner(st.st_uid, launcher_uid) {
         return Err(format!(
             "{} is owned by another user ({}); it must belong to root{}",
-            here.display(),
+            shown(&here),
             describe(&st),
             owner_hint(launcher_uid)
         ));
@@ -243,9 +243,9 @@ pub fn open(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, Stri
     if st.st_mode & 0o022 != 0 {
         return Err(format!(
             "{} is writable by group or others ({}): fix with chmod go-w {}",
-            here.display(),
+            shown(&here),
             describe(&st),
-            here.display()
+            shown(&here)
         ));
     }
     Ok(fd)
@@ -300,7 +300,7 @@ pub fn entry_problem(st: &FileStat, launcher_uid: u32) -> Option<String> {
 /// launcher or root and be writable by nobody else. Every file sealnode keeps in it is then
 /// created and replaced with `*at` calls on the returned descriptor.
 pub fn own_dir(path: &Path, launcher_uid: u32, mode: u32) -> std::result::Result<OwnedFd, String> {
-    walk_own_dir(path, launcher_uid, Some(mode))?.ok_or_else(|| format!("{} could not be created", path.display()))
+    walk_own_dir(path, launcher_uid, Some(mode))?.ok_or_else(|| format!("{} could not be created", shown(&path)))
 }
 
 /// The same checks as [`own_dir`] without creating anything (the config's load-time check):
@@ -312,7 +312,7 @@ pub fn check_own_dir(path: &Path, launcher_uid: u32) -> std::result::Result<(), 
 /// An existing directory of sealnode's own, checked as [`own_dir`] does, without creating
 /// anything (an error if it is missing).
 pub fn open_dir(path: &Path, launcher_uid: u32) -> std::result::Result<OwnedFd, String> {
-    walk_own_dir(path, launcher_uid, None)?.ok_or_else(|| format!("{} does not exist", path.display()))
+    walk_own_dir(path, launcher_uid, None)?.ok_or_else(|| format!("{} does not exist", shown(&path)))
 }
 
 /// The walk behind [`own_dir`] and [`check_own_dir`]: with `create`, missing components are
@@ -331,7 +331,7 @@ fn walk_own_dir(path: &Path, launcher_uid: u32, create: Option<u32>) -> std::res
             match nix::sys::stat::mkdirat(&dir, *name, Mode::from_bits_truncate(want)) {
                 Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
                 Err(e) => {
-                    return Err(format!("create {}: {}", here.display(), std::io::Error::from_raw_os_error(e as i32)))
+                    return Err(format!("create {}: {}", shown(&here), std::io::Error::from_raw_os_error(e as i32)))
                 }
             }
         }
@@ -341,35 +341,35 @@ fn walk_own_dir(path: &Path, launcher_uid: u32, create: Option<u32>) -> std::res
             Err(e) => return Err(component_error(&here, e)),
         };
     }
-    let st = fstat(&dir).map_err(|e| format!("fstat {}: {e}", here.display()))?;
+    let st = fstat(&dir).map_err(|e| format!("fstat {}: {e}", shown(&here)))?;
     if !trusted_owner(st.st_uid, launcher_uid) {
         return Err(format!(
             "{} is owned by uid {}; it must belong to sealnode's user (uid {launcher_uid}) or root",
-            here.display(),
+            shown(&here),
             st.st_uid
         ));
     }
     if st.st_mode & 0o022 != 0 {
         return Err(format!(
             "{} is writable by group or others ({}): chmod go-w {}",
-            here.display(),
+            shown(&here),
             describe(&st),
-            here.display()
+            shown(&here)
         ));
     }
     match create {
         // A descriptor the caller can fsync and create files through: the checked dir itself.
         Some(_) => openat(&dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
             .map(Some)
-            .map_err(|e| format!("open {}: {}", here.display(), std::io::Error::from_raw_os_error(e as i32))),
+            .map_err(|e| format!("open {}: {}", shown(&here), std::io::Error::from_raw_os_error(e as i32))),
         None => Ok(Some(dir)),
     }
 }
 
 fn check_dir(fd: &impl AsFd, here: &Path, launcher_uid: u32) -> std::result::Result<(), String> {
-    let st = fstat(fd).map_err(|e| format!("fstat {}: {e}", here.display()))?;
+    let st = fstat(fd).map_err(|e| format!("fstat {}: {e}", shown(&here)))?;
     match dir_problem(&st, launcher_uid, || on_read_only_mount(fd)) {
-        Some(why) => Err(format!("directory {} {why}", here.display())),
+        Some(why) => Err(format!("directory {} {why}", shown(&here))),
         None => Ok(()),
     }
 }
@@ -381,11 +381,19 @@ fn component_error(here: &Path, e: nix::errno::Errno) -> String {
         {
             format!(
                 "{} is a symlink; sealnode does not follow symlinks to the files it trusts: give the real path",
-                here.display()
+                shown(&here)
             )
         }
-        e => format!("{}: {}", here.display(), std::io::Error::from_raw_os_error(e as i32)),
+        e => format!("{}: {}", shown(&here), std::io::Error::from_raw_os_error(e as i32)),
     }
+}
+
+/// A path as the walk's messages show it: escaped ([`crate::os::escape::clean`]), since the
+/// names past a followed link are the link's owner's words (found by review: a link target
+/// with a line break and a terminal escape forged a line of `check`).
+fn shown<P: AsRef<Path> + ?Sized>(p: &P) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    crate::os::escape::clean(p.as_ref().as_os_str().as_bytes())
 }
 
 /// kubelet's atomic writer's tree in `root` (which exists): `files` (name, contents, mode) in
@@ -593,6 +601,13 @@ mod tests {
             ("to a writable file", "w.toml", "real/w.json", &["real/w.json is writable by group or others"]),
             ("to a dir, not a file", "dir.toml", "real", &["real is not a regular file"]),
             ("missing", "gone.toml", "real/none.json", &["real/none.json", "No such file"]),
+            // Found by review: a target's names were shown raw (a forged line of `check`).
+            (
+                "a target with a line break and an escape",
+                "odd.toml",
+                "..T\n[ok  ] fine\x1b[2J",
+                &[r"..T\u{a}[ok  ] fine\u{1b}[2J: No such file"],
+            ),
         ];
         let d = tree();
         let at = d.path().join("links");
@@ -610,6 +625,7 @@ mod tests {
                 assert!(e.contains(w), "{what}: {w:?} not in: {e}");
             }
             assert!(e.contains(&at.display().to_string()), "{what}: the path is named: {e}");
+            assert!(!e.chars().any(|c| c.is_control()), "{what}: a control character shown raw: {e:?}");
         }
         // Eight links in a row are followed; a ninth is one too many.
         std::fs::write(at.join("real/f.json"), "eight").expect("write");
