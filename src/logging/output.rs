@@ -24,6 +24,32 @@ pub const RATE: f64 = 200.0;
 /// Lines a role may emit at once after a quiet spell.
 pub const BURST: f64 = 2000.0;
 
+/// The longest line re-emitted once escaped: a line of [`MAX_LINE`] bytes and the mark of its cut.
+pub const MAX_SHOWN: usize = MAX_LINE + 64;
+
+/// A captured line as it is re-emitted: escaped ([`crate::logging::log::clean`]) and, once
+/// escaped, at most [`MAX_SHOWN`] bytes, cut between escapes, never inside one (found by
+/// review: an escape is up to 10 bytes for one of the role's, and 16 KiB of control bytes made
+/// a 96 KiB line, past what log drivers keep as one).
+pub fn escaped(line: &[u8]) -> String {
+    let all = crate::logging::log::clean(line);
+    if all.len() <= MAX_SHOWN {
+        return all;
+    }
+    let mut s = String::with_capacity(MAX_LINE + 64);
+    let mut utf8 = [0u8; 4];
+    for c in String::from_utf8_lossy(line).chars() {
+        let one = crate::logging::log::clean(c.encode_utf8(&mut utf8).as_bytes());
+        if s.len() + one.len() > MAX_LINE {
+            s.push_str(&format!(" [line cut at {MAX_LINE} bytes once escaped]"));
+            // (MAX_LINE and this mark are within MAX_SHOWN.)
+            break;
+        }
+        s.push_str(&one);
+    }
+    s
+}
+
 /// A role's output bucket.
 pub fn bucket(now: Instant) -> Bucket {
     Bucket::new(now, RATE, BURST)

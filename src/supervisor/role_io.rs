@@ -62,7 +62,7 @@ impl RoleIo {
         let Some(c) = self.outputs.get_mut(&id) else { return };
         let bucket = &mut self.buckets[c.role as usize];
         let done = c.read(bucket, &mut |c, line| {
-            crate::logging::log::role_line(c.role, c.pid, c.generation, c.err, &crate::logging::log::clean(line))
+            crate::logging::log::role_line(c.role, c.pid, c.generation, c.err, &crate::logging::output::escaped(line))
         });
         if done == crate::logging::output::Read::Eof {
             if let Some(c) = self.outputs.remove(&id) {

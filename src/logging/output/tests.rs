@@ -40,6 +40,28 @@ fn a_long_line_is_cut_once_and_the_rest_dropped() {
     assert!(c.buf.capacity() <= MAX_LINE * 2, "the line buffer stays bounded");
 }
 
+/// Found by review: the cut was made before escaping, and an escape is up to 10 bytes for
+/// one of the role's: 16 KiB of control bytes made a 96 KiB line. Once escaped, a line is cut
+/// again, between escapes; a line that needs no escape is shown as it was cut.
+#[test]
+fn an_escaped_line_stays_within_the_limit() {
+    let controls = vec![1u8; MAX_LINE];
+    let shown = escaped(&controls);
+    assert!(shown.len() <= MAX_SHOWN, "{}", shown.len());
+    assert!(
+        shown.ends_with(r"\u{1} [line cut at 16384 bytes once escaped]"),
+        "cut between escapes: {}",
+        &shown[shown.len() - 60..]
+    );
+    let backslashes = escaped(&vec![b'\\'; MAX_LINE]);
+    assert!(backslashes.len() <= MAX_SHOWN && backslashes.ends_with(r"\\ [line cut at 16384 bytes once escaped]"));
+    assert_eq!(backslashes.matches('\\').count() % 2, 0, "no backslash left alone");
+    let mut plain = vec![b'x'; MAX_LINE];
+    plain.extend_from_slice(b" [line cut at 16384 bytes]");
+    assert_eq!(escaped(&plain).as_bytes(), &plain[..], "a plain cut line is shown whole");
+    assert_eq!(escaped("é\u{1b}".as_bytes()), r"é\u{1b}");
+}
+
 #[test]
 fn a_flood_is_cut_to_the_rate_and_counted() {
     let t = Instant::now();
