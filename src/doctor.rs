@@ -209,7 +209,7 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
     });
     if let Some(o) = &opts {
         v.extend(container_caps(uid.is_root(), o));
-        v.push(container_userns(o));
+        v.push(container_userns(&std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default(), o));
     }
     let abi = sys::landlock_abi();
     v.push(Check {
@@ -236,20 +236,22 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
     v
 }
 
-/// Whether the container's root is the host's root: with /proc unmasked for sealnode, it should
-/// not be (docs/containers.md, "The trust model in a container").
-fn container_userns(o: &Options) -> Check {
-    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
-    let host_root = map.lines().any(|l| {
+/// Whether the container's root is the host's root (`uid_map`: this process's
+/// /proc/self/uid_map). Refused (found by review): /proc must be unmasked for sealnode, and with
+/// it the container's root (any process `exec`'d in the container, a `--privileged` one, or a
+/// compromised sealnode) could write the host's sysctls (a pipe in `kernel.core_pattern` runs
+/// as host root) and /proc/sysrq-trigger.
+fn container_userns(uid_map: &str, o: &Options) -> Check {
+    let host_root = uid_map.lines().any(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.len() == 3 && f[0] == "0" && f[1] == "0"
     });
     Check {
         name: "container user namespace",
-        level: if host_root { Level::Warn } else { Level::Ok },
-        value: map.lines().next().unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" "),
+        level: if host_root { Level::Fail } else { Level::Ok },
+        value: uid_map.lines().next().unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" "),
         meaning: if host_root {
-            format!("the container's root is the host's root: with /proc unmasked for sealnode, a compromise of sealnode itself would be host root; fix: {}", o.userns)
+            format!("the container's root is the host's root: with /proc unmasked, as sealnode needs it, the container's root could write the host's sysctls and /proc/sysrq-trigger; fix: {}", o.userns)
         } else {
             "the container's root is an unprivileged host user".into()
         },
@@ -446,6 +448,21 @@ mod tests {
         assert!(d.proc.contains("systempaths=unconfined"), "{}", d.proc);
         let c = options(&container("containerd", None));
         assert!(c.proc.contains("maskedPaths") && c.seccomp.contains("linux.seccomp"), "{}", c.proc);
+    }
+
+    /// The container's root is the host's root (no user namespace for the container, or a
+    /// privileged one): refused, naming the runtime's option; a mapped root passes.
+    #[test]
+    fn a_container_whose_root_is_the_hosts_is_refused() {
+        let podman = options(&container("podman", None));
+        let host = container_userns("         0          0 4294967295\n", &podman);
+        assert_eq!((host.level, host.value.as_str()), (Level::Fail, "0 0 4294967295"));
+        assert!(host.meaning.contains("fix: ") && host.meaning.contains("--userns=auto"), "{}", host.meaning);
+        let k = container_userns("0 0 4294967295\n", &options(&container("containerd", Some("kubernetes"))));
+        assert!(k.level == Level::Fail && k.meaning.contains("hostUsers: false"), "{}", k.meaning);
+        for mapped in ["         0     100000      65536\n", "0 1000 1\n1 100000 65536\n"] {
+            assert_eq!(container_userns(mapped, &podman).level, Level::Ok, "{mapped}");
+        }
     }
 
     #[test]

@@ -146,7 +146,7 @@ podman rm -f cell gw >/dev/null 2>&1
 refused() {  # WHAT MUST-SAY OPTIONS...
   gone=$1 say=$2; shift 2
   # shellcheck disable=SC2086
-  out=$(timeout 180 podman run --rm --network sealnode-test "$@" $VOL "$IMG" 2>&1); c=$?
+  out=$(timeout 180 podman run --rm --network sealnode-test "$@" ${VOLS:-$VOL} "$IMG" 2>&1); c=$?
   echo "$out" | grep -A1 "sealnode:" | head -4 | sed "s|^|info: without $gone: |"
   check "without $gone: refused with 125 (got $c)" test "$c" = 125
   check "without $gone: the refusal names it ($say)" sh -c "echo \"\$1\" | grep -qF -- \"\$2\"" sh "$out" "$say"
@@ -158,6 +158,14 @@ refused "the seccomp profile" "seccomp=FILE" $USERNS $UNMASK $CAPS
 refused "unmask=/proc/*" "unmask=/proc/*" $USERNS $SECCOMP $CAPS
 # shellcheck disable=SC2086
 refused "the capabilities" "--cap-add" $USERNS $SECCOMP $UNMASK --cap-drop=all
+# No user namespace for the container (or a privileged one): its root would be the host's,
+# with /proc unmasked (the volumes without idmap, which needs one).
+VOLS=$(mounts "$R")
+# shellcheck disable=SC2086
+refused "a user namespace" "--userns=auto" $SECCOMP $UNMASK $CAPS
+# shellcheck disable=SC2086
+refused "a user namespace, privileged" "--userns=auto" --privileged
+VOLS=
 fi
 
 # --- rootless podman ------------------------------------------------------------------------
