@@ -70,6 +70,11 @@ pub fn detect() -> Option<Container> {
 
 /// The container the marks describe, or none.
 pub fn classify(m: &Marks) -> Option<Container> {
+    // CRI-O and podman share containers/storage and an empty /run/.containerenv (podman rootful
+    // writes it empty too): the kubelet's variable tells them apart, unless podman's own
+    // `container=podman` says otherwise (found by review: `-e KUBERNETES_SERVICE_HOST` made
+    // a podman container read as CRI-O's).
+    let crio = m.kubernetes && m.container_var.as_deref() != Some("podman");
     let mut evidence = Vec::new();
     let mut runtime: Option<String> = None;
     let (mut version, mut rootless) = (None, None);
@@ -87,7 +92,7 @@ pub fn classify(m: &Marks) -> Option<Container> {
                 rootless = field("rootless").map(|r| r == "1");
             }
             // CRI-O writes the file empty.
-            None => runtime = Some(if m.kubernetes { "cri-o" } else { "podman" }.to_string()),
+            None => runtime = Some(if crio { "cri-o" } else { "podman" }.to_string()),
         }
     }
     // Docker leaves /.dockerenv in every container, but an image turned into a VM's root file
@@ -100,7 +105,7 @@ pub fn classify(m: &Marks) -> Option<Container> {
         let store = if opts.contains("/containerd/") {
             Some("containerd")
         } else if opts.contains("/containers/storage/") {
-            Some(if m.kubernetes { "cri-o" } else { "podman" })
+            Some(if crio { "cri-o" } else { "podman" })
         } else if opts.contains("/docker/") {
             Some("docker")
         } else {
@@ -198,6 +203,17 @@ mod tests {
                 "kubernetes variables alone say nothing of a container",
                 Marks { kubernetes: true, ..Marks::default() },
                 None,
+            ),
+            (
+                "rootful podman given the kubelet's variable: podman's own container=podman wins",
+                Marks {
+                    containerenv: Some(String::new()),
+                    root_mount: overlay("/var/lib/containers/storage/overlay"),
+                    container_var: Some("podman".into()),
+                    kubernetes: true,
+                    ..Marks::default()
+                },
+                Some(("podman", None, None, Some("kubernetes"))),
             ),
             (
                 "a value with a terminal escape and a line break: escaped, and cut at 64",
