@@ -91,6 +91,8 @@ out=$(timeout 120 podman run --rm $USERNS $SECCOMP $UNMASK $CAPS $VOL "$IMG" doc
 echo "$out" | sed -n '/container\|user namespaces\|proc fully\|capabilities/,+1p' | sed 's/^/info: doctor: /'
 check "doctor in the container passes with the documented options (exit $code)" test "$code" = 0
 check "doctor says it runs in podman" sh -c "echo \"\$1\" | grep -q '\[ok  \] container  *podman'" sh "$out"
+suid=$(timeout 120 podman run --rm --entrypoint /usr/bin/find "$IMG" / -xdev -type f -perm /6000 2>&1)
+check "the image has no setuid or setgid file (${suid:-none})" test -z "$suid"
 # shellcheck disable=SC2086
 must "attest init in the state volume" sh -c "timeout 120 podman run --rm $USERNS $SECCOMP $UNMASK $CAPS $VOL '$IMG' attest init --config /etc/sealnode/sealnode.toml > '$W/attest-init.txt' 2>&1"
 
