@@ -94,7 +94,7 @@ fn options(c: &crate::os::container::Container) -> Options {
             userns: "podman run --userns=auto (or rootless podman)",
             seccomp: "podman run --security-opt seccomp=FILE (/usr/share/sealnode/container-seccomp /usr/share/containers/seccomp.json > FILE)",
             proc: "podman run --security-opt unmask=/proc/*",
-            cgroup: "podman run --security-opt unmask=/proc/*:/sys/fs/cgroup",
+            cgroup: "none found for podman: /sys/fs/cgroup stays read-only with unmask, and with unmask=ALL the container's cgroup takes no controllers while sealnode is in it (EBUSY); leave per-role limits out and cap the container (--memory, --cpus, --pids-limit)",
             caps: "podman run --cap-add",
         },
         "docker" => Options {
@@ -442,7 +442,7 @@ mod tests {
         let p = options(&container("podman", None));
         assert!(p.seccomp.contains("--security-opt seccomp="), "{}", p.seccomp);
         assert!(p.proc.contains("unmask=/proc/*"), "{}", p.proc);
-        assert!(p.cgroup.contains("/sys/fs/cgroup"), "{}", p.cgroup);
+        assert!(p.cgroup.contains("/sys/fs/cgroup") && p.cgroup.contains("--memory"), "{}", p.cgroup);
         assert!(p.caps.contains("--cap-add"), "{}", p.caps);
         let d = options(&container("docker", None));
         assert!(d.proc.contains("systempaths=unconfined"), "{}", d.proc);

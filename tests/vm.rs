@@ -198,6 +198,7 @@ fn the_unit_runs_under_a_real_systemd_and_an_old_kernel_is_refused() {
         "ok: without the capabilities: refused with 125",
         "ok: without the capabilities: the refusal names it",
         "ok: the image has no setuid or setgid file",
+        "ok: the outer profile refuses keyctl and open_tree to an exec'd process",
         "ok: without a user namespace: refused with 125",
         "ok: without a user namespace: the refusal names it",
         "ok: without a user namespace, privileged: refused with 125",

@@ -114,6 +114,19 @@ ready() {  # CONTAINER [PODMAN...]: wait for `sealnode ctl ready` in it, up to 3
 check "ctl ready in the container (readiness probe) once both roles run" ready cell
 echo "info: rootful: run to ready in $(($(date +%s) - t0)) s"; sed 's/^/info: ctl ready: /' "$W/ready.txt" | tail -3
 check "ctl status answers (liveness probe)" sh -c "timeout 30 podman exec cell /usr/bin/sealnode ctl status > '$W/status.txt'"
+# What the outer profile withdraws from podman's default (deploy/seccomp/additions.json): the
+# keyring and the new mount API, refused to a process exec'd in the container.
+check "the outer profile refuses keyctl and open_tree to an exec'd process" timeout 30 podman exec cell /usr/bin/python3 -c '
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+# keyctl(KEYCTL_GET_KEYRING_ID, the session keyring) answers an id when allowed; open_tree(-1,
+# NULL) EFAULT: past the filter. The filter answers ENOSYS or EPERM.
+got = []
+for n, args in ((250, (0, -3, 0)), (428, (-1, 0, 0))):
+    r = libc.syscall(n, *args)
+    got.append((r, ctypes.get_errno()))
+print("info: keyctl, open_tree:", got)
+sys.exit(0 if all(r == -1 and e in (1, 38) for r, e in got) else 1)'
 check "the canary passed at this start (receipt)" \
   "$PY" -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if r["canary"]["passed"] else 1)' "$R/state/receipt.json"
 check "the receipt names podman as the container's runtime" \
