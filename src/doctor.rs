@@ -32,40 +32,62 @@ fn sysctl(path: &str) -> Option<String> {
 enum Refused {
     /// Creating the namespaces themselves.
     Namespaces(Errno),
-    /// sethostname in the new UTS namespace (podman's default seccomp profile refuses it).
-    Hostname(Errno),
-    /// A mount in the new mount namespace (Docker's and containerd's defaults refuse it).
-    Mount(Errno),
+    /// A call of the setup in the new namespaces ([`STEPS`]): podman's default seccomp profile
+    /// refuses sethostname, Docker's and containerd's the mounts and setns too.
+    Step(&'static str, Errno),
 }
 
-/// Create every namespace a role uses, and in a child there set a hostname and mount a tmpfs,
-/// as each role's setup does: what a container's seccomp profile may refuse.
+/// The calls each role's setup makes in its new namespaces, in the order doctor tries them
+/// (found by review: a profile refusing only mount_setattr, pivot_root, setns or Landlock's
+/// calls passed doctor, and run then failed with a message that did not name the profile).
+const STEPS: [&str; 7] =
+    ["sethostname", "mount", "mount_setattr", "setns", "pivot_root", "umount2", "landlock_restrict_self"];
+
+/// Create every namespace a role uses, and in a child there make each call of [`STEPS`], as
+/// each role's setup does: what a container's seccomp profile may refuse.
 fn try_namespaces() -> Result<(), Refused> {
+    let landlock = sys::landlock_abi() >= 1;
     let (r, w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
     // SAFETY: doctor is single-threaded; the child only makes system calls and _exits.
     let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }.map_err(Refused::Namespaces)?;
     if pid == 0 {
         drop(r);
-        let step = |n: u8, res: Result<(), Errno>| {
+        let step = |name: &str, res: Result<(), Errno>| {
             if let Err(e) = res {
+                let n = STEPS.iter().position(|s| *s == name).unwrap_or(0) as u8;
                 let _ = nix::unistd::write(&w, &[n, e as i32 as u8]);
                 sys::exit_now(1);
             }
         };
-        step(1, nix::unistd::sethostname("sealnode-doctor"));
+        step("sethostname", nix::unistd::sethostname("sealnode-doctor"));
         // Private first: nothing done here reaches the mount namespace doctor came from.
         use nix::mount::{mount, MsFlags};
-        step(2, mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>));
-        step(2, mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
+        step("mount", mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>));
+        step("mount", mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
+        step("mount_setattr", sys::mount_setattr(c"/tmp", sys::MOUNT_ATTR_NOSUID, false));
+        // Its own UTS namespace again: the helpers join a role's namespaces this way.
+        let uts = nix::fcntl::open(
+            "/proc/self/ns/uts",
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        );
+        step("setns", uts.and_then(|fd| nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWUTS)));
+        step("pivot_root", nix::unistd::chdir("/tmp").and_then(|()| sys::pivot_root(c".", c".")));
+        step("umount2", nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH));
+        if landlock {
+            step("landlock_restrict_self", sys::landlock_restrict_probe());
+        }
         sys::exit_now(0);
     }
     drop(w);
     let mut buf = [0u8; 2];
     let n = nix::unistd::read(&r, &mut buf).unwrap_or(0);
     let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-    match (n, buf[0]) {
-        (2, 1) => Err(Refused::Hostname(Errno::from_raw(i32::from(buf[1])))),
-        (2, _) => Err(Refused::Mount(Errno::from_raw(i32::from(buf[1])))),
+    match n {
+        2 => Err(Refused::Step(
+            STEPS.get(usize::from(buf[0])).copied().unwrap_or("?"),
+            Errno::from_raw(i32::from(buf[1])),
+        )),
         _ => Ok(()),
     }
 }
@@ -153,7 +175,7 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
             name: "user namespaces",
             level: Level::Ok,
             value: "available".into(),
-            meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, set a hostname and mount there".into(),
+            meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, and make there each call a role's setup makes (sethostname, mount, mount_setattr, setns, pivot_root, umount2, Landlock)".into(),
         }),
         Err(Refused::Namespaces(e)) => {
             let (what, fix) = crate::sandbox::namespaces::explain_userns_failure(e);
@@ -163,8 +185,7 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
             };
             v.push(Check { name: "user namespaces", level: Level::Fail, value: e.desc().into(), meaning: format!("{what}; fix: {fix}") });
         }
-        Err(r @ (Refused::Hostname(e) | Refused::Mount(e))) => {
-            let step = if matches!(r, Refused::Hostname(_)) { "sethostname" } else { "mount" };
+        Err(Refused::Step(step, e)) => {
             let fix = match &opts {
                 Some(o) => o.seccomp.to_string(),
                 None => "a seccomp filter or LSM above sealnode refuses it: run sealnode outside it (the systemd unit as shipped)".into(),

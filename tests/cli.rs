@@ -289,3 +289,58 @@ fn man_pages_list_subcommands_only_where_there_are_some() {
     }
     assert!(with_section.contains(&"sealnode".to_string()) && with_section.contains(&"sealnode-attest".to_string()));
 }
+
+/// Found by review: a filter above sealnode (a container's seccomp profile) refusing only
+/// mount_setattr, setns, pivot_root or Landlock passed doctor, and `run` failed later (exit 6,
+/// or a wipe's message) without naming the filter. Each is tried now: doctor fails naming the
+/// call, and `run` refuses with 125 before anything starts, naming it too.
+#[test]
+fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
+    use std::os::unix::process::CommandExt;
+    let f = Fixture::new(Mode::Rootless, "doctor-filter");
+    for (call, errno) in [
+        ("mount_setattr", libc::ENOSYS),
+        ("setns", libc::EPERM),
+        ("pivot_root", libc::ENOSYS),
+        ("landlock_restrict_self", libc::EPERM),
+    ] {
+        let nr = match call {
+            "mount_setattr" => libc::SYS_mount_setattr,
+            "setns" => libc::SYS_setns,
+            "pivot_root" => libc::SYS_pivot_root,
+            _ => libc::SYS_landlock_restrict_self,
+        };
+        let filter: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
+            [(nr, vec![])].into_iter().collect(),
+            seccompiler::SeccompAction::Allow,
+            seccompiler::SeccompAction::Errno(errno as u32),
+            std::env::consts::ARCH.try_into().expect("arch"),
+        )
+        .and_then(|f| f.try_into())
+        .expect("filter");
+        let under = |args: &[&str]| {
+            let filter = filter.clone();
+            let mut c = f.command(args);
+            // SAFETY: between fork and exec the child only makes the prctl and seccomp calls
+            // apply_filter makes, on a program built before the fork.
+            unsafe {
+                c.pre_exec(move || {
+                    // SAFETY: PR_SET_NO_NEW_PRIVS takes integers.
+                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    seccompiler::apply_filter(&filter).map_err(|e| std::io::Error::other(e.to_string()))
+                })
+            };
+            let o = c.output_within(COMMAND_LIMIT);
+            (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+        };
+        let (code, said) = under(&["doctor"]);
+        assert_eq!(code, Some(1), "{call}: {said}");
+        assert!(said.contains("[FAIL] user namespaces") && said.contains(&format!("{call} refused")), "{call}: {said}");
+        let cfg = f.config.display().to_string();
+        let (code, said) = under(&["run", "--config", &cfg]);
+        assert_eq!(code, Some(125), "{call}: {said}");
+        assert!(said.contains(&format!("{call} refused")) && !said.contains("role started"), "{call}: {said}");
+    }
+}

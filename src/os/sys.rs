@@ -257,6 +257,33 @@ pub fn loopback_up() -> Result<(), Errno> {
     Ok(())
 }
 
+/// Confine this process with a Landlock ruleset that handles execution and allows none (with
+/// no_new_privs first): what each role's setup does, as doctor tries it in a throwaway child
+/// (a container's seccomp profile may refuse either call).
+pub fn landlock_restrict_probe() -> Result<(), Errno> {
+    #[repr(C)]
+    struct RulesetAttr {
+        handled_access_fs: u64,
+    }
+    const LANDLOCK_ACCESS_FS_EXECUTE: u64 = 1;
+    let attr = RulesetAttr { handled_access_fs: LANDLOCK_ACCESS_FS_EXECUTE };
+    // SAFETY: attr is a valid landlock_ruleset_attr (its first field) of the size passed.
+    let fd = Errno::result(unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const RulesetAttr,
+            std::mem::size_of::<RulesetAttr>(),
+            0 as libc::c_uint,
+        )
+    })?;
+    // SAFETY: the kernel returned a new descriptor, which this function alone owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
+    // SAFETY: fd is a Landlock ruleset descriptor; flags 0.
+    Errno::result(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0 as libc::c_uint) })
+        .map(drop)
+}
+
 /// The Landlock ABI version the running kernel offers (0 if none).
 pub fn landlock_abi() -> i32 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
