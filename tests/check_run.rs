@@ -451,6 +451,43 @@ fn a_credential_linked_into_the_engines_model_dir_is_refused() {
     }
 }
 
+/// Found by review: a bind mount of the credential, or of the attestation key, onto a file in
+/// the engine's model dir keeps one name and one link, and the engine read it. Every entry of
+/// the trees a role sees is compared with them by (device, inode): check and run refuse.
+#[test]
+fn a_credential_or_key_bound_into_the_model_dir_is_refused() {
+    if !is_root() {
+        return unavailable("rootful", "bind mounts need root");
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    for mode in modes() {
+        let f = fixture(mode, "cred-bind");
+        let cfg = f.config.display().to_string();
+        let o = f.command(&["attest", "init", "--config", &cfg]).output_within(COMMAND_LIMIT);
+        assert!(o.status.success(), "{mode:?}: attest init: {}", String::from_utf8_lossy(&o.stderr));
+        for (src, words) in [
+            (f.p("credential"), ["engine.models", "is node.credential under another name"]),
+            (
+                f.p("state/attest/ed25519.key"),
+                ["engine.models", "is the attestation key (cell.state_dir) under another name"],
+            ),
+        ] {
+            let at = f.p("models/leak");
+            std::fs::write(&at, "").expect("mount point");
+            nix::mount::mount(Some(&src), &at, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).expect("bind");
+            let guard = Unmount(at.clone());
+            same_refusal(&f, &format!("{} bound into the model dir", src.display()), &words);
+            drop(guard);
+            std::fs::remove_file(&at).expect("rm");
+        }
+    }
+}
+
 /// A second name for the credential in the engine's model dir (a hard link: no path check
 /// sees where it leads; rootless, the engine is the launcher's uid and could read it). Found
 /// by review: check and run passed it, and the engine printed the credential.

@@ -78,12 +78,23 @@ pub struct ModelsJob {
     pub keep_cache: bool,
 }
 
+/// A file no role may see under another name: its (device, inode) and what it is.
+#[derive(Debug, Clone)]
+pub struct Secret {
+    pub dev: u64,
+    pub ino: u64,
+    pub what: String,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Job {
     /// Root and this uid are the trusted owners.
     pub launcher_uid: u32,
     pub programs: Vec<ProgramJob>,
     pub trees: Vec<TreeJob>,
+    /// The node's credential and the attestation key: an entry of a tree that is one of them
+    /// (a hard link, a bind mount of it) refuses the start.
+    pub secrets: Vec<Secret>,
     pub models: Option<ModelsJob>,
     /// What each role opens besides its program, opened as the role (crate::sandbox::access).
     pub access: Vec<crate::sandbox::access::Job>,
@@ -175,6 +186,20 @@ pub fn job_for(
             trees.push(TreeJob { role: *role, field: format!("{role}.models"), root: m.clone() });
         }
     }
+    // Found by review: a bind mount of the credential or the key into the engine's model dir
+    // kept one name (no link count sees it) and the engine read it; every tree entry is
+    // compared with them by (device, inode).
+    let credentials =
+        Role::ALL.iter().filter_map(|r| Some((cfg.role(*r).credential.clone()?, format!("{r}.credential"))));
+    let key = (crate::layout::attest_key_path(&cfg.cell.state_dir), "the attestation key (cell.state_dir)".to_string());
+    let secrets = credentials
+        .chain(std::iter::once(key))
+        .filter_map(|(p, what)| {
+            use std::os::unix::fs::MetadataExt;
+            let md = std::fs::metadata(&p).ok()?;
+            Some(Secret { dev: md.dev(), ino: md.ino(), what })
+        })
+        .collect();
     // Rootless, a role keeps the launcher's supplementary groups (unmapped, for DAC).
     let groups: Vec<u32> = if inv.rootful() {
         Vec::new()
@@ -201,6 +226,7 @@ pub fn job_for(
             })
             .collect(),
         trees,
+        secrets,
         models: None,
         access: plans.iter().map(|(role, plan)| crate::sandbox::access::job_for(cfg, inv, *role, plan)).collect(),
     }
@@ -228,7 +254,7 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
     let mut budgets = std::collections::BTreeMap::new();
     for t in &job.trees {
         let budget = budgets.entry(t.role).or_insert(MAX_ENTRIES);
-        scan_tree(t, job.launcher_uid, budget, &mut m);
+        scan_tree(t, &job.secrets, job.launcher_uid, budget, &mut m);
     }
     // Gigabytes are hashed only for a start that can happen.
     if let (Some(mj), true) = (&job.models, m.problems.is_empty()) {
@@ -437,7 +463,7 @@ fn shown(s: String) -> String {
 }
 
 /// Walk `t.root` (and check every directory above it) for what must not be in a role's view.
-fn scan_tree(t: &TreeJob, uid: u32, budget: &mut usize, m: &mut Measured) {
+fn scan_tree(t: &TreeJob, secrets: &[Secret], uid: u32, budget: &mut usize, m: &mut Measured) {
     let shown = shown(t.root.display().to_string());
     if let Err(e) = crate::os::trusted::check_dirs_to(&t.root, uid) {
         m.problem(&t.field, e);
@@ -451,7 +477,7 @@ fn scan_tree(t: &TreeJob, uid: u32, budget: &mut usize, m: &mut Measured) {
         Ok(st) => st,
         Err(e) => return m.problem(&t.field, format!("fstat {shown}: {}", e.desc())),
     };
-    if !entry(t, &t.root, &st, uid, m) {
+    if !entry(t, secrets, &t.root, &st, uid, m) {
         return;
     }
     if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
@@ -460,14 +486,26 @@ fn scan_tree(t: &TreeJob, uid: u32, budget: &mut usize, m: &mut Measured) {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         ) {
-            Ok(dir) => walk(t, &dir, &t.root, st.st_dev, 0, uid, budget, m),
+            Ok(dir) => walk(t, secrets, &dir, &t.root, 0, uid, budget, m),
             Err(e) => m.problem(&t.field, format!("list {shown}: {}", e.desc())),
         }
     }
 }
 
 /// Judge one entry; true when a directory should be walked into.
-fn entry(t: &TreeJob, path: &Path, st: &FileStat, uid: u32, m: &mut Measured) -> bool {
+fn entry(t: &TreeJob, secrets: &[Secret], path: &Path, st: &FileStat, uid: u32, m: &mut Measured) -> bool {
+    if let Some(s) = secrets.iter().find(|s| s.dev == st.st_dev && s.ino == st.st_ino) {
+        m.problem(
+            &t.field,
+            format!(
+                "{} is {} under another name (a hard link or a bind mount of it): the {} would read it; remove it",
+                shown(path.display().to_string()),
+                s.what,
+                t.role
+            ),
+        );
+        return false;
+    }
     match st.st_mode & libc::S_IFMT {
         // Not followed: the view resolves it, to something judged on its own.
         libc::S_IFLNK => false,
@@ -497,9 +535,9 @@ fn entry(t: &TreeJob, path: &Path, st: &FileStat, uid: u32, m: &mut Measured) ->
 #[allow(clippy::too_many_arguments)]
 fn walk(
     t: &TreeJob,
+    secrets: &[Secret],
     dir: &OwnedFd,
     here: &Path,
-    dev: u64,
     depth: usize,
     uid: u32,
     budget: &mut usize,
@@ -549,17 +587,16 @@ fn walk(
                 continue;
             }
         };
-        if !entry(t, &path, &st, uid, m) {
+        if !entry(t, secrets, &path, &st, uid, m) {
             continue;
         }
-        let _ = dev;
         match openat(
             dir,
             name.as_os_str(),
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
         ) {
-            Ok(sub) => walk(t, &sub, &path, st.st_dev, depth + 1, uid, budget, m),
+            Ok(sub) => walk(t, secrets, &sub, &path, depth + 1, uid, budget, m),
             Err(e) => m.problem(&t.field, format!("list {}: {}", shown(path.display().to_string()), e.desc())),
         }
     }
