@@ -32,63 +32,119 @@ fn sysctl(path: &str) -> Option<String> {
 enum Refused {
     /// Creating the namespaces themselves.
     Namespaces(Errno),
-    /// A call of the setup in the new namespaces ([`STEPS`]): podman's default seccomp profile
-    /// refuses sethostname, Docker's and containerd's the mounts and setns too.
+    /// A call of the setup in the new namespaces ([`STEPS`]) answered with an error: podman's
+    /// default seccomp profile refuses sethostname, Docker's and containerd's most of them.
     Step(&'static str, Errno),
+    /// A call of the setup killed the process (a filter's KILL action, systemd's
+    /// `SystemCallFilter=` default): the signal.
+    Killed(&'static str, i32),
 }
 
-/// The calls each role's setup makes in its new namespaces, in the order doctor tries them
-/// (found by review: a profile refusing only mount_setattr, pivot_root, setns or Landlock's
-/// calls passed doctor, and run then failed with a message that did not name the profile).
-const STEPS: [&str; 7] =
-    ["sethostname", "mount", "mount_setattr", "setns", "pivot_root", "umount2", "landlock_restrict_self"];
+/// The calls each role's setup makes in its new namespaces, in the order doctor tries them,
+/// with the forms the setup uses (a recursive bind, a recursive mount_setattr, setns into a
+/// network namespace, a Landlock rule, a seccomp filter) (found by review: a profile refusing
+/// one of them, or killing on it, passed doctor, and run then failed with a message that did
+/// not name the profile). Every start's `run` makes them too, through [`required`].
+const STEPS: [&str; 11] = [
+    "sethostname",
+    "mount",
+    "mount (bind)",
+    "mount_setattr",
+    "setns",
+    "unshare",
+    "memfd_create",
+    "pivot_root",
+    "umount2",
+    "landlock (create_ruleset, add_rule, restrict_self)",
+    "seccomp",
+];
 
 /// Create every namespace a role uses, and in a child there make each call of [`STEPS`], as
-/// each role's setup does: what a container's seccomp profile may refuse.
+/// each role's setup does: what a container's seccomp profile may refuse or kill.
 fn try_namespaces() -> Result<(), Refused> {
     let landlock = sys::landlock_abi() >= 1;
+    // An allow-all filter, installed as each role's is (its content is not what is tried).
+    let allow_all: seccompiler::BpfProgram = vec![seccompiler::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: libc::SECCOMP_RET_ALLOW,
+    }];
     let (r, w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
     // SAFETY: doctor is single-threaded; the child only makes system calls and _exits.
     let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }.map_err(Refused::Namespaces)?;
     if pid == 0 {
         drop(r);
-        let step = |name: &str, res: Result<(), Errno>| {
-            if let Err(e) = res {
-                let n = STEPS.iter().position(|s| *s == name).unwrap_or(0) as u8;
-                let _ = nix::unistd::write(&w, &[n, e as i32 as u8]);
+        // Each step says its number before its call (a kill leaves it the last said), and
+        // 0xff with the errno (4 bytes) when the call fails.
+        let step = |name: &str, call: &dyn Fn() -> Result<(), Errno>| {
+            let n = STEPS.iter().position(|s| *s == name).unwrap_or(0) as u8;
+            let _ = nix::unistd::write(&w, &[n]);
+            if let Err(e) = call() {
+                let mut b = [0xffu8; 5];
+                b[1..].copy_from_slice(&(e as i32).to_le_bytes());
+                let _ = nix::unistd::write(&w, &b);
                 sys::exit_now(1);
             }
         };
-        step("sethostname", nix::unistd::sethostname("sealnode-doctor"));
-        // Private first: nothing done here reaches the mount namespace doctor came from.
         use nix::mount::{mount, MsFlags};
-        step("mount", mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>));
-        step("mount", mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
-        step("mount_setattr", sys::mount_setattr(c"/tmp", sys::MOUNT_ATTR_NOSUID, false));
-        // Its own UTS namespace again: the helpers join a role's namespaces this way.
-        let uts = nix::fcntl::open(
-            "/proc/self/ns/uts",
-            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        );
-        step("setns", uts.and_then(|fd| nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWUTS)));
-        step("pivot_root", nix::unistd::chdir("/tmp").and_then(|()| sys::pivot_root(c".", c".")));
-        step("umount2", nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH));
-        if landlock {
-            step("landlock_restrict_self", sys::landlock_restrict_probe());
+        let none = None::<&str>;
+        step("sethostname", &|| nix::unistd::sethostname("sealnode-doctor"));
+        // Private first: nothing done here reaches the mount namespace doctor came from.
+        step("mount", &|| mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none));
+        step("mount", &|| mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
+        step("mount (bind)", &|| mount(Some("/tmp"), "/tmp", none, MsFlags::MS_BIND | MsFlags::MS_REC, none));
+        step("mount_setattr", &|| sys::mount_setattr(c"/tmp", sys::MOUNT_ATTR_NOSUID, true));
+        // Its own namespaces again: the helpers join a role's namespaces this way.
+        for (ns, flag) in [("net", nix::sched::CloneFlags::CLONE_NEWNET), ("uts", nix::sched::CloneFlags::CLONE_NEWUTS)]
+        {
+            step("setns", &|| {
+                let fd = nix::fcntl::open(
+                    format!("/proc/self/ns/{ns}").as_str(),
+                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )?;
+                nix::sched::setns(fd, flag)
+            });
         }
+        // A network namespace of its own, as the cell makes the engine's.
+        step("unshare", &|| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET));
+        step("memfd_create", &|| {
+            nix::sys::memfd::memfd_create(c"sealnode-doctor", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map(drop)
+        });
+        step("pivot_root", &|| nix::unistd::chdir("/tmp").and_then(|()| sys::pivot_root(c".", c".")));
+        step("umount2", &|| nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH));
+        if landlock {
+            step("landlock (create_ruleset, add_rule, restrict_self)", &sys::landlock_restrict_probe);
+        }
+        step("seccomp", &|| {
+            seccompiler::apply_filter(&allow_all).map_err(|e| match e {
+                seccompiler::Error::Prctl(io) | seccompiler::Error::Seccomp(io) => {
+                    Errno::from_raw(io.raw_os_error().unwrap_or(libc::EINVAL))
+                }
+                _ => Errno::EINVAL,
+            })
+        });
         sys::exit_now(0);
     }
     drop(w);
-    let mut buf = [0u8; 2];
-    let n = nix::unistd::read(&r, &mut buf).unwrap_or(0);
-    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-    match n {
-        2 => Err(Refused::Step(
-            STEPS.get(usize::from(buf[0])).copied().unwrap_or("?"),
-            Errno::from_raw(i32::from(buf[1])),
-        )),
-        _ => Ok(()),
+    let mut said = Vec::new();
+    let mut buf = [0u8; 64];
+    while let Ok(n @ 1..) = nix::unistd::read(&r, &mut buf) {
+        said.extend_from_slice(&buf[..n]);
+    }
+    let ws = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let failed = said.iter().position(|b| *b == 0xff);
+    let last = said[..failed.unwrap_or(said.len())].last().copied();
+    let name = |n: Option<u8>| n.and_then(|n| STEPS.get(usize::from(n)).copied()).unwrap_or("the namespaces' setup");
+    match (failed, ws) {
+        (Some(at), _) => {
+            let e = said.get(at + 1..at + 5).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes);
+            Err(Refused::Step(name(last), Errno::from_raw(e)))
+        }
+        (None, Ok(nix::sys::wait::WaitStatus::Exited(_, 0))) => Ok(()),
+        (None, Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => Err(Refused::Killed(name(last), sig as i32)),
+        (None, _) => Err(Refused::Step(name(last), Errno::EIO)),
     }
 }
 
@@ -175,7 +231,7 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
             name: "user namespaces",
             level: Level::Ok,
             value: "available".into(),
-            meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, and make there each call a role's setup makes (sethostname, mount, mount_setattr, setns, pivot_root, umount2, Landlock)".into(),
+            meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, and make there the calls a role's setup makes (sethostname, mounts and binds, mount_setattr, setns, unshare, memfd_create, pivot_root, umount2, Landlock, seccomp)".into(),
         }),
         Err(Refused::Namespaces(e)) => {
             let (what, fix) = crate::sandbox::namespaces::explain_userns_failure(e);
@@ -184,6 +240,19 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
                 _ => fix,
             };
             v.push(Check { name: "user namespaces", level: Level::Fail, value: e.desc().into(), meaning: format!("{what}; fix: {fix}") });
+        }
+        Err(Refused::Killed(step, sig)) => {
+            let fix = match &opts {
+                Some(o) => o.seccomp.to_string(),
+                None => "a seccomp filter above sealnode kills it (systemd's SystemCallFilter= without SystemCallErrorNumber=): allow it, or run sealnode outside it (the systemd unit as shipped)".into(),
+            };
+            let signal = nix::sys::signal::Signal::try_from(sig).map_or(sig.to_string(), |s| s.as_str().to_string());
+            v.push(Check {
+                name: "user namespaces",
+                level: Level::Fail,
+                value: format!("{step} killed the process ({signal})"),
+                meaning: format!("the namespaces are made, but {step} in them kills the process, as each role's setup needs it; fix: {fix}"),
+            });
         }
         Err(Refused::Step(step, e)) => {
             let fix = match &opts {

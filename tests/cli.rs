@@ -290,30 +290,31 @@ fn man_pages_list_subcommands_only_where_there_are_some() {
     assert!(with_section.contains(&"sealnode".to_string()) && with_section.contains(&"sealnode-attest".to_string()));
 }
 
-/// Found by review: a filter above sealnode (a container's seccomp profile) refusing only
-/// mount_setattr, setns, pivot_root or Landlock passed doctor, and `run` failed later (exit 6,
-/// or a wipe's message) without naming the filter. Each is tried now: doctor fails naming the
-/// call, and `run` refuses with 125 before anything starts, naming it too.
+/// Found by review: a filter above sealnode (a container's seccomp profile, systemd's
+/// `SystemCallFilter=`) refusing or killing on one call of a role's setup passed doctor, and
+/// `run` failed later (exit 6, or a wipe's message) without naming the filter. Each is tried
+/// now: doctor fails naming the call, and `run` refuses with 125 before anything starts.
 #[test]
 fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
+    use seccompiler::SeccompAction::{Errno, KillProcess};
     use std::os::unix::process::CommandExt;
     let f = Fixture::new(Mode::Rootless, "doctor-filter");
-    for (call, errno) in [
-        ("mount_setattr", libc::ENOSYS),
-        ("setns", libc::EPERM),
-        ("pivot_root", libc::ENOSYS),
-        ("landlock_restrict_self", libc::EPERM),
+    let landlock = "landlock (create_ruleset, add_rule, restrict_self)";
+    for (nr, action, named, said) in [
+        (libc::SYS_mount_setattr, Errno(libc::ENOSYS as u32), "mount_setattr", "refused"),
+        (libc::SYS_setns, Errno(libc::EPERM as u32), "setns", "refused"),
+        (libc::SYS_pivot_root, Errno(libc::ENOSYS as u32), "pivot_root", "refused"),
+        (libc::SYS_pivot_root, KillProcess, "pivot_root", "killed the process (SIGSYS)"),
+        (libc::SYS_sethostname, KillProcess, "sethostname", "killed the process (SIGSYS)"),
+        (libc::SYS_landlock_restrict_self, Errno(libc::EPERM as u32), landlock, "refused"),
+        (libc::SYS_landlock_add_rule, Errno(libc::EPERM as u32), landlock, "refused"),
+        (libc::SYS_memfd_create, Errno(libc::EPERM as u32), "memfd_create", "refused"),
+        (libc::SYS_seccomp, Errno(libc::EPERM as u32), "seccomp", "refused"),
     ] {
-        let nr = match call {
-            "mount_setattr" => libc::SYS_mount_setattr,
-            "setns" => libc::SYS_setns,
-            "pivot_root" => libc::SYS_pivot_root,
-            _ => libc::SYS_landlock_restrict_self,
-        };
         let filter: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
             [(nr, vec![])].into_iter().collect(),
             seccompiler::SeccompAction::Allow,
-            seccompiler::SeccompAction::Errno(errno as u32),
+            action.clone(),
             std::env::consts::ARCH.try_into().expect("arch"),
         )
         .and_then(|f| f.try_into())
@@ -335,12 +336,13 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
             let o = c.output_within(COMMAND_LIMIT);
             (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
         };
-        let (code, said) = under(&["doctor"]);
-        assert_eq!(code, Some(1), "{call}: {said}");
-        assert!(said.contains("[FAIL] user namespaces") && said.contains(&format!("{call} refused")), "{call}: {said}");
+        let what = format!("{named} {said}");
+        let (code, out) = under(&["doctor"]);
+        assert_eq!(code, Some(1), "{nr} {action:?}: {out}");
+        assert!(out.contains("[FAIL] user namespaces") && out.contains(&what), "{nr} {action:?}: {out}");
         let cfg = f.config.display().to_string();
-        let (code, said) = under(&["run", "--config", &cfg]);
-        assert_eq!(code, Some(125), "{call}: {said}");
-        assert!(said.contains(&format!("{call} refused")) && !said.contains("role started"), "{call}: {said}");
+        let (code, out) = under(&["run", "--config", &cfg]);
+        assert_eq!(code, Some(125), "{nr} {action:?}: {out}");
+        assert!(out.contains(&what) && !out.contains("role started"), "{nr} {action:?}: {out}");
     }
 }

@@ -28,19 +28,24 @@ pub const BURST: f64 = 2000.0;
 pub const MAX_SHOWN: usize = MAX_LINE + 64;
 
 /// A captured line as it is re-emitted: escaped ([`crate::logging::log::clean`]) and, once
-/// escaped, at most [`MAX_SHOWN`] bytes, cut between escapes, never inside one (found by
-/// review: an escape is up to 10 bytes for one of the role's, and 16 KiB of control bytes made
-/// a 96 KiB line, past what log drivers keep as one).
+/// escaped, at most [`MAX_SHOWN`] bytes (as text, and as a JSON string), cut between escapes,
+/// never inside one (found by review: an escape is up to 10 bytes for one of the role's, and
+/// 16 KiB of control bytes made a 96 KiB line, past what log drivers keep as one).
 pub fn escaped(line: &[u8]) -> String {
+    // What JSON adds (`SEALNODE_LOG_FORMAT=json`): a backslash before each `\` and `"`; the
+    // bound holds for that form too (found by review: 20,000 backslashes made 33 KB of JSON).
+    let json = |s: &str| s.bytes().filter(|b| matches!(b, b'\\' | b'"')).count();
     let all = crate::logging::log::clean(line);
-    if all.len() <= MAX_SHOWN {
+    if all.len() + json(&all) <= MAX_SHOWN {
         return all;
     }
     let mut s = String::with_capacity(MAX_LINE + 64);
+    let mut cost = 0;
     let mut utf8 = [0u8; 4];
     for c in String::from_utf8_lossy(line).chars() {
         let one = crate::logging::log::clean(c.encode_utf8(&mut utf8).as_bytes());
-        if s.len() + one.len() > MAX_LINE {
+        cost += one.len() + json(&one);
+        if cost > MAX_LINE {
             s.push_str(&format!(" [line cut at {MAX_LINE} bytes once escaped]"));
             // (MAX_LINE and this mark are within MAX_SHOWN.)
             break;

@@ -45,7 +45,10 @@ impl Marks {
             containerenv: std::fs::read_to_string("/run/.containerenv").ok(),
             dockerenv: std::path::Path::new("/.dockerenv").exists(),
             root_mount: root_mount(&mountinfo),
-            container_var: std::env::var("container").ok().filter(|v| !v.is_empty()),
+            // Not UTF-8 is still a mark (found by review: it read as no container at all).
+            container_var: std::env::var_os("container")
+                .map(|v| v.to_string_lossy().into_owned())
+                .filter(|v| !v.is_empty()),
             kubernetes: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
         }
     }

@@ -257,9 +257,9 @@ pub fn loopback_up() -> Result<(), Errno> {
     Ok(())
 }
 
-/// Confine this process with a Landlock ruleset that handles execution and allows none (with
-/// no_new_privs first): what each role's setup does, as doctor tries it in a throwaway child
-/// (a container's seccomp profile may refuse either call).
+/// Confine this process with a Landlock ruleset that handles execution, with one rule allowing
+/// it beneath / (and no_new_privs first): what each role's setup does, as doctor tries it in a
+/// throwaway child (a container's seccomp profile may refuse any of the three calls).
 pub fn landlock_restrict_probe() -> Result<(), Errno> {
     #[repr(C)]
     struct RulesetAttr {
@@ -278,6 +278,26 @@ pub fn landlock_restrict_probe() -> Result<(), Errno> {
     })?;
     // SAFETY: the kernel returned a new descriptor, which this function alone owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // One rule, as each role's ruleset has many: execution beneath /.
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_uint = 1;
+    use nix::fcntl::OFlag;
+    let root = nix::fcntl::open("/", OFlag::O_PATH | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())?;
+    let rule = PathBeneath { allowed_access: LANDLOCK_ACCESS_FS_EXECUTE, parent_fd: root.as_raw_fd() };
+    // SAFETY: rule is a valid landlock_path_beneath_attr (packed, as the kernel's) for the call.
+    Errno::result(unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            fd.as_raw_fd(),
+            LANDLOCK_RULE_PATH_BENEATH,
+            &rule as *const PathBeneath,
+            0 as libc::c_uint,
+        )
+    })?;
     prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
     // SAFETY: fd is a Landlock ruleset descriptor; flags 0.
     Errno::result(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0 as libc::c_uint) })

@@ -128,18 +128,25 @@ impl Readiness {
             return None;
         }
         if c.deadline <= now {
+            // A try still open at the deadline is the last one (found by review: the message
+            // named an earlier try's refusal).
+            let last = match (&c.fd, &c.stage) {
+                (None, _) => c.last.clone(),
+                (Some(_), Stage::Connecting) => "the connect did not complete".to_string(),
+                (Some(_), Stage::Reading) => "connected, but no HTTP status line came".to_string(),
+            };
             let ready = cfg.engine.ready();
             let port = cfg.engine.port.unwrap_or(0);
             let what = match ready.kind {
                 ReadyKind::Http => format!("GET http://127.0.0.1:{port}{} answering 200", ready.path),
                 ReadyKind::Tcp => format!("a TCP connect to 127.0.0.1:{port}"),
             };
-            tracing::error!(timeout_s = ready.timeout_s, last = %c.last, "engine not ready in time");
+            tracing::error!(timeout_s = ready.timeout_s, %last, "engine not ready in time");
             crate::logging::log::say(&format!(
                 "the engine did not become ready within {} s ({what}); last try: {}\n  \
                  next: check the engine's own output above (a model still loading needs a larger \
                  engine.ready.timeout_s; a wrong engine.port or --port never answers)",
-                ready.timeout_s, c.last
+                ready.timeout_s, last
             ));
             self.cancel(epoll);
             return Some(Verdict::TimedOut);

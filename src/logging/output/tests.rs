@@ -54,8 +54,16 @@ fn an_escaped_line_stays_within_the_limit() {
         &shown[shown.len() - 60..]
     );
     let backslashes = escaped(&vec![b'\\'; MAX_LINE]);
-    assert!(backslashes.len() <= MAX_SHOWN && backslashes.ends_with(r"\\ [line cut at 16384 bytes once escaped]"));
+    assert!(backslashes.ends_with(r"\\ [line cut at 16384 bytes once escaped]"));
     assert_eq!(backslashes.matches('\\').count() % 2, 0, "no backslash left alone");
+    // As JSON too (each backslash and quote escaped again): within the bound.
+    for (what, line) in
+        [("backslashes", vec![b'\\'; 20_000]), ("quotes", vec![b'"'; 20_000]), ("controls", vec![1u8; 20_000])]
+    {
+        let shown = escaped(&line);
+        let json = serde_json::to_string(&shown).expect("json");
+        assert!(json.len() <= MAX_SHOWN + 2, "{what}: {} bytes as JSON", json.len());
+    }
     let mut plain = vec![b'x'; MAX_LINE];
     plain.extend_from_slice(b" [line cut at 16384 bytes]");
     assert_eq!(escaped(&plain).as_bytes(), &plain[..], "a plain cut line is shown whole");
