@@ -38,7 +38,13 @@ enum Refused {
     /// A call of the setup killed the process (a filter's KILL action, systemd's
     /// `SystemCallFilter=` default): the signal.
     Killed(&'static str, i32),
+    /// A call of the setup did not return within [`PROBE_LIMIT`] (a filter handing it to a
+    /// supervisor that never answers): the probe was killed.
+    Hung(&'static str),
 }
+
+/// How long the probe of the setup's calls may take (it takes about 20 ms).
+const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The calls each role's setup makes in its new namespaces, in the order doctor tries them,
 /// with the forms the setup uses (a recursive bind, a recursive mount_setattr, setns into a
@@ -75,6 +81,8 @@ fn try_namespaces() -> Result<(), Refused> {
     let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }.map_err(Refused::Namespaces)?;
     if pid == 0 {
         drop(r);
+        // Never left behind (found by review: a probe held by a filter outlived a killed run).
+        let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
         // Each step says its number before its call (a kill leaves it the last said), and
         // 0xff with the errno (4 bytes) when the call fails.
         let step = |name: &str, call: &dyn Fn() -> Result<(), Errno>| {
@@ -128,16 +136,34 @@ fn try_namespaces() -> Result<(), Refused> {
         sys::exit_now(0);
     }
     drop(w);
+    let child = nix::unistd::Pid::from_raw(pid);
     let mut said = Vec::new();
     let mut buf = [0u8; 64];
-    while let Ok(n @ 1..) = nix::unistd::read(&r, &mut buf) {
-        said.extend_from_slice(&buf[..n]);
+    let until = std::time::Instant::now() + PROBE_LIMIT;
+    let hung = loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(10_000) as i32)
+            .unwrap_or(nix::poll::PollTimeout::ZERO);
+        let mut fds = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&r), nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, ms) {
+            Ok(0) => break true,
+            Err(Errno::EINTR) => continue,
+            Err(_) => break false,
+            Ok(_) => match nix::unistd::read(&r, &mut buf) {
+                Ok(0) | Err(_) => break false,
+                Ok(n) => said.extend_from_slice(&buf[..n]),
+            },
+        }
+    };
+    if hung {
+        let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
     }
-    let ws = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let ws = nix::sys::wait::waitpid(child, None);
     let failed = said.iter().position(|b| *b == 0xff);
     let last = said[..failed.unwrap_or(said.len())].last().copied();
     let name = |n: Option<u8>| n.and_then(|n| STEPS.get(usize::from(n)).copied()).unwrap_or("the namespaces' setup");
     match (failed, ws) {
+        _ if hung => Err(Refused::Hung(name(last))),
         (Some(at), _) => {
             let e = said.get(at + 1..at + 5).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes);
             Err(Refused::Step(name(last), Errno::from_raw(e)))
@@ -240,6 +266,18 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
                 _ => fix,
             };
             v.push(Check { name: "user namespaces", level: Level::Fail, value: e.desc().into(), meaning: format!("{what}; fix: {fix}") });
+        }
+        Err(Refused::Hung(step)) => {
+            let fix = match &opts {
+                Some(o) => o.seccomp.to_string(),
+                None => "a seccomp filter above sealnode hands it to a supervisor that does not answer: allow it, or run sealnode outside it (the systemd unit as shipped)".into(),
+            };
+            v.push(Check {
+                name: "user namespaces",
+                level: Level::Fail,
+                value: format!("{step} did not return within {} s", PROBE_LIMIT.as_secs()),
+                meaning: format!("the namespaces are made, but {step} in them hangs, as each role's setup would; fix: {fix}"),
+            });
         }
         Err(Refused::Killed(step, sig)) => {
             let fix = match &opts {

@@ -346,3 +346,45 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
         assert!(out.contains(&what) && !out.contains("role started"), "{nr} {action:?}: {out}");
     }
 }
+
+/// Found by review: a filter above sealnode answering prctl(PR_SET_PDEATHSIG) with a faked
+/// success left every role running after the supervisor was killed. The death signal is read
+/// back: such a start fails (the cell's init gives up at its first step), and no role runs.
+#[test]
+fn a_faked_parent_death_signal_refuses_the_start() {
+    use std::os::unix::process::CommandExt;
+    let f = Fixture::new(Mode::Rootless, "pdeathsig-filter");
+    let rule = seccompiler::SeccompRule::new(vec![seccompiler::SeccompCondition::new(
+        0,
+        seccompiler::SeccompCmpArgLen::Dword,
+        seccompiler::SeccompCmpOp::Eq,
+        libc::PR_SET_PDEATHSIG as u64,
+    )
+    .expect("condition")])
+    .expect("rule");
+    let filter: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
+        [(libc::SYS_prctl, vec![rule])].into_iter().collect(),
+        seccompiler::SeccompAction::Allow,
+        seccompiler::SeccompAction::Errno(0),
+        std::env::consts::ARCH.try_into().expect("arch"),
+    )
+    .and_then(|f| f.try_into())
+    .expect("filter");
+    let cfg = f.config.display().to_string();
+    let mut c = f.command(&["run", "--config", &cfg]);
+    // SAFETY: between fork and exec the child only makes the prctl and seccomp calls
+    // apply_filter makes, on a program built before the fork.
+    unsafe {
+        c.pre_exec(move || {
+            // SAFETY: PR_SET_NO_NEW_PRIVS takes integers.
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            seccompiler::apply_filter(&filter).map_err(|e| std::io::Error::other(e.to_string()))
+        })
+    };
+    let o = c.output_within(COMMAND_LIMIT);
+    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.code().is_some_and(|c| c != 0), "{said}");
+    assert!(!said.contains("role started"), "a role started without its parent's death signal: {said}");
+}

@@ -495,10 +495,24 @@ pub fn pipe_hung_up(fd: RawFd) -> bool {
     }
 }
 
+/// Die by SIGKILL when the parent dies, read back: a filter above sealnode can answer the
+/// prctl with a faked success (found by review: every role outlived a killed supervisor);
+/// EOPNOTSUPP when the signal is not in force.
+pub fn die_with_parent() -> Result<(), Errno> {
+    prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+    let mut sig: libc::c_int = 0;
+    // SAFETY: PR_GET_PDEATHSIG writes one int through the pointer, which outlives the call.
+    Errno::result(unsafe { libc::prctl(libc::PR_GET_PDEATHSIG, &mut sig as *mut libc::c_int) })?;
+    if sig != libc::SIGKILL {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
 /// Re-arm PR_SET_PDEATHSIG (any credential change clears it) and make sure the launcher did
 /// not die before it was armed.
 pub fn rearm_pdeathsig(sync: RawFd) -> Result<(), Errno> {
-    prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+    die_with_parent()?;
     if pipe_hung_up(sync) {
         return Err(Errno::ESRCH);
     }

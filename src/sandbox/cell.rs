@@ -145,7 +145,7 @@ fn cell_main(
     abi: u8,
 ) -> ! {
     // First: if the supervisor dies from here on, so does the cell (and both namespaces).
-    must(ctl, Step::DieWithParent, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
+    must(ctl, Step::DieWithParent, 0, sys::die_with_parent());
     // Nothing of the supervisor's but these two may live in the cell.
     must(ctl, Step::CloseInheritedFds, 0, sys::close_all_except(&[sync, ctl]));
     // Binding and unsharing need our ids mapped: the supervisor writes the maps, then one byte.

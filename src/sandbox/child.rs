@@ -18,7 +18,7 @@ use crate::policy::{landlock, seccomp};
 /// ipc, uts and cgroup namespaces. Never returns: execs the workload or exits 125.
 pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Die with the launcher: first, so no later step can outlive a dead supervisor.
-    must(fds.err, Stage::DieWithParent, 0, sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong));
+    must(fds.err, Stage::DieWithParent, 0, sys::die_with_parent());
     // The plan's own stdin/stdout onto fds 0 and 1, before the fds they come from are closed.
     must(fds.err, Stage::Stdio, 0, plan.install_stdio());
     // Keep only the setup pipes (and the program fd): sandbox init lives as long as the role and
@@ -155,7 +155,7 @@ fn fork_workload() -> Result<ForkResult, Errno> {
 }
 
 fn rearm_parent_death(init: nix::unistd::Pid) -> Result<(), Errno> {
-    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+    sys::die_with_parent()?;
     // Our parent is the sandbox's init (pid 1 of the namespace); anything else means it died.
     if nix::unistd::getppid() != init {
         return Err(Errno::ESRCH);
