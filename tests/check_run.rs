@@ -452,8 +452,10 @@ fn a_credential_linked_into_the_engines_model_dir_is_refused() {
 }
 
 /// Found by review: a bind mount of the credential, or of the attestation key, onto a file in
-/// the engine's model dir keeps one name and one link, and the engine read it. Every entry of
-/// the trees a role sees is compared with them by (device, inode): check and run refuse.
+/// the engine's model dir keeps one name and one link, and the engine read it; so did an
+/// overlay whose lower layer holds the credential. A mount showing either elsewhere is refused
+/// (the mount table is read at load and at every start), and every entry of the trees a role
+/// sees is compared with them by (device, inode): check and run refuse alike.
 #[test]
 fn a_credential_or_key_bound_into_the_model_dir_is_refused() {
     if !is_root() {
@@ -465,26 +467,48 @@ fn a_credential_or_key_bound_into_the_model_dir_is_refused() {
             let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
         }
     }
+    use nix::mount::{mount, MsFlags};
     for mode in modes() {
         let f = fixture(mode, "cred-bind");
         let cfg = f.config.display().to_string();
         let o = f.command(&["attest", "init", "--config", &cfg]).output_within(COMMAND_LIMIT);
         assert!(o.status.success(), "{mode:?}: attest init: {}", String::from_utf8_lossy(&o.stderr));
         for (src, words) in [
-            (f.p("credential"), ["engine.models", "is node.credential under another name"]),
-            (
-                f.p("state/attest/ed25519.key"),
-                ["engine.models", "is the attestation key (cell.state_dir) under another name"],
-            ),
+            (f.p("credential"), ["node.credential", "is also shown at", "models/leak"]),
+            (f.p("state/attest/ed25519.key"), ["attestation key", "is also shown at", "models/leak"]),
         ] {
             let at = f.p("models/leak");
             std::fs::write(&at, "").expect("mount point");
-            nix::mount::mount(Some(&src), &at, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).expect("bind");
+            mount(Some(&src), &at, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
             let guard = Unmount(at.clone());
             same_refusal(&f, &format!("{} bound into the model dir", src.display()), &words);
             drop(guard);
             std::fs::remove_file(&at).expect("rm");
         }
+        // An overlay whose lower layer holds the credential, in the model dir.
+        let lower = f.p("lower");
+        std::fs::create_dir(&lower).expect("mkdir");
+        std::fs::rename(f.p("credential"), lower.join("credential")).expect("move");
+        std::os::unix::fs::symlink("lower/credential", f.p("credential")).expect("link");
+        let text = std::fs::read_to_string(&f.config).expect("cfg");
+        std::fs::write(
+            &f.config,
+            text.replace(&f.p("credential").display().to_string(), &lower.join("credential").display().to_string()),
+        )
+        .expect("cfg");
+        let (ov, work) = (f.p("models/ov"), f.p("work"));
+        std::fs::create_dir(&ov).expect("mkdir");
+        std::fs::create_dir(&work).expect("mkdir");
+        let opts = format!("lowerdir={}:{}", lower.display(), f.p("bin").display());
+        mount(Some("overlay"), &ov, Some("overlay"), MsFlags::MS_RDONLY, Some(opts.as_str())).expect("overlay");
+        let guard = Unmount(ov.clone());
+        same_refusal(
+            &f,
+            "an overlay holding the credential",
+            &["node.credential", "is also shown at", "models/ov/credential"],
+        );
+        drop(guard);
+        let _ = std::fs::remove_dir(&ov);
     }
 }
 

@@ -328,6 +328,19 @@ impl Config {
             // Not in the system view every role reads (tests/check_run.rs:
             // a_credential_another_role_can_reach_is_refused_by_check_and_run).
             let real = std::fs::canonicalize(c).unwrap_or_else(|_| c.clone());
+            // Nor shown elsewhere by a mount (a bind of it or of a dir above it, an overlay):
+            // one name and one link say nothing of mounts (tests/check_run.rs:
+            // a_credential_or_key_bound_into_the_model_dir_is_refused).
+            if let Some(at) = crate::os::trusted::also_mounted_at(&real).first() {
+                return Err(self.err(
+                    &field,
+                    format!(
+                        "{} is also shown at {} by a mount (a bind of it or of a directory above it, or an overlay): a role could read it there; keep the credential reachable at one place",
+                        real.display(),
+                        at.display()
+                    ),
+                ));
+            }
             if let Some(s) = SYSTEM_RO.iter().find(|s| c.starts_with(s) || real.starts_with(s)) {
                 return Err(self.err(
                     &field,

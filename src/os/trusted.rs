@@ -388,6 +388,99 @@ fn component_error(here: &Path, e: nix::errno::Errno) -> String {
     }
 }
 
+/// Where else the mount table shows the file at `real` (a path with no symlink in it): a bind
+/// mount of it, or of a directory above it, elsewhere, and an overlay one of whose layers holds
+/// it. Found by review: a bind mount of the node's credential or the attestation key into the
+/// system view, a writable model dir or an overlay keeps one name and one link, and a role read
+/// it there. Each such place is returned as the path it shows the file at (a place under a
+/// later mount is returned too: the table cannot say what a role's view will hold).
+pub fn also_mounted_at(real: &Path) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    also_mounted_in(&info, real, nix::sys::stat::stat(real).ok().map(|st| st.st_dev))
+}
+
+/// [`also_mounted_at`] over a mount table's text; `dev`: the file's device.
+fn also_mounted_in(info: &str, real: &Path, dev: Option<u64>) -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    // The kernel writes space, tab, newline and backslash in a path as \ooo.
+    fn unescape(s: &str) -> PathBuf {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let oct = b.get(i + 1..i + 4).filter(|o| b[i] == b'\\' && o.iter().all(|c| (b'0'..=b'7').contains(c)));
+            match oct {
+                Some(o) => {
+                    out.push((o[0] - b'0') * 64 + (o[1] - b'0') * 8 + (o[2] - b'0'));
+                    i += 4;
+                }
+                None => {
+                    out.push(b[i]);
+                    i += 1;
+                }
+            }
+        }
+        PathBuf::from(std::ffi::OsStr::from_bytes(&out))
+    }
+    struct Mount {
+        majmin: String,
+        root: PathBuf,
+        point: PathBuf,
+        fstype: String,
+        opts: String,
+    }
+    let mounts: Vec<Mount> = info
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let f: Vec<&str> = pre.split(' ').collect();
+            let p: Vec<&str> = post.split(' ').collect();
+            Some(Mount {
+                majmin: f.get(2)?.to_string(),
+                root: unescape(f.get(3)?),
+                point: unescape(f.get(4)?),
+                fstype: p.first()?.to_string(),
+                opts: p.get(2).unwrap_or(&"").to_string(),
+            })
+        })
+        .collect();
+    let mut at = Vec::new();
+    // The mount `real` is reached through: the deepest mount point above it, the latest of those.
+    let home = mounts
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| real.starts_with(&m.point))
+        .max_by_key(|(i, m)| (m.point.components().count(), *i));
+    let want = dev.map(|d| format!("{}:{}", nix::sys::stat::major(d), nix::sys::stat::minor(d)));
+    if let Some((h, home)) = home.filter(|(_, m)| Some(&m.majmin) == want.as_ref()) {
+        if let Ok(rest) = real.strip_prefix(&home.point) {
+            let inside = home.root.join(rest);
+            for (i, m) in mounts.iter().enumerate() {
+                if i == h || m.majmin != home.majmin {
+                    continue;
+                }
+                if let Ok(below) = inside.strip_prefix(&m.root) {
+                    let shown = if below.as_os_str().is_empty() { m.point.clone() } else { m.point.join(below) };
+                    if shown != real {
+                        at.push(shown);
+                    }
+                }
+            }
+        }
+    }
+    for m in mounts.iter().filter(|m| m.fstype == "overlay") {
+        let layers = m.opts.split(',').filter_map(|o| {
+            o.strip_prefix("lowerdir=").or_else(|| o.strip_prefix("upperdir=")).or_else(|| o.strip_prefix("lowerdir+="))
+        });
+        for dir in layers.flat_map(|l| l.split(':')).filter(|d| !d.is_empty()).map(unescape) {
+            if let Ok(below) = real.strip_prefix(&dir) {
+                at.push(m.point.join(below));
+            }
+        }
+    }
+    at
+}
+
 /// A path as the walk's messages show it: escaped ([`crate::os::escape::clean`]), since the
 /// names past a followed link are the link's owner's words (found by review: a link target
 /// with a line break and a terminal escape forged a line of `check`).
@@ -442,6 +535,35 @@ mod tests {
 
     fn me() -> u32 {
         nix::unistd::geteuid().as_raw()
+    }
+
+    /// Where else a mount table shows a file: binds of it and of a dir above it, overlays
+    /// holding it; not a mount of the same path over itself (systemd's ReadWritePaths=), not
+    /// another device's mount, not an unrelated bind.
+    #[test]
+    fn a_file_is_found_where_else_the_mount_table_shows_it() {
+        let table = "\
+22 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+30 22 254:0 /var/lib/sealnode /var/lib/sealnode rw,relatime - ext4 /dev/vda rw
+31 22 254:0 /etc/sealnode/credential /var/lib/models/leak ro - ext4 /dev/vda rw
+32 22 254:0 /etc /usr/share/doc/my\\040etc ro - ext4 /dev/vda rw
+33 22 254:0 /srv/other /mnt/other ro - ext4 /dev/vda rw
+34 22 0:45 /etc /mnt/tmpfs rw - tmpfs tmpfs rw
+35 22 0:46 / /models/ov rw - overlay overlay rw,lowerdir=/etc/sealnode:/x,upperdir=/u,workdir=/w
+";
+        let dev = Some(nix::sys::stat::makedev(254, 0));
+        let at = also_mounted_in(table, Path::new("/etc/sealnode/credential"), dev);
+        let want: Vec<PathBuf> =
+            ["/var/lib/models/leak", "/usr/share/doc/my etc/sealnode/credential", "/models/ov/credential"]
+                .iter()
+                .map(PathBuf::from)
+                .collect();
+        assert_eq!(at, want);
+        // The state dir bound over itself: the key is where it is, once.
+        assert!(also_mounted_in(table, Path::new("/var/lib/sealnode/attest/ed25519.key"), dev).is_empty());
+        // This process's own table: a fresh temp file is nowhere else.
+        let d = tree();
+        assert!(also_mounted_at(&d.path().join("p/f.json")).is_empty());
     }
 
     #[test]

@@ -84,6 +84,10 @@ pub struct Secret {
     pub dev: u64,
     pub ino: u64,
     pub what: String,
+    /// The config field it belongs to.
+    pub field: String,
+    /// Where it is (as resolved): a mount that shows it elsewhere refuses the start too.
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -189,15 +193,21 @@ pub fn job_for(
     // Found by review: a bind mount of the credential or the key into the engine's model dir
     // kept one name (no link count sees it) and the engine read it; every tree entry is
     // compared with them by (device, inode).
-    let credentials =
-        Role::ALL.iter().filter_map(|r| Some((cfg.role(*r).credential.clone()?, format!("{r}.credential"))));
-    let key = (crate::layout::attest_key_path(&cfg.cell.state_dir), "the attestation key (cell.state_dir)".to_string());
+    let credentials = Role::ALL.iter().filter_map(|r| {
+        let f = format!("{r}.credential");
+        Some((cfg.role(*r).credential.clone()?, f.clone(), f))
+    });
+    let key = (
+        crate::layout::attest_key_path(&cfg.cell.state_dir),
+        "the attestation key (cell.state_dir)".to_string(),
+        "cell.state_dir".to_string(),
+    );
     let secrets = credentials
         .chain(std::iter::once(key))
-        .filter_map(|(p, what)| {
+        .filter_map(|(p, what, field)| {
             use std::os::unix::fs::MetadataExt;
             let md = std::fs::metadata(&p).ok()?;
-            Some(Secret { dev: md.dev(), ino: md.ino(), what })
+            Some(Secret { dev: md.dev(), ino: md.ino(), what, field, path: std::fs::canonicalize(&p).unwrap_or(p) })
         })
         .collect();
     // Rootless, a role keeps the launcher's supplementary groups (unmapped, for DAC).
@@ -249,6 +259,21 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
         }
         if m.could_not.is_none() {
             m.could_not = o.could_not;
+        }
+    }
+    // A mount showing one of them elsewhere (the system view, a writable dir, an overlay):
+    // no walk of the roles' trees would meet it there.
+    for s in &job.secrets {
+        if let Some(at) = crate::os::trusted::also_mounted_at(&s.path).first() {
+            m.problem(
+                &s.field,
+                format!(
+                    "{} ({}) is also shown at {} by a mount (a bind of it or of a directory above it, or an overlay): a role could read it there; remove that mount",
+                    shown(s.path.display().to_string()),
+                    s.what,
+                    shown(at.display().to_string())
+                ),
+            );
         }
     }
     let mut budgets = std::collections::BTreeMap::new();
