@@ -384,6 +384,29 @@ impl Config {
                 ),
             ));
         }
+        // The key itself: one name, shown nowhere else by a mount (`exec` and `check` too, not
+        // only the start that signs with it; tests/check_run.rs:
+        // a_credential_or_key_bound_into_the_model_dir_is_refused).
+        let key = crate::layout::attest_key_path(&self.cell.state_dir);
+        if let Ok(md) = std::fs::symlink_metadata(&key) {
+            let real = std::fs::canonicalize(&key).unwrap_or(key.clone());
+            let why = if md.nlink() != 1 {
+                Some(format!("has {} hard links", md.nlink()))
+            } else {
+                crate::os::trusted::also_mounted_at(&real)
+                    .first()
+                    .map(|at| format!("is also shown at {} by a mount", at.display()))
+            };
+            if let Some(why) = why {
+                return Err(self.err(
+                    "cell.state_dir",
+                    format!(
+                        "the attestation key {} {why}: a role could read it there; remove that, and rotate the key",
+                        key.display()
+                    ),
+                ));
+            }
+        }
         // ... or through any of its binds (after the writable dirs, whose message is the more
         // specific one).
         for RolePath { field, path, .. } in Role::ALL.iter().flat_map(|r| self.host_paths(*r)) {
