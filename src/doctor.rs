@@ -347,7 +347,12 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
         meaning: if abi >= i32::from(min_abi) {
             format!("files, TCP ports (ABI 4+) and scopes (ABI 6+) are enforced; the policies need ABI {min_abi}")
         } else {
-            format!("the policies need ABI {min_abi}; sealnode refuses to start (boot a kernel >= 6.12 with landlock in lsm=)")
+            match (&opts, abi) {
+                // ABI 0 in a container is as often the runtime's filter as the kernel (found by
+                // review: the message blamed only the kernel).
+                (Some(o), 0) => format!("the policies need ABI {min_abi}; sealnode refuses to start (boot a kernel >= 6.12 with landlock in lsm=, or, if the kernel has it, the container's seccomp profile refuses Landlock's calls: {})", o.seccomp),
+                _ => format!("the policies need ABI {min_abi}; sealnode refuses to start (boot a kernel >= 6.12 with landlock in lsm=)"),
+            }
         },
     });
     // SAFETY-free check: PR_GET_SECCOMP returns the current mode, EINVAL without CONFIG_SECCOMP.
