@@ -290,88 +290,25 @@ fn man_pages_list_subcommands_only_where_there_are_some() {
     assert!(with_section.contains(&"sealnode".to_string()) && with_section.contains(&"sealnode-attest".to_string()));
 }
 
-/// Found by review: a filter above sealnode (a container's seccomp profile, systemd's
-/// `SystemCallFilter=`) refusing or killing on one call of a role's setup passed doctor, and
-/// `run` failed later (exit 6, or a wipe's message) without naming the filter. Each is tried
-/// now: doctor fails naming the call, and `run` refuses with 125 before anything starts.
-#[test]
-fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
-    use seccompiler::SeccompAction::{Errno, KillProcess};
+/// `sealnode ARGS` for the fixture under a seccomp filter of `rules` (a call, with its rules)
+/// whose match answers `action`, as a filter above sealnode would: its exit status and what it
+/// said.
+fn under_filter(
+    f: &Fixture,
+    args: &[&str],
+    rules: Vec<(i64, Vec<seccompiler::SeccompRule>)>,
+    action: seccompiler::SeccompAction,
+) -> (Option<i32>, String) {
     use std::os::unix::process::CommandExt;
-    let f = Fixture::new(Mode::Rootless, "doctor-filter");
-    let landlock = "landlock (create_ruleset, add_rule, restrict_self)";
-    for (nr, action, named, said) in [
-        (libc::SYS_mount_setattr, Errno(libc::ENOSYS as u32), "mount_setattr", "refused"),
-        (libc::SYS_setns, Errno(libc::EPERM as u32), "setns", "refused"),
-        (libc::SYS_pivot_root, Errno(libc::ENOSYS as u32), "pivot_root", "refused"),
-        (libc::SYS_pivot_root, KillProcess, "pivot_root", "killed the process (SIGSYS)"),
-        (libc::SYS_sethostname, KillProcess, "sethostname", "killed the process (SIGSYS)"),
-        (libc::SYS_landlock_restrict_self, Errno(libc::EPERM as u32), landlock, "refused"),
-        (libc::SYS_landlock_add_rule, Errno(libc::EPERM as u32), landlock, "refused"),
-        (libc::SYS_memfd_create, Errno(libc::EPERM as u32), "memfd_create", "refused"),
-        (libc::SYS_seccomp, Errno(libc::EPERM as u32), "seccomp", "refused"),
-    ] {
-        let filter: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
-            [(nr, vec![])].into_iter().collect(),
-            seccompiler::SeccompAction::Allow,
-            action.clone(),
-            std::env::consts::ARCH.try_into().expect("arch"),
-        )
-        .and_then(|f| f.try_into())
-        .expect("filter");
-        let under = |args: &[&str]| {
-            let filter = filter.clone();
-            let mut c = f.command(args);
-            // SAFETY: between fork and exec the child only makes the prctl and seccomp calls
-            // apply_filter makes, on a program built before the fork.
-            unsafe {
-                c.pre_exec(move || {
-                    // SAFETY: PR_SET_NO_NEW_PRIVS takes integers.
-                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    seccompiler::apply_filter(&filter).map_err(|e| std::io::Error::other(e.to_string()))
-                })
-            };
-            let o = c.output_within(COMMAND_LIMIT);
-            (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
-        };
-        let what = format!("{named} {said}");
-        let (code, out) = under(&["doctor"]);
-        assert_eq!(code, Some(1), "{nr} {action:?}: {out}");
-        assert!(out.contains("[FAIL] user namespaces") && out.contains(&what), "{nr} {action:?}: {out}");
-        let cfg = f.config.display().to_string();
-        let (code, out) = under(&["run", "--config", &cfg]);
-        assert_eq!(code, Some(125), "{nr} {action:?}: {out}");
-        assert!(out.contains(&what) && !out.contains("role started"), "{nr} {action:?}: {out}");
-    }
-}
-
-/// Found by review: a filter above sealnode answering prctl(PR_SET_PDEATHSIG) with a faked
-/// success left every role running after the supervisor was killed. The death signal is read
-/// back: such a start fails (the cell's init gives up at its first step), and no role runs.
-#[test]
-fn a_faked_parent_death_signal_refuses_the_start() {
-    use std::os::unix::process::CommandExt;
-    let f = Fixture::new(Mode::Rootless, "pdeathsig-filter");
-    let rule = seccompiler::SeccompRule::new(vec![seccompiler::SeccompCondition::new(
-        0,
-        seccompiler::SeccompCmpArgLen::Dword,
-        seccompiler::SeccompCmpOp::Eq,
-        libc::PR_SET_PDEATHSIG as u64,
-    )
-    .expect("condition")])
-    .expect("rule");
     let filter: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
-        [(libc::SYS_prctl, vec![rule])].into_iter().collect(),
+        rules.into_iter().collect(),
         seccompiler::SeccompAction::Allow,
-        seccompiler::SeccompAction::Errno(0),
+        action,
         std::env::consts::ARCH.try_into().expect("arch"),
     )
     .and_then(|f| f.try_into())
     .expect("filter");
-    let cfg = f.config.display().to_string();
-    let mut c = f.command(&["run", "--config", &cfg]);
+    let mut c = f.command(args);
     // SAFETY: between fork and exec the child only makes the prctl and seccomp calls
     // apply_filter makes, on a program built before the fork.
     unsafe {
@@ -384,7 +321,57 @@ fn a_faked_parent_death_signal_refuses_the_start() {
         })
     };
     let o = c.output_within(COMMAND_LIMIT);
-    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.code().is_some_and(|c| c != 0), "{said}");
+    (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+}
+
+/// Found by review: a filter above sealnode (a container's seccomp profile, systemd's
+/// `SystemCallFilter=`) refusing or killing on one call of a role's setup passed doctor, and
+/// `run` failed later (exit 6, or a wipe's message) without naming the filter. Each is tried
+/// now: doctor fails naming the call, and `run` refuses with 125 before anything starts.
+#[test]
+fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
+    use seccompiler::SeccompAction::{Errno, KillProcess};
+    let f = Fixture::new(Mode::Rootless, "doctor-filter");
+    let cfg = f.config.display().to_string();
+    let landlock = "landlock (create_ruleset, add_rule, restrict_self)";
+    for (nr, action, named, said) in [
+        (libc::SYS_mount_setattr, Errno(libc::ENOSYS as u32), "mount_setattr", "refused"),
+        (libc::SYS_setns, Errno(libc::EPERM as u32), "setns", "refused"),
+        (libc::SYS_pivot_root, Errno(libc::ENOSYS as u32), "pivot_root", "refused"),
+        (libc::SYS_pivot_root, KillProcess, "pivot_root", "killed the process (SIGSYS)"),
+        (libc::SYS_sethostname, KillProcess, "sethostname", "killed the process (SIGSYS)"),
+        (libc::SYS_landlock_restrict_self, Errno(libc::EPERM as u32), landlock, "refused"),
+        (libc::SYS_landlock_add_rule, Errno(libc::EPERM as u32), landlock, "refused"),
+        (libc::SYS_memfd_create, Errno(libc::EPERM as u32), "memfd_create", "refused"),
+        (libc::SYS_seccomp, Errno(libc::EPERM as u32), "seccomp", "refused"),
+    ] {
+        let what = format!("{named} {said}");
+        let (code, out) = under_filter(&f, &["doctor"], vec![(nr, vec![])], action.clone());
+        assert_eq!(code, Some(1), "{nr} {action:?}: {out}");
+        assert!(out.contains("[FAIL] user namespaces") && out.contains(&what), "{nr} {action:?}: {out}");
+        let (code, out) = under_filter(&f, &["run", "--config", &cfg], vec![(nr, vec![])], action.clone());
+        assert_eq!(code, Some(125), "{nr} {action:?}: {out}");
+        assert!(out.contains(&what) && !out.contains("role started"), "{nr} {action:?}: {out}");
+    }
+}
+
+/// Found by review: a filter above sealnode answering prctl(PR_SET_PDEATHSIG) with a faked
+/// success left every role running after the supervisor was killed. The death signal is read
+/// back: such a start fails (the cell's init gives up at its first step), and no role runs.
+#[test]
+fn a_faked_parent_death_signal_refuses_the_start() {
+    let f = Fixture::new(Mode::Rootless, "pdeathsig-filter");
+    let pdeathsig = seccompiler::SeccompRule::new(vec![seccompiler::SeccompCondition::new(
+        0,
+        seccompiler::SeccompCmpArgLen::Dword,
+        seccompiler::SeccompCmpOp::Eq,
+        libc::PR_SET_PDEATHSIG as u64,
+    )
+    .expect("condition")])
+    .expect("rule");
+    let cfg = f.config.display().to_string();
+    let faked = seccompiler::SeccompAction::Errno(0);
+    let (code, said) = under_filter(&f, &["run", "--config", &cfg], vec![(libc::SYS_prctl, vec![pdeathsig])], faked);
+    assert!(code.is_some_and(|c| c != 0), "{said}");
     assert!(!said.contains("role started"), "a role started without its parent's death signal: {said}");
 }

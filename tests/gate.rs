@@ -1163,6 +1163,28 @@ fn the_probe_runs_without_the_roles_loader_variables() {
     }
 }
 
+/// A cell whose engine runs `engine_sh` with the host's `trigger` dir at /opt/trigger (the
+/// test's files tell it when to act) and `extra` in its section; the node says node-up.
+fn triggered_cell(mode: Mode, name: &str, engine_sh: &str, extra: &str) -> Fixture {
+    let mut f = cell(mode, name, engine_sh, "echo node-up; exec sleep 1000", "", "");
+    std::fs::create_dir(f.p("trigger")).expect("mkdir");
+    std::fs::set_permissions(f.p("trigger"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    f.engine_extra = format!(
+        "ro_binds = [{{ src = \"{}\", dst = \"/opt/sealnode\" }}, {{ src = \"{}\", dst = \"/opt/trigger\" }}]\n{extra}",
+        f.p("bin").display(),
+        f.p("trigger").display()
+    );
+    f.write_config();
+    f
+}
+
+/// `sealnode ctl ready`, the readiness probe: its exit status and what it said.
+fn ready_probe(f: &Fixture) -> (Option<i32>, String) {
+    let cfg = f.config.display().to_string();
+    let o = f.command(&["ctl", "--config", &cfg, "ready"]).output_within(COMMAND_LIMIT);
+    (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+}
+
 /// `ctl status`'s `ready` says the cell serves now, not that READY=1 was once sent (review of
 /// #28, F4): after the engine crashes, its restart is not ready until it answers its
 /// readiness check again (here it waits 3 s before it listens), and then it is. A program
@@ -1174,26 +1196,13 @@ fn ready_follows_the_roles_down_and_up() {
                      /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models & \
                      while [ ! -e /opt/trigger/go ]; do sleep 0.05; done; exit 1";
     for mode in modes() {
-        let mut f = cell(mode, "ready-follows", engine_sh, "echo node-up; exec sleep 1000", "", "");
-        std::fs::create_dir(f.p("trigger")).expect("mkdir");
-        std::fs::set_permissions(f.p("trigger"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-        f.engine_extra = format!(
-            "ro_binds = [{{ src = \"{}\", dst = \"/opt/sealnode\" }}, {{ src = \"{}\", dst = \"/opt/trigger\" }}]\nrestart = \"on-failure\"",
-            f.p("bin").display(),
-            f.p("trigger").display()
-        );
-        f.write_config();
+        let f = triggered_cell(mode, "ready-follows", engine_sh, "restart = \"on-failure\"");
         let run = start(&f, &[]);
         run.out_line(60, |l| l == "node-up");
         let st = ctl(&f, "status");
         assert_eq!(st["ready"], true, "{mode:?}: {st}");
         // `ctl ready`, the readiness probe, says the same by its exit status.
-        let probe = || {
-            let cfg = f.config.display().to_string();
-            let o = f.command(&["ctl", "--config", &cfg, "ready"]).output_within(COMMAND_LIMIT);
-            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-            (o.status.code(), text)
-        };
+        let probe = || ready_probe(&f);
         let first = probe();
         assert!(first.0 == Some(0) && first.1.trim() == "ready", "{mode:?}: {first:?}");
         std::fs::write(f.p("trigger/go"), "").expect("go");
@@ -1245,23 +1254,10 @@ fn ready_follows_an_engine_that_stops_answering() {
                      while [ ! -e /opt/trigger/open ]; do sleep 0.05; done; \
                      exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models";
     for mode in modes() {
-        let mut f = cell(mode, "ready-recheck", engine_sh, "echo node-up; exec sleep 1000", "", "");
-        std::fs::create_dir(f.p("trigger")).expect("mkdir");
-        std::fs::set_permissions(f.p("trigger"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-        f.engine_extra = format!(
-            "ro_binds = [{{ src = \"{}\", dst = \"/opt/sealnode\" }}, {{ src = \"{}\", dst = \"/opt/trigger\" }}]",
-            f.p("bin").display(),
-            f.p("trigger").display()
-        );
-        f.write_config();
+        let f = triggered_cell(mode, "ready-recheck", engine_sh, "");
         let run = start(&f, &[]);
         run.out_line(60, |l| l == "node-up");
-        let probe = || {
-            let cfg = f.config.display().to_string();
-            let o = f.command(&["ctl", "--config", &cfg, "ready"]).output_within(COMMAND_LIMIT);
-            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-            (o.status.code(), text)
-        };
+        let probe = || ready_probe(&f);
         let first = probe();
         let init = ctl(&f, "status")["roles"][0]["pid"].as_i64().unwrap_or(0) as i32;
         let httpd = descendants(init).into_iter().find(|p| {
