@@ -267,41 +267,36 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
             };
             v.push(Check { name: "user namespaces", level: Level::Fail, value: e.desc().into(), meaning: format!("{what}; fix: {fix}") });
         }
-        Err(Refused::Hung(step)) => {
+        Err(r @ (Refused::Hung(step) | Refused::Killed(step, _) | Refused::Step(step, _))) => {
+            // (what the probe saw, what the call does in the namespaces, what a filter above
+            // sealnode does to it when no container's option names the fix)
+            let (value, does, above) = match r {
+                Refused::Hung(_) => (
+                    format!("{step} did not return within {} s", PROBE_LIMIT.as_secs()),
+                    "hangs",
+                    "a seccomp filter above sealnode hands it to a supervisor that does not answer: allow it",
+                ),
+                Refused::Killed(_, sig) => (
+                    format!(
+                        "{step} killed the process ({})",
+                        nix::sys::signal::Signal::try_from(sig).map_or(sig.to_string(), |s| s.as_str().to_string())
+                    ),
+                    "kills the process",
+                    "a seccomp filter above sealnode kills it (systemd's SystemCallFilter= without SystemCallErrorNumber=): allow it",
+                ),
+                Refused::Step(_, e) | Refused::Namespaces(e) => {
+                    (format!("{step} refused: {}", e.desc()), "is refused", "a seccomp filter or LSM above sealnode refuses it")
+                }
+            };
             let fix = match &opts {
                 Some(o) => o.seccomp.to_string(),
-                None => "a seccomp filter above sealnode hands it to a supervisor that does not answer: allow it, or run sealnode outside it (the systemd unit as shipped)".into(),
+                None => format!("{above}, or run sealnode outside it (the systemd unit as shipped)"),
             };
             v.push(Check {
                 name: "user namespaces",
                 level: Level::Fail,
-                value: format!("{step} did not return within {} s", PROBE_LIMIT.as_secs()),
-                meaning: format!("the namespaces are made, but {step} in them hangs, as each role's setup would; fix: {fix}"),
-            });
-        }
-        Err(Refused::Killed(step, sig)) => {
-            let fix = match &opts {
-                Some(o) => o.seccomp.to_string(),
-                None => "a seccomp filter above sealnode kills it (systemd's SystemCallFilter= without SystemCallErrorNumber=): allow it, or run sealnode outside it (the systemd unit as shipped)".into(),
-            };
-            let signal = nix::sys::signal::Signal::try_from(sig).map_or(sig.to_string(), |s| s.as_str().to_string());
-            v.push(Check {
-                name: "user namespaces",
-                level: Level::Fail,
-                value: format!("{step} killed the process ({signal})"),
-                meaning: format!("the namespaces are made, but {step} in them kills the process, as each role's setup needs it; fix: {fix}"),
-            });
-        }
-        Err(Refused::Step(step, e)) => {
-            let fix = match &opts {
-                Some(o) => o.seccomp.to_string(),
-                None => "a seccomp filter or LSM above sealnode refuses it: run sealnode outside it (the systemd unit as shipped)".into(),
-            };
-            v.push(Check {
-                name: "user namespaces",
-                level: Level::Fail,
-                value: format!("{step} refused: {}", e.desc()),
-                meaning: format!("the namespaces are made, but {step} in them is refused, as each role's setup needs it; fix: {fix}"),
+                value,
+                meaning: format!("the namespaces are made, but {step} in them {does}, as each role's setup needs it; fix: {fix}"),
             });
         }
     }
