@@ -51,7 +51,8 @@ const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// network namespace, a Landlock rule, a seccomp filter) (found by review: a profile refusing
 /// one of them, or killing on it, passed doctor, and run then failed with a message that did
 /// not name the profile). Every start's `run` makes them too, through [`required`].
-const STEPS: [&str; 11] = [
+const STEPS: [&str; 12] = [
+    "prctl (PR_SET_PDEATHSIG)",
     "sethostname",
     "mount",
     "mount (bind)",
@@ -81,8 +82,8 @@ fn try_namespaces() -> Result<(), Refused> {
     let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }.map_err(Refused::Namespaces)?;
     if pid == 0 {
         drop(r);
-        // Never left behind (found by review: a probe held by a filter outlived a killed run).
-        let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+        // Never left behind (found by review: a probe held by a filter outlived a killed run;
+        // then, with the death signal faked too): read back, or the probe stops here.
         // Each step says its number before its call (a kill leaves it the last said), and
         // 0xff with the errno (4 bytes) when the call fails.
         let step = |name: &str, call: &dyn Fn() -> Result<(), Errno>| {
@@ -97,6 +98,7 @@ fn try_namespaces() -> Result<(), Refused> {
         };
         use nix::mount::{mount, MsFlags};
         let none = None::<&str>;
+        step("prctl (PR_SET_PDEATHSIG)", &sys::die_with_parent);
         step("sethostname", &|| nix::unistd::sethostname("sealnode-doctor"));
         // Private first: nothing done here reaches the mount namespace doctor came from.
         step("mount", &|| mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none));

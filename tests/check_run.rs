@@ -485,6 +485,33 @@ fn a_credential_or_key_bound_into_the_model_dir_is_refused() {
             drop(guard);
             std::fs::remove_file(&at).expect("rm");
         }
+        // The state dir bound into the model dir, before any key is made there.
+        let st = f.p("models/st");
+        std::fs::create_dir(&st).expect("mkdir");
+        mount(Some(&f.p("state")), &st, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
+        let guard = Unmount(st.clone());
+        same_refusal(
+            &f,
+            "the state dir bound into the model dir",
+            &["cell.state_dir", "is also shown at", "models/st"],
+        );
+        drop(guard);
+        std::fs::remove_dir(&st).expect("rm");
+        // A bind no role sees is no exposure: the credential bound from a private dir onto the
+        // path the config names (systemd's BindReadOnlyPaths=) starts.
+        let private = f.p("private");
+        std::fs::create_dir(&private).expect("mkdir");
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        std::fs::copy(f.p("credential"), private.join("cred")).expect("copy");
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(f.p("credential")).expect("stat");
+        std::os::unix::fs::chown(private.join("cred"), Some(md.uid()), Some(md.gid())).expect("chown");
+        std::fs::set_permissions(private.join("cred"), std::fs::Permissions::from_mode(0o400)).expect("chmod");
+        mount(Some(&private.join("cred")), &f.p("credential"), None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .expect("bind");
+        let guard = Unmount(f.p("credential"));
+        both_start(&f, "the credential bound from a dir no role sees");
+        drop(guard);
         // An overlay whose lower layer holds the credential, in the model dir.
         let lower = f.p("lower");
         std::fs::create_dir(&lower).expect("mkdir");

@@ -357,7 +357,8 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
 
 /// Found by review: a filter above sealnode answering prctl(PR_SET_PDEATHSIG) with a faked
 /// success left every role running after the supervisor was killed. The death signal is read
-/// back: such a start fails (the cell's init gives up at its first step), and no role runs.
+/// back, by the setup probe first and by the cell's init and each role's child: such a start is
+/// refused, naming it, and no role runs.
 #[test]
 fn a_faked_parent_death_signal_refuses_the_start() {
     let f = Fixture::new(Mode::Rootless, "pdeathsig-filter");
@@ -372,6 +373,8 @@ fn a_faked_parent_death_signal_refuses_the_start() {
     let cfg = f.config.display().to_string();
     let faked = seccompiler::SeccompAction::Errno(0);
     let (code, said) = under_filter(&f, &["run", "--config", &cfg], vec![(libc::SYS_prctl, vec![pdeathsig])], faked);
-    assert!(code.is_some_and(|c| c != 0), "{said}");
+    assert_eq!(code, Some(125), "{said}");
     assert!(!said.contains("role started"), "a role started without its parent's death signal: {said}");
+    // The setup probe, the first to arm it, names it (and is never left behind by it).
+    assert!(said.contains("prctl (PR_SET_PDEATHSIG) refused"), "{said}");
 }

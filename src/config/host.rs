@@ -331,11 +331,11 @@ impl Config {
             // Nor shown elsewhere by a mount (a bind of it or of a dir above it, an overlay):
             // one name and one link say nothing of mounts (tests/check_run.rs:
             // a_credential_or_key_bound_into_the_model_dir_is_refused).
-            if let Some(at) = crate::os::trusted::also_mounted_at(&real).first() {
+            if let Some((at, seen)) = self.shown_to_a_role(&real, &field) {
                 return Err(self.err(
                     &field,
                     format!(
-                        "{} is also shown at {} by a mount (a bind of it or of a directory above it, or an overlay): a role could read it there; keep the credential reachable at one place",
+                        "{} is also shown at {} by a mount (a bind of it or of a directory above it, or an overlay), inside {seen}: a role could read it there; remove that mount",
                         real.display(),
                         at.display()
                     ),
@@ -387,15 +387,27 @@ impl Config {
         // The key itself: one name, shown nowhere else by a mount (`exec` and `check` too, not
         // only the start that signs with it; tests/check_run.rs:
         // a_credential_or_key_bound_into_the_model_dir_is_refused).
+        // The state dir itself first: a key made later (`attest init` while the cell runs)
+        // would be there at once (found by review).
+        let state = std::fs::canonicalize(&self.cell.state_dir).unwrap_or_else(|_| self.cell.state_dir.clone());
+        if let Some((at, seen)) = self.shown_to_a_role(&state, "") {
+            return Err(self.err(
+                "cell.state_dir",
+                format!(
+                    "{} is also shown at {} by a mount (a bind of it or of a directory above it, or an overlay), inside {seen}: a role could read the attestation key there; remove that mount",
+                    self.cell.state_dir.display(),
+                    at.display()
+                ),
+            ));
+        }
         let key = crate::layout::attest_key_path(&self.cell.state_dir);
         if let Ok(md) = std::fs::symlink_metadata(&key) {
             let real = std::fs::canonicalize(&key).unwrap_or(key.clone());
             let why = if md.nlink() != 1 {
                 Some(format!("has {} hard links", md.nlink()))
             } else {
-                crate::os::trusted::also_mounted_at(&real)
-                    .first()
-                    .map(|at| format!("is also shown at {} by a mount", at.display()))
+                self.shown_to_a_role(&real, "")
+                    .map(|(at, seen)| format!("is also shown at {} by a mount, inside {seen}", at.display()))
             };
             if let Some(why) = why {
                 return Err(self.err(
@@ -422,6 +434,22 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The places a role sees, as the host names them, with what holds each: every role's
+    /// binds, model dir, scratch and credential (but the field `except`, a file's own) and the
+    /// system view (os::trusted::shown_within; the gate's measurement takes the same list).
+    pub fn seen_by_roles(&self, except: &str) -> Vec<(PathBuf, String)> {
+        let bound = Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.field != except);
+        bound
+            .map(|p| (p.path.to_path_buf(), p.field))
+            .chain(SYSTEM_RO.iter().map(|s| (PathBuf::from(s), format!("{s}, which every role sees"))))
+            .collect()
+    }
+
+    /// Where the mount table shows `real` (no symlink in its path) at a place a role sees.
+    fn shown_to_a_role(&self, real: &Path, except: &str) -> Option<(PathBuf, String)> {
+        crate::os::trusted::shown_within(real, &self.seen_by_roles(except))
     }
 
     /// Which host ids each role runs as: a user name is looked up in the user database (at

@@ -399,6 +399,15 @@ pub fn also_mounted_at(real: &Path) -> Vec<PathBuf> {
     also_mounted_in(&info, real, nix::sys::stat::stat(real).ok().map(|st| st.st_dev))
 }
 
+/// The first place of [`also_mounted_at`] inside one of `places` (a path and what it is: the
+/// places a role sees), with what holds it. A place no role sees is no exposure (found by
+/// review: systemd's BindReadOnlyPaths= of the credential from a private dir was refused).
+pub fn shown_within(real: &Path, places: &[(PathBuf, String)]) -> Option<(PathBuf, String)> {
+    also_mounted_at(real)
+        .into_iter()
+        .find_map(|at| places.iter().find(|(p, _)| at.starts_with(p)).map(|(_, what)| (at.clone(), what.clone())))
+}
+
 /// [`also_mounted_at`] over a mount table's text; `dev`: the file's device.
 fn also_mounted_in(info: &str, real: &Path, dev: Option<u64>) -> Vec<PathBuf> {
     use std::os::unix::ffi::OsStrExt;

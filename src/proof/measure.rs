@@ -86,6 +86,8 @@ pub struct Secret {
     pub what: String,
     /// The config field it belongs to.
     pub field: String,
+    /// The places a role sees (Config::seen_by_roles, but its own field's).
+    pub seen: Vec<(PathBuf, String)>,
     /// Where it is (as resolved): a mount that shows it elsewhere refuses the start too.
     pub path: PathBuf,
 }
@@ -202,12 +204,26 @@ pub fn job_for(
         "the attestation key (cell.state_dir)".to_string(),
         "cell.state_dir".to_string(),
     );
+    // The state dir itself: a key made while the cell runs would be there at once.
+    let state = (
+        cfg.cell.state_dir.clone(),
+        "the state dir, which holds the attestation key".to_string(),
+        "cell.state_dir".to_string(),
+    );
     let secrets = credentials
-        .chain(std::iter::once(key))
+        .chain([key, state])
         .filter_map(|(p, what, field)| {
             use std::os::unix::fs::MetadataExt;
             let md = std::fs::metadata(&p).ok()?;
-            Some(Secret { dev: md.dev(), ino: md.ino(), what, field, path: std::fs::canonicalize(&p).unwrap_or(p) })
+            let seen = cfg.seen_by_roles(if field.ends_with(".credential") { &field } else { "" });
+            Some(Secret {
+                dev: md.dev(),
+                ino: md.ino(),
+                what,
+                field,
+                seen,
+                path: std::fs::canonicalize(&p).unwrap_or(p),
+            })
         })
         .collect();
     // Rootless, a role keeps the launcher's supplementary groups (unmapped, for DAC).
@@ -264,11 +280,11 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
     // A mount showing one of them elsewhere (the system view, a writable dir, an overlay):
     // no walk of the roles' trees would meet it there.
     for s in &job.secrets {
-        if let Some(at) = crate::os::trusted::also_mounted_at(&s.path).first() {
+        if let Some((at, seen)) = crate::os::trusted::shown_within(&s.path, &s.seen) {
             m.problem(
                 &s.field,
                 format!(
-                    "{} ({}) is also shown at {} by a mount (a bind of it or of a directory above it, or an overlay): a role could read it there; remove that mount",
+                    "{} ({}) is also shown at {} by a mount (a bind of it or of a directory above it, or an overlay), inside {seen}: a role could read it there; remove that mount",
                     shown(s.path.display().to_string()),
                     s.what,
                     shown(at.display().to_string())

@@ -455,7 +455,7 @@ impl Cell {
     fn listen_child(&self, addrs: &[(Ipv4Addr, u16)], to: RawFd) -> std::result::Result<(), (usize, Errno)> {
         let at0 = |e| (0, e);
         // Never outlives the supervisor, which waits for it.
-        sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong).map_err(at0)?;
+        sys::die_with_parent().map_err(at0)?;
         nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER).map_err(at0)?;
         nix::sched::setns(self.node_netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(at0)?;
         let fds = addrs
@@ -506,7 +506,7 @@ impl Cell {
 
     fn wipe_child(&self, target: WipeTarget, ids: Ids) -> std::result::Result<(), Errno> {
         // A wipe never outlives the supervisor (a new one would race it).
-        sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+        sys::die_with_parent()?;
         nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
         if let (WipeTarget::Tmpfs(_), Some(m)) = (target, &self.mntns) {
             nix::sched::setns(m.as_fd(), CloneFlags::CLONE_NEWNS)?;
@@ -519,6 +519,8 @@ impl Cell {
         let (u, g) = (nix::unistd::Uid::from_raw(ids.uid), nix::unistd::Gid::from_raw(ids.gid));
         nix::unistd::setresgid(g, g, g)?;
         nix::unistd::setresuid(u, u, u)?;
+        // The id change cleared the death signal (found by review): armed again, read back.
+        sys::die_with_parent()?;
         let root = match target {
             WipeTarget::Dir(fd) => open_dir_at(fd)?,
             WipeTarget::Tmpfs(path) => {
