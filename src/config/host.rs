@@ -384,11 +384,10 @@ impl Config {
                 ),
             ));
         }
-        // The key itself: one name, shown nowhere else by a mount (`exec` and `check` too, not
-        // only the start that signs with it; tests/check_run.rs:
-        // a_credential_or_key_bound_into_the_model_dir_is_refused).
-        // The state dir itself first: a key made later (`attest init` while the cell runs)
-        // would be there at once (found by review).
+        // Shown to no role by a mount, at load too (`exec`, `check`), not only at the start that
+        // signs (tests/check_run.rs: a_credential_or_key_bound_into_the_model_dir_is_refused):
+        // the state dir first, since a key made later (`attest init` while the cell runs)
+        // would be there at once; then the key itself, with one name.
         let state = std::fs::canonicalize(&self.cell.state_dir).unwrap_or_else(|_| self.cell.state_dir.clone());
         if let Some((at, seen)) = self.shown_to_a_role(&state, "") {
             return Err(self.err(
