@@ -496,7 +496,7 @@ impl Cell {
                 let _ = nix::sys::prctl::set_name(c"sealnode-wipe");
                 let code = match self.wipe_child(target, ids) {
                     Ok(()) => 0,
-                    Err(e) => e as i32,
+                    Err(e) => wipe_code(e),
                 };
                 sys::exit_now(code)
             }
@@ -504,7 +504,14 @@ impl Cell {
         }
     }
 
-    fn wipe_child(&self, target: WipeTarget, ids: Ids) -> std::result::Result<(), Errno> {
+    fn wipe_child(&self, target: WipeTarget, ids: Ids) -> std::result::Result<(), WipeFailed> {
+        self.become_role_in_cell(target, ids).map_err(WipeFailed::Entering)?;
+        self.empty_as_role(target).map_err(WipeFailed::Errno)
+    }
+
+    /// Join the cell as the role: its user namespace (and mount namespace for a capped
+    /// scratch), the role's own ids, no capability left.
+    fn become_role_in_cell(&self, target: WipeTarget, ids: Ids) -> std::result::Result<(), Errno> {
         // A wipe never outlives the supervisor (a new one would race it).
         sys::die_with_parent()?;
         nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
@@ -520,7 +527,11 @@ impl Cell {
         nix::unistd::setresgid(g, g, g)?;
         nix::unistd::setresuid(u, u, u)?;
         // The id change cleared the death signal (found by review): armed again, read back.
-        sys::die_with_parent()?;
+        sys::die_with_parent()
+    }
+
+    /// Empty the scratch `target` names, as the role.
+    fn empty_as_role(&self, target: WipeTarget) -> std::result::Result<(), Errno> {
         let root = match target {
             WipeTarget::Dir(fd) => open_dir_at(fd)?,
             WipeTarget::Tmpfs(path) => {
@@ -543,7 +554,10 @@ impl Cell {
 /// Why a wipe did not empty a scratch dir.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WipeFailed {
-    /// It failed with this errno (EACCES: another user's file; EBUSY: a mount point).
+    /// Joining the cell as the role failed with this errno (setns, setgroups, the id change:
+    /// a filter above sealnode; found by review: it was told as "another host user's files").
+    Entering(Errno),
+    /// Emptying the dir failed with this errno (EACCES: another user's file; EBUSY: a mount point).
     Errno(Errno),
     /// It was killed by this signal (out of memory, an operator, a stop's deadline).
     Killed(i32),
@@ -552,16 +566,30 @@ pub enum WipeFailed {
 impl std::fmt::Display for WipeFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            WipeFailed::Entering(e) => write!(f, "joining the cell as the role: {e}"),
             WipeFailed::Errno(e) => write!(f, "{e}"),
             WipeFailed::Killed(s) => write!(f, "the wipe was killed (signal {s})"),
         }
     }
 }
 
-/// What a wipe child's exit says: done, the errno it failed with, or the signal that killed it.
+/// A wipe child's exit status for `e`: an emptying errno as itself (1-127), a failure to join
+/// the cell as 128 + its errno; an errno above 127 is told as EIO.
+fn wipe_code(e: WipeFailed) -> i32 {
+    let low = |e: Errno| if (1..128).contains(&(e as i32)) { e as i32 } else { Errno::EIO as i32 };
+    match e {
+        WipeFailed::Entering(e) => 128 + low(e),
+        WipeFailed::Errno(e) => low(e),
+        WipeFailed::Killed(_) => Errno::EIO as i32,
+    }
+}
+
+/// What a wipe child's exit says: done, the errno it failed with (and where), or the signal
+/// that killed it.
 pub fn wipe_result(ws: nix::sys::wait::WaitStatus) -> std::result::Result<(), WipeFailed> {
     match ws {
         nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+        nix::sys::wait::WaitStatus::Exited(_, c) if c > 128 => Err(WipeFailed::Entering(Errno::from_raw(c - 128))),
         nix::sys::wait::WaitStatus::Exited(_, e) => Err(WipeFailed::Errno(Errno::from_raw(e))),
         nix::sys::wait::WaitStatus::Signaled(_, s, _) => Err(WipeFailed::Killed(s as i32)),
         _ => Err(WipeFailed::Errno(Errno::ECHILD)),
@@ -625,6 +653,29 @@ mod tests {
 
     fn null() -> OwnedFd {
         std::fs::File::open("/dev/null").expect("open").into()
+    }
+
+    /// Found by review: a wipe whose join of the cell a filter refused was told as "another
+    /// host user's files: remove them by hand". Where it failed survives its exit status.
+    #[test]
+    fn a_wipe_says_whether_it_failed_joining_the_cell_or_emptying_the_dir() {
+        use nix::errno::Errno;
+        use nix::sys::wait::WaitStatus;
+
+        use super::{wipe_code, wipe_result, WipeFailed};
+        let pid = nix::unistd::Pid::from_raw(1);
+        for e in [WipeFailed::Entering(Errno::EPERM), WipeFailed::Errno(Errno::EPERM), WipeFailed::Errno(Errno::EBUSY)]
+        {
+            assert_eq!(wipe_result(WaitStatus::Exited(pid, wipe_code(e))), Err(e));
+        }
+        assert_eq!(
+            wipe_result(WaitStatus::Exited(pid, wipe_code(WipeFailed::Entering(Errno::ENOSYS)))),
+            Err(WipeFailed::Entering(Errno::ENOSYS))
+        );
+        // An errno no exit status holds is told as EIO, in its place.
+        assert_eq!(wipe_code(WipeFailed::Errno(Errno::EHWPOISON)), Errno::EIO as i32);
+        assert_eq!(wipe_code(WipeFailed::Entering(Errno::EHWPOISON)), 128 + Errno::EIO as i32);
+        assert_eq!(wipe_result(WaitStatus::Exited(pid, 0)), Ok(()));
     }
 
     /// The socket factory's answer is exactly one fd with an Ok frame, or none with a failure.
