@@ -237,7 +237,7 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         .map(|r| r.min_abi)
         .max()
         .unwrap_or(6);
-    let kernel = crate::doctor::checks(min_abi);
+    let kernel = crate::doctor::checks(crate::doctor::Needs::of(&cfg, min_abi));
     let failed: Vec<_> = kernel.iter().filter(|c| c.level == Level::Fail).collect();
     add(
         &mut v,

@@ -46,99 +46,167 @@ enum Refused {
 /// How long the probe of the setup's calls may take (it takes about 20 ms).
 const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The calls each role's setup makes in its new namespaces, in the order doctor tries them,
-/// with the forms the setup uses (a recursive bind, a recursive mount_setattr, setns into a
-/// network namespace, a Landlock rule, a seccomp filter) (found by review: a profile refusing
-/// one of them, or killing on it, passed doctor, and run then failed with a message that did
-/// not name the profile). Every start's `run` makes them too, through [`required`].
-const STEPS: [&str; 12] = [
+/// The calls each role's setup makes in its new namespaces, and the helpers that join them,
+/// in the order doctor tries them, with the forms the setup uses (a recursive bind, a
+/// superblock remount, a recursive mount_setattr, setns into a user, a mount and a network
+/// namespace, the loopback's ioctl, a Landlock rule, a seccomp filter) (found by review: a
+/// profile refusing one of them, or killing on it, passed doctor, and run then failed with a
+/// message that did not name the profile, or named the wrong cause: "another host user's
+/// files"). Every start's `run` makes them too, through [`required`].
+const STEPS: [&str; 20] = [
     "prctl (PR_SET_PDEATHSIG)",
+    "setgroups",
     "sethostname",
     "mount",
     "mount (bind)",
+    "mount (remount)",
     "mount_setattr",
     "setns",
     "unshare",
+    "ioctl (SIOCSIFFLAGS: the loopback up)",
     "memfd_create",
     "pivot_root",
     "umount2",
+    "capset (every capability dropped)",
     "landlock (create_ruleset, add_rule, restrict_self)",
     "seccomp",
+    // Only some configs make these (tried last; what a refusal means is the config's, Needs).
+    CLONE3,
+    LISTENER,
+    // The helpers' join of a role's namespaces (a wipe, new egress listeners, a role's clone).
+    "setns (user namespace)",
+    "setns (mount namespace)",
 ];
 
-/// Create every namespace a role uses, and in a child there make each call of [`STEPS`], as
-/// each role's setup does: what a container's seccomp profile may refuse or kill.
-fn try_namespaces() -> Result<(), Refused> {
-    let landlock = sys::landlock_abi() >= 1;
-    // An allow-all filter, installed as each role's is (its content is not what is tried).
-    let allow_all: seccompiler::BpfProgram = vec![seccompiler::sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k: libc::SECCOMP_RET_ALLOW,
-    }];
-    let (r, w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
-    // SAFETY: doctor is single-threaded; the child only makes system calls and _exits.
-    let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }.map_err(Refused::Namespaces)?;
-    if pid == 0 {
-        drop(r);
-        // Never left behind (found by review: a probe held by a filter outlived a killed run;
-        // then, with the death signal faked too): read back, or the probe stops here.
-        // Each step says its number before its call (a kill leaves it the last said), and
-        // 0xff with the errno (4 bytes) when the call fails.
-        let step = |name: &str, call: &dyn Fn() -> Result<(), Errno>| {
-            let n = STEPS.iter().position(|s| *s == name).unwrap_or(0) as u8;
-            let _ = nix::unistd::write(&w, &[n]);
-            if let Err(e) = call() {
-                let mut b = [0xffu8; 5];
-                b[1..].copy_from_slice(&(e as i32).to_le_bytes());
-                let _ = nix::unistd::write(&w, &b);
-                sys::exit_now(1);
-            }
-        };
-        use nix::mount::{mount, MsFlags};
-        let none = None::<&str>;
-        step("prctl (PR_SET_PDEATHSIG)", &sys::die_with_parent);
-        step("sethostname", &|| nix::unistd::sethostname("sealnode-doctor"));
-        // Private first: nothing done here reaches the mount namespace doctor came from.
-        step("mount", &|| mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none));
-        step("mount", &|| mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
-        step("mount (bind)", &|| mount(Some("/tmp"), "/tmp", none, MsFlags::MS_BIND | MsFlags::MS_REC, none));
-        step("mount_setattr", &|| sys::mount_setattr(c"/tmp", sys::MOUNT_ATTR_NOSUID, true));
-        // Its own namespaces again: the helpers join a role's namespaces this way.
-        for (ns, flag) in [("net", nix::sched::CloneFlags::CLONE_NEWNET), ("uts", nix::sched::CloneFlags::CLONE_NEWUTS)]
-        {
-            step("setns", &|| {
-                let fd = nix::fcntl::open(
-                    format!("/proc/self/ns/{ns}").as_str(),
-                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-                    nix::sys::stat::Mode::empty(),
-                )?;
-                nix::sched::setns(fd, flag)
-            });
-        }
-        // A network namespace of its own, as the cell makes the engine's.
-        step("unshare", &|| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET));
-        step("memfd_create", &|| {
-            nix::sys::memfd::memfd_create(c"sealnode-doctor", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map(drop)
-        });
-        step("pivot_root", &|| nix::unistd::chdir("/tmp").and_then(|()| sys::pivot_root(c".", c".")));
-        step("umount2", &|| nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH));
-        if landlock {
-            step("landlock (create_ruleset, add_rule, restrict_self)", &sys::landlock_restrict_probe);
-        }
-        step("seccomp", &|| {
-            seccompiler::apply_filter(&allow_all).map_err(|e| match e {
-                seccompiler::Error::Prctl(io) | seccompiler::Error::Seccomp(io) => {
-                    Errno::from_raw(io.raw_os_error().unwrap_or(libc::EINVAL))
-                }
-                _ => Errno::EINVAL,
-            })
-        });
-        sys::exit_now(0);
+/// The steps only some configs make: cgroup leaves (each role cloned into its own), and
+/// `log_refused_syscalls` (a filter with a listener; a filter above sealnode that has one
+/// already makes the kernel answer EBUSY).
+const CLONE3: &str = "clone3";
+const LISTENER: &str = "seccomp (a filter with a listener)";
+/// The parent's part: each cell's id maps (rootful, mapping ids needs CAP_SETUID, CAP_SETGID).
+const MAPS: &str = "writing uid_map and gid_map";
+
+/// A report's markers after a step's number: the step failed (the probe stops), or an
+/// optional step failed (it goes on); 4 bytes of errno follow either.
+const FAILED: u8 = 0xff;
+const OPTIONAL_FAILED: u8 = 0xfe;
+
+/// The id a rootful probe maps in place of a role's user.
+const NOBODY: u32 = 65534;
+
+/// What a config asks of the setup beyond what every start needs (`None`: no config given;
+/// doctor then warns where it would fail).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Needs {
+    /// The Landlock ABI the policies need.
+    pub min_abi: u8,
+    /// Each role is cloned into its own cgroup leaf (clone3): per-role limits or the unit's
+    /// delegated cgroup.
+    pub cgroup_leaves: Option<bool>,
+    /// A role's refused calls are logged (`log_refused_syscalls`: a seccomp listener).
+    pub refusal_log: Option<bool>,
+}
+
+impl Needs {
+    /// Without a config: the calls a config may add are tried and warned about.
+    pub fn any(min_abi: u8) -> Needs {
+        Needs { min_abi, cgroup_leaves: None, refusal_log: None }
     }
-    drop(w);
-    let child = nix::unistd::Pid::from_raw(pid);
+
+    /// What `cfg` needs. A cgroup setup the host refuses is `run`'s and `check`'s to name.
+    pub fn of(cfg: &crate::config::Config, min_abi: u8) -> Needs {
+        Needs {
+            min_abi,
+            cgroup_leaves: Some(crate::sandbox::cgroup::check(cfg).is_ok_and(|leaves| leaves.is_some())),
+            refusal_log: Some(crate::config::Role::ALL.iter().any(|r| cfg.role(*r).log_refused_syscalls)),
+        }
+    }
+}
+
+/// How a probe process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Exited(i32),
+    Signaled(i32),
+    /// Held past [`PROBE_LIMIT`] (then killed).
+    Hung,
+    Unknown,
+}
+
+fn step_name(n: Option<u8>) -> &'static str {
+    n.and_then(|n| STEPS.get(usize::from(n)).copied()).unwrap_or("the namespaces' setup")
+}
+
+/// What a probe's reports (`said`) and its end mean: the optional steps refused, or the
+/// step that stopped it. A probe killed or held at an optional step is that step's refusal.
+fn verdict(said: &[u8], end: End) -> Result<Vec<Refused>, Refused> {
+    let mut optional = Vec::new();
+    let mut last = None;
+    let mut i = 0;
+    while let Some(&b) = said.get(i) {
+        if b == FAILED || b == OPTIONAL_FAILED {
+            let e = said.get(i + 1..i + 5).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes);
+            let r = Refused::Step(step_name(last), Errno::from_raw(e));
+            if b == FAILED {
+                return Err(r);
+            }
+            optional.push(r);
+            i += 5;
+        } else {
+            last = Some(b);
+            i += 1;
+        }
+    }
+    let stopped = match end {
+        End::Exited(0) => return Ok(optional),
+        End::Hung => Refused::Hung(step_name(last)),
+        End::Signaled(sig) => Refused::Killed(step_name(last), sig),
+        End::Exited(_) | End::Unknown => Refused::Step(step_name(last), Errno::EIO),
+    };
+    if [CLONE3, LISTENER].contains(&step_name(last)) {
+        optional.push(stopped);
+        return Ok(optional);
+    }
+    Err(stopped)
+}
+
+/// Each step's report, written by a probe process: its number before its call (a kill leaves
+/// it the last said), then [`FAILED`] or [`OPTIONAL_FAILED`] with the errno when it fails.
+struct Reporter(std::os::fd::OwnedFd);
+
+impl Reporter {
+    fn say(&self, name: &str) {
+        let n = STEPS.iter().position(|s| *s == name).unwrap_or(0) as u8;
+        let _ = nix::unistd::write(&self.0, &[n]);
+    }
+
+    fn failed(&self, marker: u8, e: Errno) {
+        let mut b = [marker; 5];
+        b[1..].copy_from_slice(&(e as i32).to_le_bytes());
+        let _ = nix::unistd::write(&self.0, &b);
+    }
+
+    /// A step every start needs: the probe stops at its failure.
+    fn step(&self, name: &str, call: &dyn Fn() -> Result<(), Errno>) {
+        self.say(name);
+        if let Err(e) = call() {
+            self.failed(FAILED, e);
+            sys::exit_now(1);
+        }
+    }
+
+    /// A step only some configs need: the probe goes on past its failure.
+    fn optional(&self, name: &str, call: &dyn Fn() -> Result<(), Errno>) {
+        self.say(name);
+        if let Err(e) = call() {
+            self.failed(OPTIONAL_FAILED, e);
+        }
+    }
+}
+
+/// Read a probe process's reports until it closes its end or [`PROBE_LIMIT`] passes (then it
+/// is killed), reap it, and say what its reports mean.
+fn collect(child: nix::unistd::Pid, r: std::os::fd::OwnedFd) -> Result<Vec<Refused>, Refused> {
     let mut said = Vec::new();
     let mut buf = [0u8; 64];
     let until = std::time::Instant::now() + PROBE_LIMIT;
@@ -160,20 +228,154 @@ fn try_namespaces() -> Result<(), Refused> {
     if hung {
         let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
     }
-    let ws = nix::sys::wait::waitpid(child, None);
-    let failed = said.iter().position(|b| *b == 0xff);
-    let last = said[..failed.unwrap_or(said.len())].last().copied();
-    let name = |n: Option<u8>| n.and_then(|n| STEPS.get(usize::from(n)).copied()).unwrap_or("the namespaces' setup");
-    match (failed, ws) {
-        _ if hung => Err(Refused::Hung(name(last))),
-        (Some(at), _) => {
-            let e = said.get(at + 1..at + 5).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes);
-            Err(Refused::Step(name(last), Errno::from_raw(e)))
+    let end = match nix::sys::wait::waitpid(child, None) {
+        _ if hung => End::Hung,
+        Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => End::Exited(code),
+        Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => End::Signaled(sig as i32),
+        _ => End::Unknown,
+    };
+    verdict(&said, end)
+}
+
+/// Create every namespace a role uses, with the id maps a cell gets, and in a child there make
+/// each call of [`STEPS`], as each role's setup does; then join them from another process, as
+/// the supervisor's helpers do: what a container's seccomp profile may refuse or kill. The
+/// optional steps' refusals are returned.
+fn try_namespaces() -> Result<Vec<Refused>, Refused> {
+    let landlock = sys::landlock_abi() >= 1;
+    let rootful = nix::unistd::geteuid().is_root();
+    // An allow-all filter, installed as each role's is (its content is not what is tried).
+    let allow_all: seccompiler::BpfProgram = vec![seccompiler::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: libc::SECCOMP_RET_ALLOW,
+    }];
+    let (r, w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
+    let (maps_r, maps_w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
+    // SAFETY: doctor is single-threaded; the child only makes system calls and _exits.
+    let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }.map_err(Refused::Namespaces)?;
+    if pid == 0 {
+        drop((r, maps_w));
+        let p = Reporter(w);
+        // The parent writes the id maps, as a cell's are, while this waits (it must not be
+        // gone before its namespaces are opened); EOF: the parent is gone.
+        if !matches!(nix::unistd::read(&maps_r, &mut [0u8; 1]), Ok(1)) {
+            sys::exit_now(1);
         }
-        (None, Ok(nix::sys::wait::WaitStatus::Exited(_, 0))) => Ok(()),
-        (None, Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => Err(Refused::Killed(name(last), sig as i32)),
-        (None, _) => Err(Refused::Step(name(last), Errno::EIO)),
+        // Never left behind (found by review: a probe held by a filter outlived a killed run;
+        // then, with the death signal faked too): read back, or the probe stops here.
+        p.step("prctl (PR_SET_PDEATHSIG)", &sys::die_with_parent);
+        use nix::mount::{mount, MsFlags};
+        let none = None::<&str>;
+        // Rootful, each role sheds root's groups in the cell.
+        if rootful {
+            p.step("setgroups", &|| nix::unistd::setgroups(&[]));
+        }
+        p.step("sethostname", &|| nix::unistd::sethostname("sealnode-doctor"));
+        // Private first: nothing done here reaches the mount namespace doctor came from.
+        p.step("mount", &|| mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none));
+        p.step("mount", &|| mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
+        p.step("mount (bind)", &|| mount(Some("/tmp"), "/tmp", none, MsFlags::MS_BIND | MsFlags::MS_REC, none));
+        // As the sealed copy of a role's program is made read-only at its superblock.
+        p.step("mount (remount)", &|| {
+            let ro = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+            mount(none, "/tmp", none, ro, none)
+        });
+        p.step("mount_setattr", &|| sys::mount_setattr(c"/tmp", sys::MOUNT_ATTR_NOSUID, true));
+        // Its own namespaces again: the helpers join a role's namespaces this way.
+        for (ns, flag) in [("net", nix::sched::CloneFlags::CLONE_NEWNET), ("uts", nix::sched::CloneFlags::CLONE_NEWUTS)]
+        {
+            p.step("setns", &|| nix::sched::setns(open_ns(&format!("/proc/self/ns/{ns}"))?, flag));
+        }
+        // A network namespace of its own, as the cell makes the engine's, and its loopback up.
+        p.step("unshare", &|| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET));
+        p.step("ioctl (SIOCSIFFLAGS: the loopback up)", &sys::loopback_up);
+        p.step("memfd_create", &|| {
+            nix::sys::memfd::memfd_create(c"sealnode-doctor", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map(drop)
+        });
+        p.step("pivot_root", &|| nix::unistd::chdir("/tmp").and_then(|()| sys::pivot_root(c".", c".")));
+        p.step("umount2", &|| nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH));
+        p.step("capset (every capability dropped)", &crate::sandbox::caps::drop_all);
+        if landlock {
+            p.step("landlock (create_ruleset, add_rule, restrict_self)", &sys::landlock_restrict_probe);
+        }
+        p.step("seccomp", &|| {
+            seccompiler::apply_filter(&allow_all).map_err(|e| match e {
+                seccompiler::Error::Prctl(io) | seccompiler::Error::Seccomp(io) => {
+                    Errno::from_raw(io.raw_os_error().unwrap_or(libc::EINVAL))
+                }
+                _ => Errno::EINVAL,
+            })
+        });
+        p.optional(CLONE3, &|| {
+            // SAFETY: the probe is single-threaded; the clone only exits.
+            match unsafe { sys::clone3(0, None) }? {
+                0 => sys::exit_now(0),
+                pid => nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).map(drop),
+            }
+        });
+        p.optional(LISTENER, &|| {
+            // SAFETY: the kernel returned a new descriptor, which only this closure holds.
+            sys::seccomp_with_listener(&allow_all)
+                .map(|fd| drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }))
+        });
+        sys::exit_now(0);
     }
+    drop((w, maps_r));
+    let child = nix::unistd::Pid::from_raw(pid);
+    // Held as a cell's are, before it is released: the helper joins them after it exits.
+    let held = (|| {
+        let ns = |name: &str| open_ns(&format!("/proc/{pid}/ns/{name}")).map_err(|e| ("open (/proc/PID/ns)", e));
+        let held = (ns("user")?, ns("mnt")?, ns("net")?);
+        // Rootful, a cell maps its roles' users, never root (mapping host root needs
+        // CAP_SETFCAP, which the unit does not give): an unprivileged id stands in for them.
+        let (uid, gid) = match rootful {
+            true => (NOBODY, NOBODY),
+            false => (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()),
+        };
+        crate::sandbox::idmap::write(child, &[uid], &[gid], rootful).map_err(|e| match e {
+            crate::error::Error::Io { source, .. } => {
+                (MAPS, Errno::from_raw(source.raw_os_error().unwrap_or(libc::EIO)))
+            }
+            _ => (MAPS, Errno::EIO),
+        })?;
+        Ok(held)
+    })();
+    let (userns, mntns, netns) = match held {
+        Ok(held) => held,
+        Err((what, e)) => {
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(child, None);
+            return Err(Refused::Step(what, e));
+        }
+    };
+    let _ = nix::unistd::write(&maps_w, &[1]);
+    drop(maps_w);
+    let refused = collect(child, r)?;
+    // A helper joins them from here, as a wipe, new egress listeners or a role's clone does.
+    let (r, w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
+    // SAFETY: doctor is single-threaded; the child only makes system calls and _exits.
+    match unsafe { nix::unistd::fork() }.map_err(Refused::Namespaces)? {
+        nix::unistd::ForkResult::Child => {
+            drop(r);
+            let p = Reporter(w);
+            p.step("prctl (PR_SET_PDEATHSIG)", &sys::die_with_parent);
+            p.step("setns (user namespace)", &|| nix::sched::setns(&userns, nix::sched::CloneFlags::CLONE_NEWUSER));
+            p.step("setns (mount namespace)", &|| nix::sched::setns(&mntns, nix::sched::CloneFlags::CLONE_NEWNS));
+            p.step("setns", &|| nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET));
+            sys::exit_now(0)
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(w);
+            collect(child, r).map(|more| refused.into_iter().chain(more).collect())
+        }
+    }
+}
+
+/// A namespace's file, opened as the cell holds one.
+fn open_ns(path: &str) -> Result<std::os::fd::OwnedFd, Errno> {
+    nix::fcntl::open(path, nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
 }
 
 /// Each option a container needs for sealnode, named as its runtime spells it.
@@ -220,7 +422,8 @@ fn options(c: &crate::os::container::Container) -> Options {
     }
 }
 
-pub fn checks(min_abi: u8) -> Vec<Check> {
+pub fn checks(needs: Needs) -> Vec<Check> {
+    let min_abi = needs.min_abi;
     let mut v = Vec::new();
     let uid = nix::unistd::geteuid();
     let mode = if uid.is_root() {
@@ -254,51 +457,46 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
             ),
         },
     });
+    // The container's own options first: the probe maps ids (CAP_SETUID, CAP_SETGID), so a
+    // missing capability is named as the option that adds it, not as a refused call.
+    if let Some(o) = &opts {
+        v.extend(container_caps(uid.is_root(), o));
+        v.push(container_userns(&std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default(), o));
+    }
     match try_namespaces() {
-        Ok(()) => v.push(Check {
-            name: "user namespaces",
-            level: Level::Ok,
-            value: "available".into(),
-            meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, and make there the calls a role's setup makes (sethostname, mounts and binds, mount_setattr, setns, unshare, memfd_create, pivot_root, umount2, Landlock, seccomp)".into(),
-        }),
+        Ok(optional) => {
+            v.push(Check {
+                name: "user namespaces",
+                level: Level::Ok,
+                value: "available".into(),
+                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (setgroups when rootful, sethostname, mounts, binds and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, pivot_root, umount2, capset, Landlock, seccomp), and join them from another process (setns into the user, mount and network namespaces)".into(),
+            });
+            v.extend(optional.into_iter().map(|r| optional_check(r, &needs, opts.as_ref())));
+        }
         Err(Refused::Namespaces(e)) => {
             let (what, fix) = crate::sandbox::namespaces::explain_userns_failure(e);
             let fix = match &opts {
-                Some(o) if e == Errno::EPERM || e == Errno::ENOSYS => format!("the container's seccomp profile refuses the namespace calls: {}", o.seccomp),
-                _ => fix,
-            };
-            v.push(Check { name: "user namespaces", level: Level::Fail, value: e.desc().into(), meaning: format!("{what}; fix: {fix}") });
-        }
-        Err(r @ (Refused::Hung(step) | Refused::Killed(step, _) | Refused::Step(step, _))) => {
-            // (what the probe saw, what the call does in the namespaces, what a filter above
-            // sealnode does to it when no container's option names the fix)
-            let (value, does, above) = match r {
-                Refused::Hung(_) => (
-                    format!("{step} did not return within {} s", PROBE_LIMIT.as_secs()),
-                    "hangs",
-                    "a seccomp filter above sealnode hands it to a supervisor that does not answer: allow it",
-                ),
-                Refused::Killed(_, sig) => (
-                    format!(
-                        "{step} killed the process ({})",
-                        nix::sys::signal::Signal::try_from(sig).map_or(sig.to_string(), |s| s.as_str().to_string())
-                    ),
-                    "kills the process",
-                    "a seccomp filter above sealnode kills it (systemd's SystemCallFilter= without SystemCallErrorNumber=): allow it",
-                ),
-                Refused::Step(_, e) | Refused::Namespaces(e) => {
-                    (format!("{step} refused: {}", e.desc()), "is refused", "a seccomp filter or LSM above sealnode refuses it")
+                Some(o) if e == Errno::EPERM || e == Errno::ENOSYS => {
+                    format!("the container's seccomp profile refuses the namespace calls: {}", o.seccomp)
                 }
-            };
-            let fix = match &opts {
-                Some(o) => o.seccomp.to_string(),
-                None => format!("{above}, or run sealnode outside it (the systemd unit as shipped)"),
+                _ => fix,
             };
             v.push(Check {
                 name: "user namespaces",
                 level: Level::Fail,
+                value: e.desc().into(),
+                meaning: format!("{what}; fix: {fix}"),
+            });
+        }
+        Err(r @ (Refused::Hung(step) | Refused::Killed(step, _) | Refused::Step(step, _))) => {
+            let (value, does, fix) = described(r, opts.as_ref());
+            v.push(Check {
+                name: "user namespaces",
+                level: Level::Fail,
                 value,
-                meaning: format!("the namespaces are made, but {step} in them {does}, as each role's setup needs it; fix: {fix}"),
+                meaning: format!(
+                    "the namespaces are made, but {step} in them {does}, as each role's setup needs it; fix: {fix}"
+                ),
             });
         }
     }
@@ -332,10 +530,6 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
             (false, None) => "the kernel refuses a fresh /proc in a user namespace while /proc has over-mounts; remove ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname= from the unit (sealnode masks /proc inside each role itself)".into(),
         },
     });
-    if let Some(o) = &opts {
-        v.extend(container_caps(uid.is_root(), o));
-        v.push(container_userns(&std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default(), o));
-    }
     let abi = sys::landlock_abi();
     v.push(Check {
         name: "landlock",
@@ -364,6 +558,80 @@ pub fn checks(min_abi: u8) -> Vec<Check> {
     });
     v.extend(host_hardening(opts.as_ref()));
     v
+}
+
+/// What a refused step looks like from here: what the probe saw, what the call does in the
+/// namespaces, and the fix (the container's option, or what a filter above sealnode must allow).
+fn described(r: Refused, opts: Option<&Options>) -> (String, &'static str, String) {
+    let (value, does, above) = match r {
+        Refused::Hung(step) => (
+            format!("{step} did not return within {} s", PROBE_LIMIT.as_secs()),
+            "hangs",
+            "a seccomp filter above sealnode hands it to a supervisor that does not answer: allow it",
+        ),
+        Refused::Killed(step, sig) => (
+            format!(
+                "{step} killed the process ({})",
+                nix::sys::signal::Signal::try_from(sig).map_or(sig.to_string(), |s| s.as_str().to_string())
+            ),
+            "kills the process",
+            "a seccomp filter above sealnode kills it (systemd's SystemCallFilter= without SystemCallErrorNumber=): allow it",
+        ),
+        Refused::Step(MAPS, e) => {
+            let fix = match opts {
+                Some(o) => format!("{} SETUID,SETGID", o.caps),
+                None => "give sealnode CAP_SETUID and CAP_SETGID (the units as shipped do)".into(),
+            };
+            return (format!("{MAPS} refused: {}", e.desc()), "is refused", fix);
+        }
+        Refused::Step(step, e) => {
+            (format!("{step} refused: {}", e.desc()), "is refused", "a seccomp filter or LSM above sealnode refuses it")
+        }
+        Refused::Namespaces(e) => {
+            (format!("namespaces refused: {}", e.desc()), "is refused", "a seccomp filter or LSM above sealnode refuses it")
+        }
+    };
+    let fix = match opts {
+        Some(o) => o.seccomp.to_string(),
+        None => format!("{above}, or run sealnode outside it (the systemd unit as shipped)"),
+    };
+    (value, does, fix)
+}
+
+/// A call only some configs make, refused here: a failure where the config makes it
+/// (`needs`), a warning where it does not or no config was given.
+fn optional_check(r: Refused, needs: &Needs, opts: Option<&Options>) -> Check {
+    let step = match r {
+        Refused::Hung(s) | Refused::Killed(s, _) | Refused::Step(s, _) => s,
+        Refused::Namespaces(_) => "",
+    };
+    let (value, does, fix) = described(r, opts);
+    let (name, needed, why, without) = if step == CLONE3 {
+        (
+            "cgroup leaves",
+            needs.cgroup_leaves,
+            "each role is cloned straight into its own cgroup leaf with clone3 (per-role limits, cell.cgroup, the unit's delegated cgroup)",
+            "leave per-role limits and cell.cgroup out",
+        )
+    } else {
+        (
+            "refused-call log",
+            needs.refusal_log,
+            "log_refused_syscalls hands a role's refused calls to sealnode through a seccomp listener (EBUSY: a filter above sealnode has one already, and the kernel allows one)",
+            "set log_refused_syscalls = false",
+        )
+    };
+    let so = match needed {
+        Some(true) => "this config needs it: sealnode refuses to start",
+        Some(false) => "this config does not use it",
+        None => "a config that uses it refuses to start",
+    };
+    Check {
+        name,
+        level: if needed == Some(true) { Level::Fail } else { Level::Warn },
+        value,
+        meaning: format!("{why}, and {step} {does} here; {so}; fix: {fix}, or {without}"),
+    }
 }
 
 /// Whether the container's root is the host's root (`uid_map`: this process's
@@ -504,9 +772,9 @@ fn host_hardening(opts: Option<&Options>) -> Vec<Check> {
 /// tries it (namespaces with a hostname and a mount in them, a /proc without over-mounts,
 /// seccomp, a rootful cell's capabilities): the first one missing refuses the start, before
 /// the cell is made, naming it and the option that adds it.
-pub fn required() -> crate::error::Result<()> {
+pub fn required(cfg: &crate::config::Config) -> crate::error::Result<()> {
     // ABI 0: the Landlock ABI the policies need is checked where they are compiled.
-    match checks(0).into_iter().find(|c| c.level == Level::Fail) {
+    match checks(Needs::of(cfg, 0)).into_iter().find(|c| c.level == Level::Fail) {
         None => Ok(()),
         Some(c) => {
             // A check's meaning reads "why; fix: what to change": the error says each once.
@@ -599,6 +867,65 @@ mod tests {
     fn on_this_machine_the_namespaces_and_their_first_steps_work() {
         // The host tests run where sealnode runs: the probe that doctor reports must pass here,
         // or every sandbox test would fail first.
-        assert_eq!(try_namespaces(), Ok(()));
+        assert_eq!(try_namespaces(), Ok(Vec::new()));
+    }
+
+    fn said(steps: &[&str]) -> Vec<u8> {
+        steps.iter().map(|s| STEPS.iter().position(|t| t == s).expect("a step") as u8).collect()
+    }
+
+    fn failed(marker: u8, e: Errno) -> Vec<u8> {
+        let mut b = vec![marker];
+        b.extend_from_slice(&(e as i32).to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn a_report_names_the_step_it_stopped_at_and_goes_on_past_an_optional_one() {
+        let all = said(&["prctl (PR_SET_PDEATHSIG)", "sethostname", "seccomp"]);
+        assert_eq!(verdict(&all, End::Exited(0)), Ok(Vec::new()));
+        // A step every start needs: refused, killed, held.
+        let mut r = said(&["prctl (PR_SET_PDEATHSIG)", "capset (every capability dropped)"]);
+        r.extend(failed(FAILED, Errno::EPERM));
+        let capset = "capset (every capability dropped)";
+        assert_eq!(verdict(&r, End::Exited(1)), Err(Refused::Step(capset, Errno::EPERM)));
+        let at = said(&["prctl (PR_SET_PDEATHSIG)", "mount (remount)"]);
+        assert_eq!(verdict(&at, End::Signaled(31)), Err(Refused::Killed("mount (remount)", 31)));
+        assert_eq!(verdict(&at, End::Hung), Err(Refused::Hung("mount (remount)")));
+        assert_eq!(verdict(&at, End::Exited(1)), Err(Refused::Step("mount (remount)", Errno::EIO)));
+        // An optional step: its refusal is kept and the probe goes on to the next.
+        let mut o = said(&["seccomp", CLONE3]);
+        o.extend(failed(OPTIONAL_FAILED, Errno::ENOSYS));
+        o.extend(said(&[LISTENER]));
+        assert_eq!(verdict(&o, End::Exited(0)), Ok(vec![Refused::Step(CLONE3, Errno::ENOSYS)]));
+        // Killed or held at one: that step's refusal, the others passed.
+        assert_eq!(
+            verdict(&o, End::Signaled(31)),
+            Ok(vec![Refused::Step(CLONE3, Errno::ENOSYS), Refused::Killed(LISTENER, 31)])
+        );
+        let mut e = said(&["seccomp", CLONE3, LISTENER]);
+        e.extend(failed(OPTIONAL_FAILED, Errno::EBUSY));
+        assert_eq!(verdict(&e, End::Exited(0)), Ok(vec![Refused::Step(LISTENER, Errno::EBUSY)]));
+        // Nothing said: the setup itself.
+        assert_eq!(verdict(&[], End::Unknown), Err(Refused::Step("the namespaces' setup", Errno::EIO)));
+    }
+
+    #[test]
+    fn an_optional_call_refused_fails_only_a_config_that_makes_it() {
+        let podman = options(&container("podman", None));
+        let clone3 = Refused::Step(CLONE3, Errno::ENOSYS);
+        let with = |cgroup_leaves, refusal_log| Needs { min_abi: 6, cgroup_leaves, refusal_log };
+        let c = optional_check(clone3, &with(Some(true), Some(false)), Some(&podman));
+        assert_eq!((c.name, c.level), ("cgroup leaves", Level::Fail));
+        assert!(
+            c.value == "clone3 refused: Function not implemented" && c.meaning.contains("--security-opt seccomp="),
+            "{c:?}"
+        );
+        assert_eq!(optional_check(clone3, &with(Some(false), None), None).level, Level::Warn);
+        let listener = optional_check(Refused::Step(LISTENER, Errno::EBUSY), &with(None, None), None);
+        assert_eq!((listener.name, listener.level), ("refused-call log", Level::Warn));
+        assert!(listener.meaning.contains("log_refused_syscalls = false"), "{listener:?}");
+        let needed = optional_check(Refused::Killed(LISTENER, 31), &with(None, Some(true)), None);
+        assert!(needed.level == Level::Fail && needed.value.contains("killed the process (SIGSYS)"), "{needed:?}");
     }
 }

@@ -299,6 +299,16 @@ fn under_filter(
     rules: Vec<(i64, Vec<seccompiler::SeccompRule>)>,
     action: seccompiler::SeccompAction,
 ) -> (Option<i32>, String) {
+    under_filter_within(f, args, rules, action, COMMAND_LIMIT)
+}
+
+fn under_filter_within(
+    f: &Fixture,
+    args: &[&str],
+    rules: Vec<(i64, Vec<seccompiler::SeccompRule>)>,
+    action: seccompiler::SeccompAction,
+    limit: std::time::Duration,
+) -> (Option<i32>, String) {
     use std::os::unix::process::CommandExt;
     let filter: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
         rules.into_iter().collect(),
@@ -320,7 +330,7 @@ fn under_filter(
             seccompiler::apply_filter(&filter).map_err(|e| std::io::Error::other(e.to_string()))
         })
     };
-    let o = c.output_within(COMMAND_LIMIT);
+    let o = c.output_within(limit);
     (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
 }
 
@@ -328,31 +338,152 @@ fn under_filter(
 /// `SystemCallFilter=`) refusing or killing on one call of a role's setup passed doctor, and
 /// `run` failed later (exit 6, or a wipe's message) without naming the filter. Each is tried
 /// now: doctor fails naming the call, and `run` refuses with 125 before anything starts.
+/// Then (found again): a call the probe did not make (capset, setgroups, the loopback's ioctl,
+/// a remount, setns into a user or mount namespace) failed later with a wrong cause ("another
+/// host user's files: remove them by hand", "sealed copy of the program").
 #[test]
 fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
     use seccompiler::SeccompAction::{Errno, KillProcess};
-    let f = Fixture::new(Mode::Rootless, "doctor-filter");
-    let cfg = f.config.display().to_string();
+    use seccompiler::{SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule as Rule};
+    let arg =
+        |i: u8, op: Op, v: u64| vec![Rule::new(vec![Cond::new(i, Len::Qword, op, v).expect("cond")]).expect("rule")];
+    let eperm = Errno(libc::EPERM as u32);
     let landlock = "landlock (create_ruleset, add_rule, restrict_self)";
-    for (nr, action, named, said) in [
-        (libc::SYS_mount_setattr, Errno(libc::ENOSYS as u32), "mount_setattr", "refused"),
-        (libc::SYS_setns, Errno(libc::EPERM as u32), "setns", "refused"),
-        (libc::SYS_pivot_root, Errno(libc::ENOSYS as u32), "pivot_root", "refused"),
-        (libc::SYS_pivot_root, KillProcess, "pivot_root", "killed the process (SIGSYS)"),
-        (libc::SYS_sethostname, KillProcess, "sethostname", "killed the process (SIGSYS)"),
-        (libc::SYS_landlock_restrict_self, Errno(libc::EPERM as u32), landlock, "refused"),
-        (libc::SYS_landlock_add_rule, Errno(libc::EPERM as u32), landlock, "refused"),
-        (libc::SYS_memfd_create, Errno(libc::EPERM as u32), "memfd_create", "refused"),
-        (libc::SYS_seccomp, Errno(libc::EPERM as u32), "seccomp", "refused"),
-    ] {
-        let what = format!("{named} {said}");
-        let (code, out) = under_filter(&f, &["doctor"], vec![(nr, vec![])], action.clone());
-        assert_eq!(code, Some(1), "{nr} {action:?}: {out}");
-        assert!(out.contains("[FAIL] user namespaces") && out.contains(&what), "{nr} {action:?}: {out}");
-        let (code, out) = under_filter(&f, &["run", "--config", &cfg], vec![(nr, vec![])], action.clone());
-        assert_eq!(code, Some(125), "{nr} {action:?}: {out}");
-        assert!(out.contains(&what) && !out.contains("role started"), "{nr} {action:?}: {out}");
+    let capset = "capset (every capability dropped)";
+    for mode in common::modes() {
+        let f = Fixture::new(mode, "doctor-filter");
+        let cfg = f.config.display().to_string();
+        // Rootless under a root test, setpriv runs under the filter too (it sets groups and
+        // capabilities): those two are tried where sealnode itself makes the change of ids.
+        let own_ids = mode == Mode::Rootful || !common::is_root();
+        for (nr, rules, action, named, said) in [
+            (libc::SYS_mount_setattr, vec![], Errno(libc::ENOSYS as u32), "mount_setattr", "refused"),
+            (libc::SYS_setns, vec![], eperm.clone(), "setns", "refused"),
+            (libc::SYS_pivot_root, vec![], Errno(libc::ENOSYS as u32), "pivot_root", "refused"),
+            (libc::SYS_pivot_root, vec![], KillProcess, "pivot_root", "killed the process (SIGSYS)"),
+            (libc::SYS_sethostname, vec![], KillProcess, "sethostname", "killed the process (SIGSYS)"),
+            (libc::SYS_landlock_restrict_self, vec![], eperm.clone(), landlock, "refused"),
+            (libc::SYS_landlock_add_rule, vec![], eperm.clone(), landlock, "refused"),
+            (libc::SYS_memfd_create, vec![], eperm.clone(), "memfd_create", "refused"),
+            (libc::SYS_seccomp, vec![], eperm.clone(), "seccomp", "refused"),
+            (
+                libc::SYS_mount,
+                arg(3, Op::MaskedEq(libc::MS_REMOUNT), libc::MS_REMOUNT),
+                eperm.clone(),
+                "mount (remount)",
+                "refused",
+            ),
+            (
+                libc::SYS_ioctl,
+                arg(1, Op::Eq, libc::SIOCSIFFLAGS),
+                eperm.clone(),
+                "ioctl (SIOCSIFFLAGS: the loopback up)",
+                "refused",
+            ),
+            (
+                libc::SYS_setns,
+                arg(1, Op::Eq, libc::CLONE_NEWUSER as u64),
+                eperm.clone(),
+                "setns (user namespace)",
+                "refused",
+            ),
+            (
+                libc::SYS_setns,
+                arg(1, Op::Eq, libc::CLONE_NEWNS as u64),
+                eperm.clone(),
+                "setns (mount namespace)",
+                "refused",
+            ),
+            (libc::SYS_capset, vec![], eperm.clone(), capset, "refused"),
+            (libc::SYS_capset, vec![], KillProcess, capset, "killed the process (SIGSYS)"),
+            (libc::SYS_setgroups, vec![], eperm.clone(), "setgroups", "refused"),
+        ] {
+            let changes_ids = nr == libc::SYS_capset || nr == libc::SYS_setgroups;
+            // Rootless, sealnode never sets groups (the kernel would not let it).
+            if changes_ids && !own_ids || nr == libc::SYS_setgroups && mode == Mode::Rootless {
+                continue;
+            }
+            let what = format!("{named} {said}");
+            let (code, out) = under_filter(&f, &["doctor"], vec![(nr, rules.clone())], action.clone());
+            assert_eq!(code, Some(1), "{mode:?} {nr} {action:?}: {out}");
+            assert!(out.contains("[FAIL] user namespaces") && out.contains(&what), "{mode:?} {nr} {action:?}: {out}");
+            let (code, out) = under_filter(&f, &["run", "--config", &cfg], vec![(nr, rules)], action.clone());
+            assert_eq!(code, Some(125), "{mode:?} {nr} {action:?}: {out}");
+            assert!(out.contains(&what) && !out.contains("role started"), "{mode:?} {nr} {action:?}: {out}");
+            assert!(!out.contains("remove them by hand"), "{mode:?} {nr} {action:?}: {out}");
+        }
     }
+}
+
+/// The probe maps ids as each cell does: a root without CAP_SETGID (a unit's
+/// CapabilityBoundingSet=) is told which capability, by doctor and by `run` before anything is
+/// made (it failed later, writing the cell's gid_map).
+#[test]
+fn a_root_without_the_capability_to_map_ids_is_told_so() {
+    if !common::is_root() {
+        common::unavailable("rootful", "mapping ids as root needs root");
+        return;
+    }
+    let f = Fixture::new(Mode::Rootful, "no-setgid");
+    let cfg = f.config.display().to_string();
+    for args in [vec!["doctor"], vec!["run", "--config", cfg.as_str()]] {
+        let o = std::process::Command::new("/usr/bin/setpriv")
+            .args(["--bounding-set", "-setgid", "--"])
+            .arg(&f.bin)
+            .args(&args)
+            .current_dir(&f.dir)
+            .output_within(COMMAND_LIMIT);
+        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.status.code(), Some(if args[0] == "doctor" { 1 } else { 125 }), "{args:?}: {out}");
+        assert!(out.contains("writing uid_map and gid_map refused") && out.contains("CAP_SETGID"), "{args:?}: {out}");
+        assert!(!out.contains("role started"), "{out}");
+    }
+}
+
+/// A call only some configs make, refused by a filter above sealnode: a seccomp filter with a
+/// listener (`log_refused_syscalls`; a filter above that has one already makes the kernel
+/// answer EBUSY) and clone3 (cgroup leaves; Docker's and podman's defaults answer ENOSYS).
+/// doctor warns without a config and with one that does not make it; `run` with one that
+/// does refuses with 125, naming it and the field, before any role starts.
+#[test]
+fn a_filter_refusing_a_call_only_some_configs_make_fails_only_those() {
+    use seccompiler::{SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule as Rule};
+    let listener = libc::SECCOMP_FILTER_FLAG_NEW_LISTENER;
+    let with_listener = || {
+        vec![Rule::new(vec![Cond::new(1, Len::Qword, Op::MaskedEq(listener), listener).expect("cond")]).expect("rule")]
+    };
+    let ebusy = seccompiler::SeccompAction::Errno(libc::EBUSY as u32);
+    let enosys = seccompiler::SeccompAction::Errno(libc::ENOSYS as u32);
+    let mut f = Fixture::new(Mode::Rootless, "optional-filter");
+    let cfg = f.config.display().to_string();
+    let (code, out) = under_filter(&f, &["doctor"], vec![(libc::SYS_seccomp, with_listener())], ebusy.clone());
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("[warn] refused-call log")
+            && out.contains("seccomp (a filter with a listener) refused: Device or resource busy"),
+        "{out}"
+    );
+    let (code, out) = under_filter(&f, &["doctor", "--config", &cfg], vec![(libc::SYS_clone3, vec![])], enosys);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("[warn] cgroup leaves")
+            && out.contains("clone3 refused")
+            && out.contains("this config does not use it"),
+        "{out}"
+    );
+    f.engine_extra.push_str("\nlog_refused_syscalls = true\n");
+    f.write_config();
+    let (code, out) =
+        under_filter(&f, &["doctor", "--config", &cfg], vec![(libc::SYS_seccomp, with_listener())], ebusy.clone());
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("[FAIL] refused-call log") && out.contains("this config needs it"), "{out}");
+    let (code, out) = under_filter(&f, &["run", "--config", &cfg], vec![(libc::SYS_seccomp, with_listener())], ebusy);
+    assert_eq!(code, Some(125), "{out}");
+    assert!(
+        out.contains("seccomp (a filter with a listener) refused") && out.contains("log_refused_syscalls = false"),
+        "{out}"
+    );
+    assert!(!out.contains("role started"), "{out}");
 }
 
 /// Found by review: a filter above sealnode answering prctl(PR_SET_PDEATHSIG) with a faked

@@ -10,6 +10,7 @@ pub fn doctor(config: Option<PathBuf>, json: bool) -> Outcome {
     let inv = Invoker::current();
     // Without a config: the Landlock ABI the shipped policies need.
     let mut min_abi = 6;
+    let mut needs = None;
     if let Some(c) = config {
         let cfg = Config::load(&c, &inv).map_err(Failure::setup)?;
         for r in Role::ALL {
@@ -20,6 +21,8 @@ pub fn doctor(config: Option<PathBuf>, json: bool) -> Outcome {
         }
         // A configured limit this host cannot enforce: the same refusal `run` gives.
         sealnode::sandbox::cgroup::check(&cfg).map_err(Failure::setup)?;
+        needs = Some(sealnode::doctor::Needs::of(&cfg, min_abi));
     }
-    Ok(sealnode::doctor::report(&sealnode::doctor::checks(min_abi), json))
+    let needs = needs.unwrap_or(sealnode::doctor::Needs::any(min_abi));
+    Ok(sealnode::doctor::report(&sealnode::doctor::checks(needs), json))
 }

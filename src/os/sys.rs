@@ -126,20 +126,23 @@ pub fn getxattr(path: &Path, name: &str) -> Option<Vec<u8>> {
 /// (libc's constant is a c_int that overflows, deprecated for that.)
 pub const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// fork-like clone3 with `flags`, started in the cgroup whose directory `cgroup` is: no
-/// instruction of the child runs outside it. With CLONE_PARENT the exit signal is the
+/// fork-like clone3 with `flags`, started in the cgroup whose directory `cgroup` is, if one is
+/// given: no instruction of the child runs outside it. With CLONE_PARENT the exit signal is the
 /// caller's own (the kernel refuses one given); otherwise SIGCHLD.
 ///
 /// # Safety
 /// As [`clone_fork`]: the caller is single-threaded, and the child returns 0 into a copy of it.
-pub unsafe fn clone3_into_cgroup(flags: libc::c_int, cgroup: std::os::fd::BorrowedFd) -> Result<libc::pid_t, Errno> {
+pub unsafe fn clone3(flags: libc::c_int, cgroup: Option<std::os::fd::BorrowedFd>) -> Result<libc::pid_t, Errno> {
     use std::os::fd::AsRawFd;
     let parent = flags & libc::CLONE_PARENT != 0;
     // SAFETY: clone_args is plain integers: all-zero is its "nothing set" value.
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
-    args.flags = flags as u32 as u64 | CLONE_INTO_CGROUP;
+    args.flags = flags as u32 as u64;
     args.exit_signal = if parent { 0 } else { libc::SIGCHLD as u64 };
-    args.cgroup = cgroup.as_raw_fd() as u64;
+    if let Some(cgroup) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = cgroup.as_raw_fd() as u64;
+    }
     // SAFETY: `args` is a valid clone_args of the size passed; no stack: fork semantics.
     let r = unsafe {
         libc::syscall(libc::SYS_clone3, &mut args as *mut libc::clone_args, std::mem::size_of::<libc::clone_args>())

@@ -88,7 +88,7 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                 match leaf {
                     // Straight into the role's leaf: its limits bind from the first instruction,
                     // and its cgroup namespace is rooted there.
-                    Some(dir) => sys::clone3_into_cgroup(libc::CLONE_PARENT | ROLE_NAMESPACES, dir),
+                    Some(dir) => sys::clone3(libc::CLONE_PARENT | ROLE_NAMESPACES, Some(dir)),
                     None => sys::clone_fork(libc::CLONE_PARENT | ROLE_NAMESPACES),
                 }
             };

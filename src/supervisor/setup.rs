@@ -47,7 +47,7 @@ impl Supervisor {
         // Each layer a role needs, tried once before anything is made (doctor's checks): in
         // a container a runtime option left out refuses the start here, named, never a role
         // started without it.
-        crate::doctor::required()?;
+        crate::doctor::required(&cfg)?;
         // One cell per dir, before anything is made, wiped or started (crate::sandbox::locks): a second
         // `run` naming this state dir would share its generations, this runtime dir take over
         // the control socket, this scratch dir wipe a live role's files. Each dir is opened
