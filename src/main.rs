@@ -203,7 +203,9 @@ enum Command {
     },
     /// Report what this kernel offers sealnode and what each fact means.
     Doctor {
-        /// Config file (its policies' minimum Landlock ABI is checked when given).
+        /// Config file: its policies' minimum Landlock ABI and its limits are checked, and a call
+        /// only some configs make (clone3 for cgroup leaves, a seccomp listener for
+        /// log_refused_syscalls) fails when this one makes it, rather than warns.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Machine-readable output.
