@@ -91,7 +91,7 @@ const MAPS: &str = "writing uid_map and gid_map";
 const FAILED: u8 = 0xff;
 const OPTIONAL_FAILED: u8 = 0xfe;
 
-/// The id a rootful probe maps in place of a role's user.
+/// The id a rootful probe maps in place of a role's user, where it can.
 const NOBODY: u32 = 65534;
 
 /// What a config asks of the setup beyond what every start needs (`None`: no config given;
@@ -105,22 +105,44 @@ pub struct Needs {
     pub cgroup_leaves: Option<bool>,
     /// A role's refused calls are logged (`log_refused_syscalls`: a seccomp listener).
     pub refusal_log: Option<bool>,
+    /// The host ids the cell maps (each role's): the probe maps the same.
+    pub ids: Option<[crate::config::Ids; 2]>,
 }
 
 impl Needs {
     /// Without a config: the calls a config may add are tried and warned about.
     pub fn any(min_abi: u8) -> Needs {
-        Needs { min_abi, cgroup_leaves: None, refusal_log: None }
+        Needs { min_abi, ..Needs::default() }
     }
 
     /// What `cfg` needs. A cgroup setup the host refuses is `run`'s and `check`'s to name.
     pub fn of(cfg: &crate::config::Config, min_abi: u8) -> Needs {
+        let ids = |r| cfg.role_ids(r).ok();
         Needs {
             min_abi,
             cgroup_leaves: Some(crate::sandbox::cgroup::check(cfg).is_ok_and(|leaves| leaves.is_some())),
             refusal_log: Some(crate::config::Role::ALL.iter().any(|r| cfg.role(*r).log_refused_syscalls)),
+            ids: ids(crate::config::Role::Engine).zip(ids(crate::config::Role::Node)).map(|(e, n)| [e, n]),
         }
     }
+}
+
+/// An id to map in a rootful probe without a config, in place of a role's user: one this
+/// process's own user namespace maps (`map`: its uid_map or gid_map), never 0 (mapping host
+/// root needs CAP_SETFCAP, which the unit does not give): 65534 where it is mapped (a host, a
+/// container of 65536 ids), else the highest one mapped (a smaller container).
+fn stand_in_id(map: &str) -> u32 {
+    let ranges: Vec<(u64, u64)> = map
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<u64> = l.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+            (f.len() == 3 && f[2] > 0).then(|| (f[0], f[0] + f[2] - 1))
+        })
+        .collect();
+    if ranges.iter().any(|(lo, hi)| (*lo..=*hi).contains(&u64::from(NOBODY))) {
+        return NOBODY;
+    }
+    ranges.iter().map(|(_, hi)| *hi).filter(|hi| *hi > 0).max().and_then(|hi| u32::try_from(hi).ok()).unwrap_or(NOBODY)
 }
 
 /// How a probe process ended.
@@ -241,7 +263,7 @@ fn collect(child: nix::unistd::Pid, r: std::os::fd::OwnedFd) -> Result<Vec<Refus
 /// each call of [`STEPS`], as each role's setup does; then join them from another process, as
 /// the supervisor's helpers do: what a container's seccomp profile may refuse or kill. The
 /// optional steps' refusals are returned.
-fn try_namespaces() -> Result<Vec<Refused>, Refused> {
+fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, Refused> {
     let landlock = sys::landlock_abi() >= 1;
     let rootful = nix::unistd::geteuid().is_root();
     // An allow-all filter, installed as each role's is (its content is not what is tried).
@@ -328,13 +350,17 @@ fn try_namespaces() -> Result<Vec<Refused>, Refused> {
     let held = (|| {
         let ns = |name: &str| open_ns(&format!("/proc/{pid}/ns/{name}")).map_err(|e| ("open (/proc/PID/ns)", e));
         let held = (ns("user")?, ns("mnt")?, ns("net")?);
-        // Rootful, a cell maps its roles' users, never root (mapping host root needs
-        // CAP_SETFCAP, which the unit does not give): an unprivileged id stands in for them.
-        let (uid, gid) = match rootful {
-            true => (NOBODY, NOBODY),
-            false => (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()),
+        // The roles' ids, as the cell maps them; without a config, rootless the caller's own,
+        // rootful an unprivileged id its user namespace maps (never root, as a cell never does).
+        let own = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let (uids, gids) = match (ids, rootful) {
+            (Some(ids), _) => (ids.map(|i| i.uid).to_vec(), ids.map(|i| i.gid).to_vec()),
+            (None, true) => {
+                (vec![stand_in_id(&own("/proc/self/uid_map"))], vec![stand_in_id(&own("/proc/self/gid_map"))])
+            }
+            (None, false) => (vec![nix::unistd::geteuid().as_raw()], vec![nix::unistd::getegid().as_raw()]),
         };
-        crate::sandbox::idmap::write(child, &[uid], &[gid], rootful).map_err(|e| match e {
+        crate::sandbox::idmap::write(child, &uids, &gids, rootful).map_err(|e| match e {
             crate::error::Error::Io { source, .. } => {
                 (MAPS, Errno::from_raw(source.raw_os_error().unwrap_or(libc::EIO)))
             }
@@ -463,7 +489,7 @@ pub fn checks(needs: Needs) -> Vec<Check> {
         v.extend(container_caps(uid.is_root(), o));
         v.push(container_userns(&std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default(), o));
     }
-    match try_namespaces() {
+    match try_namespaces(needs.ids) {
         Ok(optional) => {
             v.push(Check {
                 name: "user namespaces",
@@ -579,7 +605,10 @@ fn described(r: Refused, opts: Option<&Options>) -> (String, &'static str, Strin
         ),
         Refused::Step(MAPS, e) => {
             let fix = match opts {
-                Some(o) => format!("{} SETUID,SETGID", o.caps),
+                Some(o) => format!(
+                    "{} SETUID,SETGID, and a user namespace for the container that maps the roles' users ({})",
+                    o.caps, o.userns
+                ),
                 None => "give sealnode CAP_SETUID and CAP_SETGID (the units as shipped do)".into(),
             };
             return (format!("{MAPS} refused: {}", e.desc()), "is refused", fix);
@@ -867,7 +896,7 @@ mod tests {
     fn on_this_machine_the_namespaces_and_their_first_steps_work() {
         // The host tests run where sealnode runs: the probe that doctor reports must pass here,
         // or every sandbox test would fail first.
-        assert_eq!(try_namespaces(), Ok(Vec::new()));
+        assert_eq!(try_namespaces(None), Ok(Vec::new()));
     }
 
     fn said(steps: &[&str]) -> Vec<u8> {
@@ -911,10 +940,21 @@ mod tests {
     }
 
     #[test]
+    fn a_rootful_probe_maps_an_unprivileged_id_its_own_namespace_has() {
+        assert_eq!(stand_in_id("         0          0 4294967295\n"), NOBODY);
+        assert_eq!(stand_in_id("         0     100000      65536\n"), NOBODY);
+        // A container of 1024 ids (podman --userns=auto sized to its image).
+        assert_eq!(stand_in_id("         0     200000       1024\n"), 1023);
+        assert_eq!(stand_in_id("0 1000 1\n1 100000 2000\n"), 2000);
+        // Only root mapped: nothing else to stand in; the map write says so.
+        assert_eq!(stand_in_id("0 1000 1\n"), NOBODY);
+    }
+
+    #[test]
     fn an_optional_call_refused_fails_only_a_config_that_makes_it() {
         let podman = options(&container("podman", None));
         let clone3 = Refused::Step(CLONE3, Errno::ENOSYS);
-        let with = |cgroup_leaves, refusal_log| Needs { min_abi: 6, cgroup_leaves, refusal_log };
+        let with = |cgroup_leaves, refusal_log| Needs { min_abi: 6, cgroup_leaves, refusal_log, ids: None };
         let c = optional_check(clone3, &with(Some(true), Some(false)), Some(&podman));
         assert_eq!((c.name, c.level), ("cgroup leaves", Level::Fail));
         assert!(
