@@ -53,7 +53,9 @@ const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// profile refusing one of them, or killing on it, passed doctor, and run then failed with a
 /// message that did not name the profile, or named the wrong cause: "another host user's
 /// files"). Every start's `run` makes them too, through [`required`].
-const STEPS: [&str; 20] = [
+const STEPS: [&str; 30] = [
+    "close_range",
+    "setsid",
     "prctl (PR_SET_PDEATHSIG)",
     "setgroups",
     "sethostname",
@@ -61,21 +63,31 @@ const STEPS: [&str; 20] = [
     "mount (bind)",
     "mount (remount)",
     "mount_setattr",
-    "setns",
-    "unshare",
+    "setns (network namespace)",
+    "unshare (network namespace)",
+    "unshare (mount namespace)",
     "ioctl (SIOCSIFFLAGS: the loopback up)",
     "memfd_create",
+    "sendfile",
     "pivot_root",
     "umount2",
+    "prlimit64 (setrlimit)",
+    "prctl (PR_SET_DUMPABLE)",
+    "prctl (PR_SET_KEEPCAPS)",
+    "setresgid",
+    "setresuid",
     "capset (every capability dropped)",
     "landlock (create_ruleset, add_rule, restrict_self)",
     "seccomp",
-    // Only some configs make these (tried last; what a refusal means is the config's, Needs).
+    // Only some configs make these (tried last, each in a child of its own; what a refusal
+    // means is the config's, Needs).
     CLONE3,
     LISTENER,
     // The helpers' join of a role's namespaces (a wipe, new egress listeners, a role's clone).
     "setns (user namespace)",
     "setns (mount namespace)",
+    // The role's clone from there, into its own namespaces.
+    "clone (a role's namespaces)",
 ];
 
 /// The steps only some configs make: cgroup leaves (each role cloned into its own), and
@@ -90,6 +102,13 @@ const MAPS: &str = "writing uid_map and gid_map";
 /// optional step failed (it goes on); 4 bytes of errno follow either.
 const FAILED: u8 = 0xff;
 const OPTIONAL_FAILED: u8 = 0xfe;
+/// An optional step's child was killed by a signal (4 bytes of it follow), or held past
+/// [`OPTIONAL_LIMIT`] (4 bytes of 0 follow).
+const OPTIONAL_KILLED: u8 = 0xfd;
+const OPTIONAL_HUNG: u8 = 0xfc;
+
+/// How long an optional step's child may take before it is killed and told as held.
+const OPTIONAL_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The id a rootful probe maps in place of a role's user, where it can.
 const NOBODY: u32 = 65534;
@@ -166,9 +185,13 @@ fn verdict(said: &[u8], end: End) -> Result<Vec<Refused>, Refused> {
     let mut last = None;
     let mut i = 0;
     while let Some(&b) = said.get(i) {
-        if b == FAILED || b == OPTIONAL_FAILED {
+        if [FAILED, OPTIONAL_FAILED, OPTIONAL_KILLED, OPTIONAL_HUNG].contains(&b) {
             let e = said.get(i + 1..i + 5).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes);
-            let r = Refused::Step(step_name(last), Errno::from_raw(e));
+            let r = match b {
+                OPTIONAL_KILLED => Refused::Killed(step_name(last), e),
+                OPTIONAL_HUNG => Refused::Hung(step_name(last)),
+                _ => Refused::Step(step_name(last), Errno::from_raw(e)),
+            };
             if b == FAILED {
                 return Err(r);
             }
@@ -202,9 +225,9 @@ impl Reporter {
         let _ = nix::unistd::write(&self.0, &[n]);
     }
 
-    fn failed(&self, marker: u8, e: Errno) {
+    fn failed(&self, marker: u8, e: i32) {
         let mut b = [marker; 5];
-        b[1..].copy_from_slice(&(e as i32).to_le_bytes());
+        b[1..].copy_from_slice(&e.to_le_bytes());
         let _ = nix::unistd::write(&self.0, &b);
     }
 
@@ -212,16 +235,39 @@ impl Reporter {
     fn step(&self, name: &str, call: &dyn Fn() -> Result<(), Errno>) {
         self.say(name);
         if let Err(e) = call() {
-            self.failed(FAILED, e);
+            self.failed(FAILED, e as i32);
             sys::exit_now(1);
         }
     }
 
-    /// A step only some configs need: the probe goes on past its failure.
+    /// A step only some configs need, in a child of its own (found by review: one killed or
+    /// held hid the next): the probe goes on past its failure, kill or hold.
     fn optional(&self, name: &str, call: &dyn Fn() -> Result<(), Errno>) {
         self.say(name);
-        if let Err(e) = call() {
-            self.failed(OPTIONAL_FAILED, e);
+        // SAFETY: the probe is single-threaded; the child makes the call and _exits.
+        let child = match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => sys::exit_now(call().map_or_else(|e| e as i32, |()| 0)),
+            Ok(nix::unistd::ForkResult::Parent { child }) => child,
+            Err(e) => return self.failed(OPTIONAL_FAILED, e as i32),
+        };
+        let until = std::time::Instant::now() + OPTIONAL_LIMIT;
+        loop {
+            use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+            match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Ok(WaitStatus::StillAlive) => {
+                    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                    let _ = waitpid(child, None);
+                    return self.failed(OPTIONAL_HUNG, 0);
+                }
+                Ok(WaitStatus::Exited(_, 0)) => return,
+                Ok(WaitStatus::Exited(_, e)) => return self.failed(OPTIONAL_FAILED, e),
+                Ok(WaitStatus::Signaled(_, sig, _)) => return self.failed(OPTIONAL_KILLED, sig as i32),
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => return self.failed(OPTIONAL_FAILED, e as i32),
+            }
         }
     }
 }
@@ -273,28 +319,43 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
         jf: 0,
         k: libc::SECCOMP_RET_ALLOW,
     }];
+    // The roles' ids, as the cell maps them; without a config, rootless the caller's own,
+    // rootful an unprivileged id its user namespace maps (never root, as a cell never does).
+    let own = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let (uids, gids) = match (ids, rootful) {
+        (Some(ids), _) => (ids.map(|i| i.uid).to_vec(), ids.map(|i| i.gid).to_vec()),
+        (None, true) => (vec![stand_in_id(&own("/proc/self/uid_map"))], vec![stand_in_id(&own("/proc/self/gid_map"))]),
+        (None, false) => (vec![nix::unistd::geteuid().as_raw()], vec![nix::unistd::getegid().as_raw()]),
+    };
+    let role = (nix::unistd::Uid::from_raw(uids[0]), nix::unistd::Gid::from_raw(gids[0]));
     let (r, w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
     let (maps_r, maps_w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
     // SAFETY: doctor is single-threaded; the child only makes system calls and _exits.
     let pid = unsafe { sys::clone_fork(crate::sandbox::namespaces::NAMESPACES) }.map_err(Refused::Namespaces)?;
     if pid == 0 {
         drop((r, maps_w));
+        use std::os::fd::AsRawFd;
+        let keep = [w.as_raw_fd(), maps_r.as_raw_fd()];
         let p = Reporter(w);
         // The parent writes the id maps, as a cell's are, while this waits (it must not be
         // gone before its namespaces are opened); EOF: the parent is gone.
         if !matches!(nix::unistd::read(&maps_r, &mut [0u8; 1]), Ok(1)) {
             sys::exit_now(1);
         }
+        // As each role's first steps: nothing inherited kept, a session of its own.
+        p.step("close_range", &|| sys::close_all_except(&keep));
+        p.step("setsid", &|| nix::unistd::setsid().map(drop));
         // Never left behind (found by review: a probe held by a filter outlived a killed run;
         // then, with the death signal faked too): read back, or the probe stops here.
         p.step("prctl (PR_SET_PDEATHSIG)", &sys::die_with_parent);
         use nix::mount::{mount, MsFlags};
+        use nix::sched::CloneFlags;
         let none = None::<&str>;
-        // Rootful, each role sheds root's groups in the cell.
+        // Rootful, each role sheds root's groups in the cell (read back).
         if rootful {
-            p.step("setgroups", &|| nix::unistd::setgroups(&[]));
+            p.step("setgroups", &sys::clear_groups);
         }
-        p.step("sethostname", &|| nix::unistd::sethostname("sealnode-doctor"));
+        p.step("sethostname", &|| sys::set_hostname("sealnode-doctor"));
         // Private first: nothing done here reaches the mount namespace doctor came from.
         p.step("mount", &|| mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none));
         p.step("mount", &|| mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
@@ -305,19 +366,35 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
             mount(none, "/tmp", none, ro, none)
         });
         p.step("mount_setattr", &|| sys::mount_setattr(c"/tmp", sys::MOUNT_ATTR_NOSUID, true));
-        // Its own namespaces again: the helpers join a role's namespaces this way.
-        for (ns, flag) in [("net", nix::sched::CloneFlags::CLONE_NEWNET), ("uts", nix::sched::CloneFlags::CLONE_NEWUTS)]
-        {
-            p.step("setns", &|| nix::sched::setns(open_ns(&format!("/proc/self/ns/{ns}"))?, flag));
-        }
-        // A network namespace of its own, as the cell makes the engine's, and its loopback up.
-        p.step("unshare", &|| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET));
+        // Its own network namespace again (read back): the helpers join a role's this way.
+        p.step("setns (network namespace)", &|| {
+            sys::setns_verified(std::os::fd::AsFd::as_fd(&open_ns("/proc/self/ns/net")?), CloneFlags::CLONE_NEWNET)
+        });
+        // A network namespace of its own, as the cell makes the engine's, and its loopback up;
+        // a mount namespace of its own, as the cell makes for capped scratch (both read back).
+        p.step("unshare (network namespace)", &|| sys::unshare_verified(CloneFlags::CLONE_NEWNET));
+        p.step("unshare (mount namespace)", &|| sys::unshare_verified(CloneFlags::CLONE_NEWNS));
         p.step("ioctl (SIOCSIFFLAGS: the loopback up)", &sys::loopback_up);
-        p.step("memfd_create", &|| {
-            nix::sys::memfd::memfd_create(c"sealnode-doctor", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map(drop)
+        // A role's program is copied into a sealed file with sendfile.
+        let memfd = || nix::sys::memfd::memfd_create(c"sealnode-doctor", nix::sys::memfd::MFdFlags::MFD_CLOEXEC);
+        p.step("memfd_create", &|| memfd().map(drop));
+        p.step("sendfile", &|| {
+            let (from, to) = (memfd()?, memfd()?);
+            nix::unistd::write(&from, b"x")?;
+            nix::sys::sendfile::sendfile(&to, &from, Some(&mut 0), 1).map(drop)
         });
         p.step("pivot_root", &|| nix::unistd::chdir("/tmp").and_then(|()| sys::pivot_root(c".", c".")));
         p.step("umount2", &|| nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH));
+        p.step("prlimit64 (setrlimit)", &|| {
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
+        });
+        p.step("prctl (PR_SET_DUMPABLE)", &|| {
+            sys::prctl(libc::PR_SET_DUMPABLE, 0).and_then(|()| sys::prctl(libc::PR_SET_DUMPABLE, 1))
+        });
+        // The role's ids, capabilities kept for the drop that follows, as each role's init does.
+        p.step("prctl (PR_SET_KEEPCAPS)", &|| sys::prctl(libc::PR_SET_KEEPCAPS, 1));
+        p.step("setresgid", &|| nix::unistd::setresgid(role.1, role.1, role.1));
+        p.step("setresuid", &|| nix::unistd::setresuid(role.0, role.0, role.0));
         p.step("capset (every capability dropped)", &crate::sandbox::caps::drop_all);
         if landlock {
             p.step("landlock (create_ruleset, add_rule, restrict_self)", &sys::landlock_restrict_probe);
@@ -331,7 +408,7 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
             })
         });
         p.optional(CLONE3, &|| {
-            // SAFETY: the probe is single-threaded; the clone only exits.
+            // SAFETY: the probe's child is single-threaded; the clone only exits.
             match unsafe { sys::clone3(0, None) }? {
                 0 => sys::exit_now(0),
                 pid => nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).map(drop),
@@ -350,16 +427,6 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
     let held = (|| {
         let ns = |name: &str| open_ns(&format!("/proc/{pid}/ns/{name}")).map_err(|e| ("open (/proc/PID/ns)", e));
         let held = (ns("user")?, ns("mnt")?, ns("net")?);
-        // The roles' ids, as the cell maps them; without a config, rootless the caller's own,
-        // rootful an unprivileged id its user namespace maps (never root, as a cell never does).
-        let own = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-        let (uids, gids) = match (ids, rootful) {
-            (Some(ids), _) => (ids.map(|i| i.uid).to_vec(), ids.map(|i| i.gid).to_vec()),
-            (None, true) => {
-                (vec![stand_in_id(&own("/proc/self/uid_map"))], vec![stand_in_id(&own("/proc/self/gid_map"))])
-            }
-            (None, false) => (vec![nix::unistd::geteuid().as_raw()], vec![nix::unistd::getegid().as_raw()]),
-        };
         crate::sandbox::idmap::write(child, &uids, &gids, rootful).map_err(|e| match e {
             crate::error::Error::Io { source, .. } => {
                 (MAPS, Errno::from_raw(source.raw_os_error().unwrap_or(libc::EIO)))
@@ -386,10 +453,21 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
         nix::unistd::ForkResult::Child => {
             drop(r);
             let p = Reporter(w);
+            use nix::sched::CloneFlags;
+            use std::os::fd::AsFd;
             p.step("prctl (PR_SET_PDEATHSIG)", &sys::die_with_parent);
-            p.step("setns (user namespace)", &|| nix::sched::setns(&userns, nix::sched::CloneFlags::CLONE_NEWUSER));
-            p.step("setns (mount namespace)", &|| nix::sched::setns(&mntns, nix::sched::CloneFlags::CLONE_NEWNS));
-            p.step("setns", &|| nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET));
+            p.step("setns (user namespace)", &|| sys::setns_verified(userns.as_fd(), CloneFlags::CLONE_NEWUSER));
+            p.step("setns (mount namespace)", &|| sys::setns_verified(mntns.as_fd(), CloneFlags::CLONE_NEWNS));
+            p.step("setns (network namespace)", &|| sys::setns_verified(netns.as_fd(), CloneFlags::CLONE_NEWNET));
+            // As a role is cloned from there into its own namespaces (without CLONE_PARENT:
+            // its child is this helper's to reap).
+            p.step("clone (a role's namespaces)", &|| {
+                // SAFETY: the helper is single-threaded; the clone only exits.
+                match unsafe { sys::clone_fork(crate::sandbox::namespaces::ROLE_NAMESPACES) }? {
+                    0 => sys::exit_now(0),
+                    pid => nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).map(drop),
+                }
+            });
             sys::exit_now(0)
         }
         nix::unistd::ForkResult::Parent { child } => {
@@ -495,7 +573,7 @@ pub fn checks(needs: Needs) -> Vec<Check> {
                 name: "user namespaces",
                 level: Level::Ok,
                 value: "available".into(),
-                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (setgroups when rootful, sethostname, mounts, binds and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, pivot_root, umount2, capset, Landlock, seccomp), and join them from another process (setns into the user, mount and network namespaces)".into(),
+                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (close_range, setsid, setgroups when rootful, sethostname, mounts, binds and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, sendfile, pivot_root, umount2, setrlimit, prctl, setresgid, setresuid, capset, Landlock, seccomp; the ones that can be read back, read back), and join them from another process (setns into the user, mount and network namespaces) and clone a role there".into(),
             });
             v.extend(optional.into_iter().map(|r| optional_check(r, &needs, opts.as_ref())));
         }
@@ -564,7 +642,14 @@ pub fn checks(needs: Needs) -> Vec<Check> {
         meaning: if abi >= i32::from(min_abi) {
             format!("files, TCP ports (ABI 4+) and scopes (ABI 6+) are enforced; the policies need ABI {min_abi}")
         } else {
+            let in_kernel = std::fs::read_to_string("/sys/kernel/security/lsm").is_ok_and(|l| l.split(',').any(|m| m.trim() == "landlock"));
             match (&opts, abi) {
+                // The kernel has it, and the query is refused (found by review: blamed on the
+                // kernel): a filter above sealnode.
+                (_, ..=0) if in_kernel => format!(
+                    "the kernel has Landlock (/sys/kernel/security/lsm) but its calls are refused here: a seccomp filter above sealnode; fix: {}",
+                    opts.as_ref().map_or("allow landlock_create_ruleset, landlock_add_rule and landlock_restrict_self in it, or run sealnode outside it (the systemd unit as shipped)".to_string(), |o| o.seccomp.to_string())
+                ),
                 // ABI 0 in a container is as often the runtime's filter as the kernel (found by
                 // review: the message blamed only the kernel).
                 (Some(o), 0) => format!("the policies need ABI {min_abi}; sealnode refuses to start (boot a kernel >= 6.12 with landlock in lsm=, or, if the kernel has it, the container's seccomp profile refuses Landlock's calls: {})", o.seccomp),
@@ -613,6 +698,11 @@ fn described(r: Refused, opts: Option<&Options>) -> (String, &'static str, Strin
             };
             return (format!("{MAPS} refused: {}", e.desc()), "is refused", fix);
         }
+        Refused::Step(step, Errno::EOPNOTSUPP) => (
+            format!("{step} refused: {} (or answered success without taking effect, read back)", Errno::EOPNOTSUPP.desc()),
+            "is refused",
+            "a seccomp filter or LSM above sealnode refuses it or fakes its success",
+        ),
         Refused::Step(step, e) => {
             (format!("{step} refused: {}", e.desc()), "is refused", "a seccomp filter or LSM above sealnode refuses it")
         }

@@ -512,6 +512,66 @@ pub fn die_with_parent() -> Result<(), Errno> {
     Ok(())
 }
 
+/// This thread's namespace of the kind `flag` names: (device, inode) of /proc/thread-self/ns/X.
+fn own_namespace(flag: nix::sched::CloneFlags) -> Result<(u64, u64), Errno> {
+    use nix::sched::CloneFlags as F;
+    let name = match flag {
+        f if f == F::CLONE_NEWUSER => "user",
+        f if f == F::CLONE_NEWNS => "mnt",
+        f if f == F::CLONE_NEWNET => "net",
+        f if f == F::CLONE_NEWUTS => "uts",
+        _ => return Err(Errno::EINVAL),
+    };
+    let st = nix::sys::stat::stat(format!("/proc/thread-self/ns/{name}").as_str())?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Enter the namespace `fd` is (setns), read back: a filter above sealnode can answer setns
+/// with a faked success, leaving the caller where it was (found by review: a faked unshare
+/// put the engine in the node's network namespace); EOPNOTSUPP when this thread is not in it.
+pub fn setns_verified(fd: BorrowedFd, flag: nix::sched::CloneFlags) -> Result<(), Errno> {
+    nix::sched::setns(fd, flag)?;
+    let want = nix::sys::stat::fstat(fd)?;
+    if own_namespace(flag)? != (want.st_dev, want.st_ino) {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// A new namespace of the kind `flag` names for this thread (unshare, one kind), read back as
+/// [`setns_verified`] is: EOPNOTSUPP when it is still in the one it had.
+pub fn unshare_verified(flag: nix::sched::CloneFlags) -> Result<(), Errno> {
+    let before = own_namespace(flag)?;
+    nix::sched::unshare(flag)?;
+    if own_namespace(flag)? == before {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// This UTS namespace's hostname set to `name`, read back (uname): a faked sethostname would
+/// show the host's name to the roles (found by review).
+pub fn set_hostname(name: &str) -> Result<(), Errno> {
+    nix::unistd::sethostname(name)?;
+    if nix::sys::utsname::uname()?.nodename() != name {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// No supplementary group, read back (getgroups): a filter above sealnode can answer
+/// setgroups with a faked success (found by review: a role kept the supervisor's groups and
+/// read a file of one of them); EOPNOTSUPP when a group is left.
+pub fn clear_groups() -> Result<(), Errno> {
+    nix::unistd::setgroups(&[])?;
+    // SAFETY: a size of 0 asks for the count only; no buffer is written.
+    let left = Errno::result(unsafe { libc::getgroups(0, std::ptr::null_mut()) })?;
+    if left != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
 /// Re-arm PR_SET_PDEATHSIG (any credential change clears it) and make sure the launcher did
 /// not die before it was armed.
 pub fn rearm_pdeathsig(sync: RawFd) -> Result<(), Errno> {

@@ -273,7 +273,7 @@ fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
 }
 
 fn become_role(ids: Ids) -> Result<(), Errno> {
-    nix::unistd::setgroups(&[])?;
+    crate::os::sys::clear_groups()?;
     let (g, u) = (nix::unistd::Gid::from_raw(ids.gid), nix::unistd::Uid::from_raw(ids.uid));
     nix::unistd::setresgid(g, g, g)?;
     nix::unistd::setresuid(u, u, u)?;

@@ -14,7 +14,7 @@ fn caps_err(_: caps::errors::CapsError) -> Errno {
 /// Rootful: drop root's supplementary groups and use the role's ids for file access while
 /// keeping every capability of the cell's user namespace for the mounts that follow.
 pub fn rootful_fs_ids(ids: Ids) -> Result<(), Errno> {
-    nix::unistd::setgroups(&[])?;
+    sys::clear_groups()?;
     nix::unistd::setfsgid(Gid::from_raw(ids.gid));
     nix::unistd::setfsuid(Uid::from_raw(ids.uid));
     // setfs*id report no errors; read them back.

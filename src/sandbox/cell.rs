@@ -165,7 +165,7 @@ fn cell_main(
     // Held before leaving it: the node's namespace, for the supervisor to clone the node into.
     fds.push(must(ctl, Step::EngineNetns, 0, open_netns()));
     // The engine's namespace: from here on the init (and every socket it makes) is in it.
-    must(ctl, Step::EngineNetns, 1, nix::sched::unshare(CloneFlags::CLONE_NEWNET));
+    must(ctl, Step::EngineNetns, 1, sys::unshare_verified(CloneFlags::CLONE_NEWNET));
     must(ctl, Step::EngineNetns, 2, sys::loopback_up());
     fds.push(must(ctl, Step::EngineNetns, 3, open_netns()));
     fds.extend(mntns);
@@ -183,7 +183,7 @@ fn cell_main(
 /// scratch dir; returns the namespace.
 fn scratch_mounts(scratch: &[Scratch]) -> std::result::Result<OwnedFd, Errno> {
     use nix::mount::{mount, MsFlags};
-    nix::sched::unshare(CloneFlags::CLONE_NEWNS)?;
+    sys::unshare_verified(CloneFlags::CLONE_NEWNS)?;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
     for s in scratch {
         // The dir reached without following symlinks, mounted on through its fd.
@@ -363,6 +363,21 @@ impl Cell {
         let engine_netns = listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
         let node_netns = listeners.pop().ok_or_else(|| reap.abort(Error::errno("cell namespaces", Errno::EPROTO)))?;
         let engine_listener = if engine_port.is_some() { listeners.pop() } else { None };
+        // Three network namespaces, each its own: the engine's, the node's, the host's (found
+        // by review: a faked unshare put both roles in one; the init reads it back as well).
+        let ns = |fd: std::os::fd::BorrowedFd| nix::sys::stat::fstat(fd).map(|s| (s.st_dev, s.st_ino));
+        let host = nix::sys::stat::stat("/proc/thread-self/ns/net").map(|s| (s.st_dev, s.st_ino));
+        match (ns(engine_netns.as_fd()), ns(node_netns.as_fd()), host) {
+            (Ok(e), Ok(n), Ok(h)) if e != n && e != h && n != h => {}
+            _ => return Err(reap.abort(Error::Unsupported {
+                what:
+                    "the cell's network namespaces are not three distinct ones (the engine's, the node's, the host's)"
+                        .into(),
+                fix:
+                    "a seccomp filter above sealnode fakes unshare or setns: allow them (`sealnode doctor` tries them)"
+                        .into(),
+            })),
+        }
         Ok(Cell {
             pid,
             userns,
@@ -392,16 +407,16 @@ impl Cell {
     /// Enter the cell's user namespace and `net`'s network namespace (in a short-lived
     /// intermediate process).
     pub fn join(&self, net: Net) -> std::result::Result<(), Errno> {
-        nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
+        sys::setns_verified(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
         // The cell's mount namespace (capped scratch): the role's own is copied from it.
         if let Some(m) = &self.mntns {
-            nix::sched::setns(m.as_fd(), CloneFlags::CLONE_NEWNS)?;
+            sys::setns_verified(m.as_fd(), CloneFlags::CLONE_NEWNS)?;
         }
         let ns = match net {
             Net::Engine => &self.engine_netns,
             Net::Node => &self.node_netns,
         };
-        nix::sched::setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)
+        sys::setns_verified(ns.as_fd(), CloneFlags::CLONE_NEWNET)
     }
 }
 
@@ -456,8 +471,8 @@ impl Cell {
         let at0 = |e| (0, e);
         // Never outlives the supervisor, which waits for it.
         sys::die_with_parent().map_err(at0)?;
-        nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER).map_err(at0)?;
-        nix::sched::setns(self.node_netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(at0)?;
+        sys::setns_verified(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER).map_err(at0)?;
+        sys::setns_verified(self.node_netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(at0)?;
         let fds = addrs
             .iter()
             .enumerate()
@@ -514,13 +529,13 @@ impl Cell {
     fn become_role_in_cell(&self, target: WipeTarget, ids: Ids) -> std::result::Result<(), Errno> {
         // A wipe never outlives the supervisor (a new one would race it).
         sys::die_with_parent()?;
-        nix::sched::setns(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
+        sys::setns_verified(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
         if let (WipeTarget::Tmpfs(_), Some(m)) = (target, &self.mntns) {
-            nix::sched::setns(m.as_fd(), CloneFlags::CLONE_NEWNS)?;
+            sys::setns_verified(m.as_fd(), CloneFlags::CLONE_NEWNS)?;
         }
         // The role's own ids in the cell before anything is opened: no supplementary group,
         // no capability left, only what the role itself may touch (its own scratch dir).
-        if nix::unistd::setgroups(&[]).is_err() && self.rootful {
+        if sys::clear_groups().is_err() && self.rootful {
             return Err(Errno::EPERM);
         }
         let (u, g) = (nix::unistd::Uid::from_raw(ids.uid), nix::unistd::Gid::from_raw(ids.gid));

@@ -5,7 +5,7 @@
 use std::os::fd::RawFd;
 
 use nix::errno::Errno;
-use nix::unistd::{fork, sethostname, setsid, ForkResult};
+use nix::unistd::{fork, setsid, ForkResult};
 
 use super::plan::{ptr_array, Plan, NEWROOT};
 use super::protocol::{fail, must};
@@ -65,7 +65,7 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
         must(fds.err, Stage::LoopbackUp, 0, sys::loopback_up());
     }
     // The cell's own hostname (UTS namespace), while CAP_SYS_ADMIN is held.
-    must(fds.err, Stage::Hostname, 0, sethostname(plan.hostname.to_str().unwrap_or("sealnode")));
+    must(fds.err, Stage::Hostname, 0, sys::set_hostname(plan.hostname.to_str().unwrap_or("sealnode")));
     // Pid 1 stays behind as a minimal init (reaps, forwards signals); the workload is its child.
     let init_pid = nix::unistd::getpid();
     let forked = must(fds.err, Stage::ForkWorkload, 0, fork_workload());

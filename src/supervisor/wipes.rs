@@ -110,6 +110,9 @@ impl Supervisor {
                 " (it holds files the role cannot have left there: another host user's; remove them by hand)"
             }
             WipeFailed::Errno(Errno::EBUSY) => " (a mount point inside it: unmount it)",
+            WipeFailed::Killed(libc::SIGSYS) => {
+                " (killed by a seccomp filter above sealnode: `sealnode doctor` names the call it kills)"
+            }
             WipeFailed::Entering(_) => {
                 " (a seccomp filter or LSM above sealnode refuses setns, setgroups or the change of ids: `sealnode doctor` names it)"
             }
