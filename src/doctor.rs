@@ -95,8 +95,17 @@ const STEPS: [&str; 30] = [
 /// already makes the kernel answer EBUSY).
 const CLONE3: &str = "clone3";
 const LISTENER: &str = "seccomp (a filter with a listener)";
-/// The parent's part: each cell's id maps (rootful, mapping ids needs CAP_SETUID, CAP_SETGID).
+/// The parent's part: each cell's id maps (rootful, mapping ids needs CAP_SETUID, CAP_SETGID),
+/// and the namespaces held as a cell's are.
 const MAPS: &str = "writing uid_map and gid_map";
+const OPEN_NS: &str = "open (/proc/PID/ns)";
+/// No step said: the namespaces' creation itself.
+const SETUP: &str = "the namespaces' setup";
+
+/// How long the whole probe may take (its two processes, each bounded by [`PROBE_LIMIT`], and
+/// the optional steps) before it is killed and told as held: the namespaces' clone itself can be
+/// held too (found by review: `run` hung there, its stop signals blocked).
+const WHOLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A report's markers after a step's number: the step failed (the probe stops), or an
 /// optional step failed (it goes on); 4 bytes of errno follow either.
@@ -175,7 +184,7 @@ enum End {
 }
 
 fn step_name(n: Option<u8>) -> &'static str {
-    n.and_then(|n| STEPS.get(usize::from(n)).copied()).unwrap_or("the namespaces' setup")
+    n.and_then(|n| STEPS.get(usize::from(n)).copied()).unwrap_or(SETUP)
 }
 
 /// What a probe's reports (`said`) and its end mean: the optional steps refused, or the
@@ -425,7 +434,7 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
     let child = nix::unistd::Pid::from_raw(pid);
     // Held as a cell's are, before it is released: the helper joins them after it exits.
     let held = (|| {
-        let ns = |name: &str| open_ns(&format!("/proc/{pid}/ns/{name}")).map_err(|e| ("open (/proc/PID/ns)", e));
+        let ns = |name: &str| open_ns(&format!("/proc/{pid}/ns/{name}")).map_err(|e| (OPEN_NS, e));
         let held = (ns("user")?, ns("mnt")?, ns("net")?);
         crate::sandbox::idmap::write(child, &uids, &gids, rootful).map_err(|e| match e {
             crate::error::Error::Io { source, .. } => {
@@ -474,6 +483,106 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
             drop(w);
             collect(child, r).map(|more| refused.into_iter().chain(more).collect())
         }
+    }
+}
+
+/// [`try_namespaces`] in a child of its own, bounded by [`WHOLE_LIMIT`]: its result comes back
+/// over a pipe ([`encode`]); a child killed or held past the limit is told as held at the
+/// namespaces' setup.
+fn try_namespaces_bounded(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, Refused> {
+    let (r, w) = nix::unistd::pipe().map_err(Refused::Namespaces)?;
+    // SAFETY: doctor (and `run` at this point) is single-threaded; the child runs the probe,
+    // writes its result and _exits.
+    let child = match unsafe { nix::unistd::fork() }.map_err(Refused::Namespaces)? {
+        nix::unistd::ForkResult::Child => {
+            drop(r);
+            let result = sys::die_with_parent()
+                .map_err(|e| Refused::Step("prctl (PR_SET_PDEATHSIG)", e))
+                .and_then(|()| try_namespaces(ids));
+            let _ = sys::write_all(std::os::fd::AsRawFd::as_raw_fd(&w), &encode(&result));
+            sys::exit_now(0)
+        }
+        nix::unistd::ForkResult::Parent { child } => child,
+    };
+    drop(w);
+    let mut said = Vec::new();
+    let mut buf = [0u8; 256];
+    let until = std::time::Instant::now() + WHOLE_LIMIT;
+    let complete = loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(30_000) as i32)
+            .unwrap_or(nix::poll::PollTimeout::ZERO);
+        let mut fds = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&r), nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, ms) {
+            Ok(0) => break false,
+            Err(Errno::EINTR) => continue,
+            Err(_) => break false,
+            Ok(_) => match nix::unistd::read(&r, &mut buf) {
+                Ok(0) => break true,
+                Err(Errno::EINTR) => continue,
+                Err(_) => break false,
+                Ok(n) => said.extend_from_slice(&buf[..n]),
+            },
+        }
+    };
+    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(child, None);
+    match complete.then(|| decode(&said)).flatten() {
+        Some(result) => result,
+        None => Err(Refused::Hung(SETUP)),
+    }
+}
+
+/// Every name a refusal can carry, by number: the steps, then the parent's parts.
+fn names() -> impl Iterator<Item = &'static str> {
+    STEPS.iter().copied().chain([MAPS, OPEN_NS, SETUP, "prctl (PR_SET_PDEATHSIG)"])
+}
+
+/// A probe's result as bytes: 1 (failed) or 0 (passed), then 6 bytes a refusal (its kind, its
+/// name's number, its errno or signal), the stopping one first.
+fn encode(result: &Result<Vec<Refused>, Refused>) -> Vec<u8> {
+    let one = |r: &Refused| {
+        let (kind, name, value) = match *r {
+            Refused::Namespaces(e) => (0u8, SETUP, e as i32),
+            Refused::Step(n, e) => (1, n, e as i32),
+            Refused::Killed(n, sig) => (2, n, sig),
+            Refused::Hung(n) => (3, n, 0),
+        };
+        let at = names().position(|s| s == name).unwrap_or(0) as u8;
+        let mut b = vec![kind, at];
+        b.extend_from_slice(&value.to_le_bytes());
+        b
+    };
+    match result {
+        Err(r) => [vec![1], one(r)].concat(),
+        Ok(optional) => std::iter::once(vec![0]).chain(optional.iter().map(one)).collect::<Vec<_>>().concat(),
+    }
+}
+
+/// [`encode`]'s bytes back; None when they are not whole.
+fn decode(b: &[u8]) -> Option<Result<Vec<Refused>, Refused>> {
+    let (&failed, rest) = b.split_first()?;
+    if rest.len() % 6 != 0 {
+        return None;
+    }
+    let refusals = rest
+        .chunks(6)
+        .map(|c| {
+            let name = names().nth(usize::from(c[1]))?;
+            let value = i32::from_le_bytes(c[2..6].try_into().ok()?);
+            Some(match c[0] {
+                0 => Refused::Namespaces(Errno::from_raw(value)),
+                1 => Refused::Step(name, Errno::from_raw(value)),
+                2 => Refused::Killed(name, value),
+                3 => Refused::Hung(name),
+                _ => return None,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    match (failed, refusals.as_slice()) {
+        (1, [r]) => Some(Err(*r)),
+        (0, _) => Some(Ok(refusals)),
+        _ => None,
     }
 }
 
@@ -567,7 +676,7 @@ pub fn checks(needs: Needs) -> Vec<Check> {
         v.extend(container_caps(uid.is_root(), o));
         v.push(container_userns(&std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default(), o));
     }
-    match try_namespaces(needs.ids) {
+    match try_namespaces_bounded(needs.ids) {
         Ok(optional) => {
             v.push(Check {
                 name: "user namespaces",
@@ -676,7 +785,10 @@ pub fn checks(needs: Needs) -> Vec<Check> {
 fn described(r: Refused, opts: Option<&Options>) -> (String, &'static str, String) {
     let (value, does, above) = match r {
         Refused::Hung(step) => (
-            format!("{step} did not return within {} s", PROBE_LIMIT.as_secs()),
+            format!(
+                "{step} did not return within {} s",
+                if step == SETUP { WHOLE_LIMIT } else { PROBE_LIMIT }.as_secs()
+            ),
             "hangs",
             "a seccomp filter above sealnode hands it to a supervisor that does not answer: allow it",
         ),
@@ -1027,6 +1139,24 @@ mod tests {
         assert_eq!(verdict(&e, End::Exited(0)), Ok(vec![Refused::Step(LISTENER, Errno::EBUSY)]));
         // Nothing said: the setup itself.
         assert_eq!(verdict(&[], End::Unknown), Err(Refused::Step("the namespaces' setup", Errno::EIO)));
+    }
+
+    #[test]
+    fn a_probe_result_comes_back_whole_from_its_child() {
+        let results = [
+            Ok(Vec::new()),
+            Ok(vec![Refused::Step(CLONE3, Errno::ENOSYS), Refused::Killed(LISTENER, 31)]),
+            Err(Refused::Namespaces(Errno::EPERM)),
+            Err(Refused::Step(MAPS, Errno::EPERM)),
+            Err(Refused::Hung("setns (user namespace)")),
+            Err(Refused::Killed("capset (every capability dropped)", 31)),
+        ];
+        for r in results {
+            assert_eq!(decode(&encode(&r)), Some(r));
+        }
+        assert_eq!(decode(&[]), None);
+        assert_eq!(decode(&[1, 1, 0]), None);
+        assert_eq!(decode(&[1]), None);
     }
 
     #[test]

@@ -467,6 +467,68 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
     }
 }
 
+/// Found by review: a filter handing the namespaces' clone to a supervisor that never answers
+/// held `run` there for as long as it liked, its stop signals blocked. The probe runs in a child
+/// of its own, bounded: doctor and run say it was held and stop.
+#[test]
+fn a_held_namespace_clone_is_told_within_the_probes_limit() {
+    use std::os::unix::process::CommandExt;
+    let f = Fixture::new(Mode::Rootless, "held-clone");
+    let cfg = f.config.display().to_string();
+    // `run` (doctor takes the same path, with its signals not blocked).
+    let args = ["run", "--config", cfg.as_str()];
+    {
+        let mut c = f.command(&args);
+        // SAFETY: between fork and exec the child installs a filter, forks a holder that only
+        // sleeps with the filter's listener (never answering it), and closes that listener.
+        unsafe {
+            c.pre_exec(|| {
+                let nr = libc::SYS_clone as u32;
+                let user = libc::CLONE_NEWUSER as u32;
+                let f = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
+                let prog = [
+                    f(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+                    f(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 3, nr),
+                    f(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 16),
+                    f(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K, 0, 1, user),
+                    f(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_USER_NOTIF),
+                    f(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+                ];
+                let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let fd = libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                    &fprog as *const libc::sock_fprog,
+                );
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::fork() == 0 {
+                    // The holder: nothing of the test's but the listener, for longer than the
+                    // probe's limit.
+                    libc::close_range(0, (fd - 1) as u32, 0);
+                    libc::close_range((fd + 1) as u32, u32::MAX, 0);
+                    libc::sleep(40);
+                    libc::_exit(0);
+                }
+                libc::close(fd as i32);
+                Ok(())
+            })
+        };
+        let t = std::time::Instant::now();
+        let o = c.output_within(COMMAND_LIMIT);
+        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {out}");
+        assert!(out.contains("the namespaces' setup did not return within 30 s"), "{args:?}: {out}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(39), "{args:?}: {:?}", t.elapsed());
+        assert!(!out.contains("role started"), "{out}");
+    }
+}
+
 /// Found by review: a filter refusing Landlock's calls on a kernel that has Landlock was told
 /// as an old kernel ("boot a kernel >= 6.12"). The kernel's LSM list says it has it: the filter
 /// is named.
