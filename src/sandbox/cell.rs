@@ -338,10 +338,17 @@ impl Cell {
         let uids: Vec<u32> = ids.iter().map(|i| i.uid).collect();
         let gids: Vec<u32> = ids.iter().map(|i| i.gid).collect();
         idmap::write(pid, &uids, &gids, rootful).map_err(|e| reap.abort(e))?;
-        sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| reap.abort(Error::errno("release cell init", e)))?;
+        let released = sys::write_all(sync_w.as_raw_fd(), &[1]);
         let wanted = egress.len() + usize::from(engine_port.is_some()) + 2 + usize::from(!scratch.is_empty());
-        let (payload, mut listeners) = recv_with_fds(sup.as_raw_fd(), wanted)
-            .map_err(|e| reap.abort(Error::errno("receive cell listeners", e)))?;
+        // Its report, whether it was released or failed before (found by review: a failure
+        // before the release was told as "release cell init: Broken pipe", its report dropped).
+        let (payload, mut listeners) = recv_with_fds(sup.as_raw_fd(), wanted).map_err(|e| {
+            let e = match released {
+                Err(r) => Error::errno("release cell init", r),
+                Ok(()) => Error::errno("receive cell listeners", e),
+            };
+            reap.abort(e)
+        })?;
         match Frame::decode(&payload) {
             Some(Frame::Ok(n)) if n as usize == wanted && listeners.len() == wanted => {}
             Some(f @ Frame::Failed { .. }) => {
@@ -351,7 +358,12 @@ impl Cell {
                     _ => Error::errno("the cell init's report", Errno::EPROTO),
                 });
             }
-            _ => return Err(reap.abort(Error::errno("cell init sent no listeners", Errno::EPROTO))),
+            _ => {
+                return Err(reap.abort(match released {
+                    Err(e) => Error::errno("release cell init", e),
+                    Ok(()) => Error::errno("cell init sent no listeners", Errno::EPROTO),
+                }))
+            }
         }
         // Sent in order: the egress listeners, the engine-port listener, the two network
         // namespaces, the mount namespace (capped scratch only).

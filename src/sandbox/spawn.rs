@@ -162,7 +162,17 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     if cell.is_none() {
         idmap::write(pid, &[plan.ids.uid], &[plan.ids.gid], plan.rootful).map_err(|e| reap.abort(e))?;
     }
-    sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| reap.abort(Error::errno("release child", e)))?;
+    if let Err(e) = sys::write_all(sync_w.as_raw_fd(), &[1]) {
+        // It failed before it was released (found by review: its own report was dropped and
+        // the error read "Broken pipe"): what it said, if it said anything.
+        if let Ok(Some(f)) = protocol::read_frame(err_r.as_raw_fd()) {
+            if let Some(Ok(failure)) = f.failure::<Stage>() {
+                let _ = waitpid(pid, None);
+                return Err(setup_error(plan, failure));
+            }
+        }
+        return Err(reap.abort(Error::errno("release child", e)));
+    }
     let mut listener = None;
     loop {
         match protocol::read_frame(err_r.as_raw_fd()).map_err(|e| reap.abort(Error::errno("read setup status", e)))? {
