@@ -119,8 +119,10 @@ const OPTIONAL_HUNG: u8 = 0xfc;
 /// How long an optional step's child may take before it is killed and told as held.
 const OPTIONAL_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// The id a rootful probe maps in place of a role's user, where it can.
-const NOBODY: u32 = 65534;
+/// The id a rootful probe maps in place of a role's user, where it can, and the kernel's
+/// overflow id (what an id its namespace does not map reads as), which it never is.
+const STAND_IN: u32 = 65533;
+const OVERFLOW: u32 = 65534;
 
 /// What a config asks of the setup beyond what every start needs (`None`: no config given;
 /// doctor then warns where it would fail).
@@ -157,8 +159,9 @@ impl Needs {
 
 /// An id to map in a rootful probe without a config, in place of a role's user: one this
 /// process's own user namespace maps (`map`: its uid_map or gid_map), never 0 (mapping host
-/// root needs CAP_SETFCAP, which the unit does not give): 65534 where it is mapped (a host, a
-/// container of 65536 ids), else the highest one mapped (a smaller container).
+/// root needs CAP_SETFCAP, which the unit does not give) nor the overflow id 65534 (what an
+/// unmapped id reads as: a faked setresuid would read back as it; found by review): 65533
+/// where it is mapped (a host, a container of 65536 ids), else the highest other one mapped.
 fn stand_in_id(map: &str) -> u32 {
     let ranges: Vec<(u64, u64)> = map
         .lines()
@@ -167,10 +170,18 @@ fn stand_in_id(map: &str) -> u32 {
             (f.len() == 3 && f[2] > 0).then(|| (f[0], f[0] + f[2] - 1))
         })
         .collect();
-    if ranges.iter().any(|(lo, hi)| (*lo..=*hi).contains(&u64::from(NOBODY))) {
-        return NOBODY;
+    let mapped = |id: u64| ranges.iter().any(|(lo, hi)| (*lo..=*hi).contains(&id));
+    if mapped(u64::from(STAND_IN)) {
+        return STAND_IN;
     }
-    ranges.iter().map(|(_, hi)| *hi).filter(|hi| *hi > 0).max().and_then(|hi| u32::try_from(hi).ok()).unwrap_or(NOBODY)
+    let overflow = u64::from(OVERFLOW);
+    ranges
+        .iter()
+        .map(|(_, hi)| if *hi == overflow { hi - 1 } else { *hi })
+        .filter(|id| *id > 0 && *id != overflow && mapped(*id))
+        .max()
+        .and_then(|id| u32::try_from(id).ok())
+        .unwrap_or(STAND_IN)
 }
 
 /// How a probe process ended.
@@ -346,17 +357,24 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
         use std::os::fd::AsRawFd;
         let keep = [w.as_raw_fd(), maps_r.as_raw_fd()];
         let p = Reporter(w);
+        // Never left behind (found by review: a probe held by a filter outlived a killed run;
+        // then, with the death signal faked too; then, held before it was armed): armed first,
+        // read back, said once the parent holds the namespaces.
+        let armed = sys::die_with_parent();
         // The parent writes the id maps, as a cell's are, while this waits (it must not be
         // gone before its namespaces are opened); EOF: the parent is gone.
         if !matches!(nix::unistd::read(&maps_r, &mut [0u8; 1]), Ok(1)) {
             sys::exit_now(1);
         }
+        p.step("prctl (PR_SET_PDEATHSIG)", &|| armed);
         // As each role's first steps: nothing inherited kept, a session of its own.
         p.step("close_range", &|| sys::close_all_except(&keep));
         p.step("setsid", &|| nix::unistd::setsid().map(drop));
-        // Never left behind (found by review: a probe held by a filter outlived a killed run;
-        // then, with the death signal faked too): read back, or the probe stops here.
-        p.step("prctl (PR_SET_PDEATHSIG)", &sys::die_with_parent);
+        // What the kernel shows of this process, after its root is gone too.
+        let procfs = match open_ns("/proc") {
+            Ok(fd) => fd,
+            Err(_) => sys::exit_now(1),
+        };
         use nix::mount::{mount, MsFlags};
         use nix::sched::CloneFlags;
         let none = None::<&str>;
@@ -402,19 +420,27 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
         });
         // The role's ids, capabilities kept for the drop that follows, as each role's init does.
         p.step("prctl (PR_SET_KEEPCAPS)", &|| sys::prctl(libc::PR_SET_KEEPCAPS, 1));
-        p.step("setresgid", &|| nix::unistd::setresgid(role.1, role.1, role.1));
-        p.step("setresuid", &|| nix::unistd::setresuid(role.0, role.0, role.0));
+        p.step("setresgid", &|| sys::set_gids(role.1.as_raw()));
+        p.step("setresuid", &|| sys::set_uids(role.0.as_raw()));
         p.step("capset (every capability dropped)", &crate::sandbox::caps::drop_all);
         if landlock {
             p.step("landlock (create_ruleset, add_rule, restrict_self)", &sys::landlock_restrict_probe);
         }
+        // Read back: one filter more than before (found by review: a faked seccomp passed).
+        let filters =
+            || status_at(&procfs, "Seccomp_filters").and_then(|n| n.parse::<u32>().map_err(|_| Errno::EOPNOTSUPP));
         p.step("seccomp", &|| {
+            let before = filters()?;
             seccompiler::apply_filter(&allow_all).map_err(|e| match e {
                 seccompiler::Error::Prctl(io) | seccompiler::Error::Seccomp(io) => {
                     Errno::from_raw(io.raw_os_error().unwrap_or(libc::EINVAL))
                 }
                 _ => Errno::EINVAL,
-            })
+            })?;
+            if filters()? != before + 1 {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            Ok(())
         });
         p.optional(CLONE3, &|| {
             // SAFETY: the probe's child is single-threaded; the clone only exits.
@@ -424,9 +450,15 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
             }
         });
         p.optional(LISTENER, &|| {
-            // SAFETY: the kernel returned a new descriptor, which only this closure holds.
-            sys::seccomp_with_listener(&allow_all)
-                .map(|fd| drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }))
+            let fd = sys::seccomp_with_listener(&allow_all)?;
+            // Read back: a listener, not a made-up number (found by review: a faked call
+            // answered fd 0).
+            let is = nix::fcntl::readlinkat(&procfs, format!("thread-self/fd/{fd}").as_str())
+                .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:seccomp notify"));
+            if fd <= 2 || !is {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            Ok(())
         });
         sys::exit_now(0);
     }
@@ -584,6 +616,25 @@ fn decode(b: &[u8]) -> Option<Result<Vec<Refused>, Refused>> {
         (0, _) => Some(Ok(refusals)),
         _ => None,
     }
+}
+
+/// A field of /proc/thread-self/status read through `procfs` (a descriptor of /proc, held
+/// after the probe's root is gone).
+fn status_at(procfs: &std::os::fd::OwnedFd, field: &str) -> Result<String, Errno> {
+    use std::io::Read;
+    let fd = nix::fcntl::openat(
+        procfs,
+        "thread-self/status",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let mut text = String::new();
+    std::fs::File::from(fd)
+        .read_to_string(&mut text)
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(|v| v.trim().to_string()))
+        .ok_or(Errno::EOPNOTSUPP)
 }
 
 /// A namespace's file, opened as the cell holds one.
@@ -1161,13 +1212,16 @@ mod tests {
 
     #[test]
     fn a_rootful_probe_maps_an_unprivileged_id_its_own_namespace_has() {
-        assert_eq!(stand_in_id("         0          0 4294967295\n"), NOBODY);
-        assert_eq!(stand_in_id("         0     100000      65536\n"), NOBODY);
+        assert_eq!(stand_in_id("         0          0 4294967295\n"), STAND_IN);
+        assert_eq!(stand_in_id("         0     100000      65536\n"), STAND_IN);
         // A container of 1024 ids (podman --userns=auto sized to its image).
         assert_eq!(stand_in_id("         0     200000       1024\n"), 1023);
         assert_eq!(stand_in_id("0 1000 1\n1 100000 2000\n"), 2000);
+        // Never the overflow id, even where it is the highest mapped.
+        assert_eq!(stand_in_id("0 1000 1\n65534 100000 1\n"), STAND_IN);
+        assert_eq!(stand_in_id("0 1000 1\n60000 100000 5535\n"), 65533);
         // Only root mapped: nothing else to stand in; the map write says so.
-        assert_eq!(stand_in_id("0 1000 1\n"), NOBODY);
+        assert_eq!(stand_in_id("0 1000 1\n"), STAND_IN);
     }
 
     #[test]

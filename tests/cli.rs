@@ -447,6 +447,12 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
             ),
             (libc::SYS_setgroups, vec![], Errno(0), "setgroups", "refused"),
             (libc::SYS_sethostname, vec![], Errno(0), "sethostname", "refused"),
+            // Found by the second review: faked setresgid, setresuid, setgroups with getgroups,
+            // capset with capget, restrict_self, seccomp; each read back now.
+            (libc::SYS_setresgid, vec![], Errno(0), "setresgid", "refused"),
+            (libc::SYS_setresuid, vec![], Errno(0), "setresuid", "refused"),
+            (libc::SYS_landlock_restrict_self, vec![], Errno(0), landlock, "refused"),
+            (libc::SYS_seccomp, arg(0, Op::Eq, libc::SECCOMP_SET_MODE_FILTER as u64), Errno(0), "seccomp", "refused"),
         ] {
             let changes_ids = [libc::SYS_capset, libc::SYS_setgroups, libc::SYS_setresuid, libc::SYS_setresgid]
                 .contains(&nr)
@@ -526,6 +532,44 @@ fn a_held_namespace_clone_is_told_within_the_probes_limit() {
         assert!(out.contains("the namespaces' setup did not return within 30 s"), "{args:?}: {out}");
         assert!(t.elapsed() < std::time::Duration::from_secs(39), "{args:?}: {:?}", t.elapsed());
         assert!(!out.contains("role started"), "{out}");
+    }
+}
+
+/// Found by the second review: a filter faking two calls at once (the change and its read-back:
+/// setgroups with getgroups, capset with capget) or one the probe cannot read back (setrlimit
+/// for one resource) passed doctor and the preflight, and a role ran with the supervisor's
+/// groups, every capability in its init, or the host's limit. The probe reads each back
+/// another way (/proc/thread-self/status, a capget that starts full), and every start reads
+/// what the kernel shows of the role from /proc: refused, 125, no role started.
+#[test]
+fn a_filter_faking_a_call_and_its_read_back_is_caught() {
+    use seccompiler::SeccompAction::Errno;
+    use seccompiler::{SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule as Rule};
+    let arg = |i: u8, v: u64| vec![Rule::new(vec![Cond::new(i, Len::Qword, Op::Eq, v).expect("cond")]).expect("rule")];
+    for mode in common::modes() {
+        let f = Fixture::new(mode, "faked-pairs");
+        let cfg = f.config.display().to_string();
+        let own_ids = mode == Mode::Rootful || !common::is_root();
+        type Rules = Vec<(i64, Vec<Rule>)>;
+        let mut cases: Vec<(Rules, &str)> = vec![
+            // The node's NPROC limit (the plan's rlimits), faked: the host's stays.
+            (vec![(libc::SYS_prlimit64, arg(1, libc::RLIMIT_NPROC as u64))], "Max processes"),
+        ];
+        if own_ids {
+            cases.push((
+                vec![(libc::SYS_capset, vec![]), (libc::SYS_capget, vec![])],
+                "capset (every capability dropped) refused",
+            ));
+        }
+        if mode == Mode::Rootful {
+            cases.push((vec![(libc::SYS_setgroups, vec![]), (libc::SYS_getgroups, vec![])], "setgroups refused"));
+        }
+        for (rules, said) in cases {
+            let (code, out) = under_filter(&f, &["run", "--config", &cfg], rules, Errno(0));
+            // 125 from the probe, 6 where the preflight's first sandbox is what shows it.
+            assert!(matches!(code, Some(125 | 6)), "{mode:?} {said}: {out}");
+            assert!(out.contains(said) && !out.contains("role started"), "{mode:?} {said}: {out}");
+        }
     }
 }
 

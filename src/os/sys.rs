@@ -269,7 +269,9 @@ pub fn landlock_restrict_probe() -> Result<(), Errno> {
         handled_access_fs: u64,
     }
     const LANDLOCK_ACCESS_FS_EXECUTE: u64 = 1;
-    let attr = RulesetAttr { handled_access_fs: LANDLOCK_ACCESS_FS_EXECUTE };
+    const LANDLOCK_ACCESS_FS_READ_DIR: u64 = 1 << 3;
+    // Listing directories handled and granted nowhere: the read-back below.
+    let attr = RulesetAttr { handled_access_fs: LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_DIR };
     // SAFETY: attr is a valid landlock_ruleset_attr (its first field) of the size passed.
     let fd = Errno::result(unsafe {
         libc::syscall(
@@ -303,8 +305,13 @@ pub fn landlock_restrict_probe() -> Result<(), Errno> {
     })?;
     prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
     // SAFETY: fd is a Landlock ruleset descriptor; flags 0.
-    Errno::result(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0 as libc::c_uint) })
-        .map(drop)
+    Errno::result(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0 as libc::c_uint) })?;
+    // Read back (found by review: a faked restrict_self passed): listing / is now refused.
+    match nix::fcntl::open("/", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+    {
+        Err(Errno::EACCES) => Ok(()),
+        _ => Err(Errno::EOPNOTSUPP),
+    }
 }
 
 /// The Landlock ABI version the running kernel offers (0 if none).
@@ -559,14 +566,68 @@ pub fn set_hostname(name: &str) -> Result<(), Errno> {
     Ok(())
 }
 
-/// No supplementary group, read back (getgroups): a filter above sealnode can answer
-/// setgroups with a faked success (found by review: a role kept the supervisor's groups and
-/// read a file of one of them); EOPNOTSUPP when a group is left.
+/// A line of this thread's /proc/thread-self/status, as the kernel writes it (a faked read
+/// gives none): its value, trimmed.
+pub fn own_status(field: &str) -> Result<String, Errno> {
+    let text = std::fs::read_to_string("/proc/thread-self/status")
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(|v| v.trim().to_string()))
+        .ok_or(Errno::EOPNOTSUPP)
+}
+
+/// No supplementary group, read back from /proc/thread-self/status: a filter above sealnode can
+/// answer setgroups with a faked success (found by review: a role kept the supervisor's groups
+/// and read a file of one of them; then getgroups faked too); EOPNOTSUPP when a group is left.
 pub fn clear_groups() -> Result<(), Errno> {
     nix::unistd::setgroups(&[])?;
-    // SAFETY: a size of 0 asks for the count only; no buffer is written.
-    let left = Errno::result(unsafe { libc::getgroups(0, std::ptr::null_mut()) })?;
-    if left != 0 {
+    if !own_status("Groups")?.is_empty() {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// All three gids, then all three uids, set to `gid` and `uid`, each read back.
+pub fn set_ids(uid: u32, gid: u32) -> Result<(), Errno> {
+    set_gids(gid)?;
+    set_uids(uid)
+}
+
+/// setresgid to `gid`, read back with getresgid into values no id has (a faked call leaves
+/// them; found by review: a faked setresgid left a role host gid 0).
+pub fn set_gids(gid: u32) -> Result<(), Errno> {
+    let g = nix::unistd::Gid::from_raw(gid);
+    nix::unistd::setresgid(g, g, g)?;
+    let (mut r, mut e, mut s) = (u32::MAX, u32::MAX, u32::MAX);
+    // SAFETY: three valid pointers to gid_t, written by the call.
+    Errno::result(unsafe { libc::getresgid(&mut r, &mut e, &mut s) })?;
+    if [r, e, s] != [gid; 3] {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// setresuid to `uid`, read back as [`set_gids`] is (found by review: a faked setresuid ran a
+/// role as host root).
+pub fn set_uids(uid: u32) -> Result<(), Errno> {
+    let u = nix::unistd::Uid::from_raw(uid);
+    nix::unistd::setresuid(u, u, u)?;
+    let (mut r, mut e, mut s) = (u32::MAX, u32::MAX, u32::MAX);
+    // SAFETY: three valid pointers to uid_t, written by the call.
+    Errno::result(unsafe { libc::getresuid(&mut r, &mut e, &mut s) })?;
+    if [r, e, s] != [uid; 3] {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// Exactly one mount at "/" in this mount namespace (/proc/self/mountinfo): after pivot_root
+/// the old root stacked on the new one is detached, read back (found by review: a faked
+/// umount2 left the host's whole mount tree listed in the role's mountinfo).
+pub fn one_root_mount() -> Result<(), Errno> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    if text.lines().filter(|l| l.split_whitespace().nth(4) == Some("/")).count() != 1 {
         return Err(Errno::EOPNOTSUPP);
     }
     Ok(())
@@ -637,7 +698,9 @@ const CAP_V3: u32 = 0x2008_0522;
 /// The calling thread's (effective, permitted, inheritable) sets as 64-bit masks.
 pub fn capget() -> Result<(u64, u64, u64), Errno> {
     let mut hdr = CapHeader { version: CAP_V3, pid: 0 };
-    let mut data = [CapData::default(); 2];
+    // Every bit set before the call: a faked capget (a filter above sealnode answering 0
+    // without the call; found by review) reads as every capability held, not as none.
+    let mut data = [CapData { effective: u32::MAX, permitted: u32::MAX, inheritable: u32::MAX }; 2];
     // SAFETY: hdr and data are valid for capget's version-3 layout (two data structs).
     Errno::result(unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()) })?;
     let w = |f: fn(&CapData) -> u32| u64::from(f(&data[0])) | u64::from(f(&data[1])) << 32;

@@ -274,9 +274,7 @@ fn in_child(job: &Job) -> Result<Vec<Result<(), Errno>>, String> {
 
 fn become_role(ids: Ids) -> Result<(), Errno> {
     crate::os::sys::clear_groups()?;
-    let (g, u) = (nix::unistd::Gid::from_raw(ids.gid), nix::unistd::Uid::from_raw(ids.uid));
-    nix::unistd::setresgid(g, g, g)?;
-    nix::unistd::setresuid(u, u, u)?;
+    crate::os::sys::set_ids(ids.uid, ids.gid)?;
     crate::os::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map(drop)
 }
 

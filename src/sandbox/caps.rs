@@ -2,7 +2,7 @@
 
 use caps::CapSet;
 use nix::errno::Errno;
-use nix::unistd::{setresgid, setresuid, Gid, Uid};
+use nix::unistd::{Gid, Uid};
 
 use crate::config::Ids;
 use crate::os::sys;
@@ -28,8 +28,7 @@ pub fn rootful_fs_ids(ids: Ids) -> Result<(), Errno> {
 /// that follows (the bounding set can only be reduced while CAP_SETPCAP is held).
 pub fn set_ids(ids: Ids) -> Result<(), Errno> {
     sys::prctl(libc::PR_SET_KEEPCAPS, 1)?;
-    setresgid(Gid::from_raw(ids.gid), Gid::from_raw(ids.gid), Gid::from_raw(ids.gid))?;
-    setresuid(Uid::from_raw(ids.uid), Uid::from_raw(ids.uid), Uid::from_raw(ids.uid))
+    sys::set_ids(ids.uid, ids.gid)
 }
 
 /// Drop every capability in all five sets (bounding first, while CAP_SETPCAP is usable),
@@ -44,8 +43,8 @@ pub fn drop_all() -> Result<(), Errno> {
     sys::prctl(libc::PR_SET_KEEPCAPS, 0)?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
     // Verify: three sets in one call; the bounding set's last entry; ambient holds nothing
-    // raisable once permitted and inheritable are empty.
-    if sys::capget()? != (0, 0, 0) || sys::capbset_has(0)? {
+    // raisable once permitted and inheritable are empty; no_new_privs (a faked prctl).
+    if sys::capget()? != (0, 0, 0) || sys::capbset_has(0)? || !no_new_privs()? {
         return Err(Errno::EPERM);
     }
     Ok(())
@@ -71,8 +70,14 @@ pub fn drop_all_no_exec() -> Result<(), Errno> {
     sys::capset(0, 0, 0)?;
     sys::prctl(libc::PR_SET_KEEPCAPS, 0)?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
-    if sys::capget()? != (0, 0, 0) {
+    if sys::capget()? != (0, 0, 0) || !no_new_privs()? {
         return Err(Errno::EPERM);
     }
     Ok(())
+}
+
+/// Whether no_new_privs is set, as PR_GET_NO_NEW_PRIVS answers (a faked answer is 0: unset).
+fn no_new_privs() -> Result<bool, Errno> {
+    // SAFETY: PR_GET_NO_NEW_PRIVS takes no pointer.
+    Errno::result(unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) }).map(|v| v == 1)
 }

@@ -390,6 +390,16 @@ impl Cell {
                         .into(),
             })),
         }
+        // The init confined itself (every capability, no_new_privs) as the kernel shows it
+        // (found by review: a faked capset with a faked capget left it every capability).
+        let confined =
+            std::fs::read_to_string(format!("/proc/{pid}/status")).ok().and_then(|t| crate::sandbox::shown::status(&t));
+        if !confined.as_ref().is_some_and(|s| s.caps == [0; 5] && s.no_new_privs) {
+            return Err(reap.abort(Error::Unsupported {
+                what: format!("the cell's init is not confined as the kernel shows it: {confined:?}"),
+                fix: "a seccomp filter above sealnode fakes capset, capget or prctl: allow them (`sealnode doctor` tries them)".into(),
+            }));
+        }
         Ok(Cell {
             pid,
             userns,
@@ -550,9 +560,7 @@ impl Cell {
         if sys::clear_groups().is_err() && self.rootful {
             return Err(Errno::EPERM);
         }
-        let (u, g) = (nix::unistd::Uid::from_raw(ids.uid), nix::unistd::Gid::from_raw(ids.gid));
-        nix::unistd::setresgid(g, g, g)?;
-        nix::unistd::setresuid(u, u, u)?;
+        sys::set_ids(ids.uid, ids.gid)?;
         // The id change cleared the death signal (found by review): armed again, read back.
         sys::die_with_parent()
     }

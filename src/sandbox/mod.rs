@@ -17,6 +17,7 @@ pub mod namespaces;
 pub mod plan;
 pub mod protocol;
 pub mod sealed;
+pub mod shown;
 pub mod spawn;
 pub mod stage;
 pub mod table;

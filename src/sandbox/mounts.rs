@@ -274,6 +274,7 @@ pub fn pivot(newroot: &CStr, workdir: &CStr) -> R {
     // pivot_root(".", "."): the old root ends up stacked on the new one and is detached below.
     sys::pivot_root(c".", c".")?;
     umount2(".", MntFlags::MNT_DETACH)?;
+    sys::one_root_mount()?;
     chdir("/")?;
     sys::mount_setattr(c"/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
     chdir(workdir)

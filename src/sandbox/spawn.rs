@@ -14,7 +14,7 @@ use super::namespaces::{MATRIX_NAMESPACES, NAMESPACES, ROLE_NAMESPACES};
 use super::plan::{Mount, Plan};
 use super::protocol::{self, Failure, Frame, Reap, Step, FORWARDED};
 use super::stage::{ChildFds, Stage};
-use super::{idmap, namespaces};
+use super::{idmap, namespaces, shown};
 use crate::error::{Error, Result};
 use crate::os::sys;
 use crate::sandbox::cell::Cell;
@@ -176,7 +176,10 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     let mut listener = None;
     loop {
         match protocol::read_frame(err_r.as_raw_fd()).map_err(|e| reap.abort(Error::errno("read setup status", e)))? {
-            None => return Ok(Sandbox { pid, _alive: sync_w, listener }),
+            None => {
+                check_shown(plan, pid).map_err(|e| reap.abort(e))?;
+                return Ok(Sandbox { pid, _alive: sync_w, listener });
+            }
             // The denial log's listener, once: a copy taken, then the workload may exec.
             Some(Frame::Ok(fd)) if plan.refusal_log.is_some() && listener.is_none() => {
                 listener = Some(take_listener(pid, fd).map_err(|e| reap.abort(e))?);
@@ -193,6 +196,54 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
             }
         }
     }
+}
+
+/// The started sandbox as the kernel shows it, against its plan ([`shown`]): its init, then its
+/// workload (the init's one child), whose exec closed the error pipe. A process already gone is
+/// not checked (it holds nothing any more).
+fn check_shown(plan: &Plan, init: Pid) -> Result<()> {
+    let role = plan.role;
+    let own = std::fs::read_to_string("/proc/thread-self/status").ok().and_then(|t| shown::status(&t));
+    let filters = own.map_or(0, |s| s.seccomp_filters);
+    let gone = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH));
+    let wrong = |what: String| {
+        Error::Setup {
+        step: "as the kernel shows it",
+        detail: format!("{role} role: {what}; a seccomp filter above sealnode fakes a call's success (`sealnode doctor` tries them)"),
+        errno: Errno::EPERM,
+    }
+    };
+    let children = match std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")) {
+        Ok(c) => c,
+        Err(e) if gone(&e) => return Ok(()),
+        Err(e) => return Err(Error::io(format!("/proc/{init}/task/{init}/children"), e)),
+    };
+    let workload = children.split_whitespace().next().and_then(|p| p.parse::<libc::pid_t>().ok()).map(Pid::from_raw);
+    for (pid, who) in [(Some(init), shown::Who::Init), (workload, shown::Who::Workload)] {
+        let Some(pid) = pid else { continue };
+        let text = match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            Ok(t) => t,
+            Err(e) if gone(&e) => continue,
+            Err(e) => return Err(Error::io(format!("/proc/{pid}/status"), e)),
+        };
+        let status = shown::status(&text).ok_or_else(|| wrong(format!("/proc/{pid}/status unreadable")))?;
+        if let Some(what) = shown::wrong(&status, plan, who, filters) {
+            let name = if who == shown::Who::Init { "its init" } else { "its workload" };
+            return Err(wrong(format!("{name}: {what}")));
+        }
+        if who == shown::Who::Workload {
+            match std::fs::read_to_string(format!("/proc/{pid}/limits")) {
+                Ok(l) => {
+                    if let Some(what) = shown::wrong_limits(&l, plan) {
+                        return Err(wrong(format!("its workload: {what}")));
+                    }
+                }
+                Err(e) if gone(&e) => {}
+                Err(e) => return Err(Error::io(format!("/proc/{pid}/limits"), e)),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The workload's seccomp listener `fd`: the workload is the only child of the sandbox's init
