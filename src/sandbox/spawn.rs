@@ -200,7 +200,8 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
 
 /// The started sandbox as the kernel shows it, against its plan ([`shown`]): its init, then its
 /// workload (the init's one child), whose exec closed the error pipe. A process already gone is
-/// not checked (it holds nothing any more).
+/// not checked (it holds nothing any more), nor one this /proc does not show (the units'
+/// ProtectProc=invisible: another user's or a non-dumpable process; docs/canary.md).
 fn check_shown(plan: &Plan, init: Pid) -> Result<()> {
     let role = plan.role;
     let own = std::fs::read_to_string("/proc/thread-self/status").ok().and_then(|t| shown::status(&t));
