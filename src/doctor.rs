@@ -292,27 +292,44 @@ impl Reporter {
     }
 }
 
-/// Read a probe process's reports until it closes its end or [`PROBE_LIMIT`] passes (then it
-/// is killed), reap it, and say what its reports mean.
-fn collect(child: nix::unistd::Pid, r: std::os::fd::OwnedFd) -> Result<Vec<Refused>, Refused> {
+/// How reading a probe's pipe ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Its writers closed it: everything said was read.
+    Closed,
+    TimedOut,
+    Failed,
+}
+
+/// All that is written to `r` until its writers close it, or `limit` passes.
+fn read_within(r: &std::os::fd::OwnedFd, limit: std::time::Duration) -> (Vec<u8>, Read) {
     let mut said = Vec::new();
-    let mut buf = [0u8; 64];
-    let until = std::time::Instant::now() + PROBE_LIMIT;
-    let hung = loop {
+    let mut buf = [0u8; 256];
+    let until = std::time::Instant::now() + limit;
+    loop {
         let left = until.saturating_duration_since(std::time::Instant::now());
-        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(10_000) as i32)
+        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(60_000) as i32)
             .unwrap_or(nix::poll::PollTimeout::ZERO);
-        let mut fds = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&r), nix::poll::PollFlags::POLLIN)];
+        let mut fds = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(r), nix::poll::PollFlags::POLLIN)];
         match nix::poll::poll(&mut fds, ms) {
-            Ok(0) => break true,
+            Ok(0) => return (said, Read::TimedOut),
             Err(Errno::EINTR) => continue,
-            Err(_) => break false,
-            Ok(_) => match nix::unistd::read(&r, &mut buf) {
-                Ok(0) | Err(_) => break false,
+            Err(_) => return (said, Read::Failed),
+            Ok(_) => match nix::unistd::read(r, &mut buf) {
+                Ok(0) => return (said, Read::Closed),
+                Err(Errno::EINTR) => continue,
+                Err(_) => return (said, Read::Failed),
                 Ok(n) => said.extend_from_slice(&buf[..n]),
             },
         }
-    };
+    }
+}
+
+/// Read a probe process's reports until it closes its end or [`PROBE_LIMIT`] passes (then it
+/// is killed), reap it, and say what its reports mean.
+fn collect(child: nix::unistd::Pid, r: std::os::fd::OwnedFd) -> Result<Vec<Refused>, Refused> {
+    let (said, end) = read_within(&r, PROBE_LIMIT);
+    let hung = end == Read::TimedOut;
     if hung {
         let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
     }
@@ -537,26 +554,8 @@ fn try_namespaces_bounded(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Re
         nix::unistd::ForkResult::Parent { child } => child,
     };
     drop(w);
-    let mut said = Vec::new();
-    let mut buf = [0u8; 256];
-    let until = std::time::Instant::now() + WHOLE_LIMIT;
-    let complete = loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(30_000) as i32)
-            .unwrap_or(nix::poll::PollTimeout::ZERO);
-        let mut fds = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&r), nix::poll::PollFlags::POLLIN)];
-        match nix::poll::poll(&mut fds, ms) {
-            Ok(0) => break false,
-            Err(Errno::EINTR) => continue,
-            Err(_) => break false,
-            Ok(_) => match nix::unistd::read(&r, &mut buf) {
-                Ok(0) => break true,
-                Err(Errno::EINTR) => continue,
-                Err(_) => break false,
-                Ok(n) => said.extend_from_slice(&buf[..n]),
-            },
-        }
-    };
+    let (said, end) = read_within(&r, WHOLE_LIMIT);
+    let complete = end == Read::Closed;
     let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
     let _ = nix::sys::wait::waitpid(child, None);
     match complete.then(|| decode(&said)).flatten() {

@@ -619,6 +619,27 @@ fn rootful_with_only_the_units_capabilities_wipes_and_stops_the_roles() {
     assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0, "not wiped at stop: {err}");
 }
 
+/// Found by review: under the units' ProtectProc=invisible (a hidepid=invisible /proc) a rootless
+/// sealnode cannot see the cell's init or a sandbox's init once they are not dumpable, and
+/// reading what the kernel shows of them refused every start. Their files are opened at the
+/// clone, while they are the launcher's own: the cell starts, and stops cleanly.
+#[test]
+fn a_proc_that_hides_the_inits_still_starts_the_cell() {
+    if !is_root() {
+        unavailable("rootful", "mounting a hidepid /proc for the test needs root");
+        return;
+    }
+    for mode in modes() {
+        let f = cell(mode, "hidepid", HTTPD, "exec sleep 1000", "", "", "");
+        let prefix = "set -- /usr/bin/unshare -m --propagation private /bin/sh -c \
+                      'mount -t proc -o hidepid=invisible proc /proc && exec \"$@\"' sh \"$@\"; ";
+        let run = start_in_shell(&f, &[], prefix);
+        run.wait_stderr(60, "role started role=node", &format!("{mode:?}: refused under a hidepid /proc"));
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
 /// The wipe, attacked (found by review): a scratch dir swapped for a symlink while the cell
 /// runs (the pinned dir is wiped, the symlink's target untouched); a tree deeper than the fd
 /// limit (wiped, the start goes on); a scratch dir whose group is root (starts); a mount

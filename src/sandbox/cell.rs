@@ -327,6 +327,8 @@ impl Cell {
         drop(sync_r);
         let pid = Pid::from_raw(pid);
         let reap = Reap(pid);
+        // Its status, opened now for the same reason (read once it has confined itself).
+        let mut status = crate::sandbox::shown::InitFiles::open(pid);
         // Hold the namespaces now: once the cell init confines itself (not dumpable) its
         // /proc/PID/ns entries are closed to a rootless supervisor.
         let userns = nix::fcntl::open(
@@ -392,9 +394,9 @@ impl Cell {
         }
         // The init confined itself (every capability, no_new_privs) as the kernel shows it
         // (found by review: a faked capset with a faked capget left it every capability).
-        let confined =
-            std::fs::read_to_string(format!("/proc/{pid}/status")).ok().and_then(|t| crate::sandbox::shown::status(&t));
-        if !confined.as_ref().is_some_and(|s| s.caps == [0; 5] && s.no_new_privs) {
+        // Not shown here at all (hidepid at its clone: not the launcher's own): not checked.
+        let confined = status.status().map(|t| crate::sandbox::shown::status(&t));
+        if confined.as_ref().is_some_and(|s| !s.as_ref().is_some_and(|s| s.caps == [0; 5] && s.no_new_privs)) {
             return Err(reap.abort(Error::Unsupported {
                 what: format!("the cell's init is not confined as the kernel shows it: {confined:?}"),
                 fix: "a seccomp filter above sealnode fakes capset, capget or prctl: allow them (`sealnode doctor` tries them)".into(),

@@ -65,6 +65,56 @@ fn limit_row(res: nix::sys::resource::Resource) -> Option<&'static str> {
     })
 }
 
+/// A sandbox init's status and children files, opened at its clone while it is the launcher's
+/// own and dumpable: a /proc that hides a non-dumpable or another user's process (hidepid, the
+/// units' ProtectProc=invisible) hides the init once it confines itself, and reading a file
+/// already open checks nothing again (found by review: the rootless units refused every start,
+/// and take_listener failed there).
+#[derive(Debug)]
+pub struct InitFiles {
+    status: Option<std::fs::File>,
+    children: Option<std::fs::File>,
+}
+
+impl InitFiles {
+    pub fn open(init: nix::unistd::Pid) -> InitFiles {
+        let open = |p: String| std::fs::File::open(p).ok();
+        InitFiles {
+            status: open(format!("/proc/{init}/status")),
+            children: open(format!("/proc/{init}/task/{init}/children")),
+        }
+    }
+
+    /// The init's status now (None: not shown, or gone).
+    pub fn status(&mut self) -> Option<String> {
+        self.status.as_mut().and_then(reread)
+    }
+
+    /// The init's children now, as the file lists them (None: not shown, or gone).
+    pub fn children(&mut self) -> Option<String> {
+        self.children.as_mut().and_then(reread)
+    }
+
+    /// The init's one child (its workload), while it has one.
+    pub fn child(&mut self) -> Option<u32> {
+        self.children()?.split_whitespace().next()?.parse().ok()
+    }
+}
+
+/// A /proc file's content generated afresh: read from its start.
+fn reread(f: &mut std::fs::File) -> Option<String> {
+    use std::io::{Read, Seek};
+    f.seek(std::io::SeekFrom::Start(0)).ok()?;
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// A file of another process's /proc dir (None: gone, or not shown here: hidepid).
+pub fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
 /// Which of the sandbox's two processes is checked: its init, or its workload after exec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Who {
@@ -127,7 +177,16 @@ fn wrong_for(
 
 /// The workload's limits above the plan's (a faked setrlimit), if any.
 pub fn wrong_limits(limits: &str, plan: &Plan) -> Option<String> {
-    plan.rlimits.iter().find_map(|(res, want)| {
+    wrong_limits_for(limits, &plan.rlimits)
+}
+
+/// [`wrong_limits`] for `rlimits` (the plan's). A file without its header is not checked (a
+/// process reaped while the kernel wrote it: found by review), nor a limit planned unlimited.
+fn wrong_limits_for(limits: &str, rlimits: &[(nix::sys::resource::Resource, u64)]) -> Option<String> {
+    if !limits.starts_with("Limit") {
+        return None;
+    }
+    rlimits.iter().filter(|(_, want)| *want != libc::RLIM_INFINITY).find_map(|(res, want)| {
         let row = limit_row(*res)?;
         let got = match hard_limit(limits, row) {
             Some(Some(v)) if v <= *want => return None,
@@ -199,5 +258,12 @@ mod tests {
         assert_eq!(hard_limit(l, "Max locked memory"), Some(Some(8388608)));
         assert_eq!(hard_limit(l, "Max open files"), Some(None));
         assert_eq!(hard_limit(l, "Max file size"), None);
+        use nix::sys::resource::Resource as R;
+        assert_eq!(wrong_limits_for(l, &[(R::RLIMIT_NPROC, 512)]), None);
+        assert!(wrong_limits_for(l, &[(R::RLIMIT_MEMLOCK, 65536)]).is_some_and(|w| w.contains("8388608")));
+        assert!(wrong_limits_for(l, &[(R::RLIMIT_NOFILE, 4096)]).is_some_and(|w| w.contains("unlimited")));
+        // Planned unlimited; a file cut short (its process reaped meanwhile): not held to.
+        assert_eq!(wrong_limits_for(l, &[(R::RLIMIT_NOFILE, libc::RLIM_INFINITY)]), None);
+        assert_eq!(wrong_limits_for("", &[(R::RLIMIT_NPROC, 512)]), None);
     }
 }

@@ -159,6 +159,8 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     drop(sync_r);
     let pid = Pid::from_raw(pid);
     let reap = Reap(pid);
+    // Opened now, while the init is the launcher's own and dumpable (it confines itself later).
+    let mut init_files = shown::InitFiles::open(pid);
     if cell.is_none() {
         idmap::write(pid, &[plan.ids.uid], &[plan.ids.gid], plan.rootful).map_err(|e| reap.abort(e))?;
     }
@@ -177,12 +179,12 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     loop {
         match protocol::read_frame(err_r.as_raw_fd()).map_err(|e| reap.abort(Error::errno("read setup status", e)))? {
             None => {
-                check_shown(plan, pid).map_err(|e| reap.abort(e))?;
+                check_shown(plan, &mut init_files).map_err(|e| reap.abort(e))?;
                 return Ok(Sandbox { pid, _alive: sync_w, listener });
             }
             // The denial log's listener, once: a copy taken, then the workload may exec.
             Some(Frame::Ok(fd)) if plan.refusal_log.is_some() && listener.is_none() => {
-                listener = Some(take_listener(pid, fd).map_err(|e| reap.abort(e))?);
+                listener = Some(take_listener(&mut init_files, fd).map_err(|e| reap.abort(e))?);
                 sys::write_all(sync_w.as_raw_fd(), &[1]).map_err(|e| reap.abort(Error::errno("release child", e)))?;
             }
             Some(f) => {
@@ -198,61 +200,46 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     }
 }
 
-/// The started sandbox as the kernel shows it, against its plan ([`shown`]): its init, then its
-/// workload (the init's one child), whose exec closed the error pipe. A process already gone is
-/// not checked (it holds nothing any more), nor one this /proc does not show (the units'
-/// ProtectProc=invisible: another user's or a non-dumpable process; docs/canary.md).
-fn check_shown(plan: &Plan, init: Pid) -> Result<()> {
+/// The started sandbox as the kernel shows it, against its plan ([`shown`]): its init (through
+/// the files opened at its clone), then its workload (the init's one child), whose exec closed
+/// the error pipe. A process already gone is not checked (it holds nothing any more), nor one
+/// this /proc does not show (hidepid, the units' ProtectProc=invisible: another user's
+/// process; docs/canary.md).
+fn check_shown(plan: &Plan, init: &mut shown::InitFiles) -> Result<()> {
     let role = plan.role;
     let own = std::fs::read_to_string("/proc/thread-self/status").ok().and_then(|t| shown::status(&t));
     let filters = own.map_or(0, |s| s.seccomp_filters);
-    let gone = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH));
-    let wrong = |what: String| {
-        Error::Setup {
+    let wrong = |what: String| Error::Setup {
         step: "as the kernel shows it",
-        detail: format!("{role} role: {what}; a seccomp filter above sealnode fakes a call's success (`sealnode doctor` tries them)"),
+        detail: format!(
+            "{role} role: {what}; a filter above sealnode fakes a call's success (`sealnode doctor` tries them)"
+        ),
         errno: Errno::EPERM,
+    };
+    let held = |who: &str, what: Option<String>| match what {
+        Some(w) => Err(wrong(format!("{who}: {w}"))),
+        None => Ok(()),
+    };
+    if let Some(status) = init.status().and_then(|t| shown::status(&t)) {
+        held("its init", shown::wrong(&status, plan, shown::Who::Init, filters))?;
     }
-    };
-    let children = match std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")) {
-        Ok(c) => c,
-        Err(e) if gone(&e) => return Ok(()),
-        Err(e) => return Err(Error::io(format!("/proc/{init}/task/{init}/children"), e)),
-    };
-    let workload = children.split_whitespace().next().and_then(|p| p.parse::<libc::pid_t>().ok()).map(Pid::from_raw);
-    for (pid, who) in [(Some(init), shown::Who::Init), (workload, shown::Who::Workload)] {
-        let Some(pid) = pid else { continue };
-        let text = match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            Ok(t) => t,
-            Err(e) if gone(&e) => continue,
-            Err(e) => return Err(Error::io(format!("/proc/{pid}/status"), e)),
-        };
-        let status = shown::status(&text).ok_or_else(|| wrong(format!("/proc/{pid}/status unreadable")))?;
-        if let Some(what) = shown::wrong(&status, plan, who, filters) {
-            let name = if who == shown::Who::Init { "its init" } else { "its workload" };
-            return Err(wrong(format!("{name}: {what}")));
-        }
-        if who == shown::Who::Workload {
-            match std::fs::read_to_string(format!("/proc/{pid}/limits")) {
-                Ok(l) => {
-                    if let Some(what) = shown::wrong_limits(&l, plan) {
-                        return Err(wrong(format!("its workload: {what}")));
-                    }
-                }
-                Err(e) if gone(&e) => {}
-                Err(e) => return Err(Error::io(format!("/proc/{pid}/limits"), e)),
-            }
-        }
+    let Some(workload) = init.child() else { return Ok(()) };
+    if let Some(status) = shown::read(&format!("/proc/{workload}/status")).and_then(|t| shown::status(&t)) {
+        held("its workload", shown::wrong(&status, plan, shown::Who::Workload, filters))?;
+    }
+    if let Some(limits) = shown::read(&format!("/proc/{workload}/limits")) {
+        held("its workload", shown::wrong_limits(&limits, plan))?;
     }
     Ok(())
 }
 
 /// The workload's seccomp listener `fd`: the workload is the only child of the sandbox's init
 /// (`init`, host pid) at this point, waiting for the copy; the copy must be a seccomp listener.
-fn take_listener(init: Pid, fd: u32) -> Result<OwnedFd> {
+fn take_listener(init: &mut shown::InitFiles, fd: u32) -> Result<OwnedFd> {
     let what = "take the denial log's seccomp listener";
-    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
-        .map_err(|e| Error::io(format!("{what}: /proc/{init}/task/{init}/children"), e))?;
+    let children = init.children().ok_or_else(|| {
+        Error::errno(format!("{what}: the sandbox's init's children, opened at its clone"), Errno::ENOENT)
+    })?;
     let workload: libc::pid_t = match children.split_whitespace().collect::<Vec<_>>()[..] {
         [one] => one
             .parse()
