@@ -856,20 +856,20 @@ fn described(r: Refused, opts: Option<&Options>) -> (String, &'static str, Strin
                     "{} SETUID,SETGID, and a user namespace for the container that maps the roles' users ({})",
                     o.caps, o.userns
                 ),
-                None => "give sealnode CAP_SETUID and CAP_SETGID (the units as shipped do)".into(),
+                None => "give sealnode CAP_SETUID and CAP_SETGID (the units as shipped do), and run it in a user namespace that maps the roles' users".into(),
             };
             return (format!("{MAPS} refused: {}", e.desc()), "is refused", fix);
         }
         Refused::Step(step, Errno::EOPNOTSUPP) => (
             format!("{step} refused: {} (or answered success without taking effect, read back)", Errno::EOPNOTSUPP.desc()),
             "is refused",
-            "a seccomp filter or LSM above sealnode refuses it or fakes its success",
+            "allow it in the seccomp filter or LSM above sealnode that refuses it or fakes its success",
         ),
         Refused::Step(step, e) => {
-            (format!("{step} refused: {}", e.desc()), "is refused", "a seccomp filter or LSM above sealnode refuses it")
+            (format!("{step} refused: {}", e.desc()), "is refused", "allow it in the seccomp filter or LSM above sealnode that refuses it")
         }
         Refused::Namespaces(e) => {
-            (format!("namespaces refused: {}", e.desc()), "is refused", "a seccomp filter or LSM above sealnode refuses it")
+            (format!("namespaces refused: {}", e.desc()), "is refused", "allow them in the seccomp filter or LSM above sealnode that refuses them")
         }
     };
     let fix = match opts {
