@@ -386,7 +386,7 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
         p.step("prctl (PR_SET_PDEATHSIG)", &|| armed);
         // As each role's first steps: nothing inherited kept, a session of its own.
         p.step("close_range", &|| sys::close_all_except(&keep));
-        p.step("setsid", &|| nix::unistd::setsid().map(drop));
+        p.step("setsid", &sys::new_session);
         // What the kernel shows of this process, after its root is gone too.
         let procfs = match open_ns("/proc") {
             Ok(fd) => fd,

@@ -447,6 +447,7 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
             ),
             (libc::SYS_setgroups, vec![], Errno(0), "setgroups", "refused"),
             (libc::SYS_sethostname, vec![], Errno(0), "sethostname", "refused"),
+            (libc::SYS_setsid, vec![], Errno(0), "setsid", "refused"),
             // Found by the second review: faked setresgid, setresuid, setgroups with getgroups,
             // capset with capget, restrict_self, seccomp; each read back now.
             (libc::SYS_setresgid, vec![], Errno(0), "setresgid", "refused"),

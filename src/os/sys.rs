@@ -566,6 +566,16 @@ pub fn set_hostname(name: &str) -> Result<(), Errno> {
     Ok(())
 }
 
+/// A session of its own (setsid), read back (getsid): a faked setsid left a role in the
+/// supervisor's session, with its terminal (found by review).
+pub fn new_session() -> Result<(), Errno> {
+    nix::unistd::setsid()?;
+    if nix::unistd::getsid(None)? != nix::unistd::getpid() {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
 /// A line of this thread's /proc/thread-self/status, as the kernel writes it (a faked read
 /// gives none): its value, trimmed.
 pub fn own_status(field: &str) -> Result<String, Errno> {

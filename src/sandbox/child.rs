@@ -5,7 +5,7 @@
 use std::os::fd::RawFd;
 
 use nix::errno::Errno;
-use nix::unistd::{fork, setsid, ForkResult};
+use nix::unistd::{fork, ForkResult};
 
 use super::plan::{ptr_array, Plan, NEWROOT};
 use super::protocol::{fail, must};
@@ -25,7 +25,7 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // must not hold the supervisor's sockets, listeners or another role's pipes.
     must(fds.err, Stage::CloseInheritedFds, 0, sys::close_all_except(&[fds.err, fds.sync, plan.program_fd()]));
     // New session, no controlling terminal: closes TIOCSTI/TIOCLINUX injection into the host tty.
-    must(fds.err, Stage::NewSession, 0, setsid().map(drop));
+    must(fds.err, Stage::NewSession, 0, sys::new_session());
     // Block until the parent wrote uid_map/gid_map; EOF means the launcher died meanwhile.
     must(fds.err, Stage::WaitForIdMaps, 0, wait_for_maps(fds.sync));
     // Rootful only: shed root's groups while setgroups is permitted, and create files as the
