@@ -802,12 +802,18 @@ pub fn checks(needs: Needs) -> Vec<Check> {
             format!("files, TCP ports (ABI 4+) and scopes (ABI 6+) are enforced; the policies need ABI {min_abi}")
         } else {
             let in_kernel = std::fs::read_to_string("/sys/kernel/security/lsm").is_ok_and(|l| l.split(',').any(|m| m.trim() == "landlock"));
+            // Filters sealnode itself runs under (its status; securityfs may not be mounted).
+            let above = sys::own_status("Seccomp_filters").ok().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+            let allow = opts.as_ref().map_or("allow landlock_create_ruleset, landlock_add_rule and landlock_restrict_self in it, or run sealnode outside it (the systemd unit as shipped)".to_string(), |o| o.seccomp.to_string());
             match (&opts, abi) {
                 // The kernel has it, and the query is refused (found by review: blamed on the
                 // kernel): a filter above sealnode.
                 (_, ..=0) if in_kernel => format!(
-                    "the kernel has Landlock (/sys/kernel/security/lsm) but its calls are refused here: a seccomp filter above sealnode; fix: {}",
-                    opts.as_ref().map_or("allow landlock_create_ruleset, landlock_add_rule and landlock_restrict_self in it, or run sealnode outside it (the systemd unit as shipped)".to_string(), |o| o.seccomp.to_string())
+                    "the kernel has Landlock (/sys/kernel/security/lsm) but its calls are refused here: a seccomp filter above sealnode; fix: {allow}"
+                ),
+                // Not known which: say both (sealnode runs under a filter that may refuse it).
+                (None, ..=0) if above > 0 => format!(
+                    "the policies need ABI {min_abi}; sealnode refuses to start: the kernel lacks Landlock, or one of the {above} seccomp filter(s) sealnode runs under refuses its calls; fix: boot a kernel >= 6.12 with landlock in lsm=, or {allow}"
                 ),
                 // ABI 0 in a container is as often the runtime's filter as the kernel (found by
                 // review: the message blamed only the kernel).
