@@ -631,9 +631,7 @@ fn status_at(procfs: &std::os::fd::OwnedFd, field: &str) -> Result<String, Errno
     std::fs::File::from(fd)
         .read_to_string(&mut text)
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(|v| v.trim().to_string()))
-        .ok_or(Errno::EOPNOTSUPP)
+    sys::status_field(&text, field).map(str::to_string).ok_or(Errno::EOPNOTSUPP)
 }
 
 /// A namespace's file, opened as the cell holds one.

@@ -581,9 +581,12 @@ pub fn new_session() -> Result<(), Errno> {
 pub fn own_status(field: &str) -> Result<String, Errno> {
     let text = std::fs::read_to_string("/proc/thread-self/status")
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(|v| v.trim().to_string()))
-        .ok_or(Errno::EOPNOTSUPP)
+    status_field(&text, field).map(str::to_string).ok_or(Errno::EOPNOTSUPP)
+}
+
+/// The value of line `field` of a /proc/PID/status text (`Name:\tvalue`), trimmed.
+pub fn status_field<'a>(text: &'a str, field: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(str::trim))
 }
 
 /// No supplementary group, read back from /proc/thread-self/status: a filter above sealnode can

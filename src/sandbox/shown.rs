@@ -23,7 +23,7 @@ pub struct Status {
 
 /// Parse /proc/PID/status; None when a field is missing or malformed.
 pub fn status(text: &str) -> Option<Status> {
-    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(str::trim));
+    let field = |name: &str| crate::os::sys::status_field(text, name);
     let nums = |name: &str| -> Option<Vec<u32>> { field(name)?.split_whitespace().map(|n| n.parse().ok()).collect() };
     let four = |name: &str| -> Option<[u32; 4]> { nums(name)?.try_into().ok() };
     let cap = |name: &str| u64::from_str_radix(field(name)?, 16).ok();

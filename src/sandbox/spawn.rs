@@ -207,8 +207,7 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
 /// process; docs/canary.md).
 fn check_shown(plan: &Plan, init: &mut shown::InitFiles) -> Result<()> {
     let role = plan.role;
-    let own = std::fs::read_to_string("/proc/thread-self/status").ok().and_then(|t| shown::status(&t));
-    let filters = own.map_or(0, |s| s.seccomp_filters);
+    let filters = sys::own_status("Seccomp_filters").ok().and_then(|n| n.parse().ok()).unwrap_or(0);
     let wrong = |what: String| Error::Setup {
         step: "as the kernel shows it",
         detail: format!(
