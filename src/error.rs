@@ -24,6 +24,10 @@ pub enum Error {
     /// A step of the sandbox setup failed inside the child (reported over the error pipe).
     #[error("sandbox setup failed: {step}: {detail}: {errno} ({desc})", desc = errno.desc())]
     Setup { step: &'static str, detail: String, errno: Errno },
+    /// A process of the sandbox setup was killed (no step failed): which, by what, at which
+    /// step, and what to look at.
+    #[error("sandbox setup killed: {what}\n  fix: {fix}")]
+    Killed { what: String, fix: String },
     /// A stop (SIGTERM, SIGINT, SIGQUIT) was requested while sealnode waited for a step to
     /// finish; the step was abandoned so the stop is handled at once.
     #[error("{what}: abandoned, a stop was requested")]

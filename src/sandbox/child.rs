@@ -8,7 +8,7 @@ use nix::errno::Errno;
 use nix::unistd::{fork, ForkResult};
 
 use super::plan::{ptr_array, Plan, NEWROOT};
-use super::protocol::{fail, must};
+use super::protocol::{fail, reached, step};
 use super::stage::{ChildFds, Stage};
 use super::{caps, init, mounts};
 use crate::os::sys;
@@ -18,100 +18,93 @@ use crate::policy::{landlock, seccomp};
 /// ipc, uts and cgroup namespaces. Never returns: execs the workload or exits 125.
 pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Die with the launcher: first, so no later step can outlive a dead supervisor.
-    must(fds.err, Stage::DieWithParent, 0, sys::die_with_parent());
+    step(fds.err, Stage::DieWithParent, 0, sys::die_with_parent);
     // The plan's own stdin/stdout onto fds 0 and 1, before the fds they come from are closed.
-    must(fds.err, Stage::Stdio, 0, plan.install_stdio());
+    step(fds.err, Stage::Stdio, 0, || plan.install_stdio());
     // Keep only the setup pipes (and the program fd): sandbox init lives as long as the role and
     // must not hold the supervisor's sockets, listeners or another role's pipes.
-    must(fds.err, Stage::CloseInheritedFds, 0, sys::close_all_except(&[fds.err, fds.sync, plan.program_fd()]));
+    step(fds.err, Stage::CloseInheritedFds, 0, || sys::close_all_except(&[fds.err, fds.sync, plan.program_fd()]));
     // New session, no controlling terminal: closes TIOCSTI/TIOCLINUX injection into the host tty.
-    must(fds.err, Stage::NewSession, 0, sys::new_session());
+    step(fds.err, Stage::NewSession, 0, sys::new_session);
     // Block until the parent wrote uid_map/gid_map; EOF means the launcher died meanwhile.
-    must(fds.err, Stage::WaitForIdMaps, 0, wait_for_maps(fds.sync));
+    step(fds.err, Stage::WaitForIdMaps, 0, || wait_for_maps(fds.sync));
     // Rootful only: shed root's groups while setgroups is permitted, and create files as the
     // role (our kuid 0 is unmapped in the cell; creating files as it fails with EOVERFLOW).
     // That credential change clears PDEATHSIG: re-arm it and check the launcher still lives.
     if plan.rootful {
-        must(
-            fds.err,
-            Stage::RootfulFsIds,
-            0,
-            caps::rootful_fs_ids(plan.ids).and_then(|()| sys::rearm_pdeathsig(fds.sync)),
-        );
+        step(fds.err, Stage::RootfulFsIds, 0, || {
+            caps::rootful_fs_ids(plan.ids).and_then(|()| sys::rearm_pdeathsig(fds.sync))
+        });
     }
     // Before any mount: nothing we mount may propagate back to the host.
-    must(fds.err, Stage::PrivatePropagation, 0, mounts::make_private());
+    step(fds.err, Stage::PrivatePropagation, 0, mounts::make_private);
     // Open and re-verify every bind source before the new root's tmpfs can cover it.
     let sources: Vec<_> = plan
         .mounts
         .iter()
         .enumerate()
-        .map(|(i, m)| must(fds.err, Stage::OpenSources, i, mounts::open_source(m)))
+        .map(|(i, m)| step(fds.err, Stage::OpenSources, i, || mounts::open_source(m)))
         .collect();
     // Private root: tmpfs, read-only system binds, role dirs, minimal /dev, /tmp, fresh masked /proc, /etc.
     for (i, (m, src)) in plan.mounts.iter().zip(&sources).enumerate() {
-        must(fds.err, Stage::BuildRoot, i, mounts::apply(m, src.as_ref()));
+        step(fds.err, Stage::BuildRoot, i, || mounts::apply(m, src.as_ref()));
     }
     drop(sources);
     // Enter the new root and detach the host's; the root tmpfs itself becomes read-only.
-    must(
-        fds.err,
-        Stage::PivotRoot,
-        0,
-        mounts::pivot(&std::ffi::CString::new(NEWROOT).unwrap_or_default(), &plan.workdir),
-    );
+    step(fds.err, Stage::PivotRoot, 0, || {
+        mounts::pivot(&std::ffi::CString::new(NEWROOT).unwrap_or_default(), &plan.workdir)
+    });
     // A new netns starts with lo down; bring it up while CAP_NET_ADMIN (cell userns) is held.
     if plan.layers.namespaces {
-        must(fds.err, Stage::LoopbackUp, 0, sys::loopback_up());
+        step(fds.err, Stage::LoopbackUp, 0, sys::loopback_up);
     }
     // The cell's own hostname (UTS namespace), while CAP_SYS_ADMIN is held.
-    must(fds.err, Stage::Hostname, 0, sys::set_hostname(plan.hostname.to_str().unwrap_or("sealnode")));
+    step(fds.err, Stage::Hostname, 0, || sys::set_hostname(plan.hostname.to_str().unwrap_or("sealnode")));
     // Pid 1 stays behind as a minimal init (reaps, forwards signals); the workload is its child.
     let init_pid = nix::unistd::getpid();
-    let forked = must(fds.err, Stage::ForkWorkload, 0, fork_workload());
+    let forked = step(fds.err, Stage::ForkWorkload, 0, fork_workload);
     if let ForkResult::Parent { child } = forked {
         init::run(plan, child, fds);
     }
     // Inherited from the launcher (blocked signals, ignored SIGPIPE) and kept across exec: reset.
-    must(fds.err, Stage::ResetSignals, 0, sys::reset_signals());
+    step(fds.err, Stage::ResetSignals, 0, sys::reset_signals);
     // Limits before dropping privilege, so the role cannot raise them back.
     for (i, (res, val)) in plan.rlimits.iter().enumerate() {
-        must(fds.err, Stage::Rlimits, i, nix::sys::resource::setrlimit(*res, *val, *val));
+        step(fds.err, Stage::Rlimits, i, || nix::sys::resource::setrlimit(*res, *val, *val));
     }
     // Become the role's gid then uid (rootful: its own host uid; rootless: the invoking uid).
-    must(fds.err, Stage::Credentials, 0, caps::set_ids(plan.ids));
+    step(fds.err, Stage::Credentials, 0, || caps::set_ids(plan.ids));
     // The credential change cleared PDEATHSIG: re-arm it, then make sure init is still our parent.
-    must(fds.err, Stage::RearmParentDeath, 0, rearm_parent_death(init_pid));
+    step(fds.err, Stage::RearmParentDeath, 0, || rearm_parent_death(init_pid));
     // All five capability sets emptied (bounding first), no_new_privs set, result verified.
     if plan.layers.credentials {
-        must(fds.err, Stage::DropCapabilities, 0, caps::drop_all());
+        step(fds.err, Stage::DropCapabilities, 0, caps::drop_all);
     } else {
         // Layer matrix only: keep every capability across exec.
-        must(fds.err, Stage::DropCapabilities, 1, caps::keep_all_across_exec());
+        step(fds.err, Stage::DropCapabilities, 1, caps::keep_all_across_exec);
     }
     // Nothing but stdio may cross into the workload (the error pipe closes at exec).
-    must(fds.err, Stage::CloseFds, 0, sys::cloexec_from(3));
+    step(fds.err, Stage::CloseFds, 0, || sys::cloexec_from(3));
     // The audit login uid, while unset, can be set once by the process itself: set it to the
     // role's uid, so no process of the role can claim another (a set one stays). As the role's
     // uid, dumpable again (exec makes it so anyway) so that /proc/self is its own; before
     // Landlock, which leaves /proc read-only.
-    must(
-        fds.err,
-        Stage::AuditLoginuid,
-        0,
-        sys::prctl(libc::PR_SET_DUMPABLE, 1).and_then(|()| sys::set_loginuid_if_unset(plan.ids.uid)),
-    );
+    step(fds.err, Stage::AuditLoginuid, 0, || {
+        sys::prctl(libc::PR_SET_DUMPABLE, 1).and_then(|()| sys::set_loginuid_if_unset(plan.ids.uid))
+    });
     // Landlock after pivot_root (rules name the sandbox's paths) and before seccomp (needs its syscalls).
     if plan.layers.landlock {
-        must(fds.err, Stage::Landlock, 0, landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));
+        step(fds.err, Stage::Landlock, 0, || landlock::apply(&plan.landlock).map_err(|e| landlock_errno(fds, e)));
     }
     // Seccomp last: from here on only the role's allowlist, which must include execve.
-    let listener = plan.layers.seccomp.then(|| must(fds.err, Stage::Seccomp, 0, install_seccomp(plan))).flatten();
+    let listener = plan.layers.seccomp.then(|| step(fds.err, Stage::Seccomp, 0, || install_seccomp(plan))).flatten();
     // The denial log's listener to the launcher, before exec closes it: only read and write.
     if let Some(fd) = listener {
-        must(fds.err, Stage::HandOverListener, 0, hand_over(fds, fd));
+        step(fds.err, Stage::HandOverListener, 0, || hand_over(fds, fd));
     }
-    // Exec with the explicit environment; EOF on the error pipe tells the parent it happened.
+    // Exec with the explicit environment, said first: EOF on the error pipe after this tells the
+    // parent it happened, EOF before it that the setup was killed (at the last step said).
+    reached(fds.err, Stage::Exec, 0);
     let errno = exec(plan);
     fail(fds.err, Stage::Exec, 0, errno)
 }

@@ -1,11 +1,13 @@
 //! The one format every parent↔child pipe of sealnode speaks: a fixed 13-byte [`Frame`],
-//! either `Ok(value)` (a pid, a count) or `Failed { step, item, errno }` for a setup step that
-//! failed. Each setup sequence names its steps with its own enum implementing [`Step`] (the
+//! either `Ok(value)` (a pid, a count), `Reached(step)` (a step about to be made: a setup
+//! killed without a word is then told at its step) or `Failed { step, item, errno }` for a
+//! setup step that failed. Each setup sequence names its steps with its own enum implementing [`Step`] (the
 //! role child's [`Stage`](super::Stage), the cell init's `cell::Step`, the intermediate that
 //! enters a cell), so the parent turns a frame back into a named step, never a bare number.
 //!
 //! The child side is [`fail`]/[`must`]: write the frame, exit [`exit::CONFIG`]. The parent side
-//! is [`read_frame`] (a pipe whose EOF means "exec happened") or [`Frame::decode`] (a message
+//! is [`read_frame`] (a pipe whose EOF after `Reached` of the exec means "exec happened", and
+//! before it that the child was killed) or [`Frame::decode`] (a message
 //! received with fds). [`FORWARDED`] is the set of signals a parent passes on to its child's
 //! init, and [`Reap`] kills and reaps a child whose setup the parent abandons.
 
@@ -44,6 +46,9 @@ pub trait Step: Copy + PartialEq + std::fmt::Debug + 'static {
 pub enum Frame {
     /// Success, with a value (a pid, or 0).
     Ok(u32),
+    /// The child is about to make the step with this code: the last one said is where a child
+    /// that died without a word was killed.
+    Reached(u32),
     /// A step failed: its code, the index of the failing item (mount, rlimit, rule, listener),
     /// and the errno.
     Failed { step: u32, item: u32, errno: i32 },
@@ -57,6 +62,7 @@ impl Frame {
         let (tag, a, c, e) = match self {
             Frame::Ok(v) => (0u8, v, 0u32, 0i32),
             Frame::Failed { step, item, errno } => (1u8, step, item, errno),
+            Frame::Reached(step) => (2u8, step, 0, 0),
         };
         b[0] = tag;
         b[1..5].copy_from_slice(&a.to_ne_bytes());
@@ -78,15 +84,16 @@ impl Frame {
                 item: u32::from_ne_bytes(w(5)),
                 errno: i32::from_ne_bytes(w(9)),
             }),
+            2 => Some(Frame::Reached(u32::from_ne_bytes(w(1)))),
             _ => None,
         }
     }
 
-    /// The failure this frame reports, in `S`'s terms; `None` for `Ok`. A step code `S` does
-    /// not know is a protocol error, never a guess.
+    /// The failure this frame reports, in `S`'s terms; `None` for `Ok` and `Reached`. A step
+    /// code `S` does not know is a protocol error, never a guess.
     pub fn failure<S: Step>(self) -> Option<std::result::Result<Failure<S>, Errno>> {
         match self {
-            Frame::Ok(_) => None,
+            Frame::Ok(_) | Frame::Reached(_) => None,
             Frame::Failed { step, item, errno } => Some(
                 S::from_code(step)
                     .map(|step| Failure { step, item: item as usize, errno: Errno::from_raw(errno) })
@@ -115,12 +122,26 @@ pub fn fail<S: Step>(fd: RawFd, step: S, item: usize, errno: Errno) -> ! {
     sys::exit_now(exit::CONFIG)
 }
 
+/// Child side: say that `step` is about to be made, then make it with [`must`]: a child
+/// killed during the step (a filter above sealnode killing its call, the OOM killer) is told
+/// at that step, not taken for a workload that exec'd and exited.
+pub fn step<S: Step, T>(fd: RawFd, step: S, item: usize, op: impl FnOnce() -> std::result::Result<T, Errno>) -> T {
+    reached(fd, step, item);
+    must(fd, step, item, op())
+}
+
+/// Child side: say that `step` is about to be made (or exit, as [`must`] does, when the parent
+/// cannot be told).
+pub fn reached<S: Step>(fd: RawFd, step: S, item: usize) {
+    must(fd, step, item, send(fd, Frame::Reached(step.code())))
+}
+
 /// Child side: the value, or report `step` as failed and exit.
 pub fn must<S: Step, T>(fd: RawFd, step: S, item: usize, r: std::result::Result<T, Errno>) -> T {
     r.unwrap_or_else(|e| fail(fd, step, item, e))
 }
 
-/// Parent side of a pipe: the one frame the child wrote, or `None` at EOF before any byte
+/// Parent side of a pipe: the next frame the child wrote, or `None` at EOF before any byte
 /// (the pipe is CLOEXEC: EOF means the child exec'd, or exited without a word). A partial
 /// frame is EPROTO.
 pub fn read_frame(fd: RawFd) -> std::result::Result<Option<Frame>, Errno> {
@@ -172,18 +193,24 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_name_their_step() {
-        for f in [Frame::Ok(0), Frame::Ok(4_000_000), Frame::Failed { step: 2, item: 7, errno: libc::EACCES }] {
+        for f in [
+            Frame::Ok(0),
+            Frame::Ok(4_000_000),
+            Frame::Failed { step: 2, item: 7, errno: libc::EACCES },
+            Frame::Reached(2),
+        ] {
             assert_eq!(Frame::decode(&f.encode()), Some(f));
         }
         let f = Frame::Failed { step: T::B.code(), item: 3, errno: libc::EPERM };
         assert_eq!(f.failure::<T>(), Some(Ok(Failure { step: T::B, item: 3, errno: Errno::EPERM })));
         assert_eq!(Frame::Ok(9).failure::<T>(), None);
+        assert_eq!(Frame::Reached(T::A.code()).failure::<T>(), None);
         // A code no step has, a short frame and an unknown tag are not guessed at.
         assert_eq!(Frame::Failed { step: 3, item: 0, errno: 1 }.failure::<T>(), Some(Err(Errno::EPROTO)));
         assert_eq!(Frame::Failed { step: 0, item: 0, errno: 1 }.failure::<T>(), Some(Err(Errno::EPROTO)));
         assert_eq!(Frame::decode(&[0u8; 12]), None);
         let mut b = Frame::Ok(1).encode();
-        b[0] = 2;
+        b[0] = 3;
         assert_eq!(Frame::decode(&b), None);
         assert_eq!((T::A.code(), T::B.code()), (1, 2));
     }

@@ -164,10 +164,12 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     if cell.is_none() {
         idmap::write(pid, &[plan.ids.uid], &[plan.ids.gid], plan.rootful).map_err(|e| reap.abort(e))?;
     }
+    // The last step the child said it was about to make.
+    let mut reached = None;
     if let Err(e) = sys::write_all(sync_w.as_raw_fd(), &[1]) {
         // It failed before it was released (found by review: its own report was dropped and
         // the error read "Broken pipe"): what it said, if it said anything.
-        if let Ok(Some(f)) = protocol::read_frame(err_r.as_raw_fd()) {
+        if let Ok(Some(f)) = next_report(err_r.as_raw_fd(), &mut reached) {
             if let Some(Ok(failure)) = f.failure::<Stage>() {
                 let _ = waitpid(pid, None);
                 return Err(setup_error(plan, failure));
@@ -177,11 +179,16 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     }
     let mut listener = None;
     loop {
-        match protocol::read_frame(err_r.as_raw_fd()).map_err(|e| reap.abort(Error::errno("read setup status", e)))? {
-            None => {
+        match next_report(err_r.as_raw_fd(), &mut reached)
+            .map_err(|e| reap.abort(Error::errno("read setup status", e)))?
+        {
+            // EOF once the exec was said: the workload's copy of the pipe closed at its exec.
+            None if reached == Some(Stage::Exec) => {
                 check_shown(plan, &mut init_files).map_err(|e| reap.abort(e))?;
                 return Ok(Sandbox { pid, _alive: sync_w, listener });
             }
+            // EOF before it, with no step failed: a process of the setup was killed.
+            None => return Err(killed_in_setup(plan, pid, reached)),
             // The denial log's listener, once: a copy taken, then the workload may exec.
             Some(Frame::Ok(fd)) if plan.refusal_log.is_some() && listener.is_none() => {
                 listener = Some(take_listener(&mut init_files, fd).map_err(|e| reap.abort(e))?);
@@ -198,6 +205,80 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
             }
         }
     }
+}
+
+/// The child's next report that is not a [`Frame::Reached`] (those update `reached`), or
+/// `None` at EOF. A step code the child's steps do not have is EPROTO.
+fn next_report(fd: std::os::fd::RawFd, reached: &mut Option<Stage>) -> std::result::Result<Option<Frame>, Errno> {
+    loop {
+        match protocol::read_frame(fd)? {
+            Some(Frame::Reached(code)) => *reached = Some(<Stage as Step>::from_code(code).ok_or(Errno::EPROTO)?),
+            other => return Ok(other),
+        }
+    }
+}
+
+/// The child's pipe closed before it said it would exec, and no step failed: a process of the
+/// setup was killed (a filter above sealnode killing a call, the OOM killer, an operator).
+/// Found by review: this was taken for the workload's own exit, and the role restarted as if it
+/// had run. Which process, by which signal, at which step; the sandbox's init is reaped (it
+/// ends once its workload has: 5 s, then it is killed).
+fn killed_in_setup(plan: &Plan, pid: Pid, reached: Option<Stage>) -> Error {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let status = loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Ok(WaitStatus::StillAlive) => {
+                let _ = kill(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+                break Err(Errno::ETIMEDOUT);
+            }
+            other => break other,
+        }
+    };
+    killed_error(plan.role, status, reached)
+}
+
+/// [`killed_in_setup`]'s error from the init's wait status.
+fn killed_error(role: crate::config::Role, status: nix::Result<WaitStatus>, reached: Option<Stage>) -> Error {
+    let step =
+        |s: Option<Stage>| s.map(|s| format!("setup step {}", s.name())).unwrap_or("its first setup step".into());
+    // Before the fork the init was the setup's only process; after it, the workload makes the
+    // steps and the init, confining itself, passes on the workload's death as 128+N.
+    let forked = reached.is_some_and(|s| s.code() > Stage::ForkWorkload.code());
+    let (what, signal) = match status {
+        Ok(WaitStatus::Signaled(_, sig, _)) if forked => (
+            format!(
+                "its init was killed by {sig} while it confined itself or waited for the workload's exec \
+                 (its workload was at {})",
+                step(reached)
+            ),
+            Some(sig),
+        ),
+        Ok(WaitStatus::Signaled(_, sig, _)) => {
+            (format!("its init was killed by {sig} at {}", step(reached)), Some(sig))
+        }
+        Ok(WaitStatus::Exited(_, code)) if forked && code > 128 => match Signal::try_from(code - 128) {
+            Ok(sig) => (format!("its workload was killed by {sig} at {}, before its exec", step(reached)), Some(sig)),
+            Err(_) => (format!("its workload ended with status {code} at {}, without a report", step(reached)), None),
+        },
+        other => (format!("its setup ended at {} without a report ({other:?})", step(reached)), None),
+    };
+    let fix = match signal {
+        Some(Signal::SIGSYS) => {
+            "a seccomp filter above sealnode (a unit's SystemCallFilter=, a container runtime's profile) kills a call \
+             this step makes: allow it there (`sealnode doctor` tries the setup's calls and names each one refused)"
+        }
+        Some(Signal::SIGKILL) => {
+            "something outside sealnode killed it: the OOM killer (the role's memory limit below what its setup \
+             needs), or an operator or another supervisor; the kernel log (`journalctl -k`) says which"
+        }
+        Some(_) => "something outside sealnode sent it that signal",
+        None => "a bug in sealnode: please report it with this message",
+    };
+    Error::Killed { what: format!("{role} role: {what}"), fix: fix.into() }
 }
 
 /// The started sandbox as the kernel shows it, against its plan ([`shown`]): its init (through
@@ -372,5 +453,34 @@ mod tests {
         let join_failed = Frame::Failed { step: Enter::JoinCell.code(), item: 0, errno: libc::EPERM };
         let e = entering_failed(join_failed, Role::Node, true);
         assert!(matches!(&e, Error::Unsupported { what, .. } if what.contains("entering the cell (join_cell)")), "{e}");
+    }
+
+    /// A setup killed without a word is told by process, signal and step: the workload (its
+    /// init passes on 128+N), the init before the fork (the only process then) and after it
+    /// (confining itself); an end that is no kill is a bug, said so.
+    #[test]
+    fn a_killed_setup_names_the_process_the_signal_and_the_step() {
+        let p = Pid::from_raw(7);
+        let said = |status, reached| killed_error(Role::Engine, Ok(status), reached).to_string();
+        let e = said(WaitStatus::Exited(p, 128 + libc::SIGSYS), Some(Stage::Rlimits));
+        assert!(
+            e.contains("engine role: its workload was killed by SIGSYS at setup step rlimits, before its exec"),
+            "{e}"
+        );
+        assert!(e.contains("SystemCallFilter=") && e.contains("sealnode doctor"), "{e}");
+        let e = said(WaitStatus::Signaled(p, Signal::SIGKILL, false), Some(Stage::BuildRoot));
+        assert!(e.contains("its init was killed by SIGKILL at setup step build_root") && e.contains("OOM"), "{e}");
+        let e = said(WaitStatus::Signaled(p, Signal::SIGSYS, false), Some(Stage::Credentials));
+        assert!(
+            e.contains("its init was killed by SIGSYS while it confined itself")
+                && e.contains("its workload was at setup step credentials"),
+            "{e}"
+        );
+        let e = said(WaitStatus::Exited(p, 0), Some(Stage::Landlock));
+        assert!(e.contains("ended at setup step landlock without a report") && e.contains("a bug in sealnode"), "{e}");
+        let e = said(WaitStatus::Signaled(p, Signal::SIGTERM, false), None);
+        assert!(e.contains("killed by SIGTERM at its first setup step"), "{e}");
+        let e = killed_error(Role::Node, Err(Errno::ETIMEDOUT), Some(Stage::Seccomp)).to_string();
+        assert!(e.contains("node role: its setup ended at setup step seccomp without a report"), "{e}");
     }
 }
