@@ -429,8 +429,12 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
         });
         p.step("pivot_root", &|| nix::unistd::chdir("/tmp").and_then(|()| sys::pivot_root(c".", c".")));
         p.step("umount2", &|| nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH));
+        // Each limit a role's setup sets (a filter can key on the resource), at its value now.
         p.step("prlimit64 (setrlimit)", &|| {
-            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
+            crate::sandbox::plan::RLIMITS.into_iter().try_for_each(|r| {
+                let (soft, hard) = nix::sys::resource::getrlimit(r)?;
+                nix::sys::resource::setrlimit(r, soft, hard)
+            })
         });
         p.step("prctl (PR_SET_DUMPABLE)", &|| {
             sys::prctl(libc::PR_SET_DUMPABLE, 0).and_then(|()| sys::prctl(libc::PR_SET_DUMPABLE, 1))
@@ -517,13 +521,37 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
             p.step("setns (user namespace)", &|| sys::setns_verified(userns.as_fd(), CloneFlags::CLONE_NEWUSER));
             p.step("setns (mount namespace)", &|| sys::setns_verified(mntns.as_fd(), CloneFlags::CLONE_NEWNS));
             p.step("setns (network namespace)", &|| sys::setns_verified(netns.as_fd(), CloneFlags::CLONE_NEWNET));
-            // As a role is cloned from there into its own namespaces (without CLONE_PARENT:
-            // its child is this helper's to reap).
+            // As a role is cloned from there into its own namespaces: by an intermediate, with
+            // CLONE_PARENT, so the clone is this helper's child to reap (as a role is the
+            // supervisor's). The intermediate's death by a signal is this helper's too, so
+            // the step is told killed as any other.
             p.step("clone (a role's namespaces)", &|| {
-                // SAFETY: the helper is single-threaded; the clone only exits.
-                match unsafe { sys::clone_fork(crate::sandbox::namespaces::ROLE_NAMESPACES) }? {
-                    0 => sys::exit_now(0),
-                    pid => nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).map(drop),
+                use nix::sys::wait::{waitpid, WaitStatus};
+                // SAFETY: the helper is single-threaded; the intermediate only clones and _exits,
+                // the clone only _exits.
+                let inter = match unsafe { nix::unistd::fork() }? {
+                    nix::unistd::ForkResult::Child => {
+                        let flags = libc::CLONE_PARENT | crate::sandbox::namespaces::ROLE_NAMESPACES;
+                        // SAFETY: the intermediate is single-threaded (a fresh fork).
+                        sys::exit_now(match unsafe { sys::clone_fork(flags) } {
+                            Ok(0) => sys::exit_now(0),
+                            Ok(_) => 0,
+                            Err(e) => e as i32,
+                        })
+                    }
+                    nix::unistd::ForkResult::Parent { child } => child,
+                };
+                let status = waitpid(inter, None)?;
+                // The clone, if it was made (this helper's only other child).
+                while waitpid(None, None).is_ok() {}
+                match status {
+                    WaitStatus::Exited(_, 0) => Ok(()),
+                    WaitStatus::Exited(_, e) => Err(Errno::from_raw(e)),
+                    WaitStatus::Signaled(_, sig, _) => {
+                        let _ = nix::sys::signal::kill(nix::unistd::getpid(), sig);
+                        Err(Errno::EINTR)
+                    }
+                    _ => Err(Errno::ECHILD),
                 }
             });
             sys::exit_now(0)
@@ -730,7 +758,7 @@ pub fn checks(needs: Needs) -> Vec<Check> {
                 name: "user namespaces",
                 level: Level::Ok,
                 value: "available".into(),
-                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (close_range, setsid, setgroups when rootful, sethostname, mounts, binds and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, sendfile, pivot_root, umount2, setrlimit, prctl, setresgid, setresuid, capset, Landlock, seccomp; the ones that can be read back, read back), and join them from another process (setns into the user, mount and network namespaces) and clone a role there".into(),
+                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (close_range, setsid, setgroups when rootful, sethostname, mounts, binds and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, sendfile, pivot_root, umount2, setrlimit, prctl, setresgid, setresuid, capset, Landlock, seccomp; the ones that can be read back, read back), and join them from another process (setns into the user, mount and network namespaces) and clone a role there (with CLONE_PARENT, from an intermediate, as a role is)".into(),
             });
             v.extend(optional.into_iter().map(|r| optional_check(r, &needs, opts.as_ref())));
         }

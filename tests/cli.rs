@@ -407,6 +407,19 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
             (libc::SYS_sendfile, vec![], eperm.clone(), "sendfile", "refused"),
             (libc::SYS_setsid, vec![], KillProcess, "setsid", "killed the process (SIGSYS)"),
             (libc::SYS_close_range, vec![], Errno(libc::ENOSYS as u32), "close_range", "refused"),
+            // Setting one limit (not reading it): the probe set only RLIMIT_CORE, so this
+            // passed it and killed the workload's setup (taken for the workload's own exit).
+            (
+                libc::SYS_prlimit64,
+                vec![Rule::new(vec![
+                    Cond::new(1, Len::Qword, Op::Eq, libc::RLIMIT_MEMLOCK as u64).expect("cond"),
+                    Cond::new(2, Len::Qword, Op::Ne, 0).expect("cond"),
+                ])
+                .expect("rule")],
+                KillProcess,
+                "prlimit64 (setrlimit)",
+                "killed the process (SIGSYS)",
+            ),
             (
                 libc::SYS_prctl,
                 arg(0, Op::Eq, libc::PR_SET_DUMPABLE as u64),

@@ -102,6 +102,17 @@ impl Layers {
     pub const NONE: Layers = Layers { seccomp: false, landlock: false, namespaces: false, credentials: false };
 }
 
+/// The limits every role's setup sets, in this order (core dumps off, then the role's
+/// `limits`): the plan's values, the probe's calls (`sealnode doctor`) and the setup error's
+/// names follow it.
+pub const RLIMITS: [nix::sys::resource::Resource; 5] = [
+    nix::sys::resource::Resource::RLIMIT_CORE,
+    nix::sys::resource::Resource::RLIMIT_NOFILE,
+    nix::sys::resource::Resource::RLIMIT_NPROC,
+    nix::sys::resource::Resource::RLIMIT_FSIZE,
+    nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+];
+
 /// Everything the child needs.
 #[derive(Debug)]
 pub struct Plan {
@@ -419,13 +430,10 @@ impl Plan {
             hostname: cstr(&cfg.cell.hostname)?,
             mounts,
             workdir,
-            rlimits: vec![
-                (nix::sys::resource::Resource::RLIMIT_CORE, 0),
-                (nix::sys::resource::Resource::RLIMIT_NOFILE, l.nofile),
-                (nix::sys::resource::Resource::RLIMIT_NPROC, l.nproc),
-                (nix::sys::resource::Resource::RLIMIT_FSIZE, l.fsize_mb.saturating_mul(1 << 20)),
-                (nix::sys::resource::Resource::RLIMIT_MEMLOCK, l.memlock_kb.saturating_mul(1 << 10)),
-            ],
+            rlimits: RLIMITS
+                .into_iter()
+                .zip([0, l.nofile, l.nproc, l.fsize_mb.saturating_mul(1 << 20), l.memlock_kb.saturating_mul(1 << 10)])
+                .collect(),
             landlock,
             seccomp,
             exec_paths: exec.paths,

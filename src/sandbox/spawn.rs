@@ -366,10 +366,7 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
             .get(item - 1)
             .map(|(p, _, _)| format!("rule for {}", p.to_string_lossy()))
             .unwrap_or_default(),
-        Stage::Rlimits => ["RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK"]
-            .get(item)
-            .map(|s| s.to_string())
-            .unwrap_or_default(),
+        Stage::Rlimits => plan.rlimits.get(item).map(|(r, _)| format!("{r:?}")).unwrap_or_default(),
         Stage::Exec => plan.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default(),
         Stage::Credentials => format!("uid {} gid {}", plan.ids.uid, plan.ids.gid),
         _ => String::new(),
