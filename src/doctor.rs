@@ -401,13 +401,29 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
         }
         p.step("sethostname", &|| sys::set_hostname("sealnode-doctor"));
         // Private first: nothing done here reaches the mount namespace doctor came from.
-        p.step("mount", &|| mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none));
-        p.step("mount", &|| mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k")));
-        p.step("mount (bind)", &|| mount(Some("/tmp"), "/tmp", none, MsFlags::MS_BIND | MsFlags::MS_REC, none));
+        // Each mount read back as the kernel shows it, as a role's setup reads its own back.
+        p.step("mount", &|| {
+            mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).and_then(|()| sys::no_propagation())
+        });
+        p.step("mount", &|| {
+            mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k"))
+                .and_then(|()| sys::mounted(c"/tmp", Some(nix::sys::statfs::TMPFS_MAGIC), 0))
+        });
+        // Read back as a new mount there (files cannot be made here: the probe's own uid is not
+        // mapped in its namespace, as a role's setup is until it takes the role's fsuid).
+        p.step("mount (bind)", &|| {
+            let before = sys::mount_id(c"/tmp")?;
+            mount(Some("/tmp"), "/tmp", none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
+            match sys::mount_id(c"/tmp")? {
+                after if after != before => sys::mounted(c"/tmp", None, 0),
+                _ => Err(Errno::EOPNOTSUPP),
+            }
+        });
         // As the sealed copy of a role's program is made read-only at its superblock.
         p.step("mount (remount)", &|| {
             let ro = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-            mount(none, "/tmp", none, ro, none)
+            mount(none, "/tmp", none, ro, none)?;
+            sys::mounted(c"/tmp", None, sys::MOUNT_ATTR_RDONLY)
         });
         p.step("mount_setattr", &|| sys::mount_setattr(c"/tmp", sys::MOUNT_ATTR_NOSUID, true));
         // Its own network namespace again (read back): the helpers join a role's this way.

@@ -461,6 +461,17 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
             (libc::SYS_setgroups, vec![], Errno(0), "setgroups", "refused"),
             (libc::SYS_sethostname, vec![], Errno(0), "sethostname", "refused"),
             (libc::SYS_setsid, vec![], Errno(0), "setsid", "refused"),
+            // A faked mount(2), listed as not read back after the reviews: each mount is now (a
+            // mount root there, of its filesystem, with its flags).
+            (libc::SYS_mount, vec![], Errno(0), "mount", "refused"),
+            (libc::SYS_mount, arg(3, Op::MaskedEq(libc::MS_BIND), libc::MS_BIND), Errno(0), "mount (bind)", "refused"),
+            (
+                libc::SYS_mount,
+                arg(3, Op::MaskedEq(libc::MS_REMOUNT), libc::MS_REMOUNT),
+                Errno(0),
+                "mount (remount)",
+                "refused",
+            ),
             // Found by the second review: faked setresgid, setresuid, setgroups with getgroups,
             // capset with capget, restrict_self, seccomp; each read back now.
             (libc::SYS_setresgid, vec![], Errno(0), "setresgid", "refused"),
@@ -568,6 +579,10 @@ fn a_filter_faking_a_call_and_its_read_back_is_caught() {
         let mut cases: Vec<(Rules, &str)> = vec![
             // The node's NPROC limit (the plan's rlimits), faked: the host's stays.
             (vec![(libc::SYS_prlimit64, arg(1, libc::RLIMIT_NPROC as u64))], "Max processes"),
+            // A bind without MS_REC (a /proc file's mask, the program's sealed copy), faked: the
+            // probe's bind is recursive; the role's own read-back refuses it, naming the mount
+            // (before it, a later call's EINVAL did, by chance).
+            (vec![(libc::SYS_mount, arg(3, libc::MS_BIND))], "the kernel does not show it as it was asked"),
         ];
         if own_ids {
             cases.push((

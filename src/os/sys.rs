@@ -218,14 +218,75 @@ pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno
     // The call's return is not proof: a filter above sealnode (a container runtime's seccomp
     // profile) can answer it with a faked success (found in review). The mount's flags as the
     // kernel reports them must now hold what was asked; else EOPNOTSUPP.
+    has_attrs(path, set)
+}
+
+/// A mount just made at `path`, as the kernel shows it: the root of a mount there (statx's
+/// STATX_ATTR_MOUNT_ROOT), of filesystem `fs` when one is given, with the `attrs` asked for
+/// (MOUNT_ATTR_*) among its flags; else EOPNOTSUPP. mount(2)'s return is not proof: a filter
+/// above sealnode can answer it with a faked success, which would leave a /proc file unmasked
+/// or a role's dir as the empty directory below it (found in review).
+pub fn mounted(path: &CStr, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<(), Errno> {
+    // SAFETY: statx is plain data; zeroed is a valid value for the kernel to fill.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated; `st` is a valid, writable statx buffer.
+    let r = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), libc::AT_NO_AUTOMOUNT, libc::STATX_TYPE, &mut st) };
+    Errno::result(r)?;
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if st.stx_attributes_mask & root == 0 || st.stx_attributes & root == 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    if let Some(fs) = fs {
+        if nix::sys::statfs::statfs(path)?.filesystem_type() != fs {
+            return Err(Errno::EOPNOTSUPP);
+        }
+    }
+    has_attrs(path, attrs)
+}
+
+/// The id of the mount `path` is on (statx's STATX_MNT_ID): a new mount there shows a new one.
+pub fn mount_id(path: &CStr) -> Result<u64, Errno> {
+    // SAFETY: statx is plain data; zeroed is a valid value for the kernel to fill.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated; `st` is a valid, writable statx buffer.
+    let r = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), libc::AT_NO_AUTOMOUNT, libc::STATX_MNT_ID, &mut st) };
+    Errno::result(r)?;
+    if st.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(st.stx_mnt_id)
+}
+
+/// The mount at `path` has every flag of `attrs` (MOUNT_ATTR_*), as statvfs reports them.
+fn has_attrs(path: &CStr, attrs: u64) -> Result<(), Errno> {
     let want = [
         (MOUNT_ATTR_RDONLY, nix::sys::statvfs::FsFlags::ST_RDONLY),
         (MOUNT_ATTR_NOSUID, nix::sys::statvfs::FsFlags::ST_NOSUID),
         (MOUNT_ATTR_NODEV, nix::sys::statvfs::FsFlags::ST_NODEV),
         (MOUNT_ATTR_NOEXEC, nix::sys::statvfs::FsFlags::ST_NOEXEC),
     ];
+    if attrs == 0 {
+        return Ok(());
+    }
     let flags = nix::sys::statvfs::statvfs(path)?.flags();
-    if want.iter().any(|(attr, st)| set & attr != 0 && !flags.contains(*st)) {
+    if want.iter().any(|(attr, st)| attrs & attr != 0 && !flags.contains(*st)) {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// No mount of this mount namespace propagates (/proc/self/mountinfo shows no `shared:` or
+/// `master:` peer group): `MS_REC|MS_PRIVATE` on `/` read back, as a faked one would leave
+/// the copied mounts' propagation as it was.
+pub fn no_propagation() -> Result<(), Errno> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    // The optional fields sit between the mount options (6th) and the " - " separator.
+    let propagates = text.lines().any(|l| {
+        let head = l.split(" - ").next().unwrap_or(l);
+        head.split_whitespace().skip(6).any(|f| f.starts_with("shared:") || f.starts_with("master:"))
+    });
+    if text.is_empty() || propagates {
         return Err(Errno::EOPNOTSUPP);
     }
     Ok(())

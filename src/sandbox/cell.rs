@@ -185,6 +185,8 @@ fn scratch_mounts(scratch: &[Scratch]) -> std::result::Result<OwnedFd, Errno> {
     use nix::mount::{mount, MsFlags};
     sys::unshare_verified(CloneFlags::CLONE_NEWNS)?;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+    sys::no_propagation()?;
+    // Each tmpfs is read back by the role that binds it (its size and type: Check::Tmpfs).
     for s in scratch {
         // The dir reached without following symlinks, mounted on through its fd.
         // SAFETY: walk_no_symlinks returns an fd we own.

@@ -8,6 +8,7 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{fstat, lstat, Mode};
+use nix::sys::statfs::{PROC_SUPER_MAGIC, TMPFS_MAGIC};
 use nix::unistd::{chdir, mkdir};
 
 use super::plan::{Check, Mount};
@@ -114,7 +115,8 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
     match m {
         Mount::Tmpfs { dst, opts, attrs } => {
             mkdir_p(as_path(dst))?;
-            mount(Some("tmpfs"), dst.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))
+            mount(Some("tmpfs"), dst.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))?;
+            sys::mounted(dst, Some(TMPFS_MAGIC), *attrs)
         }
         Mount::Bind { dst, dir, attrs, .. } => {
             let fd = src.ok_or(Errno::EBADF)?;
@@ -130,6 +132,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 }
             }
             bind_fd(fd, dst)?;
+            sys::mounted(dst, None, 0)?;
             // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
             sys::mount_setattr(dst, *attrs, true)
         }
@@ -159,13 +162,15 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 Some("proc"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
-            )
+            )?;
+            sys::mounted(dst, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
         }
         Mount::MaskFile { dst } => {
             if !exists(dst) {
                 return Ok(());
             }
             mount(Some("/dev/null"), dst.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+            sys::mounted(dst, None, 0)?;
             sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, false)
         }
         Mount::MaskDir { dst } => {
@@ -178,6 +183,11 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 Some("tmpfs"),
                 MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 Some("size=4k,nr_inodes=1,mode=0555"),
+            )?;
+            sys::mounted(
+                dst,
+                Some(TMPFS_MAGIC),
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
             )
         }
         Mount::Freeze { dst } => sys::mount_setattr(dst, MOUNT_ATTR_RDONLY, false),
@@ -205,6 +215,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 MsFlags::MS_BIND | MsFlags::MS_REC,
                 None::<&str>,
             )?;
+            sys::mounted(dst, None, 0)?;
             sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, true)
         }
     }
@@ -228,6 +239,7 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32) -> R {
     let opts =
         CString::new(format!("size={}k,nr_inodes=4,mode=0700", len.div_ceil(1024) + 4)).map_err(|_| Errno::EINVAL)?;
     mount(Some("tmpfs"), STAGING, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_c_str()))?;
+    sys::mounted(STAGING, Some(TMPFS_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
     let out = nix::fcntl::open(
         STAGED,
         nix::fcntl::OFlag::O_CREAT
@@ -255,7 +267,9 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32) -> R {
         MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         None::<&str>,
     )?;
+    sys::mounted(STAGING, Some(TMPFS_MAGIC), MOUNT_ATTR_RDONLY)?;
     mount(Some(STAGED), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+    sys::mounted(dst, None, 0)?;
     sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
     umount2(STAGING, MntFlags::MNT_DETACH)?;
     nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, STAGING, nix::unistd::UnlinkatFlags::RemoveDir)?;
@@ -280,7 +294,8 @@ pub fn pivot(newroot: &CStr, workdir: &CStr) -> R {
     chdir(workdir)
 }
 
-/// Make every mount private so nothing propagates back to the host.
+/// Make every mount private so nothing propagates back to the host (read back).
 pub fn make_private() -> R {
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+    sys::no_propagation()
 }

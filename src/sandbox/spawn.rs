@@ -380,6 +380,13 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
              `sealnode doctor` lists them)",
         );
     }
+    if matches!(stage, Stage::BuildRoot | Stage::PrivatePropagation | Stage::PivotRoot) && f.errno == Errno::EOPNOTSUPP
+    {
+        detail.push_str(
+            " (the kernel does not show it as it was asked: each mount is read back, and a filter above sealnode \
+             answering mount(2) with a faked success is refused; `sealnode doctor` tries the calls)",
+        );
+    }
     if stage == Stage::OpenSources && f.errno == Errno::ESTALE {
         detail.push_str(" (it was replaced since it was checked before this start: the start is refused; start again)");
     }
