@@ -116,6 +116,8 @@ fn write_some(how: &How, buf: &[u8]) -> Result<usize, Errno> {
                 let end = (done + 64).min(buf.len());
                 // SAFETY: as for Plain.
                 match nix::unistd::write(unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) }, &buf[done..end]) {
+                    // Nothing taken (a filter above sealnode faking write(2)): never spin on it.
+                    Ok(0) => break,
                     Ok(n) => done += n,
                     Err(Errno::EINTR) => {}
                     Err(e) if done == 0 => return Err(e),

@@ -400,6 +400,10 @@ pub fn write_all(fd: RawFd, mut buf: &[u8]) -> Result<(), Errno> {
         // SAFETY: buf is a valid readable slice of buf.len() bytes.
         let r = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
         match Errno::result(r) {
+            // Nothing written for a non-empty buffer: no file sealnode writes answers so, but a
+            // filter above sealnode faking write(2) does, and retrying would spin for ever
+            // (found by test: the setup's sysctl write spun).
+            Ok(0) => return Err(Errno::EIO),
             Ok(n) => buf = &buf[n as usize..],
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(e),

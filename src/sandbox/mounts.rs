@@ -201,13 +201,22 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 Mode::empty(),
             )?;
             use std::os::fd::AsRawFd;
-            sys::write_all(fd.as_raw_fd(), value)
+            sys::write_all(fd.as_raw_fd(), value)?;
+            drop(fd);
+            // Read back: a faked write would leave the namespace's value as it was.
+            let shown =
+                std::fs::read(as_path(dst)).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+            if shown.trim_ascii() != value.trim_ascii() {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            Ok(())
         }
         Mount::SealedProgram { dst, fd, mode } => sealed_program(dst, *fd, *mode),
         Mount::ReadOnly { dst } => {
             if !exists(dst) {
                 return Ok(());
             }
+            let before = sys::mount_id(dst)?;
             mount(
                 Some(dst.as_c_str()),
                 dst.as_c_str(),

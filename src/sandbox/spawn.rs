@@ -383,8 +383,8 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
     if matches!(stage, Stage::BuildRoot | Stage::PrivatePropagation | Stage::PivotRoot) && f.errno == Errno::EOPNOTSUPP
     {
         detail.push_str(
-            " (the kernel does not show it as it was asked: each mount is read back, and a filter above sealnode \
-             answering mount(2) with a faked success is refused; `sealnode doctor` tries the calls)",
+            " (the kernel does not show it as it was asked: each mount and sysctl is read back, and a filter above \
+             sealnode answering a call with a faked success is refused; `sealnode doctor` tries the calls)",
         );
     }
     if stage == Stage::OpenSources && f.errno == Errno::ESTALE {
