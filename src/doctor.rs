@@ -405,25 +405,24 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
         p.step("mount", &|| {
             mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).and_then(|()| sys::no_propagation())
         });
+        // As a role's root tmpfs is mounted (nosuid, nodev), read back as a new mount there.
         p.step("mount", &|| {
-            mount(Some("tmpfs"), "/tmp", Some("tmpfs"), MsFlags::empty(), Some("size=4k"))
-                .and_then(|()| sys::mounted(c"/tmp", Some(nix::sys::statfs::TMPFS_MAGIC), 0))
+            let before = sys::mount_id(c"/tmp")?;
+            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+            mount(Some("tmpfs"), "/tmp", Some("tmpfs"), flags, Some("size=4k"))?;
+            let attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+            sys::mounted(c"/tmp", before, Some(nix::sys::statfs::TMPFS_MAGIC), attrs)
         });
-        // Read back as a new mount there (files cannot be made here: the probe's own uid is not
-        // mapped in its namespace, as a role's setup is until it takes the role's fsuid).
         p.step("mount (bind)", &|| {
             let before = sys::mount_id(c"/tmp")?;
             mount(Some("/tmp"), "/tmp", none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
-            match sys::mount_id(c"/tmp")? {
-                after if after != before => sys::mounted(c"/tmp", None, 0),
-                _ => Err(Errno::EOPNOTSUPP),
-            }
+            sys::mounted(c"/tmp", before, None, 0)
         });
         // As the sealed copy of a role's program is made read-only at its superblock.
         p.step("mount (remount)", &|| {
             let ro = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
             mount(none, "/tmp", none, ro, none)?;
-            sys::mounted(c"/tmp", None, sys::MOUNT_ATTR_RDONLY)
+            sys::has_attrs(c"/tmp", sys::MOUNT_ATTR_RDONLY)
         });
         p.step("mount_setattr", &|| sys::mount_setattr(c"/tmp", sys::MOUNT_ATTR_NOSUID, true));
         // Its own network namespace again (read back): the helpers join a role's this way.
@@ -774,7 +773,7 @@ pub fn checks(needs: Needs) -> Vec<Check> {
                 name: "user namespaces",
                 level: Level::Ok,
                 value: "available".into(),
-                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (close_range, setsid, setgroups when rootful, sethostname, mounts, binds and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, sendfile, pivot_root, umount2, setrlimit, prctl, setresgid, setresuid, capset, Landlock, seccomp; the ones that can be read back, read back), and join them from another process (setns into the user, mount and network namespaces) and clone a role there (with CLONE_PARENT, from an intermediate, as a role is)".into(),
+                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (close_range, setsid, setgroups when rootful, sethostname, mounts, binds and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, sendfile, pivot_root, umount2, setrlimit, prctl, setresgid, setresuid, capset, Landlock, seccomp; the ones that can be read back, read back, mounts with statx, statfs and statvfs), and join them from another process (setns into the user, mount and network namespaces) and clone a role there (with CLONE_PARENT, from an intermediate, as a role is)".into(),
             });
             v.extend(optional.into_iter().map(|r| optional_check(r, &needs, opts.as_ref())));
         }

@@ -604,6 +604,66 @@ fn a_filter_faking_a_call_and_its_read_back_is_caught() {
     }
 }
 
+/// Found by review: where the host's /tmp is a nosuid, nodev tmpfs (systemd's tmp.mount), a
+/// faked mount of a role's root tmpfs (there: sealnode builds the root at /tmp) passed its read
+/// back (a tmpfs mount root with those flags was there already), and the root's skeleton was
+/// written into the host's /tmp. Each mount is read back as a new mount now: doctor and `run`
+/// refuse the faked one by name, before anything is written.
+#[test]
+fn a_faked_mount_over_a_tmpfs_already_there_is_caught() {
+    use seccompiler::{SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule as Rule};
+    use std::os::unix::process::CommandExt;
+    if !common::is_root() {
+        common::unavailable("rootful", "a /tmp tmpfs of its own for sealnode needs root to mount");
+        return;
+    }
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    let rule = Rule::new(vec![Cond::new(3, Len::Qword, Op::Eq, flags).expect("cond")]).expect("rule");
+    let filter: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
+        vec![(libc::SYS_mount, vec![rule])].into_iter().collect(),
+        seccompiler::SeccompAction::Allow,
+        seccompiler::SeccompAction::Errno(0),
+        std::env::consts::ARCH.try_into().expect("arch"),
+    )
+    .and_then(|f| f.try_into())
+    .expect("filter");
+    for mode in common::modes() {
+        let f = Fixture::new(mode, "tmp-tmpfs");
+        let cfg = f.config.display().to_string();
+        for args in [vec!["doctor"], vec!["run", "--config", cfg.as_str()]] {
+            let filter = filter.clone();
+            let mut c = f.command(&args);
+            // SAFETY: between fork and exec the child only makes system calls: a mount
+            // namespace of its own with a tmpfs on /tmp (as systemd's tmp.mount makes), then
+            // the filter, a program built before the fork.
+            unsafe {
+                c.pre_exec(move || {
+                    let none = std::ptr::null::<libc::c_char>();
+                    let private = libc::MS_REC | libc::MS_PRIVATE;
+                    if libc::unshare(libc::CLONE_NEWNS) != 0
+                        || libc::mount(none, c"/".as_ptr(), none, private, std::ptr::null()) != 0
+                        || libc::mount(
+                            c"tmpfs".as_ptr(),
+                            c"/tmp".as_ptr(),
+                            c"tmpfs".as_ptr(),
+                            libc::MS_NOSUID | libc::MS_NODEV,
+                            c"mode=1777".as_ptr().cast(),
+                        ) != 0
+                        || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    seccompiler::apply_filter(&filter).map_err(|e| std::io::Error::other(e.to_string()))
+                })
+            };
+            let o = c.output_within(COMMAND_LIMIT);
+            let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            assert_eq!(o.status.code(), Some(if args[0] == "doctor" { 1 } else { 125 }), "{mode:?} {args:?}: {out}");
+            assert!(out.contains("mount refused") && !out.contains("role started"), "{mode:?} {args:?}: {out}");
+        }
+    }
+}
+
 /// Found by review: a filter refusing Landlock's calls on a kernel that has Landlock was told
 /// as an old kernel only ("boot a kernel >= 6.12"). Where the kernel's LSM list shows Landlock,
 /// the filter is named; where it cannot be read (securityfs not mounted), both causes are.

@@ -221,12 +221,18 @@ pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno
     has_attrs(path, set)
 }
 
-/// A mount just made at `path`, as the kernel shows it: the root of a mount there (statx's
-/// STATX_ATTR_MOUNT_ROOT), of filesystem `fs` when one is given, with the `attrs` asked for
-/// (MOUNT_ATTR_*) among its flags; else EOPNOTSUPP. mount(2)'s return is not proof: a filter
-/// above sealnode can answer it with a faked success, which would leave a /proc file unmasked
-/// or a role's dir as the empty directory below it (found in review).
-pub fn mounted(path: &CStr, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<(), Errno> {
+/// A mount just made at `path`, as the kernel shows it: a new mount there (its id is not
+/// `before`, the id of the mount `path` was on before the call: [`mount_id`]), the root of that
+/// mount (statx's STATX_ATTR_MOUNT_ROOT), of filesystem `fs` when one is given, with the
+/// `attrs` asked for (MOUNT_ATTR_*) among its flags; else EOPNOTSUPP. mount(2)'s return is not
+/// proof: a filter above sealnode can answer it with a faked success, which would leave a /proc
+/// file unmasked or a role's dir as the empty directory below it; and a path already on a mount
+/// of that kind is no proof either (found by review: where the host's /tmp is a nosuid, nodev
+/// tmpfs, a faked root tmpfs passed, and the root's skeleton was written into the host's /tmp).
+pub fn mounted(path: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<(), Errno> {
+    if mount_id(path)? == before {
+        return Err(Errno::EOPNOTSUPP);
+    }
     // SAFETY: statx is plain data; zeroed is a valid value for the kernel to fill.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: path is NUL-terminated; `st` is a valid, writable statx buffer.
@@ -257,8 +263,9 @@ pub fn mount_id(path: &CStr) -> Result<u64, Errno> {
     Ok(st.stx_mnt_id)
 }
 
-/// The mount at `path` has every flag of `attrs` (MOUNT_ATTR_*), as statvfs reports them.
-fn has_attrs(path: &CStr, attrs: u64) -> Result<(), Errno> {
+/// The mount at `path` has every flag of `attrs` (MOUNT_ATTR_*), as statvfs reports them (a
+/// superblock made read-only shows as read-only too); else EOPNOTSUPP.
+pub fn has_attrs(path: &CStr, attrs: u64) -> Result<(), Errno> {
     let want = [
         (MOUNT_ATTR_RDONLY, nix::sys::statvfs::FsFlags::ST_RDONLY),
         (MOUNT_ATTR_NOSUID, nix::sys::statvfs::FsFlags::ST_NOSUID),

@@ -115,8 +115,9 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
     match m {
         Mount::Tmpfs { dst, opts, attrs } => {
             mkdir_p(as_path(dst))?;
+            let before = sys::mount_id(dst)?;
             mount(Some("tmpfs"), dst.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))?;
-            sys::mounted(dst, Some(TMPFS_MAGIC), *attrs)
+            sys::mounted(dst, before, Some(TMPFS_MAGIC), *attrs)
         }
         Mount::Bind { dst, dir, attrs, .. } => {
             let fd = src.ok_or(Errno::EBADF)?;
@@ -131,8 +132,9 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                     touch(dst)?;
                 }
             }
+            let before = sys::mount_id(dst)?;
             bind_fd(fd, dst)?;
-            sys::mounted(dst, None, 0)?;
+            sys::mounted(dst, before, None, 0)?;
             // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
             sys::mount_setattr(dst, *attrs, true)
         }
@@ -156,6 +158,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
         }
         Mount::Proc { dst } => {
             mkdir_p(as_path(dst))?;
+            let before = sys::mount_id(dst)?;
             mount(
                 Some("proc"),
                 dst.as_c_str(),
@@ -163,20 +166,22 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
             )?;
-            sys::mounted(dst, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
+            sys::mounted(dst, before, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
         }
         Mount::MaskFile { dst } => {
             if !exists(dst) {
                 return Ok(());
             }
+            let before = sys::mount_id(dst)?;
             mount(Some("/dev/null"), dst.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-            sys::mounted(dst, None, 0)?;
+            sys::mounted(dst, before, None, 0)?;
             sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, false)
         }
         Mount::MaskDir { dst } => {
             if !exists(dst) {
                 return Ok(());
             }
+            let before = sys::mount_id(dst)?;
             mount(
                 Some("tmpfs"),
                 dst.as_c_str(),
@@ -186,6 +191,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             )?;
             sys::mounted(
                 dst,
+                before,
                 Some(TMPFS_MAGIC),
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
             )
@@ -224,7 +230,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 MsFlags::MS_BIND | MsFlags::MS_REC,
                 None::<&str>,
             )?;
-            sys::mounted(dst, None, 0)?;
+            sys::mounted(dst, before, None, 0)?;
             sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, true)
         }
     }
@@ -247,8 +253,9 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32) -> R {
     mkdir(STAGING, Mode::from_bits_truncate(0o700))?;
     let opts =
         CString::new(format!("size={}k,nr_inodes=4,mode=0700", len.div_ceil(1024) + 4)).map_err(|_| Errno::EINVAL)?;
+    let before = sys::mount_id(STAGING)?;
     mount(Some("tmpfs"), STAGING, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_c_str()))?;
-    sys::mounted(STAGING, Some(TMPFS_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+    sys::mounted(STAGING, before, Some(TMPFS_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
     let out = nix::fcntl::open(
         STAGED,
         nix::fcntl::OFlag::O_CREAT
@@ -276,9 +283,10 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32) -> R {
         MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         None::<&str>,
     )?;
-    sys::mounted(STAGING, Some(TMPFS_MAGIC), MOUNT_ATTR_RDONLY)?;
+    sys::has_attrs(STAGING, MOUNT_ATTR_RDONLY)?;
+    let before = sys::mount_id(dst)?;
     mount(Some(STAGED), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-    sys::mounted(dst, None, 0)?;
+    sys::mounted(dst, before, None, 0)?;
     sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
     umount2(STAGING, MntFlags::MNT_DETACH)?;
     nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, STAGING, nix::unistd::UnlinkatFlags::RemoveDir)?;
