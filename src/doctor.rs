@@ -599,11 +599,20 @@ fn try_namespaces_bounded(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Re
     drop(w);
     let (said, end) = read_within(&r, WHOLE_LIMIT);
     let complete = end == Read::Closed;
-    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-    let _ = nix::sys::wait::waitpid(child, None);
-    match complete.then(|| decode(&said)).flatten() {
-        Some(result) => result,
-        None => Err(Refused::Hung(SETUP)),
+    // Its end closed without a whole result: killed (found by review: a filter killing its
+    // first call was told as a 30 s hang); else it is killed here, held past the limit.
+    let ended = match complete {
+        true => nix::sys::wait::waitpid(child, None).ok(),
+        false => {
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(child, None);
+            None
+        }
+    };
+    match (complete.then(|| decode(&said)).flatten(), ended) {
+        (Some(result), _) => result,
+        (None, Some(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => Err(Refused::Killed(SETUP, sig as i32)),
+        (None, _) => Err(Refused::Hung(SETUP)),
     }
 }
 

@@ -775,129 +775,215 @@ fn a_faked_parent_death_signal_refuses_the_start() {
     assert!(said.contains("prctl (PR_SET_PDEATHSIG) refused"), "{said}");
 }
 
-/// Found by review: a setup process killed before its exec closed the setup pipe as an exec
-/// does, and the start was taken for the workload's own exit (the role restarted as if it had
-/// run, its status 137). Here the first sandbox workload to set a limit (innermost pid 2: the
-/// child of a sandbox's init; the probe's processes are pid 1) is killed at that call, from
-/// outside, by a supervisor of a filter above sealnode: `run` refuses, 125, naming the process,
-/// the signal and the step, and no role starts.
-#[test]
-fn a_setup_killed_before_its_exec_is_told_as_such() {
+/// What a supervisor of a filter above sealnode does, and to which call: the first setrlimit
+/// a sandbox's workload makes (innermost pid 2: the child of a sandbox's init; the probe's
+/// processes are pid 1) killed or held (never answered); a sandbox's init (pid 1 with a child)
+/// held where it confines itself (prctl(PR_SET_DUMPABLE, 0)) until its workload has exec'd,
+/// then killed; the second setsid of a pid 1 (the first is the probe's) killed, before the
+/// child is released.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Above {
+    KillWorkloadAtItsLimit,
+    HoldWorkloadAtItsLimit,
+    KillInitConfining,
+    KillBeforeRelease,
+}
+
+/// `sealnode run` of `f` under a filter sending one call (per `act`) to a supervisor in this
+/// test that lets each go on but the one `act` names: the exit status, the output, and whether
+/// that one was met.
+fn run_under_a_supervisor_above(f: &Fixture, act: Above) -> (Option<i32>, String, bool) {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::process::CommandExt;
-    for mode in common::modes() {
-        let f = Fixture::new(mode, "killed-setup");
-        let cfg = f.config.display().to_string();
-        let (ours, theirs) = std::os::unix::net::UnixDatagram::pair().expect("socketpair");
-        let theirs_fd = theirs.as_raw_fd();
-        let mut c = f.command(&["run", "--config", &cfg]);
-        // SAFETY: between fork and exec the child only installs a filter (a program on its
-        // stack) and sends the filter's listener to the test over an inherited socket.
-        unsafe {
-            c.pre_exec(move || {
-                let f = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
-                let ld = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
-                let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
-                // prlimit64 with a new limit (args[2], at offset 32, not NULL) goes to the listener.
-                let prog = [
+    let cfg = f.config.display().to_string();
+    let (ours, theirs) = std::os::unix::net::UnixDatagram::pair().expect("socketpair");
+    let theirs_fd = theirs.as_raw_fd();
+    let mut c = f.command(&["run", "--config", &cfg]);
+    // SAFETY: between fork and exec the child only installs a filter (a program on its stack)
+    // and sends the filter's listener to the test over an inherited socket.
+    unsafe {
+        c.pre_exec(move || {
+            let f = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
+            let ld = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+            let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+            let notif = f(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_USER_NOTIF);
+            let allow = f(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW);
+            let prog: Vec<libc::sock_filter> = match act {
+                // prlimit64 with a new limit (args[2], at offset 32, not NULL).
+                Above::KillWorkloadAtItsLimit | Above::HoldWorkloadAtItsLimit => vec![
                     f(ld, 0, 0, 0),
                     f(jeq, 0, 5, libc::SYS_prlimit64 as u32),
                     f(ld, 0, 0, 32),
                     f(jeq, 0, 2, 0),
                     f(ld, 0, 0, 36),
                     f(jeq, 1, 0, 0),
-                    f(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_USER_NOTIF),
-                    f(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
-                ];
-                let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let fd = libc::syscall(
-                    libc::SYS_seccomp,
-                    libc::SECCOMP_SET_MODE_FILTER,
-                    libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
-                    &fprog as *const libc::sock_fprog,
-                ) as libc::c_int;
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let mut space = [0u8; 64];
-                let mut iov = libc::iovec { iov_base: b"L".as_ptr() as *mut _, iov_len: 1 };
-                let mut msg: libc::msghdr = std::mem::zeroed();
-                msg.msg_iov = &mut iov;
-                msg.msg_iovlen = 1;
-                msg.msg_control = space.as_mut_ptr() as *mut _;
-                msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
-                let cmsg = libc::CMSG_FIRSTHDR(&msg);
-                (*cmsg).cmsg_level = libc::SOL_SOCKET;
-                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-                (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut libc::c_int, fd);
-                if libc::sendmsg(theirs_fd, &msg, 0) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::close(fd);
-                Ok(())
-            })
-        };
-        // The supervisor of the filter: every call goes on, but the first one a sandbox's
-        // workload makes (innermost pid 2) is killed there.
-        let killer = std::thread::spawn(move || {
-            let mut space = nix::cmsg_space!(libc::c_int);
-            let mut b = [0u8; 1];
-            let mut iov = [std::io::IoSliceMut::new(&mut b)];
-            let msg = nix::sys::socket::recvmsg::<()>(
-                ours.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                nix::sys::socket::MsgFlags::empty(),
-            )
-            .expect("the filter's listener");
-            let Some(nix::sys::socket::ControlMessageOwned::ScmRights(fds)) = msg.cmsgs().expect("cmsgs").next() else {
-                panic!("no listener sent");
+                    notif,
+                    allow,
+                ],
+                // prctl(PR_SET_DUMPABLE (args[0], offset 16), 0 (args[1], offset 24)).
+                Above::KillInitConfining => vec![
+                    f(ld, 0, 0, 0),
+                    f(jeq, 0, 5, libc::SYS_prctl as u32),
+                    f(ld, 0, 0, 16),
+                    f(jeq, 0, 3, libc::PR_SET_DUMPABLE as u32),
+                    f(ld, 0, 0, 24),
+                    f(jeq, 0, 1, 0),
+                    notif,
+                    allow,
+                ],
+                Above::KillBeforeRelease => vec![f(ld, 0, 0, 0), f(jeq, 0, 1, libc::SYS_setsid as u32), notif, allow],
             };
-            // SAFETY: the fd just received is ours alone.
-            let listener = unsafe { OwnedFd::from_raw_fd(fds[0]) };
-            let mut killed = None;
-            loop {
-                let mut p = [libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
-                // SAFETY: one valid pollfd.
-                if unsafe { libc::poll(p.as_mut_ptr(), 1, 60_000) } <= 0 || p[0].revents & libc::POLLIN == 0 {
-                    return killed;
-                }
-                let Ok(n) = sealnode::os::sys::seccomp_notif_recv(listener.as_raw_fd()) else { continue };
-                let status = std::fs::read_to_string(format!("/proc/{}/status", n.pid)).unwrap_or_default();
-                let innermost =
-                    status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last());
-                if killed.is_none() && innermost == Some("2") {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(n.pid as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                    killed = Some(n.pid);
-                    continue;
-                }
-                let resp = libc::seccomp_notif_resp {
-                    id: n.id,
-                    val: 0,
-                    error: 0,
-                    flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
-                };
-                // SAFETY: a valid response the ioctl reads; a task gone meanwhile is ENOENT.
-                unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &resp) };
+            let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
-        });
-        let o = c.output_within(COMMAND_LIMIT);
-        drop(theirs);
-        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(killer.join().expect("killer").is_some(), "{mode:?}: nothing was killed: {out}");
-        assert!(matches!(o.status.code(), Some(125 | 6)), "{mode:?}: {out}");
-        assert!(
-            out.contains("its workload was killed by SIGKILL at setup step rlimits, before its exec")
-                && out.contains("OOM killer")
-                && !out.contains("role started"),
-            "{mode:?}: {out}"
-        );
+            let fd = libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                &fprog as *const libc::sock_fprog,
+            ) as libc::c_int;
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut space = [0u8; 64];
+            let mut iov = libc::iovec { iov_base: b"L".as_ptr() as *mut _, iov_len: 1 };
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = space.as_mut_ptr() as *mut _;
+            msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut libc::c_int, fd);
+            if libc::sendmsg(theirs_fd, &msg, 0) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            Ok(())
+        })
+    };
+    let supervisor = std::thread::spawn(move || {
+        let mut space = nix::cmsg_space!(libc::c_int);
+        let mut b = [0u8; 1];
+        let mut iov = [std::io::IoSliceMut::new(&mut b)];
+        let msg = nix::sys::socket::recvmsg::<()>(
+            ours.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            nix::sys::socket::MsgFlags::empty(),
+        )
+        .expect("the filter's listener");
+        let Some(nix::sys::socket::ControlMessageOwned::ScmRights(fds)) = msg.cmsgs().expect("cmsgs").next() else {
+            panic!("no listener sent");
+        };
+        // SAFETY: the fd just received is ours alone.
+        let listener = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+        let kill = |pid: u32| {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+        };
+        let (mut met, mut pid1_setsids) = (false, 0);
+        loop {
+            let mut p = [libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(p.as_mut_ptr(), 1, 120_000) } <= 0 || p[0].revents & libc::POLLIN == 0 {
+                return met;
+            }
+            let Ok(n) = sealnode::os::sys::seccomp_notif_recv(listener.as_raw_fd()) else { continue };
+            let status = std::fs::read_to_string(format!("/proc/{}/status", n.pid)).unwrap_or_default();
+            let innermost =
+                status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last());
+            let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", n.pid)).unwrap_or_default();
+            if !met {
+                match act {
+                    Above::KillWorkloadAtItsLimit | Above::HoldWorkloadAtItsLimit if innermost == Some("2") => {
+                        met = true;
+                        if act == Above::KillWorkloadAtItsLimit {
+                            kill(n.pid);
+                        }
+                        continue;
+                    }
+                    Above::KillInitConfining if innermost == Some("1") && !children.trim().is_empty() => {
+                        met = true;
+                        // Its workload goes on to its exec meanwhile.
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                        kill(n.pid);
+                        continue;
+                    }
+                    Above::KillBeforeRelease if innermost == Some("1") => {
+                        pid1_setsids += 1;
+                        if pid1_setsids == 2 {
+                            met = true;
+                            kill(n.pid);
+                            continue;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let resp = libc::seccomp_notif_resp {
+                id: n.id,
+                val: 0,
+                error: 0,
+                flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+            };
+            // SAFETY: a valid response the ioctl reads; a task gone meanwhile is ENOENT.
+            unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &resp) };
+        }
+    });
+    let o = c.output_within(COMMAND_LIMIT);
+    drop(theirs);
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    (o.status.code(), out, supervisor.join().expect("supervisor"))
+}
+
+/// Found by review: a setup process killed before its exec closed the setup pipe as an exec
+/// does, and the start was taken for the workload's own exit (the role restarted as if it had
+/// run, its status 137); then (found by the next review) an init killed while it confined
+/// itself, after its workload's exec, was too; and a child killed before its release was told
+/// as "release child: Broken pipe". Each is killed here by a supervisor of a filter above
+/// sealnode: `run` refuses, 125 (6 where the preflight's sandbox meets it), naming the process,
+/// the signal and the step; no role starts.
+#[test]
+fn a_setup_killed_before_its_exec_is_told_as_such() {
+    for mode in common::modes() {
+        for (act, said) in [
+            (
+                Above::KillWorkloadAtItsLimit,
+                "its workload was killed by SIGKILL at setup step rlimits, before its exec",
+            ),
+            (Above::KillInitConfining, "its init was killed by SIGKILL at setup step confine_init"),
+            (Above::KillBeforeRelease, "its init was killed by SIGKILL at setup step new_session"),
+        ] {
+            let f = Fixture::new(mode, "killed-setup");
+            let (code, out, met) = run_under_a_supervisor_above(&f, act);
+            assert!(met, "{mode:?} {act:?}: nothing was killed: {out}");
+            assert!(matches!(code, Some(125 | 6)), "{mode:?} {act:?}: {out}");
+            assert!(
+                out.contains(said) && out.contains("OOM killer") && !out.contains("role started"),
+                "{mode:?} {act:?}: {out}"
+            );
+        }
     }
+}
+
+/// Found by test: a setup held at a call (here the first sandbox workload's setrlimit, in a
+/// supervisor above sealnode that never answers) held `run` for ever, its stop signals
+/// blocked. It is stopped at the setup's limit (60 s) and told at its step; no role starts.
+#[test]
+fn a_setup_held_at_a_call_is_stopped_and_told_at_its_step() {
+    let f = Fixture::new(Mode::Rootless, "held-setup");
+    let t = std::time::Instant::now();
+    let (code, out, met) = run_under_a_supervisor_above(&f, Above::HoldWorkloadAtItsLimit);
+    assert!(met, "nothing was held: {out}");
+    assert!(matches!(code, Some(125 | 6)), "{out}");
+    assert!(
+        out.contains("rlimits: node role: its setup held at this step for 60 s, then stopped")
+            || out.contains("rlimits: engine role: its setup held at this step for 60 s, then stopped"),
+        "{out}"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(90), "{:?}", t.elapsed());
+    assert!(!out.contains("role started"), "{out}");
 }

@@ -9,7 +9,7 @@ use nix::unistd::Pid;
 
 use super::caps;
 use super::plan::Plan;
-use super::protocol::{fail, FORWARDED};
+use super::protocol::{self, fail, Frame, Step, FORWARDED};
 use super::stage::ChildFds;
 use super::stage::Stage;
 use crate::os::sys;
@@ -57,9 +57,14 @@ pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
         nix::sys::stat::Mode::empty(),
     );
     let set = wait_set();
-    if let Err(e) =
-        nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None).and_then(|_| confine(plan, fds))
-    {
+    // Said before and after (the parent waits for both this and the workload's exec): an init
+    // killed or held while it confines itself is told so, never taken for a confined one (found
+    // by review: one killed here after its workload's exec was accepted as started).
+    let confined = protocol::send(fds.err, Frame::Reached(Stage::ConfineInit.code()))
+        .and_then(|()| nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None))
+        .and_then(|_| confine(plan, fds))
+        .and_then(|()| protocol::send(fds.err, Frame::Done(Stage::ConfineInit.code())));
+    if let Err(e) = confined {
         let _ = kill(workload, Signal::SIGKILL);
         fail(fds.err, Stage::ConfineInit, 0, e);
     }

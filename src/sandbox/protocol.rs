@@ -49,6 +49,9 @@ pub enum Frame {
     /// The child is about to make the step with this code: the last one said is where a child
     /// that died without a word was killed.
     Reached(u32),
+    /// The step with this code is made (the sandbox init's confinement, which the parent waits
+    /// for besides the workload's exec).
+    Done(u32),
     /// A step failed: its code, the index of the failing item (mount, rlimit, rule, listener),
     /// and the errno.
     Failed { step: u32, item: u32, errno: i32 },
@@ -63,6 +66,7 @@ impl Frame {
             Frame::Ok(v) => (0u8, v, 0u32, 0i32),
             Frame::Failed { step, item, errno } => (1u8, step, item, errno),
             Frame::Reached(step) => (2u8, step, 0, 0),
+            Frame::Done(step) => (3u8, step, 0, 0),
         };
         b[0] = tag;
         b[1..5].copy_from_slice(&a.to_ne_bytes());
@@ -85,15 +89,16 @@ impl Frame {
                 errno: i32::from_ne_bytes(w(9)),
             }),
             2 => Some(Frame::Reached(u32::from_ne_bytes(w(1)))),
+            3 => Some(Frame::Done(u32::from_ne_bytes(w(1)))),
             _ => None,
         }
     }
 
-    /// The failure this frame reports, in `S`'s terms; `None` for `Ok` and `Reached`. A step
+    /// The failure this frame reports, in `S`'s terms; `None` for `Ok`, `Reached` and `Done`. A step
     /// code `S` does not know is a protocol error, never a guess.
     pub fn failure<S: Step>(self) -> Option<std::result::Result<Failure<S>, Errno>> {
         match self {
-            Frame::Ok(_) | Frame::Reached(_) => None,
+            Frame::Ok(_) | Frame::Reached(_) | Frame::Done(_) => None,
             Frame::Failed { step, item, errno } => Some(
                 S::from_code(step)
                     .map(|step| Failure { step, item: item as usize, errno: Errno::from_raw(errno) })
@@ -198,6 +203,7 @@ mod tests {
             Frame::Ok(4_000_000),
             Frame::Failed { step: 2, item: 7, errno: libc::EACCES },
             Frame::Reached(2),
+            Frame::Done(1),
         ] {
             assert_eq!(Frame::decode(&f.encode()), Some(f));
         }
@@ -210,7 +216,7 @@ mod tests {
         assert_eq!(Frame::Failed { step: 0, item: 0, errno: 1 }.failure::<T>(), Some(Err(Errno::EPROTO)));
         assert_eq!(Frame::decode(&[0u8; 12]), None);
         let mut b = Frame::Ok(1).encode();
-        b[0] = 3;
+        b[0] = 4;
         assert_eq!(Frame::decode(&b), None);
         assert_eq!((T::A.code(), T::B.code()), (1, 2));
     }

@@ -164,31 +164,38 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     if cell.is_none() {
         idmap::write(pid, &[plan.ids.uid], &[plan.ids.gid], plan.rootful).map_err(|e| reap.abort(e))?;
     }
-    // The last step the child said it was about to make.
-    let mut reached = None;
+    // What the child said of its steps so far, and when its setup must have ended.
+    let mut progress = Progress::default();
+    let until = std::time::Instant::now() + SETUP_LIMIT;
     if let Err(e) = sys::write_all(sync_w.as_raw_fd(), &[1]) {
         // It failed before it was released (found by review: its own report was dropped and
-        // the error read "Broken pipe"): what it said, if it said anything.
-        if let Ok(Some(f)) = next_report(err_r.as_raw_fd(), &mut reached) {
-            if let Some(Ok(failure)) = f.failure::<Stage>() {
-                let _ = waitpid(pid, None);
-                return Err(setup_error(plan, failure));
-            }
-        }
-        return Err(reap.abort(Error::errno("release child", e)));
+        // the error read "Broken pipe"): what it said, or, without a word, how it ended.
+        return Err(match next_report(err_r.as_raw_fd(), &mut progress, until) {
+            Ok(Some(f)) => match f.failure::<Stage>() {
+                Some(Ok(failure)) => {
+                    let _ = waitpid(pid, None);
+                    setup_error(plan, failure)
+                }
+                _ => reap.abort(Error::errno("release child", e)),
+            },
+            Ok(None) => killed_in_setup(plan, pid, progress),
+            Err(_) => reap.abort(Error::errno("release child", e)),
+        });
     }
     let mut listener = None;
     loop {
-        match next_report(err_r.as_raw_fd(), &mut reached)
-            .map_err(|e| reap.abort(Error::errno("read setup status", e)))?
-        {
-            // EOF once the exec was said: the workload's copy of the pipe closed at its exec.
-            None if reached == Some(Stage::Exec) => {
+        match next_report(err_r.as_raw_fd(), &mut progress, until).map_err(|e| match e {
+            Errno::ETIMEDOUT => reap.abort(held_error(plan.role, progress)),
+            e => reap.abort(Error::errno("read setup status", e)),
+        })? {
+            // EOF once the exec was said and the init said it is confined: the workload's copy
+            // of the pipe closed at its exec, the init's once it confined itself.
+            None if progress.workload == Some(Stage::Exec) && progress.init == InitSaid::Confined => {
                 check_shown(plan, &mut init_files).map_err(|e| reap.abort(e))?;
                 return Ok(Sandbox { pid, _alive: sync_w, listener });
             }
             // EOF before it, with no step failed: a process of the setup was killed.
-            None => return Err(killed_in_setup(plan, pid, reached)),
+            None => return Err(killed_in_setup(plan, pid, progress)),
             // The denial log's listener, once: a copy taken, then the workload may exec.
             Some(Frame::Ok(fd)) if plan.refusal_log.is_some() && listener.is_none() => {
                 listener = Some(take_listener(&mut init_files, fd).map_err(|e| reap.abort(e))?);
@@ -207,23 +214,108 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     }
 }
 
-/// The child's next report that is not a [`Frame::Reached`] (those update `reached`), or
-/// `None` at EOF. A step code the child's steps do not have is EPROTO.
-fn next_report(fd: std::os::fd::RawFd, reached: &mut Option<Stage>) -> std::result::Result<Option<Frame>, Errno> {
+/// How long a role's setup may take, from its release to its exec: milliseconds on any host
+/// (the longest step copies the program into its sealed file). A setup held longer (a filter
+/// above sealnode holding a call in a supervisor that never answers, a hung filesystem) is
+/// stopped and told at its step, never waited for for ever (found by test: a faked write(2)
+/// spun the setup, and `run` waited with its stop signals blocked).
+pub const SETUP_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What the sandbox's two processes said of their setup: the last step the child (before its
+/// fork, the init; after it, the workload) said it was about to make, and the init's own
+/// confinement.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Progress {
+    workload: Option<Stage>,
+    init: InitSaid,
+}
+
+/// What the init said of its confinement (confine_init).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+enum InitSaid {
+    #[default]
+    Nothing,
+    Confining,
+    Confined,
+}
+
+impl Progress {
+    fn forked(&self) -> bool {
+        self.workload.is_some_and(|s| s.code() > Stage::ForkWorkload.code())
+    }
+
+    /// Take one `Reached` or `Done` frame; any other frame is not progress (`false`).
+    fn take(&mut self, f: Frame) -> std::result::Result<bool, Errno> {
+        let step = |code| <Stage as Step>::from_code(code).ok_or(Errno::EPROTO);
+        match f {
+            Frame::Reached(code) if step(code)? == Stage::ConfineInit => self.init = InitSaid::Confining,
+            Frame::Reached(code) => self.workload = Some(step(code)?),
+            Frame::Done(code) if step(code)? == Stage::ConfineInit => self.init = InitSaid::Confined,
+            Frame::Done(_) => return Err(Errno::EPROTO),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// The child's next report that is not progress (those update `progress`), or `None` at EOF;
+/// ETIMEDOUT once `until` passes. A step code the child's steps do not have is EPROTO.
+fn next_report(
+    fd: std::os::fd::RawFd,
+    progress: &mut Progress,
+    until: std::time::Instant,
+) -> std::result::Result<Option<Frame>, Errno> {
     loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(60_000) as i32)
+            .unwrap_or(nix::poll::PollTimeout::ZERO);
+        // SAFETY: `fd` is the parent's read end of the setup pipe, open for this call.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let mut fds = [nix::poll::PollFd::new(borrowed, nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, ms) {
+            Ok(0) => return Err(Errno::ETIMEDOUT),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
         match protocol::read_frame(fd)? {
-            Some(Frame::Reached(code)) => *reached = Some(<Stage as Step>::from_code(code).ok_or(Errno::EPROTO)?),
+            Some(f) if progress.take(f)? => {}
             other => return Ok(other),
         }
     }
 }
 
-/// The child's pipe closed before it said it would exec, and no step failed: a process of the
-/// setup was killed (a filter above sealnode killing a call, the OOM killer, an operator).
-/// Found by review: this was taken for the workload's own exit, and the role restarted as if it
-/// had run. Which process, by which signal, at which step; the sandbox's init is reaped (it
-/// ends once its workload has: 5 s, then it is killed).
-fn killed_in_setup(plan: &Plan, pid: Pid, reached: Option<Stage>) -> Error {
+/// Which setup step `progress` says was held or killed, as the message names it.
+fn at(progress: Progress) -> String {
+    progress.workload.map(|s| format!("setup step {}", s.name())).unwrap_or("its first setup step".into())
+}
+
+/// The setup did not end within [`SETUP_LIMIT`]: where it was held (the child was killed).
+fn held_error(role: crate::config::Role, progress: Progress) -> Error {
+    // The workload exec'd: it is the init that did not say it is confined.
+    let init_held = progress.workload == Some(Stage::Exec) && progress.init != InitSaid::Confined;
+    Error::Setup {
+        step: match (init_held, progress.workload) {
+            (true, _) => Stage::ConfineInit.name(),
+            (false, Some(s)) => s.name(),
+            (false, None) => "before its first step",
+        },
+        detail: format!(
+            "{role} role: {} held at this step for {} s, then stopped (a filter above sealnode holding a call of it \
+             in a supervisor that does not answer, or a hung filesystem)",
+            if init_held { "its init" } else { "its setup" },
+            SETUP_LIMIT.as_secs()
+        ),
+        errno: Errno::ETIMEDOUT,
+    }
+}
+
+/// The child's pipe closed before the exec was said and the init said it is confined, and no
+/// step failed: a process of the setup was killed (a filter above sealnode killing a call, the
+/// OOM killer, an operator). Found by review: this was taken for the workload's own exit, and
+/// the role restarted as if it had run. Which process, by which signal, at which step; the
+/// sandbox's init is reaped (it ends once its workload has: 5 s, then it is killed).
+fn killed_in_setup(plan: &Plan, pid: Pid, progress: Progress) -> Error {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let status = loop {
         match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
@@ -238,45 +330,52 @@ fn killed_in_setup(plan: &Plan, pid: Pid, reached: Option<Stage>) -> Error {
             other => break other,
         }
     };
-    killed_error(plan.role, status, reached)
+    killed_error(plan.role, status, progress)
 }
 
 /// [`killed_in_setup`]'s error from the init's wait status.
-fn killed_error(role: crate::config::Role, status: nix::Result<WaitStatus>, reached: Option<Stage>) -> Error {
-    let step =
-        |s: Option<Stage>| s.map(|s| format!("setup step {}", s.name())).unwrap_or("its first setup step".into());
+fn killed_error(role: crate::config::Role, status: nix::Result<WaitStatus>, progress: Progress) -> Error {
+    let at = at(progress);
     // Before the fork the init was the setup's only process; after it, the workload makes the
     // steps and the init, confining itself, passes on the workload's death as 128+N.
-    let forked = reached.is_some_and(|s| s.code() > Stage::ForkWorkload.code());
     let (what, signal) = match status {
-        Ok(WaitStatus::Signaled(_, sig, _)) if forked => (
-            format!(
-                "its init was killed by {sig} while it confined itself or waited for the workload's exec \
-                 (its workload was at {})",
-                step(reached)
-            ),
+        Ok(WaitStatus::Signaled(_, sig, _)) if progress.forked() => (
+            match progress.init {
+                InitSaid::Confined => format!("its init was killed by {sig} once confined (its workload was at {at})"),
+                _ => format!(
+                    "its init was killed by {sig} at setup step {} (its workload was at {at})",
+                    Stage::ConfineInit.name()
+                ),
+            },
             Some(sig),
         ),
-        Ok(WaitStatus::Signaled(_, sig, _)) => {
-            (format!("its init was killed by {sig} at {}", step(reached)), Some(sig))
+        Ok(WaitStatus::Signaled(_, sig, _)) => (format!("its init was killed by {sig} at {at}"), Some(sig)),
+        // A step failed and could not say so (its report refused: after the seccomp step the
+        // role's own policy must allow write(2)).
+        Ok(WaitStatus::Exited(_, crate::exit::CONFIG)) => {
+            (format!("a step failed at {at} or after it and its report could not be written"), None)
         }
-        Ok(WaitStatus::Exited(_, code)) if forked && code > 128 => match Signal::try_from(code - 128) {
-            Ok(sig) => (format!("its workload was killed by {sig} at {}, before its exec", step(reached)), Some(sig)),
-            Err(_) => (format!("its workload ended with status {code} at {}, without a report", step(reached)), None),
+        Ok(WaitStatus::Exited(_, code)) if progress.forked() && code > 128 => match Signal::try_from(code - 128) {
+            Ok(sig) => (format!("its workload was killed by {sig} at {at}, before its exec"), Some(sig)),
+            Err(_) => (format!("its workload ended with status {code} at {at}, without a report"), None),
         },
-        other => (format!("its setup ended at {} without a report ({other:?})", step(reached)), None),
+        other => (format!("its setup ended at {at} without a report ({other:?})"), None),
     };
-    let fix = match signal {
-        Some(Signal::SIGSYS) => {
+    let fix = match (signal, status) {
+        (Some(Signal::SIGSYS), _) => {
             "a seccomp filter above sealnode (a unit's SystemCallFilter=, a container runtime's profile) kills a call \
              this step makes: allow it there (`sealnode doctor` tries the setup's calls and names each one refused)"
         }
-        Some(Signal::SIGKILL) => {
+        (Some(Signal::SIGKILL), _) => {
             "something outside sealnode killed it: the OOM killer (the role's memory limit below what its setup \
              needs), or an operator or another supervisor; the kernel log (`journalctl -k`) says which"
         }
-        Some(_) => "something outside sealnode sent it that signal",
-        None => "a bug in sealnode: please report it with this message",
+        (Some(_), _) => "something outside sealnode sent it that signal",
+        (None, Ok(WaitStatus::Exited(_, crate::exit::CONFIG))) => {
+            "the role's seccomp policy must allow write(2) without conditions (the setup reports on a pipe after \
+             the filter is in force), and no filter above sealnode may refuse it"
+        }
+        (None, _) => "a bug in sealnode: please report it with this message",
     };
     Error::Killed { what: format!("{role} role: {what}"), fix: fix.into() }
 }
@@ -465,26 +564,63 @@ mod tests {
     #[test]
     fn a_killed_setup_names_the_process_the_signal_and_the_step() {
         let p = Pid::from_raw(7);
-        let said = |status, reached| killed_error(Role::Engine, Ok(status), reached).to_string();
-        let e = said(WaitStatus::Exited(p, 128 + libc::SIGSYS), Some(Stage::Rlimits));
+        let at = |s: Stage, init| Progress { workload: Some(s), init };
+        let said = |status, progress| killed_error(Role::Engine, Ok(status), progress).to_string();
+        let e = said(WaitStatus::Exited(p, 128 + libc::SIGSYS), at(Stage::Rlimits, InitSaid::Confining));
         assert!(
             e.contains("engine role: its workload was killed by SIGSYS at setup step rlimits, before its exec"),
             "{e}"
         );
         assert!(e.contains("SystemCallFilter=") && e.contains("sealnode doctor"), "{e}");
-        let e = said(WaitStatus::Signaled(p, Signal::SIGKILL, false), Some(Stage::BuildRoot));
+        let e = said(WaitStatus::Signaled(p, Signal::SIGKILL, false), at(Stage::BuildRoot, InitSaid::Nothing));
         assert!(e.contains("its init was killed by SIGKILL at setup step build_root") && e.contains("OOM"), "{e}");
-        let e = said(WaitStatus::Signaled(p, Signal::SIGSYS, false), Some(Stage::Credentials));
+        let e = said(WaitStatus::Signaled(p, Signal::SIGSYS, false), at(Stage::Exec, InitSaid::Confining));
         assert!(
-            e.contains("its init was killed by SIGSYS while it confined itself")
-                && e.contains("its workload was at setup step credentials"),
+            e.contains(
+                "its init was killed by SIGSYS at setup step confine_init (its workload was at setup step exec)"
+            ),
             "{e}"
         );
-        let e = said(WaitStatus::Exited(p, 0), Some(Stage::Landlock));
+        let e = said(WaitStatus::Signaled(p, Signal::SIGKILL, false), at(Stage::Exec, InitSaid::Confined));
+        assert!(e.contains("its init was killed by SIGKILL once confined"), "{e}");
+        let e = said(WaitStatus::Exited(p, crate::exit::CONFIG), at(Stage::HandOverListener, InitSaid::Confined));
+        assert!(
+            e.contains(
+                "a step failed at setup step hand_over_listener or after it and its report could not be written"
+            ) && e.contains("must allow write(2)"),
+            "{e}"
+        );
+        let e = said(WaitStatus::Exited(p, 0), at(Stage::Landlock, InitSaid::Confined));
         assert!(e.contains("ended at setup step landlock without a report") && e.contains("a bug in sealnode"), "{e}");
-        let e = said(WaitStatus::Signaled(p, Signal::SIGTERM, false), None);
+        let e = said(WaitStatus::Signaled(p, Signal::SIGTERM, false), Progress::default());
         assert!(e.contains("killed by SIGTERM at its first setup step"), "{e}");
-        let e = killed_error(Role::Node, Err(Errno::ETIMEDOUT), Some(Stage::Seccomp)).to_string();
+        let e = killed_error(Role::Node, Err(Errno::ETIMEDOUT), at(Stage::Seccomp, InitSaid::Confined)).to_string();
         assert!(e.contains("node role: its setup ended at setup step seccomp without a report"), "{e}");
+    }
+
+    /// The workload's and the init's frames are kept apart, and a setup held past its limit is
+    /// told at the init's step when the workload had exec'd.
+    #[test]
+    fn progress_keeps_the_two_processes_apart() {
+        let mut p = Progress::default();
+        for f in [
+            Frame::Reached(Stage::ForkWorkload.code()),
+            Frame::Reached(Stage::ConfineInit.code()),
+            Frame::Reached(Stage::Rlimits.code()),
+            Frame::Reached(Stage::Exec.code()),
+        ] {
+            assert_eq!(p.take(f), Ok(true));
+        }
+        assert_eq!(p, Progress { workload: Some(Stage::Exec), init: InitSaid::Confining });
+        let e = held_error(Role::Engine, p).to_string();
+        assert!(e.contains("confine_init: engine role: its init held at this step for 60 s"), "{e}");
+        assert_eq!(p.take(Frame::Done(Stage::ConfineInit.code())), Ok(true));
+        assert_eq!(p.init, InitSaid::Confined);
+        assert_eq!(p.take(Frame::Done(Stage::Exec.code())), Err(Errno::EPROTO));
+        assert_eq!(p.take(Frame::Reached(999)), Err(Errno::EPROTO));
+        assert_eq!(p.take(Frame::Ok(3)), Ok(false));
+        let e =
+            held_error(Role::Node, Progress { workload: Some(Stage::BuildRoot), init: InitSaid::Nothing }).to_string();
+        assert!(e.contains("build_root: node role: its setup held at this step for 60 s"), "{e}");
     }
 }
