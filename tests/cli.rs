@@ -461,6 +461,9 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
             (libc::SYS_setgroups, vec![], Errno(0), "setgroups", "refused"),
             (libc::SYS_sethostname, vec![], Errno(0), "sethostname", "refused"),
             (libc::SYS_setsid, vec![], Errno(0), "setsid", "refused"),
+            // Found by review: a faked close_range left a role's init holding the supervisor's
+            // fds (its dirs, sockets, another role's scratch); read back from /proc now.
+            (libc::SYS_close_range, vec![], Errno(0), "close_range", "refused"),
             // A faked mount(2), listed as not read back after the reviews: each mount is now (a
             // mount root there, of its filesystem, with its flags).
             (libc::SYS_mount, vec![], Errno(0), "mount", "refused"),
@@ -787,6 +790,10 @@ enum Above {
     HoldWorkloadAtItsLimit,
     KillInitConfining,
     KillBeforeRelease,
+    /// landlock_restrict_self answered 0 without being made, for the first sandbox workload
+    /// (pid 2) or the first sandbox init (pid 1 with a child).
+    FakeWorkloadLandlock,
+    FakeInitLandlock,
 }
 
 /// `sealnode run` of `f` under a filter sending one call (per `act`) to a supervisor in this
@@ -832,6 +839,9 @@ fn run_under_a_supervisor_above(f: &Fixture, act: Above) -> (Option<i32>, String
                     allow,
                 ],
                 Above::KillBeforeRelease => vec![f(ld, 0, 0, 0), f(jeq, 0, 1, libc::SYS_setsid as u32), notif, allow],
+                Above::FakeWorkloadLandlock | Above::FakeInitLandlock => {
+                    vec![f(ld, 0, 0, 0), f(jeq, 0, 1, libc::SYS_landlock_restrict_self as u32), notif, allow]
+                }
             };
             let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
@@ -912,6 +922,19 @@ fn run_under_a_supervisor_above(f: &Fixture, act: Above) -> (Option<i32>, String
                         kill(n.pid);
                         continue;
                     }
+                    Above::FakeWorkloadLandlock | Above::FakeInitLandlock
+                        if (act == Above::FakeWorkloadLandlock && innermost == Some("2"))
+                            || (act == Above::FakeInitLandlock
+                                && innermost == Some("1")
+                                && !children.trim().is_empty()) =>
+                    {
+                        met = true;
+                        // A success, without the call made.
+                        let resp = libc::seccomp_notif_resp { id: n.id, val: 0, error: 0, flags: 0 };
+                        // SAFETY: a valid response the ioctl reads.
+                        unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &resp) };
+                        continue;
+                    }
                     Above::KillBeforeRelease if innermost == Some("1") => {
                         pid1_setsids += 1;
                         if pid1_setsids == 2 {
@@ -965,6 +988,32 @@ fn a_setup_killed_before_its_exec_is_told_as_such() {
                 out.contains(said) && out.contains("OOM killer") && !out.contains("role started"),
                 "{mode:?} {act:?}: {out}"
             );
+        }
+    }
+}
+
+/// Found by review: a faked landlock_restrict_self was read back only through the signal scope,
+/// so a policy with it off (one written for a kernel before ABI 6 must turn it off) ran the
+/// role without Landlock, and the sandbox init's own domain was not read back at all. Both are
+/// read back now by an access the domain handles and no rule grants: refused, no role starts.
+#[test]
+fn a_faked_landlock_is_caught_without_the_signal_scope() {
+    for mode in common::modes() {
+        for (act, said) in [
+            (Above::FakeWorkloadLandlock, "sandbox setup failed: landlock"),
+            (Above::FakeInitLandlock, "sandbox setup failed: confine_init"),
+        ] {
+            let f = Fixture::new(mode, "faked-landlock");
+            for role in ["engine", "node"] {
+                let p = f.p(&format!("policy/{role}.toml"));
+                let text = std::fs::read_to_string(&p).expect("policy");
+                assert!(text.contains("\nsignal = true"), "{role}.toml");
+                std::fs::write(&p, text.replace("\nsignal = true", "\nsignal = false")).expect("policy");
+            }
+            let (code, out, met) = run_under_a_supervisor_above(&f, act);
+            assert!(met, "{mode:?} {act:?}: nothing was faked: {out}");
+            assert!(matches!(code, Some(125 | 6)), "{mode:?} {act:?}: {out}");
+            assert!(out.contains(said) && !out.contains("role started"), "{mode:?} {act:?}: {out}");
         }
     }
 }

@@ -503,7 +503,8 @@ fn swapped_role_dir_is_never_mounted() {
 /// call, by a signal its scope must refuse, and refuses to run the command.
 #[test]
 fn a_faked_landlock_restrict_self_is_caught_and_nothing_runs() {
-    faked_call_refuses("fake-landlock", libc::SYS_landlock_restrict_self, "landlock");
+    // The sandbox init's own domain is read back first now (its deny-all Landlock domain).
+    faked_call_refuses("fake-landlock", libc::SYS_landlock_restrict_self, "Landlock domain");
 }
 
 /// The same for mount_setattr (the read-only, nosuid, nodev and noexec flags of a role's

@@ -513,6 +513,21 @@ pub fn prctl(option: libc::c_int, arg: libc::c_ulong) -> Result<(), Errno> {
     Errno::result(r).map(drop)
 }
 
+/// Whether this process is dumpable (PR_GET_DUMPABLE).
+pub fn dumpable() -> Result<bool, Errno> {
+    // SAFETY: PR_GET_DUMPABLE takes no argument and returns the flag.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_GET_DUMPABLE,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    Errno::result(r).map(|v| v != 0)
+}
+
 /// Reset every catchable signal to its default disposition and unblock all signals.
 /// The launcher ignores SIGPIPE (Rust's runtime does) and blocks the signals it forwards;
 /// both would otherwise survive execve into the workload.
@@ -551,17 +566,34 @@ pub fn syscall_with_buf(nr: libc::c_long, mut args: [u64; 6], buf_index: usize, 
 /// Close every fd except those in `keep` (and stdio). Used first thing in children, so a
 /// long-lived sandbox init never holds the supervisor's other fds.
 pub fn close_all_except(keep: &[RawFd]) -> Result<(), Errno> {
-    let mut keep: Vec<u32> = keep.iter().filter(|&&f| f > 2).map(|&f| f as u32).collect();
-    keep.sort_unstable();
-    keep.dedup();
+    let mut kept: Vec<u32> = keep.iter().filter(|&&f| f > 2).map(|&f| f as u32).collect();
+    kept.sort_unstable();
+    kept.dedup();
     let mut next = 3u32;
-    for k in keep {
+    for &k in &kept {
         if k > next {
             close_range(next, k - 1)?;
         }
         next = k + 1;
     }
-    close_range(next, u32::MAX)
+    close_range(next, u32::MAX)?;
+    // Read back (found by review: a faked close_range left a role's init holding the
+    // supervisor's dirs, sockets and another role's scratch): no fd open beyond stdio and `keep`.
+    let dir = nix::dir::Dir::open(
+        "/proc/thread-self/fd",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let own = std::os::fd::AsRawFd::as_raw_fd(&dir);
+    let mut dir = dir;
+    for entry in dir.iter() {
+        let name = entry?.file_name().to_bytes().to_vec();
+        let Some(fd) = std::str::from_utf8(&name).ok().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
+        if fd > 2 && fd != own && !kept.contains(&(fd as u32)) {
+            return Err(Errno::EOPNOTSUPP);
+        }
+    }
+    Ok(())
 }
 
 /// Has every writer of this pipe gone (POLLHUP)? The launcher holds the write end of the

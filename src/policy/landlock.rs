@@ -381,13 +381,61 @@ pub fn apply(res: &Resolved) -> std::result::Result<(), ApplyError> {
     }
     // The call's return is not proof: a filter above sealnode (a container runtime's seccomp
     // profile) can answer landlock_restrict_self with a faked success (found in review). With
-    // the signal scope in force, even signal 0 to the parent, outside this domain, is refused.
+    // the signal scope in force, even signal 0 to the parent, outside this domain, is refused;
+    // whatever the scopes (found by the next review: a policy with the signal scope off was
+    // never read back), an access the domain handles and no rule grants is refused too.
     if res.scopes.contains(Scope::Signal)
         && nix::sys::signal::kill(nix::unistd::getppid(), None) != Err(nix::errno::Errno::EPERM)
     {
         return Err(ApplyError::NotEnforced);
     }
-    Ok(())
+    refused_somewhere(res)
+}
+
+/// Directories a role's view always has, tried in turn for one no rule grants listing.
+const UNGRANTED_CANDIDATES: [&str; 6] = ["/", "/proc", "/dev", "/etc", "/usr", "/tmp"];
+
+/// A directory of `res`'s view whose listing no rule grants (none beneath a rule that grants
+/// READ_DIR), if there is one.
+fn ungranted_dir(res: &Resolved) -> Option<&'static str> {
+    let beneath = |dir: &str, rule: &str| {
+        let rule = rule.trim_end_matches('/');
+        rule.is_empty() || dir == rule || dir.strip_prefix(rule).is_some_and(|rest| rest.starts_with('/'))
+    };
+    UNGRANTED_CANDIDATES.into_iter().find(|dir| {
+        !res.fs
+            .iter()
+            .any(|(path, access, _)| access.contains(AccessFs::ReadDir) && beneath(dir, &path.to_string_lossy()))
+    })
+}
+
+/// Read the domain back: listing a directory no rule grants must be refused (EACCES), or,
+/// where every candidate is granted, a TCP connect to a port no rule grants; a domain that
+/// refuses neither is not in force (a faked landlock_restrict_self).
+fn refused_somewhere(res: &Resolved) -> std::result::Result<(), ApplyError> {
+    use nix::fcntl::{open, OFlag};
+    if let Some(dir) = ungranted_dir(res) {
+        return match open(dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()) {
+            Err(nix::errno::Errno::EACCES) => Ok(()),
+            _ => Err(ApplyError::NotEnforced),
+        };
+    }
+    let port = (1..=u16::MAX).find(|p| !res.connect.contains(p));
+    match port {
+        Some(port) if res.handled_net.contains(AccessNet::ConnectTcp) => {
+            use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+            let s = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+                .map_err(|e| ApplyError::Restrict(e as i32))?;
+            match connect(std::os::fd::AsRawFd::as_raw_fd(&s), &SockaddrIn::new(127, 0, 0, 1, port)) {
+                Err(nix::errno::Errno::EACCES) => Ok(()),
+                _ => Err(ApplyError::NotEnforced),
+            }
+        }
+        // Nothing this domain handles is left ungranted to try: only the signal scope (above)
+        // can say it is in force; without it, refuse rather than trust the call's return.
+        _ if res.scopes.contains(Scope::Signal) => Ok(()),
+        _ => Err(ApplyError::NotEnforced),
+    }
 }
 
 /// Deny-all ruleset for sealnode's own in-sandbox init: it needs no files and no network.
@@ -404,12 +452,46 @@ pub fn deny_all(abi: u8) -> std::result::Result<(), ApplyError> {
     if !scopes.is_empty() {
         rs = rs.scope(scopes).map_err(|e| ApplyError::Ruleset(errno_of(&e)))?;
     }
-    rs.create().and_then(|r| r.restrict_self()).map_err(|e| ApplyError::Restrict(errno_of(&e))).map(drop)
+    rs.create().and_then(|r| r.restrict_self()).map_err(|e| ApplyError::Restrict(errno_of(&e)))?;
+    // Read back (found by review: a faked restrict_self left the init unconfined): with every
+    // file access handled and no rule, even listing / is refused.
+    match nix::fcntl::open(
+        "/",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Err(nix::errno::Errno::EACCES) => Ok(()),
+        _ => Err(ApplyError::NotEnforced),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The read-back's directory is one no rule lets the role list: `/` unless a rule grants it
+    /// (then everything is beneath it and only a TCP connect is left to try).
+    #[test]
+    fn the_read_back_lists_a_directory_no_rule_grants() {
+        let rule = |p: &str, a: BitFlags<AccessFs>| (CString::new(p).expect("path"), a, false);
+        let mut res = Resolved {
+            abi: 6,
+            fs: vec![rule("/usr", AccessFs::from_all(abi_of(6))), rule("/etc/hosts", AccessFs::ReadFile.into())],
+            bind: vec![],
+            connect: vec![],
+            handled_net: BitFlags::EMPTY,
+            scopes: BitFlags::EMPTY,
+        };
+        assert_eq!(ungranted_dir(&res), Some("/"));
+        res.fs.push(rule("/", AccessFs::ReadFile.into()));
+        assert_eq!(ungranted_dir(&res), Some("/"), "a rule for / without listing leaves it ungranted");
+        res.fs.push(rule("/", AccessFs::ReadDir.into()));
+        assert_eq!(ungranted_dir(&res), None);
+        res.fs.pop();
+        res.fs.push(rule("/proc/", AccessFs::ReadDir.into()));
+        res.fs[0] = rule("/tmp", AccessFs::ReadDir.into());
+        assert_eq!(ungranted_dir(&res), Some("/"));
+    }
 
     #[test]
     fn shipped_rules_parse() {

@@ -17,21 +17,31 @@ use crate::policy::landlock;
 
 extern "C" fn noop(_: libc::c_int) {}
 
-fn confine(plan: &Plan, fds: ChildFds) -> Result<(), Errno> {
+/// The parts of the init's confinement, as its failure report names them (the frame's item).
+pub const CONFINE_PARTS: [&str; 5] =
+    ["its ids", "its death signal", "every capability dropped", "not dumpable", "its deny-all Landlock domain"];
+
+/// The init confines itself; a failure names its part ([`CONFINE_PARTS`], by index).
+fn confine(plan: &Plan, fds: ChildFds) -> Result<(), (usize, Errno)> {
     // Same ids as the workload, so init can still signal it without any capability.
-    caps::set_ids(plan.ids)?;
+    caps::set_ids(plan.ids).map_err(|e| (0, e))?;
     // The id change cleared PDEATHSIG: re-arm it, and give up if the launcher is already gone.
-    sys::rearm_pdeathsig(fds.sync)?;
-    caps::drop_all_no_exec()?;
-    // Not dumpable: the workload (same uid) cannot ptrace or read init's memory.
-    sys::prctl(libc::PR_SET_DUMPABLE, 0)?;
-    // Init needs no file and no network at all.
-    landlock::deny_all(plan.landlock.abi).map_err(landlock::ApplyError::errno)?;
+    sys::rearm_pdeathsig(fds.sync).map_err(|e| (1, e))?;
+    caps::drop_all_no_exec().map_err(|e| (2, e))?;
+    // Not dumpable: the workload (same uid) cannot ptrace or read init's memory (read back:
+    // found by review, a faked one went unseen; the id change above already made the init
+    // non-dumpable where fs.suid_dumpable is 0, the default, but not where it is 1 or 2).
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).map_err(|e| (3, e))?;
+    if sys::dumpable().map_err(|e| (3, e))? {
+        return Err((3, Errno::EOPNOTSUPP));
+    }
+    // Init needs no file and no network at all (read back).
+    landlock::deny_all(plan.landlock.abi).map_err(|e| (4, landlock::ApplyError::errno(e)))?;
     // pid 1 ignores signals whose disposition is SIG_DFL: install handlers, then wait for them.
     let act = SigAction::new(SigHandler::Handler(noop), SaFlags::SA_RESTART, SigSet::empty());
     for s in FORWARDED.iter().chain([Signal::SIGCHLD].iter()) {
         // SAFETY: the handler does nothing; signals are consumed with sigwait below.
-        unsafe { sigaction(*s, &act) }?;
+        unsafe { sigaction(*s, &act) }.map_err(|e| (0, e))?;
     }
     Ok(())
 }
@@ -62,11 +72,12 @@ pub fn run(plan: &Plan, workload: Pid, fds: ChildFds) -> ! {
     // by review: one killed here after its workload's exec was accepted as started).
     let confined = protocol::send(fds.err, Frame::Reached(Stage::ConfineInit.code()))
         .and_then(|()| nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None))
+        .map_err(|e| (0, e))
         .and_then(|_| confine(plan, fds))
-        .and_then(|()| protocol::send(fds.err, Frame::Done(Stage::ConfineInit.code())));
-    if let Err(e) = confined {
+        .and_then(|()| protocol::send(fds.err, Frame::Done(Stage::ConfineInit.code())).map_err(|e| (0, e)));
+    if let Err((part, e)) = confined {
         let _ = kill(workload, Signal::SIGKILL);
-        fail(fds.err, Stage::ConfineInit, 0, e);
+        fail(fds.err, Stage::ConfineInit, part, e);
     }
     // Our copy of the error pipe closes now; the workload's closes at exec -> parent sees EOF.
     let _ = nix::unistd::close(fds.err);

@@ -103,14 +103,27 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
         nix::unistd::ForkResult::Parent { child } => {
             drop(pid_w);
             let frame = protocol::read_frame(pid_r.as_raw_fd()).map_err(|e| Error::errno("read role pid", e));
-            let _ = waitpid(child, None);
+            // Its status kept: a kill is named.
+            let status = waitpid(child, None);
             match frame? {
                 Some(Frame::Ok(pid)) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid as libc::pid_t),
                 Some(f) => {
                     let into_leaf = cell.cgroups.as_ref().is_some_and(|t| t.dir(plan.role).is_some());
                     Err(entering_failed(f, plan.role, into_leaf))
                 }
-                None => Err(Error::errno("intermediate died before cloning the role", Errno::EPIPE)),
+                // Without a word (found by review: told as "Broken pipe"): how it ended.
+                None => Err(match status {
+                    Ok(WaitStatus::Signaled(_, sig, _)) => Error::Killed {
+                        what: format!(
+                            "{} role: the process entering the cell (join_cell, clone_role) was killed by {sig}",
+                            plan.role
+                        ),
+                        fix: "a seccomp filter above sealnode kills one of its calls (SIGSYS), or something outside \
+                              sealnode killed it: `sealnode doctor` tries them"
+                            .into(),
+                    },
+                    _ => Error::errno("intermediate died before cloning the role", Errno::EPIPE),
+                }),
             }
         }
     }
@@ -240,8 +253,10 @@ enum InitSaid {
 }
 
 impl Progress {
+    /// Past the fork: the workload said a step after it, or the init its own (found by review:
+    /// an init killed before its workload spoke was told at fork_workload).
     fn forked(&self) -> bool {
-        self.workload.is_some_and(|s| s.code() > Stage::ForkWorkload.code())
+        self.workload.is_some_and(|s| s.code() > Stage::ForkWorkload.code()) || self.init != InitSaid::Nothing
     }
 
     /// Take one `Reached` or `Done` frame; any other frame is not progress (`false`).
@@ -468,6 +483,7 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
         Stage::Rlimits => plan.rlimits.get(item).map(|(r, _)| format!("{r:?}")).unwrap_or_default(),
         Stage::Exec => plan.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default(),
         Stage::Credentials => format!("uid {} gid {}", plan.ids.uid, plan.ids.gid),
+        Stage::ConfineInit => format!("its init: {}", super::init::CONFINE_PARTS.get(item).copied().unwrap_or("")),
         _ => String::new(),
     };
     let mut detail = detail;
@@ -477,6 +493,12 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
             " (the kernel refuses a fresh /proc in a user namespace while the host's /proc has over-mounts: \
              systemd's ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname= or a container runtime's masks; \
              `sealnode doctor` lists them)",
+        );
+    }
+    if matches!(stage, Stage::ConfineInit | Stage::Landlock) && f.errno == Errno::EOPNOTSUPP {
+        detail.push_str(
+            " (not in force as the kernel shows it: each is read back, and a filter above sealnode answering \
+             landlock_restrict_self or prctl with a faked success is refused; `sealnode doctor` tries the calls)",
         );
     }
     if matches!(stage, Stage::BuildRoot | Stage::PrivatePropagation | Stage::PivotRoot) && f.errno == Errno::EOPNOTSUPP
