@@ -501,6 +501,31 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
     }
 }
 
+/// Install `prog` on this process as a seccomp filter with a listener (no_new_privs first), as
+/// a supervisor above sealnode does: the listener's fd.
+///
+/// # Safety
+/// Only system calls, on a program built before: for a pre_exec closure (between fork and exec).
+unsafe fn listener_filter(prog: &[libc::sock_filter]) -> std::io::Result<libc::c_int> {
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integers; seccomp reads `fprog`, valid for the call.
+    let fd = unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    match fd {
+        fd if fd < 0 => Err(std::io::Error::last_os_error()),
+        fd => Ok(fd as libc::c_int),
+    }
+}
+
 /// Found by review: a filter handing the namespaces' clone to a supervisor that never answers
 /// held `run` there for as long as it liked, its stop signals blocked. The probe runs in a child
 /// of its own, bounded: doctor and run say it was held and stop.
@@ -528,19 +553,7 @@ fn a_held_namespace_clone_is_told_within_the_probes_limit() {
                     f(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_USER_NOTIF),
                     f(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
                 ];
-                let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let fd = libc::syscall(
-                    libc::SYS_seccomp,
-                    libc::SECCOMP_SET_MODE_FILTER,
-                    libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
-                    &fprog as *const libc::sock_fprog,
-                );
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                let fd = listener_filter(&prog)?;
                 if libc::fork() == 0 {
                     // The holder: nothing of the test's but the listener, for longer than the
                     // probe's limit.
@@ -549,7 +562,7 @@ fn a_held_namespace_clone_is_told_within_the_probes_limit() {
                     libc::sleep(40);
                     libc::_exit(0);
                 }
-                libc::close(fd as i32);
+                libc::close(fd);
                 Ok(())
             })
         };
@@ -843,19 +856,7 @@ fn run_under_a_supervisor_above(f: &Fixture, act: Above) -> (Option<i32>, String
                     vec![f(ld, 0, 0, 0), f(jeq, 0, 1, libc::SYS_landlock_restrict_self as u32), notif, allow]
                 }
             };
-            let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let fd = libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
-                &fprog as *const libc::sock_fprog,
-            ) as libc::c_int;
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            let fd = listener_filter(&prog)?;
             let mut space = [0u8; 64];
             let mut iov = libc::iovec { iov_base: b"L".as_ptr() as *mut _, iov_len: 1 };
             let mut msg: libc::msghdr = std::mem::zeroed();
