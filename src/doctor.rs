@@ -307,15 +307,10 @@ fn read_within(r: &std::os::fd::OwnedFd, limit: std::time::Duration) -> (Vec<u8>
     let mut buf = [0u8; 256];
     let until = std::time::Instant::now() + limit;
     loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(60_000) as i32)
-            .unwrap_or(nix::poll::PollTimeout::ZERO);
-        let mut fds = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(r), nix::poll::PollFlags::POLLIN)];
-        match nix::poll::poll(&mut fds, ms) {
-            Ok(0) => return (said, Read::TimedOut),
-            Err(Errno::EINTR) => continue,
+        match sys::readable_by(std::os::fd::AsFd::as_fd(r), until) {
+            Ok(false) => return (said, Read::TimedOut),
             Err(_) => return (said, Read::Failed),
-            Ok(_) => match nix::unistd::read(r, &mut buf) {
+            Ok(true) => match nix::unistd::read(r, &mut buf) {
                 Ok(0) => return (said, Read::Closed),
                 Err(Errno::EINTR) => continue,
                 Err(_) => return (said, Read::Failed),

@@ -230,14 +230,11 @@ pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno
 /// of that kind is no proof either (found by review: where the host's /tmp is a nosuid, nodev
 /// tmpfs, a faked root tmpfs passed, and the root's skeleton was written into the host's /tmp).
 pub fn mounted(path: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<(), Errno> {
-    if mount_id(path)? == before {
+    // One statx: the mount's id, and whether the path is its root.
+    let st = statx_mount(path)?;
+    if st.stx_mnt_id == before {
         return Err(Errno::EOPNOTSUPP);
     }
-    // SAFETY: statx is plain data; zeroed is a valid value for the kernel to fill.
-    let mut st: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: path is NUL-terminated; `st` is a valid, writable statx buffer.
-    let r = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), libc::AT_NO_AUTOMOUNT, libc::STATX_TYPE, &mut st) };
-    Errno::result(r)?;
     let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
     if st.stx_attributes_mask & root == 0 || st.stx_attributes & root == 0 {
         return Err(Errno::EOPNOTSUPP);
@@ -252,6 +249,12 @@ pub fn mounted(path: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, a
 
 /// The id of the mount `path` is on (statx's STATX_MNT_ID): a new mount there shows a new one.
 pub fn mount_id(path: &CStr) -> Result<u64, Errno> {
+    statx_mount(path).map(|st| st.stx_mnt_id)
+}
+
+/// statx of `path` (following symlinks, as mount(2) does) with its mount id, which must be
+/// there (else EOPNOTSUPP); the attributes (STATX_ATTR_MOUNT_ROOT) come with every statx.
+fn statx_mount(path: &CStr) -> Result<libc::statx, Errno> {
     // SAFETY: statx is plain data; zeroed is a valid value for the kernel to fill.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: path is NUL-terminated; `st` is a valid, writable statx buffer.
@@ -260,7 +263,7 @@ pub fn mount_id(path: &CStr) -> Result<u64, Errno> {
     if st.stx_mask & libc::STATX_MNT_ID == 0 {
         return Err(Errno::EOPNOTSUPP);
     }
-    Ok(st.stx_mnt_id)
+    Ok(st)
 }
 
 /// The mount at `path` has every flag of `attrs` (MOUNT_ATTR_*), as statvfs reports them (a
@@ -594,6 +597,22 @@ pub fn close_all_except(keep: &[RawFd]) -> Result<(), Errno> {
         }
     }
     Ok(())
+}
+
+/// Wait until `fd` can be read (data, or its writers gone) or `until` passes: `false` then.
+pub fn readable_by(fd: std::os::fd::BorrowedFd, until: std::time::Instant) -> Result<bool, Errno> {
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(60_000) as i32)
+            .unwrap_or(nix::poll::PollTimeout::ZERO);
+        let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, ms) {
+            Ok(0) if left.as_millis() <= 60_000 => return Ok(false),
+            Ok(0) | Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(true),
+        }
+    }
 }
 
 /// Has every writer of this pipe gone (POLLHUP)? The launcher holds the write end of the

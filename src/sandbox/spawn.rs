@@ -281,17 +281,9 @@ fn next_report(
     until: std::time::Instant,
 ) -> std::result::Result<Option<Frame>, Errno> {
     loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(60_000) as i32)
-            .unwrap_or(nix::poll::PollTimeout::ZERO);
         // SAFETY: `fd` is the parent's read end of the setup pipe, open for this call.
-        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let mut fds = [nix::poll::PollFd::new(borrowed, nix::poll::PollFlags::POLLIN)];
-        match nix::poll::poll(&mut fds, ms) {
-            Ok(0) => return Err(Errno::ETIMEDOUT),
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e),
-            Ok(_) => {}
+        if !sys::readable_by(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }, until)? {
+            return Err(Errno::ETIMEDOUT);
         }
         match protocol::read_frame(fd)? {
             Some(f) if progress.take(f)? => {}
