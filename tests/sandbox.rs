@@ -160,6 +160,52 @@ fn role_dirs_and_exec_from_scratch() {
     }
 }
 
+/// A bind's destination whose way crosses a symlink of the view (here an absolute one, in
+/// another bind) is followed inside the new root, as the role itself would follow it: the bind
+/// shows where the role looks; a link to a path the view lacks refuses the start; the host's
+/// tree is never written (found by review: the child followed the link out of the new root,
+/// made the mount point in the host's directory and bound there, and the role saw a dangling
+/// link).
+#[test]
+fn a_bind_destination_through_a_symlink_stays_inside_the_root() {
+    use std::os::unix::fs::PermissionsExt;
+    for mode in modes() {
+        let mut f = Fixture::new(mode, "bindlink");
+        let (a, b, c, outside) = (f.p("a"), f.p("b"), f.p("c"), f.p("outside"));
+        for d in [&a, &b, &c, &outside, &c.join("sub")] {
+            std::fs::create_dir(d).expect("dir");
+        }
+        // Anyone may write there on the host: only where the mount point is made decides.
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        std::fs::write(b.join("marker"), "BOUND").expect("marker");
+        let binds = |link: &str| {
+            let _ = std::fs::remove_file(a.join("l"));
+            std::os::unix::fs::symlink(link, a.join("l")).expect("symlink");
+            format!(
+                "ro_binds = [{{ src = \"{}\", dst = \"/opt/c\" }}, {{ src = \"{}\", dst = \"/opt/a\" }}, \
+                 {{ src = \"{}\", dst = \"/opt/a/l/sub\" }}]",
+                c.display(),
+                a.display(),
+                b.display()
+            )
+        };
+        // A link to a directory of the view: the bind lands there (the host has no /opt/c).
+        f.node_extra = binds("/opt/c");
+        f.write_config();
+        let o = f.exec("node", &["/bin/cat", "/opt/a/l/sub/marker", "/opt/c/sub/marker"]);
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success() && out == "BOUNDBOUND", "{mode:?}: {}: {out:?} {err}", o.status);
+        // A link to a host directory the view lacks: refused, nothing made on the host.
+        f.node_extra = binds(&outside.display().to_string());
+        f.write_config();
+        let o = f.exec("node", &["/bin/cat", "/opt/a/l/sub/marker"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
+        assert!(err.contains("/opt/a/l/sub") && err.contains("resolved in the role's view"), "{mode:?}: {err}");
+        assert!(!outside.join("sub").exists(), "{mode:?}: the mount point was made in the host's tree");
+    }
+}
+
 #[test]
 fn tcp_ports_follow_landlock_rules() {
     for mode in modes() {

@@ -1,17 +1,22 @@
 //! Mount steps the child performs to build the private root, and the pivot into it.
 
 use std::ffi::{CStr, CString};
+use std::fs::Permissions;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sys::stat::{fstat, lstat, Mode};
+use nix::sys::stat::{fstat, Mode};
 use nix::sys::statfs::{PROC_SUPER_MAGIC, TMPFS_MAGIC};
 use nix::unistd::{chdir, mkdir};
 
-use super::plan::{Check, Mount};
+use pathrs::flags::OpenFlags;
+use pathrs::InodeType;
+
+use super::plan::{Check, Mount, NEWROOT};
 use crate::os::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
 type R = Result<(), Errno>;
@@ -31,48 +36,8 @@ fn ms_flags(attrs: u64) -> MsFlags {
     f
 }
 
-/// mkdir -p (mode 0755); existing directories are fine. Tries the whole path first, so an
-/// existing parent costs one call, not one per component.
-fn mkdir_p(path: &Path) -> R {
-    match mkdir(path, Mode::from_bits_truncate(0o755)) {
-        Ok(()) | Err(Errno::EEXIST) => Ok(()),
-        Err(Errno::ENOENT) => {
-            if let Some(parent) = path.parent() {
-                mkdir_p(parent)?;
-            }
-            match mkdir(path, Mode::from_bits_truncate(0o755)) {
-                Ok(()) | Err(Errno::EEXIST) => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-    }
-}
-
 fn as_path(c: &CStr) -> &Path {
     Path::new(std::ffi::OsStr::from_bytes(c.to_bytes()))
-}
-
-fn parent_of(c: &CStr) -> &Path {
-    as_path(c).parent().unwrap_or(Path::new("/"))
-}
-
-fn exists(c: &CStr) -> bool {
-    lstat(c).is_ok()
-}
-
-/// Create an empty file to bind a file onto.
-fn touch(path: &CStr) -> R {
-    let fd = nix::fcntl::open(
-        path,
-        nix::fcntl::OFlag::O_CREAT
-            | nix::fcntl::OFlag::O_WRONLY
-            | nix::fcntl::OFlag::O_CLOEXEC
-            | nix::fcntl::OFlag::O_NOFOLLOW,
-        Mode::from_bits_truncate(0o644),
-    )?;
-    drop(fd);
-    Ok(())
 }
 
 fn bind_fd(fd: &OwnedFd, dst: &CStr) -> R {
@@ -110,99 +75,208 @@ pub fn open_source(m: &Mount) -> Result<Option<OwnedFd>, Errno> {
     Ok(Some(fd))
 }
 
-/// Perform one mount step (paths are absolute, under the new root's mount point).
+/// A destination inside the new root: `dst` (under NEWROOT) resolved as the role will see it,
+/// every symlink on the way (absolute ones and `..` included) followed inside the new root,
+/// never out to the host's tree (pathrs: openat2 RESOLVE_IN_ROOT, or its own walk where
+/// openat2 is refused, as under systemd's RestrictSUIDSGID=). `path` names the very inode that
+/// was found (its fd's magic link): mount(2) lands there, not wherever a path walk would.
+struct At {
+    _fd: OwnedFd,
+    path: CString,
+}
+
+impl At {
+    fn new(fd: OwnedFd) -> Result<At, Errno> {
+        use std::os::fd::AsRawFd;
+        let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|_| Errno::EINVAL)?;
+        Ok(At { _fd: fd, path })
+    }
+}
+
+/// pathrs's error as the errno the setup reports (the kernel's where it has one; an attack
+/// detected on the way, a path that leaves the root, as EXDEV).
+fn errno(e: pathrs::error::Error) -> Errno {
+    use pathrs::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::OsError(Some(n)) => Errno::from_raw(n),
+        ErrorKind::SafetyViolation => Errno::EXDEV,
+        ErrorKind::NotSupported | ErrorKind::NotImplemented => Errno::ENOSYS,
+        ErrorKind::InvalidArgument => Errno::EINVAL,
+        _ => Errno::EIO,
+    }
+}
+
+/// `dst` relative to the new root, and the root itself (the root tmpfs, once mounted).
+fn in_root(dst: &CStr) -> Result<(pathrs::Root, &Path), Errno> {
+    let rel = as_path(dst).strip_prefix(NEWROOT).map_err(|_| Errno::EINVAL)?;
+    Ok((pathrs::Root::open(NEWROOT).map_err(errno)?, rel))
+}
+
+/// The new root's own mount point (the host's NEWROOT, in this mount namespace), for the
+/// mount that makes the root.
+fn the_root(rel: &Path) -> Option<Result<At, Errno>> {
+    if !rel.as_os_str().is_empty() {
+        return None;
+    }
+    let flags = nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
+    Some(nix::fcntl::open(NEWROOT, flags, Mode::empty()).and_then(At::new))
+}
+
+/// `dst` as it is in the new root (ENOENT where it is not).
+fn existing(dst: &CStr) -> Result<At, Errno> {
+    let (root, rel) = in_root(dst)?;
+    if let Some(at) = the_root(rel) {
+        return at;
+    }
+    At::new(root.resolve(rel).map_err(errno)?.into())
+}
+
+/// `dst` in the new root, if it is there: a mask or remount of a path the kernel or the host
+/// lacks is skipped.
+fn if_there(dst: &CStr) -> Result<Option<At>, Errno> {
+    match existing(dst) {
+        Ok(at) => Ok(Some(at)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The directory `dst` in the new root, made (mode 0755, with its parents) where missing.
+fn dir_at(dst: &CStr) -> Result<At, Errno> {
+    let (root, rel) = in_root(dst)?;
+    if let Some(at) = the_root(rel) {
+        return at;
+    }
+    At::new(root.mkdir_all(rel, &Permissions::from_mode(0o755)).map_err(errno)?.into())
+}
+
+/// The parent directory of `dst` made in the new root where missing; `dst`'s own name.
+fn parent_made(dst: &CStr) -> Result<(pathrs::Root, &Path, &std::ffi::OsStr), Errno> {
+    let (root, rel) = in_root(dst)?;
+    let name = rel.file_name().ok_or(Errno::EINVAL)?;
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    root.mkdir_all(parent, &Permissions::from_mode(0o755)).map_err(errno)?;
+    Ok((root, parent, name))
+}
+
+/// The file `dst` in the new root to bind a file onto: an existing one (in a read-only system
+/// bind, say) as it is, never opened for writing, which a read-only mount refuses
+/// (tests/devices.rs: a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment);
+/// else an empty one, made.
+fn file_at(dst: &CStr) -> Result<At, Errno> {
+    let (root, parent, name) = parent_made(dst)?;
+    let rel = parent.join(name);
+    match root.resolve(&rel).map_err(errno) {
+        Ok(h) => At::new(h.into()),
+        Err(Errno::ENOENT) => {
+            let flags = OpenFlags::O_WRONLY | OpenFlags::O_CREAT | OpenFlags::O_NOFOLLOW | OpenFlags::O_CLOEXEC;
+            At::new(root.create_file(&rel, flags, &Permissions::from_mode(0o644)).map_err(errno)?.into())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// After a mount at `dst`: the role's view there, resolved again, shows a new mount (read
+/// back as [`sys::mounted`] says), which is returned to set its flags on.
+fn shown(dst: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<At, Errno> {
+    let now = existing(dst)?;
+    sys::mounted(&now.path, before, fs, attrs)?;
+    Ok(now)
+}
+
+/// Perform one mount step (paths are absolute, under the new root's mount point; each is
+/// resolved inside the new root, [`At`]).
 pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
     match m {
         Mount::Tmpfs { dst, opts, attrs } => {
-            mkdir_p(as_path(dst))?;
-            let before = sys::mount_id(dst)?;
-            mount(Some("tmpfs"), dst.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))?;
-            sys::mounted(dst, before, Some(TMPFS_MAGIC), *attrs)
+            let at = dir_at(dst)?;
+            let before = sys::mount_id(&at.path)?;
+            mount(Some("tmpfs"), at.path.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))?;
+            shown(dst, before, Some(TMPFS_MAGIC), *attrs).map(drop)
         }
         Mount::Bind { dst, dir, attrs, .. } => {
             let fd = src.ok_or(Errno::EBADF)?;
-            if *dir {
-                mkdir_p(as_path(dst))?;
-            } else {
-                mkdir_p(parent_of(dst))?;
-                // An existing file (in a read-only system bind, say) is the mount point as it is,
-                // never opened for writing, which a read-only mount refuses (tests/devices.rs:
-                // a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment).
-                if nix::sys::stat::lstat(dst.as_c_str()).is_err() {
-                    touch(dst)?;
-                }
-            }
-            let before = sys::mount_id(dst)?;
-            bind_fd(fd, dst)?;
-            sys::mounted(dst, before, None, 0)?;
+            let at = if *dir { dir_at(dst)? } else { file_at(dst)? };
+            let before = sys::mount_id(&at.path)?;
+            bind_fd(fd, &at.path)?;
+            let now = shown(dst, before, None, 0)?;
             // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
-            sys::mount_setattr(dst, *attrs, true)
+            sys::mount_setattr(&now.path, *attrs, true)
         }
         Mount::Symlink { target, dst } => {
-            mkdir_p(parent_of(dst))?;
-            nix::unistd::symlinkat(target.as_c_str(), nix::fcntl::AT_FDCWD, dst.as_c_str())
+            let (root, parent, name) = parent_made(dst)?;
+            let link = InodeType::Symlink(as_path(target).to_path_buf());
+            root.create(parent.join(name), &link).map_err(errno)
         }
         Mount::File { dst, contents } => {
-            mkdir_p(parent_of(dst))?;
-            let fd = nix::fcntl::open(
-                dst.as_c_str(),
-                nix::fcntl::OFlag::O_CREAT
-                    | nix::fcntl::OFlag::O_WRONLY
-                    | nix::fcntl::OFlag::O_TRUNC
-                    | nix::fcntl::OFlag::O_CLOEXEC
-                    | nix::fcntl::OFlag::O_NOFOLLOW,
-                Mode::from_bits_truncate(0o644),
-            )?;
+            let (root, parent, name) = parent_made(dst)?;
+            let flags = OpenFlags::O_WRONLY
+                | OpenFlags::O_CREAT
+                | OpenFlags::O_TRUNC
+                | OpenFlags::O_NOFOLLOW
+                | OpenFlags::O_CLOEXEC;
+            let file = root.create_file(parent.join(name), flags, &Permissions::from_mode(0o644)).map_err(errno)?;
             use std::os::fd::AsRawFd;
-            sys::write_all(fd.as_raw_fd(), contents)
+            sys::write_all(file.as_raw_fd(), contents)
         }
         Mount::Proc { dst } => {
-            mkdir_p(as_path(dst))?;
-            let before = sys::mount_id(dst)?;
+            let at = dir_at(dst)?;
+            let before = sys::mount_id(&at.path)?;
             mount(
                 Some("proc"),
-                dst.as_c_str(),
+                at.path.as_c_str(),
                 Some("proc"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
             )?;
-            sys::mounted(dst, before, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
+            shown(dst, before, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
+                .map(drop)
         }
         Mount::MaskFile { dst } => {
-            if !exists(dst) {
+            let Some(at) = if_there(dst)? else {
                 return Ok(());
-            }
-            let before = sys::mount_id(dst)?;
-            mount(Some("/dev/null"), dst.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-            sys::mounted(dst, before, None, 0)?;
-            sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, false)
+            };
+            let before = sys::mount_id(&at.path)?;
+            mount(Some("/dev/null"), at.path.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+            let now = shown(dst, before, None, 0)?;
+            sys::mount_setattr(
+                &now.path,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                false,
+            )
         }
         Mount::MaskDir { dst } => {
-            if !exists(dst) {
+            let Some(at) = if_there(dst)? else {
                 return Ok(());
-            }
-            let before = sys::mount_id(dst)?;
+            };
+            let before = sys::mount_id(&at.path)?;
             mount(
                 Some("tmpfs"),
-                dst.as_c_str(),
+                at.path.as_c_str(),
                 Some("tmpfs"),
                 MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 Some("size=4k,nr_inodes=1,mode=0555"),
             )?;
-            sys::mounted(
+            shown(
                 dst,
                 before,
                 Some(TMPFS_MAGIC),
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
             )
+            .map(drop)
         }
-        Mount::Freeze { dst } => sys::mount_setattr(dst, MOUNT_ATTR_RDONLY, false),
+        Mount::Freeze { dst } => {
+            let at = existing(dst)?;
+            sys::mount_setattr(&at.path, MOUNT_ATTR_RDONLY, false)
+        }
         Mount::Sysctl { dst, value, optional } => {
-            if *optional && !exists(dst) {
-                return Ok(());
-            }
+            let at = match if_there(dst)? {
+                Some(at) => at,
+                None if *optional => return Ok(()),
+                None => return Err(Errno::ENOENT),
+            };
             let fd = nix::fcntl::open(
-                dst.as_c_str(),
+                at.path.as_c_str(),
                 nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
                 Mode::empty(),
             )?;
@@ -211,7 +285,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             drop(fd);
             // Read back: a faked write would leave the namespace's value as it was.
             let shown =
-                std::fs::read(as_path(dst)).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+                std::fs::read(as_path(&at.path)).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
             if shown.trim_ascii() != value.trim_ascii() {
                 return Err(Errno::EOPNOTSUPP);
             }
@@ -219,19 +293,23 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
         }
         Mount::SealedProgram { dst, fd, mode } => sealed_program(dst, *fd, *mode),
         Mount::ReadOnly { dst } => {
-            if !exists(dst) {
+            let Some(at) = if_there(dst)? else {
                 return Ok(());
-            }
-            let before = sys::mount_id(dst)?;
+            };
+            let before = sys::mount_id(&at.path)?;
             mount(
-                Some(dst.as_c_str()),
-                dst.as_c_str(),
+                Some(at.path.as_c_str()),
+                at.path.as_c_str(),
                 None::<&str>,
                 MsFlags::MS_BIND | MsFlags::MS_REC,
                 None::<&str>,
             )?;
-            sys::mounted(dst, before, None, 0)?;
-            sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, true)
+            let now = shown(dst, before, None, 0)?;
+            sys::mount_setattr(
+                &now.path,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                true,
+            )
         }
     }
 }
@@ -284,10 +362,11 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32) -> R {
         None::<&str>,
     )?;
     sys::has_attrs(STAGING, MOUNT_ATTR_RDONLY)?;
-    let before = sys::mount_id(dst)?;
-    mount(Some(STAGED), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-    sys::mounted(dst, before, None, 0)?;
-    sys::mount_setattr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
+    let at = existing(dst)?;
+    let before = sys::mount_id(&at.path)?;
+    mount(Some(STAGED), at.path.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+    let now = shown(dst, before, None, 0)?;
+    sys::mount_setattr(&now.path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
     umount2(STAGING, MntFlags::MNT_DETACH)?;
     nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, STAGING, nix::unistd::UnlinkatFlags::RemoveDir)?;
     nix::unistd::close(fd)

@@ -500,6 +500,16 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
              sealnode answering a call with a faked success is refused; `sealnode doctor` tries the calls)",
         );
     }
+    if stage == Stage::BuildRoot
+        && matches!(plan.mounts.get(item), Some(Mount::Bind { .. } | Mount::Tmpfs { .. }))
+        && matches!(f.errno, Errno::ENOENT | Errno::ENOTDIR | Errno::EXDEV | Errno::ELOOP)
+    {
+        detail.push_str(
+            " (a destination is resolved in the role's view, every symlink on its way followed inside the new \
+             root, never on the host: a symlink there to a path the view lacks, or a file on the way, leaves no \
+             mount point)",
+        );
+    }
     if stage == Stage::OpenSources && f.errno == Errno::ESTALE {
         detail.push_str(" (it was replaced since it was checked before this start: the start is refused; start again)");
     }
