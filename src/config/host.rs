@@ -92,6 +92,17 @@ fn system_mount_point_problem(inside: &Path, src_is_dir: bool) -> Option<String>
     }
 }
 
+/// A hard limit of `hard` bytes (or a count, `unit` 1) in the field's unit (MB, KB): as is
+/// where it is a whole number of them, else in bytes, never rounded down to a limit the
+/// operator could not set either (found by review: 1.5 MB was shown as 1).
+pub(super) fn in_units(hard: u64, unit: u64) -> String {
+    if hard % unit == 0 {
+        (hard / unit).to_string()
+    } else {
+        format!("{hard} bytes")
+    }
+}
+
 impl Config {
     /// With `cell.tpm`, no role gets a TPM device (by `devices` or a CDI spec): with it a role
     /// could reset PCR 23 and quote with the attestation key. `check` and `run` refuse such a
@@ -502,7 +513,7 @@ impl Config {
                         format!(
                             "{value} is above sealnode's own hard limit ({}), which no role can raise: lower it, or \
                              raise sealnode's (the unit's Limit{}=, or ulimit -H)",
-                            hard / unit,
+                            in_units(hard, unit),
                             match name {
                                 "nofile" => "NOFILE",
                                 "nproc" => "NPROC",

@@ -1,6 +1,6 @@
 //! Config parsing and validation: every bad input gets one error naming file, field, reason.
 
-use super::host::in_system_view;
+use super::host::{in_system_view, in_units};
 use super::*;
 use crate::error::{Error, Result};
 use crate::os::trusted::atomic_writer;
@@ -863,4 +863,13 @@ fn the_engine_hold_and_the_drain_are_bounded() {
     }
     let e = parse(&with("[cell]\n", "[cell]\nengine_replay_kb = 16385\n")).expect_err("over");
     assert_eq!(e.to_string(), format!("{f}: cell.engine_replay_kb (line 4): must be between 0 and 16384 (KiB)"));
+}
+
+/// The launcher's hard limit in a refusal is never rounded down: 1.5 MB is not "1".
+#[test]
+fn a_hard_limit_is_shown_in_the_fields_unit_only_when_whole() {
+    assert_eq!(in_units(4096, 1), "4096");
+    assert_eq!(in_units(3 << 20, 1 << 20), "3");
+    assert_eq!(in_units(3 << 19, 1 << 20), "1572864 bytes");
+    assert_eq!(in_units(1023, 1 << 10), "1023 bytes");
 }
