@@ -51,27 +51,49 @@ pub fn openat2(dirfd: RawFd, path: &CStr, flags: u64, resolve: u64) -> Result<Ra
 /// symlink (magic links included): what RESOLVE_NO_SYMLINKS does, without openat2. No
 /// allocation (the child calls it before exec).
 pub fn walk_no_symlinks(path: &CStr) -> Result<RawFd, Errno> {
+    let start: &CStr = if path.to_bytes().first() == Some(&b'/') { c"/" } else { c"." };
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    let dir = Errno::result(unsafe { libc::open(start.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
+    walk_from(dir, path, false)
+}
+
+/// `rel` beneath the directory `root` one component at a time, refusing a symlink (ELOOP) and
+/// `..` (EXDEV): what openat2 `RESOLVE_IN_ROOT|RESOLVE_NO_SYMLINKS` finds for the paths
+/// sealnode's setup names, without openat2 (unit test:
+/// sys::tests::the_walk_in_a_root_refuses_symlinks_and_dotdot).
+pub fn walk_no_symlinks_at(root: &impl AsRawFd, rel: &CStr) -> Result<RawFd, Errno> {
+    // SAFETY: fcntl F_DUPFD_CLOEXEC on a valid fd; the result is checked and owned by the walk.
+    let dir = Errno::result(unsafe { libc::fcntl(root.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+    walk_from(dir, rel, true)
+}
+
+/// The walk of [`walk_no_symlinks`] and [`walk_no_symlinks_at`] from `dir`, which it owns (and
+/// closes); `beneath`: `..` is refused.
+fn walk_from(mut dir: RawFd, path: &CStr, beneath: bool) -> Result<RawFd, Errno> {
+    let close = |fd: RawFd| {
+        // SAFETY: fd is one this function owns.
+        unsafe { libc::close(fd) };
+    };
     let bytes = path.to_bytes();
     // What the kernel's own lookup refuses, refused with the same errno (unit test:
     // sys::tests::the_walk_refuses_symlinks_like_openat2).
     if bytes.is_empty() {
+        close(dir);
         return Err(Errno::ENOENT);
     }
     if bytes.len() >= libc::PATH_MAX as usize {
+        close(dir);
         return Err(Errno::ENAMETOOLONG);
     }
     // A trailing "/" or "/." means the last component must be a directory.
     let must_be_dir = bytes.ends_with(b"/") || bytes.ends_with(b"/.");
     let flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    let start: &CStr = if bytes.first() == Some(&b'/') { c"/" } else { c"." };
-    // SAFETY: a valid NUL-terminated path; the result is checked.
-    let mut dir = Errno::result(unsafe { libc::open(start.as_ptr(), flags | libc::O_DIRECTORY) })?;
-    let close = |fd: RawFd| {
-        // SAFETY: fd is one this function opened and owns.
-        unsafe { libc::close(fd) };
-    };
     let mut name = [0u8; 256];
     for comp in bytes.split(|b| *b == b'/').filter(|c| !c.is_empty() && *c != b".") {
+        if beneath && comp == b".." {
+            close(dir);
+            return Err(Errno::EXDEV);
+        }
         if comp.len() >= name.len() {
             close(dir);
             return Err(Errno::ENAMETOOLONG);
@@ -1063,5 +1085,34 @@ mod tests {
         assert_eq!(super::walk_no_symlinks(&c("a/none")), Err(nix::errno::Errno::ENOENT));
         // A magic link (/proc/self/root) is a symlink too.
         assert_eq!(super::walk_no_symlinks(c"/proc/self/root/etc"), Err(nix::errno::Errno::ELOOP));
+    }
+
+    /// The walk in a root is what openat2 RESOLVE_IN_ROOT|RESOLVE_NO_SYMLINKS finds: the same
+    /// file, ELOOP at any symlink (absolute, relative, last), and `..` refused where openat2
+    /// would clamp it at the root (sealnode's setup never names one).
+    #[test]
+    fn the_walk_in_a_root_refuses_symlinks_and_dotdot() {
+        let d = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(d.path().join("a/b")).expect("mkdir");
+        std::fs::write(d.path().join("a/b/f"), "x").expect("write");
+        std::os::unix::fs::symlink("/a", d.path().join("abs")).expect("link");
+        std::os::unix::fs::symlink("a/b", d.path().join("rel")).expect("link");
+        std::os::unix::fs::symlink("f", d.path().join("a/b/lf")).expect("link");
+        let root = std::fs::File::open(d.path()).expect("root");
+        use std::os::fd::AsRawFd;
+        let in_root = |p: &std::ffi::CStr| {
+            let r = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+            super::openat2(root.as_raw_fd(), p, (libc::O_PATH | libc::O_CLOEXEC) as u64, r)
+        };
+        for p in [c"a/b/f", c"a", c"a//b/./f", c"/a/b"] {
+            let walked = super::walk_no_symlinks_at(&root, p).expect("walk");
+            assert_eq!(ino(walked), ino(in_root(p).expect("openat2")), "{p:?}");
+        }
+        for p in [c"abs/b", c"rel/f", c"a/b/lf", c"abs"] {
+            assert_eq!(super::walk_no_symlinks_at(&root, p), Err(nix::errno::Errno::ELOOP), "{p:?}");
+            assert_eq!(in_root(p), Err(nix::errno::Errno::ELOOP), "{p:?}");
+        }
+        assert_eq!(super::walk_no_symlinks_at(&root, c"a/../a"), Err(nix::errno::Errno::EXDEV));
+        assert_eq!(super::walk_no_symlinks_at(&root, c"a/none"), Err(nix::errno::Errno::ENOENT));
     }
 }

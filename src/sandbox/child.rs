@@ -46,8 +46,9 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
         .map(|(i, m)| step(fds.err, Stage::OpenSources, i, || mounts::open_source(m)))
         .collect();
     // Private root: tmpfs, read-only system binds, role dirs, minimal /dev, /tmp, fresh masked /proc, /etc.
+    let mut made = mounts::Made::new();
     for (i, (m, src)) in plan.mounts.iter().zip(&sources).enumerate() {
-        step(fds.err, Stage::BuildRoot, i, || mounts::apply(m, src.as_ref()));
+        step(fds.err, Stage::BuildRoot, i, || mounts::apply(m, src.as_ref(), &mut made));
     }
     drop(sources);
     // Enter the new root and detach the host's; the root tmpfs itself becomes read-only.

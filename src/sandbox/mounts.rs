@@ -1,20 +1,16 @@
 //! Mount steps the child performs to build the private root, and the pivot into it.
 
 use std::ffi::{CStr, CString};
-use std::fs::Permissions;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{fstat, Mode};
 use nix::sys::statfs::{PROC_SUPER_MAGIC, TMPFS_MAGIC};
 use nix::unistd::{chdir, mkdir};
-
-use pathrs::flags::OpenFlags;
-use pathrs::InodeType;
 
 use super::plan::{Check, Mount, NEWROOT};
 use crate::os::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
@@ -75,11 +71,9 @@ pub fn open_source(m: &Mount) -> Result<Option<OwnedFd>, Errno> {
     Ok(Some(fd))
 }
 
-/// A destination inside the new root: `dst` (under NEWROOT) resolved as the role will see it,
-/// every symlink on the way (absolute ones and `..` included) followed inside the new root,
-/// never out to the host's tree (pathrs: openat2 RESOLVE_IN_ROOT, or its own walk where
-/// openat2 is refused, as under systemd's RestrictSUIDSGID=). `path` names the very inode that
-/// was found (its fd's magic link): mount(2) lands there, not wherever a path walk would.
+/// A destination inside the new root, found with no symlink on its way ([`resolve_in`]):
+/// `path` names the very inode that was found (its fd's magic link), so mount(2) lands there
+/// and not wherever a second walk of the path would lead.
 struct At {
     _fd: OwnedFd,
     path: CString,
@@ -93,42 +87,57 @@ impl At {
     }
 }
 
-/// pathrs's error as the errno the setup reports (the kernel's where it has one; an attack
-/// detected on the way, a path that leaves the root, as EXDEV).
-fn errno(e: pathrs::error::Error) -> Errno {
-    use pathrs::error::ErrorKind;
-    match e.kind() {
-        ErrorKind::OsError(Some(n)) => Errno::from_raw(n),
-        ErrorKind::SafetyViolation => Errno::EXDEV,
-        ErrorKind::NotSupported | ErrorKind::NotImplemented => Errno::ENOSYS,
-        ErrorKind::InvalidArgument => Errno::EINVAL,
-        _ => Errno::EIO,
-    }
-}
-
-/// `dst` relative to the new root, and the root itself (the root tmpfs, once mounted).
-fn in_root(dst: &CStr) -> Result<(pathrs::Root, &Path), Errno> {
+/// The new root (its mount point, the host's NEWROOT, in this mount namespace) and `dst`
+/// relative to it.
+fn in_root(dst: &CStr) -> Result<(OwnedFd, &Path), Errno> {
     let rel = as_path(dst).strip_prefix(NEWROOT).map_err(|_| Errno::EINVAL)?;
-    Ok((pathrs::Root::open(NEWROOT).map_err(errno)?, rel))
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    Ok((nix::fcntl::open(NEWROOT, flags, Mode::empty())?, rel))
 }
 
-/// The new root's own mount point (the host's NEWROOT, in this mount namespace), for the
-/// mount that makes the root.
-fn the_root(rel: &Path) -> Option<Result<At, Errno>> {
-    if !rel.as_os_str().is_empty() {
-        return None;
+/// `rel` in the new root `root`, with no symlink on its way, the last component included
+/// (ELOOP): openat2 RESOLVE_IN_ROOT|RESOLVE_NO_SYMLINKS, or the same walk one component at a
+/// time where openat2 is refused (ENOSYS: systemd's RestrictSUIDSGID=). A symlink in a bound
+/// host directory can neither lead a destination out of the new root nor over another path of
+/// the view (/usr/bin, /run/sealnode: found by review); sealnode's own links (`/lib ->
+/// usr/lib`) are followed when the plan is made (`sandbox::plan`).
+fn resolve_in(root: &OwnedFd, rel: &Path) -> Result<OwnedFd, Errno> {
+    use std::os::fd::AsRawFd;
+    let c = CString::new(rel.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    if rel.as_os_str().is_empty() {
+        return nix::fcntl::openat(root, c".", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty());
     }
-    let flags = nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
-    Some(nix::fcntl::open(NEWROOT, flags, Mode::empty()).and_then(At::new))
+    let flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    match sys::openat2(root.as_raw_fd(), &c, flags, resolve) {
+        Ok(fd) => Ok(owned(fd)),
+        Err(Errno::ENOSYS) => sys::walk_no_symlinks_at(root, &c).map(owned),
+        Err(e) => Err(e),
+    }
+}
+
+/// The directory `rel` in `root`, made (mode 0755) with its parents where missing: the deepest
+/// part that is there is found ([`resolve_in`]), and each missing component is made under it
+/// and opened with O_NOFOLLOW|O_DIRECTORY (a symlink there is refused).
+fn mkdir_in(root: &OwnedFd, rel: &Path) -> Result<OwnedFd, Errno> {
+    match resolve_in(root, rel) {
+        Err(Errno::ENOENT) => {}
+        found => return found,
+    }
+    let name = rel.file_name().ok_or(Errno::EINVAL)?;
+    let parent = mkdir_in(root, rel.parent().unwrap_or(Path::new("")))?;
+    match nix::sys::stat::mkdirat(&parent, name, Mode::from_bits_truncate(0o755)) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(e) => return Err(e),
+    }
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    nix::fcntl::openat(&parent, name, flags, Mode::empty())
 }
 
 /// `dst` as it is in the new root (ENOENT where it is not).
 fn existing(dst: &CStr) -> Result<At, Errno> {
     let (root, rel) = in_root(dst)?;
-    if let Some(at) = the_root(rel) {
-        return at;
-    }
-    At::new(root.resolve(rel).map_err(errno)?.into())
+    At::new(resolve_in(&root, rel)?)
 }
 
 /// `dst` in the new root, if it is there: a mask or remount of a path the kernel or the host
@@ -141,83 +150,87 @@ fn if_there(dst: &CStr) -> Result<Option<At>, Errno> {
     }
 }
 
+/// The parent directory of `dst` in the new root, made where missing ([`mkdir_in`]), and
+/// `dst`'s own name, to make or open under that fd with O_NOFOLLOW.
+fn parent_of(dst: &CStr) -> Result<(OwnedFd, &std::ffi::OsStr), Errno> {
+    let (root, rel) = in_root(dst)?;
+    let name = rel.file_name().ok_or(Errno::EINVAL)?;
+    Ok((mkdir_in(&root, rel.parent().unwrap_or(Path::new("")))?, name))
+}
+
 /// The directory `dst` in the new root, made (mode 0755, with its parents) where missing.
 fn dir_at(dst: &CStr) -> Result<At, Errno> {
     let (root, rel) = in_root(dst)?;
-    if let Some(at) = the_root(rel) {
-        return at;
-    }
-    At::new(root.mkdir_all(rel, &Permissions::from_mode(0o755)).map_err(errno)?.into())
-}
-
-/// The parent directory of `dst` made in the new root where missing; `dst`'s own name.
-fn parent_made(dst: &CStr) -> Result<(pathrs::Root, &Path, &std::ffi::OsStr), Errno> {
-    let (root, rel) = in_root(dst)?;
-    let name = rel.file_name().ok_or(Errno::EINVAL)?;
-    let parent = rel.parent().unwrap_or(Path::new(""));
-    root.mkdir_all(parent, &Permissions::from_mode(0o755)).map_err(errno)?;
-    Ok((root, parent, name))
+    At::new(mkdir_in(&root, rel)?)
 }
 
 /// The file `dst` in the new root to bind a file onto: an existing one (in a read-only system
 /// bind, say) as it is, never opened for writing, which a read-only mount refuses
 /// (tests/devices.rs: a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment);
-/// else an empty one, made.
+/// else an empty one, made (never through a symlink: O_NOFOLLOW).
 fn file_at(dst: &CStr) -> Result<At, Errno> {
-    let (root, parent, name) = parent_made(dst)?;
-    let rel = parent.join(name);
-    match root.resolve(&rel).map_err(errno) {
-        Ok(h) => At::new(h.into()),
-        Err(Errno::ENOENT) => {
-            let flags = OpenFlags::O_WRONLY | OpenFlags::O_CREAT | OpenFlags::O_NOFOLLOW | OpenFlags::O_CLOEXEC;
-            At::new(root.create_file(&rel, flags, &Permissions::from_mode(0o644)).map_err(errno)?.into())
-        }
-        Err(e) => Err(e),
+    match existing(dst) {
+        Err(Errno::ENOENT) => {}
+        found => return found,
     }
+    let (parent, name) = parent_of(dst)?;
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    At::new(nix::fcntl::openat(&parent, name, flags, Mode::from_bits_truncate(0o644))?)
 }
 
-/// After a mount at `dst`: the role's view there, resolved again, shows a new mount (read
-/// back as [`sys::mounted`] says), which is returned to set its flags on.
-fn shown(dst: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<At, Errno> {
+/// The mounts this setup made and read back, by mount id.
+pub type Made = Vec<u64>;
+
+/// After a mount at `dst`: the role's view there, found again, shows a new mount (read back
+/// as [`sys::mounted`] says) that no earlier step made (`made`): a directory of a bound host
+/// tree renamed between the mount and this read-back could otherwise show an earlier bind
+/// here, and its flags would be set on that one (found by review). Returned to set its flags.
+fn shown(
+    dst: &CStr,
+    before: u64,
+    fs: Option<nix::sys::statfs::FsType>,
+    attrs: u64,
+    made: &mut Made,
+) -> Result<At, Errno> {
     let now = existing(dst)?;
     sys::mounted(&now.path, before, fs, attrs)?;
+    let id = sys::mount_id(&now.path)?;
+    if made.contains(&id) {
+        return Err(Errno::ESTALE);
+    }
+    made.push(id);
     Ok(now)
 }
 
 /// Perform one mount step (paths are absolute, under the new root's mount point; each is
 /// resolved inside the new root, [`At`]).
-pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
+pub fn apply(m: &Mount, src: Option<&OwnedFd>, made: &mut Made) -> R {
     match m {
         Mount::Tmpfs { dst, opts, attrs } => {
             let at = dir_at(dst)?;
             let before = sys::mount_id(&at.path)?;
             mount(Some("tmpfs"), at.path.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))?;
-            shown(dst, before, Some(TMPFS_MAGIC), *attrs).map(drop)
+            shown(dst, before, Some(TMPFS_MAGIC), *attrs, made).map(drop)
         }
         Mount::Bind { dst, dir, attrs, .. } => {
             let fd = src.ok_or(Errno::EBADF)?;
             let at = if *dir { dir_at(dst)? } else { file_at(dst)? };
             let before = sys::mount_id(&at.path)?;
             bind_fd(fd, &at.path)?;
-            let now = shown(dst, before, None, 0)?;
+            let now = shown(dst, before, None, 0, made)?;
             // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
             sys::mount_setattr(&now.path, *attrs, true)
         }
         Mount::Symlink { target, dst } => {
-            let (root, parent, name) = parent_made(dst)?;
-            let link = InodeType::Symlink(as_path(target).to_path_buf());
-            root.create(parent.join(name), &link).map_err(errno)
+            let (parent, name) = parent_of(dst)?;
+            nix::unistd::symlinkat(target.as_c_str(), &parent, name)
         }
         Mount::File { dst, contents } => {
-            let (root, parent, name) = parent_made(dst)?;
-            let flags = OpenFlags::O_WRONLY
-                | OpenFlags::O_CREAT
-                | OpenFlags::O_TRUNC
-                | OpenFlags::O_NOFOLLOW
-                | OpenFlags::O_CLOEXEC;
-            let file = root.create_file(parent.join(name), flags, &Permissions::from_mode(0o644)).map_err(errno)?;
+            let (parent, name) = parent_of(dst)?;
+            let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let fd = nix::fcntl::openat(&parent, name, flags, Mode::from_bits_truncate(0o644))?;
             use std::os::fd::AsRawFd;
-            sys::write_all(file.as_raw_fd(), contents)
+            sys::write_all(fd.as_raw_fd(), contents)
         }
         Mount::Proc { dst } => {
             let at = dir_at(dst)?;
@@ -229,7 +242,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
             )?;
-            shown(dst, before, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
+            shown(dst, before, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, made)
                 .map(drop)
         }
         Mount::MaskFile { dst } => {
@@ -238,7 +251,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             };
             let before = sys::mount_id(&at.path)?;
             mount(Some("/dev/null"), at.path.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-            let now = shown(dst, before, None, 0)?;
+            let now = shown(dst, before, None, 0, made)?;
             sys::mount_setattr(
                 &now.path,
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
@@ -262,6 +275,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 before,
                 Some(TMPFS_MAGIC),
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                made,
             )
             .map(drop)
         }
@@ -291,7 +305,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
             }
             Ok(())
         }
-        Mount::SealedProgram { dst, fd, mode } => sealed_program(dst, *fd, *mode),
+        Mount::SealedProgram { dst, fd, mode } => sealed_program(dst, *fd, *mode, made),
         Mount::ReadOnly { dst } => {
             let Some(at) = if_there(dst)? else {
                 return Ok(());
@@ -304,7 +318,7 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>) -> R {
                 MsFlags::MS_BIND | MsFlags::MS_REC,
                 None::<&str>,
             )?;
-            let now = shown(dst, before, None, 0)?;
+            let now = shown(dst, before, None, 0, made)?;
             sys::mount_setattr(
                 &now.path,
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
@@ -323,7 +337,7 @@ const STAGED: &CStr = c"/tmp/.sealnode-program/program";
 /// and its one file is bound over `dst`, read-only, nosuid, nodev; the tmpfs then leaves the
 /// tree (the bind holds it) and the memfd is closed: the sandbox init would otherwise hold a
 /// second copy for the role's lifetime.
-fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32) -> R {
+fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32, made: &mut Made) -> R {
     use std::os::fd::BorrowedFd;
     // SAFETY: the plan's memfd, which the child inherited and keeps until this step.
     let src = unsafe { BorrowedFd::borrow_raw(fd) };
@@ -365,7 +379,7 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32) -> R {
     let at = existing(dst)?;
     let before = sys::mount_id(&at.path)?;
     mount(Some(STAGED), at.path.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-    let now = shown(dst, before, None, 0)?;
+    let now = shown(dst, before, None, 0, made)?;
     sys::mount_setattr(&now.path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
     umount2(STAGING, MntFlags::MNT_DETACH)?;
     nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, STAGING, nix::unistd::UnlinkatFlags::RemoveDir)?;

@@ -557,7 +557,53 @@ fn mount_table(cfg: &Config, role: Role, inv: &Invoker, ids: Ids) -> Result<Vec<
     for (p, contents) in generated_etc(cfg, role, ids) {
         mounts.push(Mount::File { dst: under_root(Path::new(p))?, contents: contents.into_bytes() });
     }
+    through_own_links(&mut mounts)?;
     Ok(mounts)
+}
+
+/// Destinations through sealnode's own links (`/lib -> usr/lib`, made earlier in the table)
+/// named by where they lead: the child follows no symlink on a destination's way
+/// (`sandbox::mounts`), so a CDI spec's `/lib/x86_64-linux-gnu/libcuda.so.1` is bound at
+/// `/usr/lib/x86_64-linux-gnu/libcuda.so.1`, where the role reaches it through the same link.
+/// A link whose target climbs (`..`) is left as it is: a destination through it fails the
+/// start. Unit test: plan::tests::a_destination_through_sealnodes_own_link_is_named_by_its_target.
+fn through_own_links(mounts: &mut [Mount]) -> Result<()> {
+    let links: Vec<(PathBuf, PathBuf)> = mounts
+        .iter()
+        .filter_map(|m| {
+            let Mount::Symlink { target, dst } = m else { return None };
+            let (dst, target) = (as_path(dst), as_path(target));
+            if target.components().any(|c| c == std::path::Component::ParentDir) {
+                return None;
+            }
+            let to = if target.is_absolute() {
+                Path::new(NEWROOT).join(target.strip_prefix("/").unwrap_or(target))
+            } else {
+                dst.parent()?.join(target)
+            };
+            Some((dst.to_path_buf(), to))
+        })
+        .collect();
+    for m in mounts.iter_mut() {
+        let (Mount::Bind { dst, .. } | Mount::Tmpfs { dst, .. } | Mount::File { dst, .. }) = m else { continue };
+        let mut path = as_path(dst).to_path_buf();
+        // Bounded as the kernel bounds a walk's links.
+        for _ in 0..40 {
+            let Some((rest, to)) = links
+                .iter()
+                .find_map(|(l, to)| path.strip_prefix(l).ok().filter(|r| !r.as_os_str().is_empty()).map(|r| (r, to)))
+            else {
+                break;
+            };
+            path = to.join(rest);
+        }
+        *dst = cstr(&path)?;
+    }
+    Ok(())
+}
+
+fn as_path(c: &CString) -> &Path {
+    Path::new(std::ffi::OsStr::from_bytes(c.as_bytes()))
 }
 
 /// `/dev` (a tmpfs with bound device nodes, then frozen), `/dev/shm` and `/tmp`.
@@ -988,5 +1034,49 @@ mod tests {
         assert_eq!(got("python3", &env("/venv/bin:relative:/usr/bin")), vec!["/venv/bin/python3", "/usr/bin/python3"]);
         assert_eq!(got("true", &[]), vec!["/usr/bin/true", "/bin/true"]);
         assert!(exec_candidates("a\0b", &[]).is_err());
+    }
+
+    #[test]
+    fn a_destination_through_sealnodes_own_link_is_named_by_its_target() {
+        let c = |p: &str| CString::new(p).expect("c");
+        let bind = |dst: &str| Mount::Bind {
+            src: c("/x"),
+            dst: c(dst),
+            dir: false,
+            attrs: 0,
+            check: Check::None,
+            nofollow: true,
+        };
+        let mut m = vec![
+            Mount::Symlink { target: c("usr/lib"), dst: c("/tmp/lib") },
+            Mount::Symlink { target: c("/usr/bin"), dst: c("/tmp/bin") },
+            Mount::Symlink { target: c("../etc"), dst: c("/tmp/up") },
+            bind("/tmp/lib/x86_64-linux-gnu/libcuda.so.1"),
+            bind("/tmp/bin/tool"),
+            bind("/tmp/lib"),
+            bind("/tmp/up/x"),
+            bind("/tmp/library/y"),
+            Mount::File { dst: c("/tmp/lib/f"), contents: vec![] },
+        ];
+        through_own_links(&mut m).expect("links");
+        let dsts: Vec<String> = m[3..]
+            .iter()
+            .map(|x| match x {
+                Mount::Bind { dst, .. } | Mount::File { dst, .. } => dst.to_string_lossy().into_owned(),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            dsts,
+            [
+                "/tmp/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "/tmp/usr/bin/tool",
+                // The link itself, a link that climbs, and a name that only starts the same.
+                "/tmp/lib",
+                "/tmp/up/x",
+                "/tmp/library/y",
+                "/tmp/usr/lib/f",
+            ]
+        );
     }
 }

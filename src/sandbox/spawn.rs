@@ -500,15 +500,26 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
              sealnode answering a call with a faked success is refused; `sealnode doctor` tries the calls)",
         );
     }
-    if stage == Stage::BuildRoot
-        && matches!(plan.mounts.get(item), Some(Mount::Bind { .. } | Mount::Tmpfs { .. }))
-        && matches!(f.errno, Errno::ENOENT | Errno::ENOTDIR | Errno::EXDEV | Errno::ELOOP)
-    {
-        detail.push_str(
-            " (a destination is resolved in the role's view, every symlink on its way followed inside the new \
-             root, never on the host: a symlink there to a path the view lacks, or a file on the way, leaves no \
-             mount point)",
-        );
+    if stage == Stage::BuildRoot && matches!(plan.mounts.get(item), Some(Mount::Bind { .. } | Mount::Tmpfs { .. })) {
+        let why = match f.errno {
+            Errno::ELOOP => Some(
+                "a destination may cross no symlink (but sealnode's own, /lib -> usr/lib and the like): one in a \
+                 bound directory could lead it out of the new root or over another path of the view; name the path \
+                 the link leads to",
+            ),
+            Errno::EROFS => Some("no mount point can be made inside a read-only bind: bind it where the view has one"),
+            Errno::ENOENT | Errno::ENOTDIR => {
+                Some("a file or a missing path on the destination's way leaves no mount point")
+            }
+            Errno::ESTALE => Some(
+                "its destination showed a mount an earlier step made: a directory of a bound host tree was renamed \
+                 during the setup; the start is refused; start again",
+            ),
+            _ => None,
+        };
+        if let Some(why) = why {
+            detail.push_str(&format!(" ({why})"));
+        }
     }
     if stage == Stage::OpenSources && f.errno == Errno::ESTALE {
         detail.push_str(" (it was replaced since it was checked before this start: the start is refused; start again)");
