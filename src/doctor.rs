@@ -406,12 +406,12 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
             let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
             mount(Some("tmpfs"), "/tmp", Some("tmpfs"), flags, Some("size=4k"))?;
             let attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
-            sys::mounted(c"/tmp", before, Some(nix::sys::statfs::TMPFS_MAGIC), attrs)
+            sys::mounted(c"/tmp", before, Some(nix::sys::statfs::TMPFS_MAGIC), attrs).map(drop)
         });
         p.step("mount (bind)", &|| {
             let before = sys::mount_id(c"/tmp")?;
             mount(Some("/tmp"), "/tmp", none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
-            sys::mounted(c"/tmp", before, None, 0)
+            sys::mounted(c"/tmp", before, None, 0).map(drop)
         });
         // As the sealed copy of a role's program is made read-only at its superblock.
         p.step("mount (remount)", &|| {

@@ -251,7 +251,8 @@ pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno
 /// file unmasked or a role's dir as the empty directory below it; and a path already on a mount
 /// of that kind is no proof either (found by review: where the host's /tmp is a nosuid, nodev
 /// tmpfs, a faked root tmpfs passed, and the root's skeleton was written into the host's /tmp).
-pub fn mounted(path: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<(), Errno> {
+/// Returns the new mount's id.
+pub fn mounted(path: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<u64, Errno> {
     // One statx: the mount's id, and whether the path is its root.
     let st = statx_mount(path)?;
     if st.stx_mnt_id == before {
@@ -266,7 +267,7 @@ pub fn mounted(path: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, a
             return Err(Errno::EOPNOTSUPP);
         }
     }
-    has_attrs(path, attrs)
+    has_attrs(path, attrs).map(|()| st.stx_mnt_id)
 }
 
 /// The id of the mount `path` is on (statx's STATX_MNT_ID): a new mount there shows a new one.

@@ -193,8 +193,7 @@ fn shown(
     made: &mut Made,
 ) -> Result<At, Errno> {
     let now = existing(dst)?;
-    sys::mounted(&now.path, before, fs, attrs)?;
-    let id = sys::mount_id(&now.path)?;
+    let id = sys::mounted(&now.path, before, fs, attrs)?;
     if made.contains(&id) {
         return Err(Errno::ESTALE);
     }
