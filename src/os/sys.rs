@@ -624,11 +624,25 @@ pub fn close_all_except(keep: &[RawFd]) -> Result<(), Errno> {
 
 /// Wait until `fd` can be read (data, or its writers gone) or `until` passes: `false` then.
 pub fn readable_by(fd: std::os::fd::BorrowedFd, until: std::time::Instant) -> Result<bool, Errno> {
+    ready_by(fd, until, nix::poll::PollFlags::POLLIN)
+}
+
+/// Have all writers of the pipe `fd` gone (POLLHUP; what they wrote is still there to read)
+/// by `until`? A reader that needs no word before then sleeps through every write.
+pub fn hung_up_by(fd: std::os::fd::BorrowedFd, until: std::time::Instant) -> Result<bool, Errno> {
+    ready_by(fd, until, nix::poll::PollFlags::empty())
+}
+
+fn ready_by(
+    fd: std::os::fd::BorrowedFd,
+    until: std::time::Instant,
+    events: nix::poll::PollFlags,
+) -> Result<bool, Errno> {
     loop {
         let left = until.saturating_duration_since(std::time::Instant::now());
         let ms = nix::poll::PollTimeout::try_from(left.as_millis().min(60_000) as i32)
             .unwrap_or(nix::poll::PollTimeout::ZERO);
-        let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        let mut fds = [nix::poll::PollFd::new(fd, events)];
         match nix::poll::poll(&mut fds, ms) {
             Ok(0) if left.as_millis() <= 60_000 => return Ok(false),
             Ok(0) | Err(Errno::EINTR) => continue,

@@ -136,9 +136,17 @@ pub fn step<S: Step, T>(fd: RawFd, step: S, item: usize, op: impl FnOnce() -> st
 }
 
 /// Child side: say that `step` is about to be made (or exit, as [`must`] does, when the parent
-/// cannot be told).
+/// cannot be told): once per step, not again for each of its items (a root's ~40 mounts): the
+/// parent keeps only the step, and the pipe's buffer holds every frame of a setup unread.
 pub fn reached<S: Step>(fd: RawFd, step: S, item: usize) {
-    must(fd, step, item, send(fd, Frame::Reached(step.code())))
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // The last step said by this process (each process of a setup is single-threaded; a fork
+    // copies it, and the init's own step differs from any its child said).
+    static SAID: AtomicU32 = AtomicU32::new(u32::MAX);
+    let code = step.code();
+    if SAID.swap(code, Ordering::Relaxed) != code {
+        must(fd, step, item, send(fd, Frame::Reached(step.code())));
+    }
 }
 
 /// Child side: the value, or report `step` as failed and exit.

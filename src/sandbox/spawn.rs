@@ -183,7 +183,7 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     if let Err(e) = sys::write_all(sync_w.as_raw_fd(), &[1]) {
         // It failed before it was released (found by review: its own report was dropped and
         // the error read "Broken pipe"): what it said, or, without a word, how it ended.
-        return Err(match next_report(err_r.as_raw_fd(), &mut progress, until) {
+        return Err(match next_report(err_r.as_raw_fd(), &mut progress, until, false) {
             Ok(Some(f)) => match f.failure::<Stage>() {
                 Some(Ok(failure)) => {
                     let _ = waitpid(pid, None);
@@ -197,7 +197,8 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     }
     let mut listener = None;
     loop {
-        match next_report(err_r.as_raw_fd(), &mut progress, until).map_err(|e| match e {
+        let each = plan.refusal_log.is_some() && listener.is_none();
+        match next_report(err_r.as_raw_fd(), &mut progress, until, each).map_err(|e| match e {
             Errno::ETIMEDOUT => reap.abort(held_error(plan.role, progress)),
             e => reap.abort(Error::errno("read setup status", e)),
         })? {
@@ -275,14 +276,27 @@ impl Progress {
 
 /// The child's next report that is not progress (those update `progress`), or `None` at EOF;
 /// ETIMEDOUT once `until` passes. A step code the child's steps do not have is EPROTO.
+/// `each`: woken at each frame (the denial log's listener waits for the parent); otherwise
+/// only once the pipe's writers are all gone (the exec, a failure, a kill), then every frame
+/// is read from the pipe's buffer: the launcher does not wake at each of a setup's ~150 steps.
 fn next_report(
     fd: std::os::fd::RawFd,
     progress: &mut Progress,
     until: std::time::Instant,
+    each: bool,
 ) -> std::result::Result<Option<Frame>, Errno> {
     loop {
         // SAFETY: `fd` is the parent's read end of the setup pipe, open for this call.
-        if !sys::readable_by(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }, until)? {
+        let pipe = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let ready = if each { sys::readable_by(pipe, until)? } else { sys::hung_up_by(pipe, until)? };
+        if !ready {
+            // Held: what it said so far names the step it is held at.
+            while sys::readable_by(pipe, std::time::Instant::now())? {
+                match protocol::read_frame(fd)? {
+                    Some(f) if progress.take(f)? => {}
+                    other => return Ok(other),
+                }
+            }
             return Err(Errno::ETIMEDOUT);
         }
         match protocol::read_frame(fd)? {
