@@ -17,6 +17,11 @@ for mode in rootful rootless; do
     "unshare -Urmnpiu --fork" "sh -c 'exec $as unshare -Urmnpiu --fork /bin/true'"
     "bare /bin/true" "sh -c 'exec $as /bin/true'"
   )
+  # SEALNODE_BENCH_BASE: a sealnode of another commit (built as $SN is), timed in the same
+  # rounds: what a change costs per start, beside the anchors.
+  if [ -n "${SEALNODE_BENCH_BASE:-}" ]; then
+    cmds+=("sealnode, base" "sh -c 'exec $as $SEALNODE_BENCH_BASE exec --config $BENCH/$mode/c.toml --role node -- /bin/true'")
+  fi
   files=()
   for r in $(seq 1 "$ROUNDS"); do
     args=()
