@@ -210,45 +210,72 @@ fn a_bind_destination_through_a_symlink_is_refused() {
     }
 }
 
-/// Two binds under one bound host tree, its two directories exchanged again and again while
-/// roles start: every start that is accepted has both binds read-only where the role sees
-/// them (found by review: the read-back found the bind again by its path, and a rename between
-/// the mount and the read-back put the flags on the earlier bind, leaving this one writable).
+/// Binds under one bound host tree whose directories are exchanged again and again while roles
+/// start: every start that is accepted has each bind read-only where the role sees it. Found
+/// by review, twice: the read-back found the bind again by its path, and a rename between the
+/// mount and the read-back put the flags on another mount there (an earlier bind; then a copy
+/// of a host mount inside the tree, which came with the recursive bind), leaving this bind
+/// writable.
 #[test]
 fn binds_renamed_under_a_start_are_never_left_without_their_flags() {
     if !is_root() {
-        return unavailable("rootful", "the exchanger renames in a root-owned tree");
+        return unavailable("rootful", "the exchangers rename in a root-owned tree, and a host mount is made in it");
+    }
+    /// The host's mount inside the bound tree, unmounted however the test ends.
+    struct Mounted(std::path::PathBuf);
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
     }
     for mode in modes() {
         let mut f = Fixture::new(mode, "bindrace");
-        let (a, b1, b2) = (f.p("a"), f.p("b1"), f.p("b2"));
-        for d in [&a, &a.join("v"), &a.join("v/sub"), &a.join("w"), &a.join("w/sub"), &b1, &b2] {
+        let (a, b1, b2, b3) = (f.p("a"), f.p("b1"), f.p("b2"), f.p("b3"));
+        for d in ["v/sub", "w/sub", "x/b", "p/b"] {
+            std::fs::create_dir_all(a.join(d)).expect("dir");
+        }
+        for d in [&b1, &b2, &b3] {
             std::fs::create_dir(d).expect("dir");
         }
+        nix::mount::mount(
+            Some("tmpfs"),
+            &a.join("p/b"),
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=64k,mode=0755"),
+        )
+        .expect("host mount in the tree");
+        let _mounted = Mounted(a.join("p/b"));
         f.node_extra = format!(
             "ro_binds = [{{ src = \"{}\", dst = \"/opt/a\" }}, {{ src = \"{}\", dst = \"/opt/a/v/sub\" }}, \
-             {{ src = \"{}\", dst = \"/opt/a/w/sub\" }}]",
+             {{ src = \"{}\", dst = \"/opt/a/w/sub\" }}, {{ src = \"{}\", dst = \"/opt/a/x/b\" }}]",
             a.display(),
             b1.display(),
-            b2.display()
+            b2.display(),
+            b3.display()
         );
         f.write_config();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (s2, v, w) = (stop.clone(), a.join("v"), a.join("w"));
-        let exchanger = std::thread::spawn(move || {
-            use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
-            while !s2.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = renameat2(AT_FDCWD, &v, AT_FDCWD, &w, RenameFlags::RENAME_EXCHANGE);
-            }
-        });
+        let exchangers: Vec<_> = [("v", "w"), ("x", "p")]
+            .into_iter()
+            .map(|(one, other)| {
+                let (s2, one, other) = (stop.clone(), a.join(one), a.join(other));
+                std::thread::spawn(move || {
+                    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+                    while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = renameat2(AT_FDCWD, &one, AT_FDCWD, &other, RenameFlags::RENAME_EXCHANGE);
+                    }
+                })
+            })
+            .collect();
         let mut outcomes = std::collections::BTreeMap::new();
-        for _ in 0..60 {
-            let o = f.exec("node", &["/bin/sh", "-c", "grep ' /opt/a/' /proc/self/mountinfo"]);
+        for _ in 0..100 {
+            let o = f.exec("node", &["/bin/sh", "-c", "grep ' /opt/a' /proc/self/mountinfo"]);
             let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
             let kind = if o.status.success() {
                 for line in out.lines() {
                     let opts = line.split_whitespace().nth(5).unwrap_or("");
-                    assert!(opts.split(',').any(|o| o == "ro"), "{mode:?}: a bind left writable: {line}");
+                    assert!(opts.split(',').any(|o| o == "ro"), "{mode:?}: a bind left writable: {line}\n{out}");
                 }
                 "started"
             } else {
@@ -258,7 +285,9 @@ fn binds_renamed_under_a_start_are_never_left_without_their_flags() {
             *outcomes.entry(kind).or_insert(0) += 1;
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        exchanger.join().expect("exchanger");
+        for e in exchangers {
+            e.join().expect("exchanger");
+        }
         eprintln!("{mode:?}: {outcomes:?}");
         assert!(outcomes.get("started").is_some_and(|n| *n >= 1), "{mode:?}: never started: {outcomes:?}");
     }

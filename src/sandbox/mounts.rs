@@ -211,14 +211,20 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>, made: &mut Made) -> R {
             mount(Some("tmpfs"), at.path.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))?;
             shown(dst, before, Some(TMPFS_MAGIC), *attrs, made).map(drop)
         }
-        Mount::Bind { dst, dir, attrs, .. } => {
+        // The new root itself (the canary matrix's host tree): nothing can rename around it.
+        Mount::Bind { dst, attrs, .. } if as_path(dst) == Path::new(NEWROOT) => {
             let fd = src.ok_or(Errno::EBADF)?;
-            let at = if *dir { dir_at(dst)? } else { file_at(dst)? };
+            let at = dir_at(dst)?;
             let before = sys::mount_id(&at.path)?;
             bind_fd(fd, &at.path)?;
             let now = shown(dst, before, None, 0, made)?;
             // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
             sys::mount_setattr(&now.path, *attrs, true)
+        }
+        Mount::Bind { dst, dir, attrs, .. } => {
+            let fd = src.ok_or(Errno::EBADF)?;
+            let at = if *dir { dir_at(dst)? } else { file_at(dst)? };
+            staged_bind(fd, &at, dst, *dir, *attrs, made)
         }
         Mount::Symlink { target, dst } => {
             let (parent, name) = parent_of(dst)?;
@@ -324,6 +330,43 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>, made: &mut Made) -> R {
                 true,
             )
         }
+    }
+}
+
+/// Where a bind is made and given its flags before it is moved to its destination: in the new
+/// root's own tmpfs, where nothing outside this setup can rename a directory; removed after.
+const BIND_STAGE: &CStr = c"/tmp/.sealnode-bind";
+
+/// Bind `src` at `at` (the destination `dst`, found in the new root) with `attrs`: made at
+/// [`BIND_STAGE`], its flags set and read back there, then moved (MS_MOVE, flags and all) onto
+/// the very inode found, and read back at `dst` as exactly that mount. Found by review: made
+/// at its destination and then found again by path, a directory of a bound host tree renamed
+/// in between showed another mount there (an earlier bind, a copy of a host submount that came
+/// with a recursive bind), whose flags were set instead, and the start was accepted with this
+/// bind writable, suid and exec.
+fn staged_bind(src: &OwnedFd, at: &At, dst: &CStr, dir: bool, attrs: u64, made: &mut Made) -> R {
+    if dir {
+        mkdir(BIND_STAGE, Mode::from_bits_truncate(0o700))?;
+    } else {
+        let flags = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC;
+        drop(nix::fcntl::open(BIND_STAGE, flags, Mode::from_bits_truncate(0o600))?);
+    }
+    let before = sys::mount_id(BIND_STAGE)?;
+    bind_fd(src, BIND_STAGE)?;
+    let id = sys::mounted(BIND_STAGE, before, None, 0)?;
+    // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
+    sys::mount_setattr(BIND_STAGE, attrs, true)?;
+    mount(Some(BIND_STAGE), at.path.as_c_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>)?;
+    let now = existing(dst)?;
+    if sys::mount_id(&now.path)? != id || made.contains(&id) {
+        return Err(Errno::ESTALE);
+    }
+    sys::has_attrs(&now.path, attrs)?;
+    made.push(id);
+    if dir {
+        nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, BIND_STAGE, nix::unistd::UnlinkatFlags::RemoveDir)
+    } else {
+        nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, BIND_STAGE, nix::unistd::UnlinkatFlags::NoRemoveDir)
     }
 }
 
