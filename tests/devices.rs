@@ -459,6 +459,15 @@ fn bad_cdi_specs_are_config_errors_naming_the_spec_and_entry() {
             format!("{{ src = \"{d}/share\", dst = \"/usr/share/sealnode-no-such\", exec = false }}"),
             "engine.ro_binds[0].dst: /usr/share/sealnode-no-such does not exist in the read-only system bind of /usr",
         ),
+        // Through sealnode's own link where /lib is one (found by review: `check` passed it).
+        (
+            format!("{{ src = \"{d}/share\", dst = \"/lib/sealnode-no-such\", exec = false }}"),
+            if std::fs::read_link("/lib").is_ok_and(|t| t == std::path::Path::new("usr/lib")) {
+                "engine.ro_binds[0].dst: /usr/lib/sealnode-no-such does not exist in the read-only system bind of /usr"
+            } else {
+                "engine.ro_binds[0].dst: /lib/sealnode-no-such does not exist in the read-only system bind of /lib"
+            },
+        ),
     ] {
         f.engine_extra = good_extra.replace("ro_binds = [", &format!("ro_binds = [{bind}, "));
         f.write_config();

@@ -71,6 +71,16 @@ fn symlink_on_the_way(path: &Path) -> Option<PathBuf> {
 /// the role's view: it must already be there, of the same kind as the bind's source. None when
 /// the destination is not under a system bind, or is fine.
 fn system_mount_point_problem(inside: &Path, src_is_dir: bool) -> Option<String> {
+    // Through sealnode's own links first (`/lib -> usr/lib`), as the plan binds it
+    // (sandbox::plan's through_own_links; found by review: `/lib/newdir` passed `check` and
+    // failed every start).
+    let linked = SYSTEM_RO.iter().map(Path::new).find_map(|s| {
+        let rest = inside.strip_prefix(s).ok()?;
+        let target = std::fs::read_link(s).ok()?;
+        let climbs = target.components().any(|c| c == std::path::Component::ParentDir);
+        (!climbs).then(|| s.parent().unwrap_or(Path::new("/")).join(target).join(rest))
+    });
+    let inside = linked.as_deref().unwrap_or(inside);
     let sys = SYSTEM_RO
         .iter()
         .map(Path::new)
