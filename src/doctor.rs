@@ -53,7 +53,7 @@ const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// profile refusing one of them, or killing on it, passed doctor, and run then failed with a
 /// message that did not name the profile, or named the wrong cause: "another host user's
 /// files"). Every start's `run` makes them too, through [`required`].
-const STEPS: [&str; 30] = [
+const STEPS: [&str; 31] = [
     "close_range",
     "setsid",
     "prctl (PR_SET_PDEATHSIG)",
@@ -61,6 +61,7 @@ const STEPS: [&str; 30] = [
     "sethostname",
     "mount",
     "mount (bind)",
+    "mount (move)",
     "mount (remount)",
     "mount_setattr",
     "setns (network namespace)",
@@ -412,6 +413,26 @@ fn try_namespaces(ids: Option<[crate::config::Ids; 2]>) -> Result<Vec<Refused>, 
             let before = sys::mount_id(c"/tmp")?;
             mount(Some("/tmp"), "/tmp", none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
             sys::mounted(c"/tmp", before, None, 0).map(drop)
+        });
+        // As each bind is moved from its stage onto its destination (read back: the same mount
+        // now shows there).
+        p.step("mount (move)", &|| {
+            // Made with the role's fs ids, as the setup makes its mount points (kuid 0 is
+            // unmapped in a cell: creating a file as it fails with EOVERFLOW).
+            let mode = nix::sys::stat::Mode::from_bits_truncate(0o700);
+            let (fsuid, fsgid) = (nix::unistd::setfsuid(role.0), nix::unistd::setfsgid(role.1));
+            let made = nix::unistd::mkdir(c"/tmp/stage", mode).and_then(|()| nix::unistd::mkdir(c"/tmp/dst", mode));
+            nix::unistd::setfsuid(fsuid);
+            nix::unistd::setfsgid(fsgid);
+            made?;
+            let before = sys::mount_id(c"/tmp/stage")?;
+            mount(Some("tmpfs"), "/tmp/stage", Some("tmpfs"), MsFlags::empty(), Some("size=4k"))?;
+            let id = sys::mounted(c"/tmp/stage", before, Some(nix::sys::statfs::TMPFS_MAGIC), 0)?;
+            mount(Some("/tmp/stage"), "/tmp/dst", none, MsFlags::MS_MOVE, none)?;
+            if sys::mount_id(c"/tmp/dst")? != id {
+                return Err(nix::errno::Errno::EOPNOTSUPP);
+            }
+            Ok(())
         });
         // As the sealed copy of a role's program is made read-only at its superblock.
         p.step("mount (remount)", &|| {
@@ -777,7 +798,7 @@ pub fn checks(needs: Needs) -> Vec<Check> {
                 name: "user namespaces",
                 level: Level::Ok,
                 value: "available".into(),
-                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (close_range, setsid, setgroups when rootful, sethostname, mounts, binds and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, sendfile, pivot_root, umount2, setrlimit, prctl, setresgid, setresuid, capset, Landlock, seccomp; the ones that can be read back, read back, mounts with statx, statfs and statvfs), and join them from another process (setns into the user, mount and network namespaces) and clone a role there (with CLONE_PARENT, from an intermediate, as a role is)".into(),
+                meaning: "sealnode can create user, mount, pid, net, ipc, uts and cgroup namespaces for this user, with id maps, make there the calls a role's setup makes (close_range, setsid, setgroups when rootful, sethostname, mounts, binds, a move and a remount, mount_setattr, setns, unshare, the loopback's ioctl, memfd_create, sendfile, pivot_root, umount2, setrlimit, prctl, setresgid, setresuid, capset, Landlock, seccomp; the ones that can be read back, read back, mounts with statx, statfs and statvfs), and join them from another process (setns into the user, mount and network namespaces) and clone a role there (with CLONE_PARENT, from an intermediate, as a role is)".into(),
             });
             v.extend(optional.into_iter().map(|r| optional_check(r, &needs, opts.as_ref())));
         }

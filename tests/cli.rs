@@ -468,6 +468,16 @@ fn a_filter_refusing_one_setup_call_is_named_by_doctor_and_run() {
             // mount root there, of its filesystem, with its flags).
             (libc::SYS_mount, vec![], Errno(0), "mount", "refused"),
             (libc::SYS_mount, arg(3, Op::MaskedEq(libc::MS_BIND), libc::MS_BIND), Errno(0), "mount (bind)", "refused"),
+            // Each bind is moved from its stage onto its destination (the second review of #29's
+            // mount destinations): refused or faked, the probe tells it.
+            (
+                libc::SYS_mount,
+                arg(3, Op::MaskedEq(libc::MS_MOVE), libc::MS_MOVE),
+                eperm.clone(),
+                "mount (move)",
+                "refused",
+            ),
+            (libc::SYS_mount, arg(3, Op::MaskedEq(libc::MS_MOVE), libc::MS_MOVE), Errno(0), "mount (move)", "refused"),
             (
                 libc::SYS_mount,
                 arg(3, Op::MaskedEq(libc::MS_REMOUNT), libc::MS_REMOUNT),
