@@ -45,7 +45,19 @@ pub const SYSTEM_RO: &[&str] = &[
 
 /// Paths inside a role that sealnode lays out itself: no extra bind may land on or under
 /// them (`/` only exactly).
-pub const RESERVED_INSIDE: &[&str] = &["/", "/proc", "/dev", "/tmp", "/etc", INSIDE_SCRATCH, INSIDE_MODELS, "/run"];
+pub const RESERVED_INSIDE: &[&str] = &[
+    "/",
+    "/proc",
+    "/dev",
+    "/tmp",
+    "/etc",
+    INSIDE_SCRATCH,
+    INSIDE_MODELS,
+    "/run",
+    // The setup's stages in the root tmpfs (sandbox::mounts): a bind's, the program's copy's.
+    "/.sealnode-bind",
+    "/.sealnode-program",
+];
 
 /// The tpm2-tools, by absolute path (Debian's package).
 pub const TPM_TOOLS: &str = "/usr/bin";

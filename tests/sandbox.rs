@@ -637,26 +637,37 @@ fn swapped_role_dir_is_never_mounted() {
 #[test]
 fn a_faked_landlock_restrict_self_is_caught_and_nothing_runs() {
     // The sandbox init's own domain is read back first now (its deny-all Landlock domain).
-    faked_call_refuses("fake-landlock", libc::SYS_landlock_restrict_self, "Landlock domain");
+    faked_call_refuses("fake-landlock", libc::SYS_landlock_restrict_self, vec![], "Landlock domain");
 }
 
 /// The same for mount_setattr (the read-only, nosuid, nodev and noexec flags of a role's
 /// binds): the mount's flags as the kernel reports them must hold what was asked.
 #[test]
 fn a_faked_mount_setattr_is_caught_and_nothing_runs() {
-    faked_call_refuses("fake-mount-setattr", libc::SYS_mount_setattr, "EOPNOTSUPP");
+    faked_call_refuses("fake-mount-setattr", libc::SYS_mount_setattr, vec![], "EOPNOTSUPP");
+}
+
+/// A bind's move from its stage onto its destination answered with a faked success: told as
+/// a mount the kernel does not show (found by review: it was told as a rename, "start again").
+#[test]
+fn a_faked_move_of_a_bind_is_caught_and_nothing_runs() {
+    use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+    let ms_move = libc::MS_MOVE;
+    let cond = SeccompCondition::new(3, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(ms_move), ms_move);
+    let rules = vec![SeccompRule::new(vec![cond.expect("condition")]).expect("rule")];
+    faked_call_refuses("fake-move", libc::SYS_mount, rules, "does not show it as it was asked");
 }
 
 /// `sealnode exec` under a seccomp filter that answers `nr` with a faked success (errno 0):
 /// it must refuse, saying `says`, and run nothing.
-fn faked_call_refuses(name: &str, nr: i64, says: &str) {
+fn faked_call_refuses(name: &str, nr: i64, rules: Vec<seccompiler::SeccompRule>, says: &str) {
     use std::os::unix::process::CommandExt;
     for mode in modes() {
         let f = Fixture::new(mode, name);
         let ok = f.exec("engine", &["/usr/bin/busybox", "echo", "ran"]);
         assert!(ok.status.success(), "{mode:?}: without the filter: {}", String::from_utf8_lossy(&ok.stderr));
         let filter = seccompiler::SeccompFilter::new(
-            [(nr, vec![])].into_iter().collect(),
+            [(nr, rules.clone())].into_iter().collect(),
             seccompiler::SeccompAction::Allow,
             seccompiler::SeccompAction::Errno(0),
             seccompiler::TargetArch::x86_64,

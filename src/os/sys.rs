@@ -276,17 +276,29 @@ pub fn mount_id(path: &CStr) -> Result<u64, Errno> {
 }
 
 /// statx of `path` (following symlinks, as mount(2) does) with its mount id, which must be
-/// there (else EOPNOTSUPP); the attributes (STATX_ATTR_MOUNT_ROOT) come with every statx.
+/// there (else EOPNOTSUPP); the attributes (STATX_ATTR_MOUNT_ROOT) come with every statx. The
+/// id is the unique one where the kernel has it (the same kind for every call on a host): the
+/// old one is reused once a mount is gone (found by review: a bind detached from the host
+/// during a setup gave its id to the next mount, and the refusal named the wrong bind).
 fn statx_mount(path: &CStr) -> Result<libc::statx, Errno> {
     // SAFETY: statx is plain data; zeroed is a valid value for the kernel to fill.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // STATX_MNT_ID_UNIQUE (Linux 6.8): an id never reused while the system runs.
+    let want = libc::STATX_MNT_ID | libc::STATX_MNT_ID_UNIQUE;
     // SAFETY: path is NUL-terminated; `st` is a valid, writable statx buffer.
-    let r = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), libc::AT_NO_AUTOMOUNT, libc::STATX_MNT_ID, &mut st) };
+    let r = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), libc::AT_NO_AUTOMOUNT, want, &mut st) };
     Errno::result(r)?;
-    if st.stx_mask & libc::STATX_MNT_ID == 0 {
+    if st.stx_mask & want == 0 {
         return Err(Errno::EOPNOTSUPP);
     }
     Ok(st)
+}
+
+/// The id of the mount `path` is on ([`mount_id`]) and whether `path` is that mount's root.
+pub fn mount_at(path: &CStr) -> Result<(u64, bool), Errno> {
+    let st = statx_mount(path)?;
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    Ok((st.stx_mnt_id, st.stx_attributes_mask & root != 0 && st.stx_attributes & root != 0))
 }
 
 /// The mount at `path` has every flag of `attrs` (MOUNT_ATTR_*), as statvfs reports them (a

@@ -356,11 +356,16 @@ fn staged_bind(src: &OwnedFd, at: &At, dst: &CStr, dir: bool, attrs: u64, made: 
     let id = sys::mounted(BIND_STAGE, before, None, 0)?;
     // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
     sys::mount_setattr(BIND_STAGE, attrs, true)?;
+    let there = sys::mount_id(&at.path)?;
     mount(Some(BIND_STAGE), at.path.as_c_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>)?;
-    let now = existing(dst)?;
-    if sys::mount_id(&now.path)? != id || made.contains(&id) {
-        return Err(Errno::ESTALE);
+    // Read back at `dst`: exactly this mount, as its root; the mount that was there means the
+    // move did not happen (a faked success); anything else, a rename under the setup.
+    match sys::mount_at(&existing(dst)?.path)? {
+        (shown, true) if shown == id && !made.contains(&id) => {}
+        (shown, _) if shown == there => return Err(Errno::EOPNOTSUPP),
+        _ => return Err(Errno::ESTALE),
     }
+    let now = existing(dst)?;
     sys::has_attrs(&now.path, attrs)?;
     made.push(id);
     if dir {
@@ -450,4 +455,19 @@ pub fn pivot(newroot: &CStr, workdir: &CStr) -> R {
 pub fn make_private() -> R {
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
     sys::no_propagation()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config's bind may not land on a stage of the setup (found by review: `check` passed
+    /// dst = /.sealnode-bind, and every start failed).
+    #[test]
+    fn the_setups_stages_are_reserved_in_the_config() {
+        for stage in [BIND_STAGE, STAGING] {
+            let inside = Path::new("/").join(as_path(stage).strip_prefix(NEWROOT).expect("under the root"));
+            assert!(crate::config::reserved_inside(&inside), "{}", inside.display());
+        }
+    }
 }

@@ -526,8 +526,8 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
                 Some("a file or a missing path on the destination's way leaves no mount point")
             }
             Errno::ESTALE => Some(
-                "its destination showed a mount an earlier step made: a directory of a bound host tree was renamed \
-                 during the setup; the start is refused; start again",
+                "its destination showed another mount than the one just made: a directory of a bound host tree was \
+                 renamed or removed during the setup; the start is refused",
             ),
             _ => None,
         };
