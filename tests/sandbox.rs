@@ -221,11 +221,14 @@ fn binds_renamed_under_a_start_are_never_left_without_their_flags() {
     if !is_root() {
         return unavailable("rootful", "the exchangers rename in a root-owned tree, and a host mount is made in it");
     }
-    /// The host's mount inside the bound tree, unmounted however the test ends.
-    struct Mounted(std::path::PathBuf);
+    /// The host's mount inside the bound tree, unmounted however the test ends, at whichever
+    /// of the two exchanged directories it was left in.
+    struct Mounted([std::path::PathBuf; 2]);
     impl Drop for Mounted {
         fn drop(&mut self) {
-            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+            for p in &self.0 {
+                let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+            }
         }
     }
     for mode in modes() {
@@ -245,7 +248,7 @@ fn binds_renamed_under_a_start_are_never_left_without_their_flags() {
             Some("size=64k,mode=0755"),
         )
         .expect("host mount in the tree");
-        let _mounted = Mounted(a.join("p/b"));
+        let _mounted = Mounted([a.join("p/b"), a.join("x/b")]);
         f.node_extra = format!(
             "ro_binds = [{{ src = \"{}\", dst = \"/opt/a\" }}, {{ src = \"{}\", dst = \"/opt/a/v/sub\" }}, \
              {{ src = \"{}\", dst = \"/opt/a/w/sub\" }}, {{ src = \"{}\", dst = \"/opt/a/x/b\" }}]",
