@@ -360,19 +360,17 @@ fn staged_bind(src: &OwnedFd, at: &At, dst: &CStr, dir: bool, attrs: u64, made: 
     mount(Some(BIND_STAGE), at.path.as_c_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>)?;
     // Read back at `dst`: exactly this mount, as its root; the mount that was there means the
     // move did not happen (a faked success); anything else, a rename under the setup.
-    match sys::mount_at(&existing(dst)?.path)? {
+    let now = existing(dst)?;
+    match sys::mount_at(&now.path)? {
         (shown, true) if shown == id && !made.contains(&id) => {}
         (shown, _) if shown == there => return Err(Errno::EOPNOTSUPP),
         _ => return Err(Errno::ESTALE),
     }
-    let now = existing(dst)?;
     sys::has_attrs(&now.path, attrs)?;
     made.push(id);
-    if dir {
-        nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, BIND_STAGE, nix::unistd::UnlinkatFlags::RemoveDir)
-    } else {
-        nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, BIND_STAGE, nix::unistd::UnlinkatFlags::NoRemoveDir)
-    }
+    use nix::unistd::UnlinkatFlags;
+    let stage = if dir { UnlinkatFlags::RemoveDir } else { UnlinkatFlags::NoRemoveDir };
+    nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, BIND_STAGE, stage)
 }
 
 /// Where the program's copy is staged, in the new root's tmpfs; removed once bound.
