@@ -220,16 +220,76 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// mount_setattr(path, AT_RECURSIVE?): add `set` attributes to a mount (and its submounts).
+/// Where a mount read-back looks: a path (followed as mount(2) follows it), or an fd already
+/// open (O_PATH) on the very inode, read with AT_EMPTY_PATH and fstatfs: no second walk and
+/// no trip through /proc/self/fd's magic links (docs/performance.md, "Launch").
+#[derive(Clone, Copy)]
+pub enum Place<'a> {
+    Path(&'a CStr),
+    Fd(BorrowedFd<'a>),
+}
+
+impl<'a> From<&'a CStr> for Place<'a> {
+    fn from(p: &'a CStr) -> Self {
+        Place::Path(p)
+    }
+}
+
+impl<'a> From<&'a CString> for Place<'a> {
+    fn from(p: &'a CString) -> Self {
+        Place::Path(p.as_c_str())
+    }
+}
+
+impl<'a> From<BorrowedFd<'a>> for Place<'a> {
+    fn from(fd: BorrowedFd<'a>) -> Self {
+        Place::Fd(fd)
+    }
+}
+
+impl<'a> From<&'a OwnedFd> for Place<'a> {
+    fn from(fd: &'a OwnedFd) -> Self {
+        use std::os::fd::AsFd;
+        Place::Fd(fd.as_fd())
+    }
+}
+
+impl Place<'_> {
+    /// The (dirfd, path, flags) triple of an *at() call that names this place.
+    fn at(&self) -> (RawFd, &CStr, libc::c_int) {
+        match self {
+            Place::Path(p) => (libc::AT_FDCWD, p, 0),
+            Place::Fd(fd) => (fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH),
+        }
+    }
+
+    fn statfs(&self) -> Result<nix::sys::statfs::Statfs, Errno> {
+        match self {
+            Place::Path(p) => nix::sys::statfs::statfs(*p),
+            Place::Fd(fd) => nix::sys::statfs::fstatfs(fd),
+        }
+    }
+
+    fn statvfs(&self) -> Result<nix::sys::statvfs::Statvfs, Errno> {
+        match self {
+            Place::Path(p) => nix::sys::statvfs::statvfs(*p),
+            Place::Fd(fd) => nix::sys::statvfs::fstatvfs(fd),
+        }
+    }
+}
+
+/// mount_setattr(place, AT_RECURSIVE?): add `set` attributes to a mount (and its submounts).
 /// Only adds restrictions, so locked flags inherited from the host are never cleared.
-pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno> {
+pub fn mount_setattr<'a>(place: impl Into<Place<'a>>, set: u64, recursive: bool) -> Result<(), Errno> {
+    let place = place.into();
     let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
-    let flags = if recursive { libc::AT_RECURSIVE } else { 0 };
+    let (dirfd, path, flags) = place.at();
+    let flags = if recursive { flags | libc::AT_RECURSIVE } else { flags };
     // SAFETY: path is NUL-terminated; attr is a valid mount_attr of the size passed.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
+            dirfd,
             path.as_ptr(),
             flags as libc::c_uint,
             &attr as *const MountAttr,
@@ -240,7 +300,7 @@ pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno
     // The call's return is not proof: a filter above sealnode (a container runtime's seccomp
     // profile) can answer it with a faked success (found in review). The mount's flags as the
     // kernel reports them must now hold what was asked; else EOPNOTSUPP.
-    has_attrs(path, set)
+    has_attrs(place, set)
 }
 
 /// A mount just made at `path`, as the kernel shows it: a new mount there (its id is not
@@ -252,9 +312,15 @@ pub fn mount_setattr(path: &CStr, set: u64, recursive: bool) -> Result<(), Errno
 /// of that kind is no proof either (found by review: where the host's /tmp is a nosuid, nodev
 /// tmpfs, a faked root tmpfs passed, and the root's skeleton was written into the host's /tmp).
 /// Returns the new mount's id.
-pub fn mounted(path: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, attrs: u64) -> Result<u64, Errno> {
-    // One statx: the mount's id, and whether the path is its root.
-    let st = statx_mount(path)?;
+pub fn mounted<'a>(
+    place: impl Into<Place<'a>>,
+    before: u64,
+    fs: Option<nix::sys::statfs::FsType>,
+    attrs: u64,
+) -> Result<u64, Errno> {
+    let place = place.into();
+    // One statx: the mount's id, and whether the place is its root.
+    let st = statx_mount(place)?;
     if st.stx_mnt_id == before {
         return Err(Errno::EOPNOTSUPP);
     }
@@ -263,30 +329,31 @@ pub fn mounted(path: &CStr, before: u64, fs: Option<nix::sys::statfs::FsType>, a
         return Err(Errno::EOPNOTSUPP);
     }
     if let Some(fs) = fs {
-        if nix::sys::statfs::statfs(path)?.filesystem_type() != fs {
+        if place.statfs()?.filesystem_type() != fs {
             return Err(Errno::EOPNOTSUPP);
         }
     }
-    has_attrs(path, attrs).map(|()| st.stx_mnt_id)
+    has_attrs(place, attrs).map(|()| st.stx_mnt_id)
 }
 
-/// The id of the mount `path` is on (statx's STATX_MNT_ID): a new mount there shows a new one.
-pub fn mount_id(path: &CStr) -> Result<u64, Errno> {
-    statx_mount(path).map(|st| st.stx_mnt_id)
+/// The id of the mount `place` is on (statx's STATX_MNT_ID): a new mount there shows a new one.
+pub fn mount_id<'a>(place: impl Into<Place<'a>>) -> Result<u64, Errno> {
+    statx_mount(place.into()).map(|st| st.stx_mnt_id)
 }
 
-/// statx of `path` (following symlinks, as mount(2) does) with its mount id, which must be
+/// statx of `place` (a path followed as mount(2) follows it, or the fd's own inode) with its mount id, which must be
 /// there (else EOPNOTSUPP); the attributes (STATX_ATTR_MOUNT_ROOT) come with every statx. The
 /// id is the unique one where the kernel has it (the same kind for every call on a host): the
 /// old one is reused once a mount is gone (found by review: a bind detached from the host
 /// during a setup gave its id to the next mount, and the refusal named the wrong bind).
-fn statx_mount(path: &CStr) -> Result<libc::statx, Errno> {
+fn statx_mount(place: Place<'_>) -> Result<libc::statx, Errno> {
+    let (dirfd, path, flags) = place.at();
     // SAFETY: statx is plain data; zeroed is a valid value for the kernel to fill.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // STATX_MNT_ID_UNIQUE (Linux 6.8): an id never reused while the system runs.
     let want = libc::STATX_MNT_ID | libc::STATX_MNT_ID_UNIQUE;
-    // SAFETY: path is NUL-terminated; `st` is a valid, writable statx buffer.
-    let r = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), libc::AT_NO_AUTOMOUNT, want, &mut st) };
+    // SAFETY: path is NUL-terminated, dirfd is AT_FDCWD or a live borrowed fd; `st` is a valid, writable statx buffer.
+    let r = unsafe { libc::statx(dirfd, path.as_ptr(), flags | libc::AT_NO_AUTOMOUNT, want, &mut st) };
     Errno::result(r)?;
     if st.stx_mask & want == 0 {
         return Err(Errno::EOPNOTSUPP);
@@ -294,16 +361,16 @@ fn statx_mount(path: &CStr) -> Result<libc::statx, Errno> {
     Ok(st)
 }
 
-/// The id of the mount `path` is on ([`mount_id`]) and whether `path` is that mount's root.
-pub fn mount_at(path: &CStr) -> Result<(u64, bool), Errno> {
-    let st = statx_mount(path)?;
+/// The id of the mount `place` is on ([`mount_id`]) and whether `place` is that mount's root.
+pub fn mount_at<'a>(place: impl Into<Place<'a>>) -> Result<(u64, bool), Errno> {
+    let st = statx_mount(place.into())?;
     let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
     Ok((st.stx_mnt_id, st.stx_attributes_mask & root != 0 && st.stx_attributes & root != 0))
 }
 
-/// The mount at `path` has every flag of `attrs` (MOUNT_ATTR_*), as statvfs reports them (a
+/// The mount at `place` has every flag of `attrs` (MOUNT_ATTR_*), as statvfs reports them (a
 /// superblock made read-only shows as read-only too); else EOPNOTSUPP.
-pub fn has_attrs(path: &CStr, attrs: u64) -> Result<(), Errno> {
+pub fn has_attrs<'a>(place: impl Into<Place<'a>>, attrs: u64) -> Result<(), Errno> {
     let want = [
         (MOUNT_ATTR_RDONLY, nix::sys::statvfs::FsFlags::ST_RDONLY),
         (MOUNT_ATTR_NOSUID, nix::sys::statvfs::FsFlags::ST_NOSUID),
@@ -313,7 +380,7 @@ pub fn has_attrs(path: &CStr, attrs: u64) -> Result<(), Errno> {
     if attrs == 0 {
         return Ok(());
     }
-    let flags = nix::sys::statvfs::statvfs(path)?.flags();
+    let flags = place.into().statvfs()?.flags();
     if want.iter().any(|(attr, st)| attrs & attr != 0 && !flags.contains(*st)) {
         return Err(Errno::EOPNOTSUPP);
     }

@@ -46,11 +46,11 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
         .map(|(i, m)| step(fds.err, Stage::OpenSources, i, || mounts::open_source(m)))
         .collect();
     // Private root: tmpfs, read-only system binds, role dirs, minimal /dev, /tmp, fresh masked /proc, /etc.
-    let mut made = mounts::Made::new();
+    let mut tree = mounts::Tree::default();
     for (i, (m, src)) in plan.mounts.iter().zip(&sources).enumerate() {
-        step(fds.err, Stage::BuildRoot, i, || mounts::apply(m, src.as_ref(), &mut made));
+        step(fds.err, Stage::BuildRoot, i, || mounts::apply(m, src.as_ref(), &mut tree));
     }
-    drop(sources);
+    drop((sources, tree));
     // Enter the new root and detach the host's; the root tmpfs itself becomes read-only.
     step(fds.err, Stage::PivotRoot, 0, || {
         mounts::pivot(&std::ffi::CString::new(NEWROOT).unwrap_or_default(), &plan.workdir)

@@ -1,7 +1,7 @@
 //! Mount steps the child performs to build the private root, and the pivot into it.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -73,9 +73,9 @@ pub fn open_source(m: &Mount) -> Result<Option<OwnedFd>, Errno> {
 
 /// A destination inside the new root, found with no symlink on its way ([`resolve_in`]):
 /// `path` names the very inode that was found (its fd's magic link), so mount(2) lands there
-/// and not wherever a second walk of the path would lead.
+/// and not wherever a second walk of the path would lead; the read-backs use the fd itself.
 struct At {
-    _fd: OwnedFd,
+    fd: OwnedFd,
     path: CString,
 }
 
@@ -83,16 +83,12 @@ impl At {
     fn new(fd: OwnedFd) -> Result<At, Errno> {
         use std::os::fd::AsRawFd;
         let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|_| Errno::EINVAL)?;
-        Ok(At { _fd: fd, path })
+        Ok(At { fd, path })
     }
-}
 
-/// The new root (its mount point, the host's NEWROOT, in this mount namespace) and `dst`
-/// relative to it.
-fn in_root(dst: &CStr) -> Result<(OwnedFd, &Path), Errno> {
-    let rel = as_path(dst).strip_prefix(NEWROOT).map_err(|_| Errno::EINVAL)?;
-    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    Ok((nix::fcntl::open(NEWROOT, flags, Mode::empty())?, rel))
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
 }
 
 /// `rel` in the new root `root`, with no symlink on its way, the last component included
@@ -134,112 +130,136 @@ fn mkdir_in(root: &OwnedFd, rel: &Path) -> Result<OwnedFd, Errno> {
     nix::fcntl::openat(&parent, name, flags, Mode::empty())
 }
 
-/// `dst` as it is in the new root (ENOENT where it is not).
-fn existing(dst: &CStr) -> Result<At, Errno> {
-    let (root, rel) = in_root(dst)?;
-    At::new(resolve_in(&root, rel)?)
+/// The new root as this setup builds it: its mount point (NEWROOT in this mount namespace),
+/// opened once and again only after a step mounts over it (the root tmpfs itself), and the
+/// mounts made and read back so far, by mount id. Opening the root once per step cost a tenth
+/// of the setup (docs/performance.md, "Launch").
+#[derive(Default)]
+pub struct Tree {
+    root: Option<OwnedFd>,
+    made: Vec<u64>,
 }
 
-/// `dst` in the new root, if it is there: a mask or remount of a path the kernel or the host
-/// lacks is skipped.
-fn if_there(dst: &CStr) -> Result<Option<At>, Errno> {
-    match existing(dst) {
-        Ok(at) => Ok(Some(at)),
-        Err(Errno::ENOENT) => Ok(None),
-        Err(e) => Err(e),
+impl Tree {
+    /// The new root and `dst` relative to it.
+    fn in_root<'d>(&mut self, dst: &'d CStr) -> Result<(&OwnedFd, &'d Path), Errno> {
+        let rel = as_path(dst).strip_prefix(NEWROOT).map_err(|_| Errno::EINVAL)?;
+        if self.root.is_none() {
+            let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+            self.root = Some(nix::fcntl::open(NEWROOT, flags, Mode::empty())?);
+        }
+        Ok((self.root.as_ref().ok_or(Errno::EBADF)?, rel))
     }
-}
 
-/// The parent directory of `dst` in the new root, made where missing ([`mkdir_in`]), and
-/// `dst`'s own name, to make or open under that fd with O_NOFOLLOW.
-fn parent_of(dst: &CStr) -> Result<(OwnedFd, &std::ffi::OsStr), Errno> {
-    let (root, rel) = in_root(dst)?;
-    let name = rel.file_name().ok_or(Errno::EINVAL)?;
-    Ok((mkdir_in(&root, rel.parent().unwrap_or(Path::new("")))?, name))
-}
-
-/// The directory `dst` in the new root, made (mode 0755, with its parents) where missing.
-fn dir_at(dst: &CStr) -> Result<At, Errno> {
-    let (root, rel) = in_root(dst)?;
-    At::new(mkdir_in(&root, rel)?)
-}
-
-/// The file `dst` in the new root to bind a file onto: an existing one (in a read-only system
-/// bind, say) as it is, never opened for writing, which a read-only mount refuses
-/// (tests/devices.rs: a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment);
-/// else an empty one, made (never through a symlink: O_NOFOLLOW).
-fn file_at(dst: &CStr) -> Result<At, Errno> {
-    match existing(dst) {
-        Err(Errno::ENOENT) => {}
-        found => return found,
+    /// `dst` as it is in the new root (ENOENT where it is not).
+    fn existing(&mut self, dst: &CStr) -> Result<At, Errno> {
+        let (root, rel) = self.in_root(dst)?;
+        At::new(resolve_in(root, rel)?)
     }
-    let (parent, name) = parent_of(dst)?;
-    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    At::new(nix::fcntl::openat(&parent, name, flags, Mode::from_bits_truncate(0o644))?)
-}
 
-/// The mounts this setup made and read back, by mount id.
-pub type Made = Vec<u64>;
-
-/// After a mount at `dst`: the role's view there, found again, shows a new mount (read back
-/// as [`sys::mounted`] says) that no earlier step made (`made`): a directory of a bound host
-/// tree renamed between the mount and this read-back could otherwise show an earlier bind
-/// here, and its flags would be set on that one (found by review). Returned to set its flags.
-fn shown(
-    dst: &CStr,
-    before: u64,
-    fs: Option<nix::sys::statfs::FsType>,
-    attrs: u64,
-    made: &mut Made,
-) -> Result<At, Errno> {
-    let now = existing(dst)?;
-    let id = sys::mounted(&now.path, before, fs, attrs)?;
-    if made.contains(&id) {
-        return Err(Errno::ESTALE);
+    /// `dst` in the new root, if it is there: a mask or remount of a path the kernel or the
+    /// host lacks is skipped.
+    fn if_there(&mut self, dst: &CStr) -> Result<Option<At>, Errno> {
+        match self.existing(dst) {
+            Ok(at) => Ok(Some(at)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
-    made.push(id);
-    Ok(now)
+
+    /// The parent directory of `dst` in the new root, made where missing ([`mkdir_in`]), and
+    /// `dst`'s own name, to make or open under that fd with O_NOFOLLOW.
+    fn parent_of<'d>(&mut self, dst: &'d CStr) -> Result<(OwnedFd, &'d std::ffi::OsStr), Errno> {
+        let (root, rel) = self.in_root(dst)?;
+        let name = rel.file_name().ok_or(Errno::EINVAL)?;
+        Ok((mkdir_in(root, rel.parent().unwrap_or(Path::new("")))?, name))
+    }
+
+    /// The directory `dst` in the new root, made (mode 0755, with its parents) where missing.
+    fn dir_at(&mut self, dst: &CStr) -> Result<At, Errno> {
+        let (root, rel) = self.in_root(dst)?;
+        At::new(mkdir_in(root, rel)?)
+    }
+
+    /// The file `dst` in the new root to bind a file onto: an existing one (in a read-only
+    /// system bind, say) as it is, never opened for writing, which a read-only mount refuses
+    /// (tests/devices.rs: a_cdi_spec_gives_the_engine_exactly_its_nodes_files_and_environment);
+    /// else an empty one, made (never through a symlink: O_NOFOLLOW).
+    fn file_at(&mut self, dst: &CStr) -> Result<At, Errno> {
+        match self.existing(dst) {
+            Err(Errno::ENOENT) => {}
+            found => return found,
+        }
+        let (parent, name) = self.parent_of(dst)?;
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        At::new(nix::fcntl::openat(&parent, name, flags, Mode::from_bits_truncate(0o644))?)
+    }
+
+    /// After a mount at `dst`: the role's view there, found again, shows a new mount (read
+    /// back as [`sys::mounted`] says) that no earlier step made: a directory of a bound host
+    /// tree renamed between the mount and this read-back could otherwise show an earlier bind
+    /// here, and its flags would be set on that one (found by review). Returned to set its
+    /// flags.
+    fn shown(
+        &mut self,
+        dst: &CStr,
+        before: u64,
+        fs: Option<nix::sys::statfs::FsType>,
+        attrs: u64,
+    ) -> Result<At, Errno> {
+        // A mount over the new root itself (its tmpfs): the fd held is the directory below.
+        if as_path(dst) == Path::new(NEWROOT) {
+            self.root = None;
+        }
+        let now = self.existing(dst)?;
+        let id = sys::mounted(now.fd(), before, fs, attrs)?;
+        if self.made.contains(&id) {
+            return Err(Errno::ESTALE);
+        }
+        self.made.push(id);
+        Ok(now)
+    }
 }
 
 /// Perform one mount step (paths are absolute, under the new root's mount point; each is
 /// resolved inside the new root, [`At`]).
-pub fn apply(m: &Mount, src: Option<&OwnedFd>, made: &mut Made) -> R {
+pub fn apply(m: &Mount, src: Option<&OwnedFd>, tree: &mut Tree) -> R {
     match m {
         Mount::Tmpfs { dst, opts, attrs } => {
-            let at = dir_at(dst)?;
-            let before = sys::mount_id(&at.path)?;
+            let at = tree.dir_at(dst)?;
+            let before = sys::mount_id(at.fd())?;
             mount(Some("tmpfs"), at.path.as_c_str(), Some("tmpfs"), ms_flags(*attrs), Some(opts.as_c_str()))?;
-            shown(dst, before, Some(TMPFS_MAGIC), *attrs, made).map(drop)
+            tree.shown(dst, before, Some(TMPFS_MAGIC), *attrs).map(drop)
         }
         // The new root itself (the canary matrix's host tree): nothing can rename around it.
         Mount::Bind { dst, attrs, .. } if as_path(dst) == Path::new(NEWROOT) => {
             let fd = src.ok_or(Errno::EBADF)?;
-            let at = dir_at(dst)?;
-            let before = sys::mount_id(&at.path)?;
+            let at = tree.dir_at(dst)?;
+            let before = sys::mount_id(at.fd())?;
             bind_fd(fd, &at.path)?;
-            let now = shown(dst, before, None, 0, made)?;
+            let now = tree.shown(dst, before, None, 0)?;
             // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
-            sys::mount_setattr(&now.path, *attrs, true)
+            sys::mount_setattr(now.fd(), *attrs, true)
         }
         Mount::Bind { dst, dir, attrs, .. } => {
             let fd = src.ok_or(Errno::EBADF)?;
-            let at = if *dir { dir_at(dst)? } else { file_at(dst)? };
-            staged_bind(fd, &at, dst, *dir, *attrs, made)
+            let at = if *dir { tree.dir_at(dst)? } else { tree.file_at(dst)? };
+            staged_bind(fd, &at, dst, *dir, *attrs, tree)
         }
         Mount::Symlink { target, dst } => {
-            let (parent, name) = parent_of(dst)?;
+            let (parent, name) = tree.parent_of(dst)?;
             nix::unistd::symlinkat(target.as_c_str(), &parent, name)
         }
         Mount::File { dst, contents } => {
-            let (parent, name) = parent_of(dst)?;
+            let (parent, name) = tree.parent_of(dst)?;
             let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
             let fd = nix::fcntl::openat(&parent, name, flags, Mode::from_bits_truncate(0o644))?;
             use std::os::fd::AsRawFd;
             sys::write_all(fd.as_raw_fd(), contents)
         }
         Mount::Proc { dst } => {
-            let at = dir_at(dst)?;
-            let before = sys::mount_id(&at.path)?;
+            let at = tree.dir_at(dst)?;
+            let before = sys::mount_id(at.fd())?;
             mount(
                 Some("proc"),
                 at.path.as_c_str(),
@@ -247,27 +267,27 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>, made: &mut Made) -> R {
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
             )?;
-            shown(dst, before, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, made)
+            tree.shown(dst, before, Some(PROC_SUPER_MAGIC), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
                 .map(drop)
         }
         Mount::MaskFile { dst } => {
-            let Some(at) = if_there(dst)? else {
+            let Some(at) = tree.if_there(dst)? else {
                 return Ok(());
             };
-            let before = sys::mount_id(&at.path)?;
+            let before = sys::mount_id(at.fd())?;
             mount(Some("/dev/null"), at.path.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-            let now = shown(dst, before, None, 0, made)?;
+            let now = tree.shown(dst, before, None, 0)?;
             sys::mount_setattr(
-                &now.path,
+                now.fd(),
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
                 false,
             )
         }
         Mount::MaskDir { dst } => {
-            let Some(at) = if_there(dst)? else {
+            let Some(at) = tree.if_there(dst)? else {
                 return Ok(());
             };
-            let before = sys::mount_id(&at.path)?;
+            let before = sys::mount_id(at.fd())?;
             mount(
                 Some("tmpfs"),
                 at.path.as_c_str(),
@@ -275,21 +295,20 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>, made: &mut Made) -> R {
                 MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 Some("size=4k,nr_inodes=1,mode=0555"),
             )?;
-            shown(
+            tree.shown(
                 dst,
                 before,
                 Some(TMPFS_MAGIC),
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                made,
             )
             .map(drop)
         }
         Mount::Freeze { dst } => {
-            let at = existing(dst)?;
-            sys::mount_setattr(&at.path, MOUNT_ATTR_RDONLY, false)
+            let at = tree.existing(dst)?;
+            sys::mount_setattr(at.fd(), MOUNT_ATTR_RDONLY, false)
         }
         Mount::Sysctl { dst, value, optional } => {
-            let at = match if_there(dst)? {
+            let at = match tree.if_there(dst)? {
                 Some(at) => at,
                 None if *optional => return Ok(()),
                 None => return Err(Errno::ENOENT),
@@ -310,12 +329,12 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>, made: &mut Made) -> R {
             }
             Ok(())
         }
-        Mount::SealedProgram { dst, fd, mode } => sealed_program(dst, *fd, *mode, made),
+        Mount::SealedProgram { dst, fd, mode } => sealed_program(dst, *fd, *mode, tree),
         Mount::ReadOnly { dst } => {
-            let Some(at) = if_there(dst)? else {
+            let Some(at) = tree.if_there(dst)? else {
                 return Ok(());
             };
-            let before = sys::mount_id(&at.path)?;
+            let before = sys::mount_id(at.fd())?;
             mount(
                 Some(at.path.as_c_str()),
                 at.path.as_c_str(),
@@ -323,9 +342,9 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>, made: &mut Made) -> R {
                 MsFlags::MS_BIND | MsFlags::MS_REC,
                 None::<&str>,
             )?;
-            let now = shown(dst, before, None, 0, made)?;
+            let now = tree.shown(dst, before, None, 0)?;
             sys::mount_setattr(
-                &now.path,
+                now.fd(),
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
                 true,
             )
@@ -344,7 +363,7 @@ const BIND_STAGE: &CStr = c"/tmp/.sealnode-bind";
 /// in between showed another mount there (an earlier bind, a copy of a host submount that came
 /// with a recursive bind), whose flags were set instead, and the start was accepted with this
 /// bind writable, suid and exec.
-fn staged_bind(src: &OwnedFd, at: &At, dst: &CStr, dir: bool, attrs: u64, made: &mut Made) -> R {
+fn staged_bind(src: &OwnedFd, at: &At, dst: &CStr, dir: bool, attrs: u64, tree: &mut Tree) -> R {
     if dir {
         mkdir(BIND_STAGE, Mode::from_bits_truncate(0o700))?;
     } else {
@@ -356,18 +375,18 @@ fn staged_bind(src: &OwnedFd, at: &At, dst: &CStr, dir: bool, attrs: u64, made: 
     let id = sys::mounted(BIND_STAGE, before, None, 0)?;
     // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
     sys::mount_setattr(BIND_STAGE, attrs, true)?;
-    let there = sys::mount_id(&at.path)?;
+    let there = sys::mount_id(at.fd())?;
     mount(Some(BIND_STAGE), at.path.as_c_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>)?;
     // Read back at `dst`: exactly this mount, as its root; the mount that was there means the
     // move did not happen (a faked success); anything else, a rename under the setup.
-    let now = existing(dst)?;
-    match sys::mount_at(&now.path)? {
-        (shown, true) if shown == id && !made.contains(&id) => {}
+    let now = tree.existing(dst)?;
+    match sys::mount_at(now.fd())? {
+        (shown, true) if shown == id && !tree.made.contains(&id) => {}
         (shown, _) if shown == there => return Err(Errno::EOPNOTSUPP),
         _ => return Err(Errno::ESTALE),
     }
-    sys::has_attrs(&now.path, attrs)?;
-    made.push(id);
+    sys::has_attrs(now.fd(), attrs)?;
+    tree.made.push(id);
     use nix::unistd::UnlinkatFlags;
     let stage = if dir { UnlinkatFlags::RemoveDir } else { UnlinkatFlags::NoRemoveDir };
     nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, BIND_STAGE, stage)
@@ -382,7 +401,7 @@ const STAGED: &CStr = c"/tmp/.sealnode-program/program";
 /// and its one file is bound over `dst`, read-only, nosuid, nodev; the tmpfs then leaves the
 /// tree (the bind holds it) and the memfd is closed: the sandbox init would otherwise hold a
 /// second copy for the role's lifetime.
-fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32, made: &mut Made) -> R {
+fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32, tree: &mut Tree) -> R {
     use std::os::fd::BorrowedFd;
     // SAFETY: the plan's memfd, which the child inherited and keeps until this step.
     let src = unsafe { BorrowedFd::borrow_raw(fd) };
@@ -421,11 +440,11 @@ fn sealed_program(dst: &CStr, fd: std::os::fd::RawFd, mode: u32, made: &mut Made
         None::<&str>,
     )?;
     sys::has_attrs(STAGING, MOUNT_ATTR_RDONLY)?;
-    let at = existing(dst)?;
-    let before = sys::mount_id(&at.path)?;
+    let at = tree.existing(dst)?;
+    let before = sys::mount_id(at.fd())?;
     mount(Some(STAGED), at.path.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-    let now = shown(dst, before, None, 0, made)?;
-    sys::mount_setattr(&now.path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
+    let now = tree.shown(dst, before, None, 0)?;
+    sys::mount_setattr(now.fd(), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
     umount2(STAGING, MntFlags::MNT_DETACH)?;
     nix::unistd::unlinkat(nix::fcntl::AT_FDCWD, STAGING, nix::unistd::UnlinkatFlags::RemoveDir)?;
     nix::unistd::close(fd)
