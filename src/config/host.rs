@@ -307,6 +307,7 @@ impl Config {
     /// the roles are the launcher's own uid, so the owner checks cannot catch this; this check
     /// does, in both modes (tests/gate.rs: nothing_sealnode_trusts_may_live_in_a_role_writable_dir).
     fn check_trusted_outside_roles(&self) -> Result<()> {
+        let mounts = crate::os::trusted::MountTable::read();
         let mut trusted: Vec<(String, &Path)> = vec![
             ("(config file)".into(), self.file.as_path()),
             ("cell.state_dir".into(), self.cell.state_dir.as_path()),
@@ -352,7 +353,7 @@ impl Config {
             // Nor shown elsewhere by a mount (a bind of it or of a dir above it, an overlay):
             // one name and one link say nothing of mounts (tests/check_run.rs:
             // a_credential_or_key_bound_into_the_model_dir_is_refused).
-            if let Some((at, seen)) = self.shown_to_a_role(&real, &field) {
+            if let Some((at, seen)) = self.shown_to_a_role(&mounts, &real, &field) {
                 return Err(self.err(
                     &field,
                     format!(
@@ -410,7 +411,7 @@ impl Config {
         // the state dir first, since a key made later (`attest init` while the cell runs)
         // would be there at once; then the key itself, with one name.
         let state = std::fs::canonicalize(&self.cell.state_dir).unwrap_or_else(|_| self.cell.state_dir.clone());
-        if let Some((at, seen)) = self.shown_to_a_role(&state, "") {
+        if let Some((at, seen)) = self.shown_to_a_role(&mounts, &state, "") {
             return Err(self.err(
                 "cell.state_dir",
                 format!(
@@ -426,7 +427,7 @@ impl Config {
             let why = if md.nlink() != 1 {
                 Some(format!("has {} hard links", md.nlink()))
             } else {
-                self.shown_to_a_role(&real, "")
+                self.shown_to_a_role(&mounts, &real, "")
                     .map(|(at, seen)| format!("is also shown at {} by a mount, inside {seen}", at.display()))
             };
             if let Some(why) = why {
@@ -458,7 +459,7 @@ impl Config {
 
     /// The places a role sees, as the host names them, with what holds each: every role's
     /// binds, model dir, scratch and credential (but the field `except`, a file's own) and the
-    /// system view (os::trusted::shown_within; the gate's measurement takes the same list).
+    /// system view (os::trusted::MountTable::shown_within; the gate's measurement takes the same list).
     pub fn seen_by_roles(&self, except: &str) -> Vec<(PathBuf, String)> {
         let bound = Role::ALL.iter().flat_map(|r| self.host_paths(*r)).filter(|p| p.field != except);
         bound
@@ -468,8 +469,13 @@ impl Config {
     }
 
     /// Where the mount table shows `real` (no symlink in its path) at a place a role sees.
-    fn shown_to_a_role(&self, real: &Path, except: &str) -> Option<(PathBuf, String)> {
-        crate::os::trusted::shown_within(real, &self.seen_by_roles(except))
+    fn shown_to_a_role(
+        &self,
+        mounts: &crate::os::trusted::MountTable,
+        real: &Path,
+        except: &str,
+    ) -> Option<(PathBuf, String)> {
+        mounts.shown_within(real, &self.seen_by_roles(except))
     }
 
     /// Which host ids each role runs as: a user name is looked up in the user database (at

@@ -388,27 +388,38 @@ fn component_error(here: &Path, e: nix::errno::Errno) -> String {
     }
 }
 
-/// Where else the mount table shows the file at `real` (a path with no symlink in it): a bind
-/// mount of it, or of a directory above it, elsewhere, and an overlay one of whose layers holds
-/// it. Found by review: a bind mount of the node's credential or the attestation key into the
-/// system view, a writable model dir or an overlay keeps one name and one link, and a role read
-/// it there. Each such place is returned as the path it shows the file at (a place under a
-/// later mount is returned too: the table cannot say what a role's view will hold).
-pub fn also_mounted_at(real: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    also_mounted_in(&info, real, nix::sys::stat::stat(real).ok().map(|st| st.st_dev))
+/// The mount table as /proc/self/mountinfo shows it, read once for a set of checks (one
+/// read per file checked cost a start ~0.1 ms here, more on a host with many mounts).
+pub struct MountTable(String);
+
+impl MountTable {
+    pub fn read() -> MountTable {
+        MountTable(std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+    }
+
+    /// Where else the table shows the file at `real` (a path with no symlink in it): a bind
+    /// mount of it, or of a directory above it, elsewhere, and an overlay one of whose layers
+    /// holds it. Found by review: a bind mount of the node's credential or the attestation key
+    /// into the system view, a writable model dir or an overlay keeps one name and one link,
+    /// and a role read it there. Each such place is returned as the path it shows the file at
+    /// (a place under a later mount is returned too: the table cannot say what a role's view
+    /// will hold).
+    pub fn also_mounted_at(&self, real: &Path) -> Vec<PathBuf> {
+        also_mounted_in(&self.0, real, nix::sys::stat::stat(real).ok().map(|st| st.st_dev))
+    }
+
+    /// The first place of [`MountTable::also_mounted_at`] inside one of `places` (a path and
+    /// what it is: the places a role sees), with what holds it. A place no role sees is no
+    /// exposure (found by review: systemd's BindReadOnlyPaths= of the credential from a
+    /// private dir was refused).
+    pub fn shown_within(&self, real: &Path, places: &[(PathBuf, String)]) -> Option<(PathBuf, String)> {
+        self.also_mounted_at(real)
+            .into_iter()
+            .find_map(|at| places.iter().find(|(p, _)| at.starts_with(p)).map(|(_, what)| (at.clone(), what.clone())))
+    }
 }
 
-/// The first place of [`also_mounted_at`] inside one of `places` (a path and what it is: the
-/// places a role sees), with what holds it. A place no role sees is no exposure (found by
-/// review: systemd's BindReadOnlyPaths= of the credential from a private dir was refused).
-pub fn shown_within(real: &Path, places: &[(PathBuf, String)]) -> Option<(PathBuf, String)> {
-    also_mounted_at(real)
-        .into_iter()
-        .find_map(|at| places.iter().find(|(p, _)| at.starts_with(p)).map(|(_, what)| (at.clone(), what.clone())))
-}
-
-/// [`also_mounted_at`] over a mount table's text; `dev`: the file's device.
+/// [`MountTable::also_mounted_at`] over a mount table's text; `dev`: the file's device.
 fn also_mounted_in(info: &str, real: &Path, dev: Option<u64>) -> Vec<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     // The kernel writes space, tab, newline and backslash in a path as \ooo.
@@ -572,7 +583,7 @@ mod tests {
         assert!(also_mounted_in(table, Path::new("/var/lib/sealnode/attest/ed25519.key"), dev).is_empty());
         // This process's own table: a fresh temp file is nowhere else.
         let d = tree();
-        assert!(also_mounted_at(&d.path().join("p/f.json")).is_empty());
+        assert!(MountTable::read().also_mounted_at(&d.path().join("p/f.json")).is_empty());
     }
 
     #[test]

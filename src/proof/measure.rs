@@ -279,8 +279,9 @@ pub fn run(job: &Job, state: Option<(&OwnedFd, &Path)>) -> Measured {
     }
     // A mount showing one of them elsewhere (the system view, a writable dir, an overlay):
     // no walk of the roles' trees would meet it there.
+    let mounts = crate::os::trusted::MountTable::read();
     for s in &job.secrets {
-        if let Some((at, seen)) = crate::os::trusted::shown_within(&s.path, &s.seen) {
+        if let Some((at, seen)) = mounts.shown_within(&s.path, &s.seen) {
             m.problem(
                 &s.field,
                 format!(
