@@ -97,8 +97,13 @@ fn action(v: &Value) -> Option<u32> {
 
 /// Parse the filter named `role` from a (linted) seccompiler JSON document for `arch`.
 pub fn parse(text: &str, file: &Path, role: &str, arch: TargetArch) -> Result<Filter> {
-    let err = |r: String| Error::policy(file, format!("filter {role:?}: {r}"));
     let doc: Value = serde_json::from_str(text).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
+    parse_doc(&doc, file, role, arch)
+}
+
+/// [`parse`] of a document already parsed (the lint's, `policy::seccomp`).
+pub fn parse_doc(doc: &Value, file: &Path, role: &str, arch: TargetArch) -> Result<Filter> {
+    let err = |r: String| Error::policy(file, format!("filter {role:?}: {r}"));
     let f = doc.get(role).ok_or_else(|| Error::policy(file, format!("has no filter named {role:?}")))?;
     let default = f
         .get("mismatch_action")

@@ -14,61 +14,76 @@ use crate::error::{Error, Result};
 /// The kernel refuses programs longer than this (BPF_MAXINSNS).
 pub const MAX_INSNS: usize = 4096;
 
-/// Deserializes any JSON value and fails on an object that names a key twice, at any depth.
-struct NoDuplicateKeys;
+/// Any JSON value, deserialized once, refusing an object that names a key twice at any depth
+/// (serde_json's own `Value` keeps the last, and seccompiler refuses the file: ambiguous).
+struct Strict(Value);
 
-impl<'de> serde::Deserialize<'de> for NoDuplicateKeys {
+impl<'de> serde::Deserialize<'de> for Strict {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         struct V;
         impl<'de> serde::de::Visitor<'de> for V {
-            type Value = NoDuplicateKeys;
+            type Value = Strict;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON value")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut seen = std::collections::BTreeSet::new();
+                let mut map = serde_json::Map::new();
                 while let Some(k) = m.next_key::<String>()? {
-                    if !seen.insert(k.clone()) {
+                    if map.contains_key(&k) {
                         return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
                     }
-                    m.next_value::<NoDuplicateKeys>()?;
+                    let Strict(v) = m.next_value()?;
+                    map.insert(k, v);
                 }
-                Ok(NoDuplicateKeys)
+                Ok(Strict(Value::Object(map)))
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> std::result::Result<Self::Value, A::Error> {
-                while s.next_element::<NoDuplicateKeys>()?.is_some() {}
-                Ok(NoDuplicateKeys)
+                let mut items = Vec::new();
+                while let Some(Strict(v)) = s.next_element()? {
+                    items.push(v);
+                }
+                Ok(Strict(Value::Array(items)))
             }
-            fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
-                Ok(NoDuplicateKeys)
+            fn visit_bool<E>(self, b: bool) -> std::result::Result<Self::Value, E> {
+                Ok(Strict(Value::Bool(b)))
             }
-            fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
-                Ok(NoDuplicateKeys)
+            fn visit_i64<E>(self, n: i64) -> std::result::Result<Self::Value, E> {
+                Ok(Strict(Value::from(n)))
             }
-            fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
-                Ok(NoDuplicateKeys)
+            fn visit_u64<E>(self, n: u64) -> std::result::Result<Self::Value, E> {
+                Ok(Strict(Value::from(n)))
             }
-            fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
-                Ok(NoDuplicateKeys)
+            fn visit_f64<E>(self, n: f64) -> std::result::Result<Self::Value, E> {
+                Ok(Strict(Value::from(n)))
             }
-            fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
-                Ok(NoDuplicateKeys)
+            fn visit_str<E>(self, s: &str) -> std::result::Result<Self::Value, E> {
+                Ok(Strict(Value::String(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> std::result::Result<Self::Value, E> {
+                Ok(Strict(Value::String(s)))
             }
             fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
-                Ok(NoDuplicateKeys)
+                Ok(Strict(Value::Null))
             }
         }
         d.deserialize_any(V)
     }
 }
 
+/// A policy file's JSON, parsed once for the lint and the compiler ([`Strict`]).
+fn read(text: &str, file: &Path) -> Result<Value> {
+    serde_json::from_str::<Strict>(text).map(|s| s.0).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))
+}
+
 /// Lint a seccompiler JSON document: allowlists only, every rule commented, no rule set that
 /// mixes an unconditional and a conditional rule for one syscall (seccompiler would silently
 /// keep only the conditional one).
 pub fn lint(text: &str, file: &Path) -> Result<()> {
-    // A key given twice is ambiguous (serde_json keeps the last, seccompiler refuses the file).
-    serde_json::from_str::<NoDuplicateKeys>(text).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
-    let doc: Value = serde_json::from_str(text).map_err(|e| Error::policy(file, format!("not valid JSON: {e}")))?;
+    lint_doc(&read(text, file)?, file)
+}
+
+/// [`lint`] of a document already read ([`read`]).
+fn lint_doc(doc: &Value, file: &Path) -> Result<()> {
     let filters = doc.as_object().ok_or_else(|| Error::policy(file, "top level must be an object of named filters"))?;
     for (name, f) in filters {
         let err = |r: String| Error::policy(file, format!("filter {name:?}: {r}"));
@@ -195,8 +210,9 @@ fn for_arch(text: &str, file: &Path, arch: TargetArch) -> Result<String> {
 
 /// Lint and compile with sealnode's binary-search compiler (see `bpf`).
 pub fn compile_text(text: &str, file: &Path, role: &str, arch: TargetArch) -> Result<BpfProgram> {
-    lint(text, file)?;
-    let prog = super::bpf::compile(&super::bpf::parse(text, file, role, arch)?)?;
+    let doc = read(text, file)?;
+    lint_doc(&doc, file)?;
+    let prog = super::bpf::compile(&super::bpf::parse_doc(&doc, file, role, arch)?)?;
     if prog.len() >= MAX_INSNS {
         return Err(Error::policy(
             file,
@@ -390,6 +406,28 @@ mod tests {
             ] {
                 assert!(!names.contains(&forbidden), "{} allows {forbidden}", file.display());
             }
+        }
+    }
+
+    /// The one parse the lint and the compiler share refuses a key named twice at any depth
+    /// (serde_json keeps the last: a second "args" or "mismatch_action" would silently win),
+    /// and otherwise reads exactly what serde_json reads.
+    #[test]
+    fn a_key_named_twice_is_refused_at_every_depth() {
+        let rule = r#"{"syscall": "read", "comment": "c"}"#;
+        for doc in [
+            format!(r#"{{"r": {{"mismatch_action": {{"errno": 38}}, "match_action": "allow", "filter": [{rule}]}}, "r": {{}}}}"#),
+            format!(r#"{{"r": {{"mismatch_action": {{"errno": 38}}, "mismatch_action": "allow", "match_action": "allow", "filter": [{rule}]}}}}"#),
+            format!(r#"{{"r": {{"mismatch_action": {{"errno": 38, "errno": 1}}, "match_action": "allow", "filter": [{rule}]}}}}"#),
+            r#"{"r": {"mismatch_action": {"errno": 38}, "match_action": "allow", "filter": [{"syscall": "read", "syscall": "ptrace", "comment": "c"}]}}"#.to_string(),
+        ] {
+            let e = compile_text(&doc, Path::new("x.json"), "r", TargetArch::x86_64).expect_err(&doc).to_string();
+            assert!(e.contains("duplicate key"), "{doc}: {e}");
+        }
+        for (file, _) in shipped() {
+            let text = std::fs::read_to_string(&file).expect("read");
+            let plain: Value = serde_json::from_str(&text).expect("json");
+            assert_eq!(read(&text, &file).expect("strict"), plain, "{}", file.display());
         }
     }
 
