@@ -7,7 +7,7 @@ use std::os::fd::RawFd;
 use nix::errno::Errno;
 use nix::unistd::{fork, ForkResult};
 
-use super::plan::{ptr_array, Plan, NEWROOT};
+use super::plan::{ptr_array, Plan};
 use super::protocol::{fail, reached, step};
 use super::stage::{ChildFds, Stage};
 use super::{caps, init, mounts};
@@ -50,11 +50,9 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     for (i, (m, src)) in plan.mounts.iter().zip(&sources).enumerate() {
         step(fds.err, Stage::BuildRoot, i, || mounts::apply(m, src.as_ref(), &mut tree));
     }
-    drop((sources, tree));
-    // Enter the new root and detach the host's; the root tmpfs itself becomes read-only.
-    step(fds.err, Stage::PivotRoot, 0, || {
-        mounts::pivot(&std::ffi::CString::new(NEWROOT).unwrap_or_default(), &plan.workdir)
-    });
+    drop(sources);
+    // Enter the new root (the one read back) and detach the host's; the root tmpfs becomes read-only.
+    step(fds.err, Stage::PivotRoot, 0, || mounts::pivot(tree, &plan.workdir));
     // A new netns starts with lo down; bring it up while CAP_NET_ADMIN (cell userns) is held.
     if plan.layers.namespaces {
         step(fds.err, Stage::LoopbackUp, 0, sys::loopback_up);

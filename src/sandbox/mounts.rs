@@ -144,11 +144,16 @@ impl Tree {
     /// The new root and `dst` relative to it.
     fn in_root<'d>(&mut self, dst: &'d CStr) -> Result<(&OwnedFd, &'d Path), Errno> {
         let rel = as_path(dst).strip_prefix(NEWROOT).map_err(|_| Errno::EINVAL)?;
+        Ok((self.root()?, rel))
+    }
+
+    /// The new root's mount point, opened where it is not yet.
+    fn root(&mut self) -> Result<&OwnedFd, Errno> {
         if self.root.is_none() {
             let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
             self.root = Some(nix::fcntl::open(NEWROOT, flags, Mode::empty())?);
         }
-        Ok((self.root.as_ref().ok_or(Errno::EBADF)?, rel))
+        self.root.as_ref().ok_or(Errno::EBADF)
     }
 
     /// `dst` as it is in the new root (ENOENT where it is not).
@@ -375,14 +380,15 @@ fn staged_bind(src: &OwnedFd, at: &At, dst: &CStr, dir: bool, attrs: u64, tree: 
     let id = sys::mounted(BIND_STAGE, before, None, 0)?;
     // Only adds restrictions: flags the host locked (nosuid, atime...) stay as they were.
     sys::mount_setattr(BIND_STAGE, attrs, true)?;
-    let there = sys::mount_id(at.fd())?;
     mount(Some(BIND_STAGE), at.path.as_c_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>)?;
-    // Read back at `dst`: exactly this mount, as its root; the mount that was there means the
-    // move did not happen (a faked success); anything else, a rename under the setup.
+    // Read back at `dst`: exactly this mount, as its root. Else, the bind still at its stage
+    // means the move did not happen (a faked success); anything else, a rename under the setup
+    // (found by review: the mount that was at `dst` before is no proof of a faked move, as a
+    // renamed sibling directory of a bound tree is on that mount too).
     let now = tree.existing(dst)?;
     match sys::mount_at(now.fd())? {
         (shown, true) if shown == id && !tree.made.contains(&id) => {}
-        (shown, _) if shown == there => return Err(Errno::EOPNOTSUPP),
+        _ if sys::mount_at(BIND_STAGE).is_ok_and(|staged| staged == (id, true)) => return Err(Errno::EOPNOTSUPP),
         _ => return Err(Errno::ESTALE),
     }
     sys::has_attrs(now.fd(), attrs)?;
@@ -455,10 +461,13 @@ fn owned(raw: std::os::fd::RawFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(raw) }
 }
 
-/// pivot_root into `newroot`, detach the host's root, freeze the root tmpfs read-only and
-/// enter the role's working directory.
-pub fn pivot(newroot: &CStr, workdir: &CStr) -> R {
-    chdir(newroot)?;
+/// pivot_root into the new root the setup built and read back (the tree's own fd: found by
+/// review, entered by its path it could be another tree mounted over that path meanwhile,
+/// by host root), detach the host's root, freeze the root tmpfs read-only and enter the
+/// role's working directory.
+pub fn pivot(mut tree: Tree, workdir: &CStr) -> R {
+    nix::unistd::fchdir(tree.root()?)?;
+    drop(tree);
     // pivot_root(".", "."): the old root ends up stacked on the new one and is detached below.
     sys::pivot_root(c".", c".")?;
     umount2(".", MntFlags::MNT_DETACH)?;
