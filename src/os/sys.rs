@@ -235,22 +235,9 @@ impl<'a> From<&'a CStr> for Place<'a> {
     }
 }
 
-impl<'a> From<&'a CString> for Place<'a> {
-    fn from(p: &'a CString) -> Self {
-        Place::Path(p.as_c_str())
-    }
-}
-
 impl<'a> From<BorrowedFd<'a>> for Place<'a> {
     fn from(fd: BorrowedFd<'a>) -> Self {
         Place::Fd(fd)
-    }
-}
-
-impl<'a> From<&'a OwnedFd> for Place<'a> {
-    fn from(fd: &'a OwnedFd) -> Self {
-        use std::os::fd::AsFd;
-        Place::Fd(fd.as_fd())
     }
 }
 
@@ -341,9 +328,9 @@ pub fn mount_id<'a>(place: impl Into<Place<'a>>) -> Result<u64, Errno> {
     statx_mount(place.into()).map(|st| st.stx_mnt_id)
 }
 
-/// statx of `place` (a path followed as mount(2) follows it, or the fd's own inode) with its mount id, which must be
-/// there (else EOPNOTSUPP); the attributes (STATX_ATTR_MOUNT_ROOT) come with every statx. The
-/// id is the unique one where the kernel has it (the same kind for every call on a host): the
+/// statx of `place` (a path followed as mount(2) follows it, or the fd's own inode) with its
+/// mount id, which must be there (else EOPNOTSUPP); the attributes (STATX_ATTR_MOUNT_ROOT)
+/// come with every statx. The id is the unique one where the kernel has it (the same kind for every call on a host): the
 /// old one is reused once a mount is gone (found by review: a bind detached from the host
 /// during a setup gave its id to the next mount, and the refusal named the wrong bind).
 fn statx_mount(place: Place<'_>) -> Result<libc::statx, Errno> {
@@ -352,7 +339,8 @@ fn statx_mount(place: Place<'_>) -> Result<libc::statx, Errno> {
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // STATX_MNT_ID_UNIQUE (Linux 6.8): an id never reused while the system runs.
     let want = libc::STATX_MNT_ID | libc::STATX_MNT_ID_UNIQUE;
-    // SAFETY: path is NUL-terminated, dirfd is AT_FDCWD or a live borrowed fd; `st` is a valid, writable statx buffer.
+    // SAFETY: path is NUL-terminated, dirfd AT_FDCWD or a live borrowed fd; `st` a valid,
+    // writable statx buffer.
     let r = unsafe { libc::statx(dirfd, path.as_ptr(), flags | libc::AT_NO_AUTOMOUNT, want, &mut st) };
     Errno::result(r)?;
     if st.stx_mask & want == 0 {
