@@ -1292,6 +1292,67 @@ fn ready_follows_an_engine_that_stops_answering() {
     }
 }
 
+/// Found by CI: the readiness recheck, made every 5 s, reached llama-cpp-python's server while
+/// it streamed the node's answer, and that server cuts a stream short to serve a new request
+/// (the node got an empty answer); an engine serving one request at a time answers it only
+/// after the node's, so a busy engine was told as not answering. No recheck is made while the
+/// engine serves the node: here a one-at-a-time HTTP engine streams the node's request for
+/// 12 s (a recheck meanwhile would wait over 5 s), and rechecks come again once it is done.
+#[test]
+fn no_readiness_recheck_competes_with_the_nodes_request() {
+    let engine_py = "import time\n\
+        from http.server import BaseHTTPRequestHandler, HTTPServer\n\
+        class H(BaseHTTPRequestHandler):\n\
+        \x20   protocol_version = 'HTTP/1.0'\n\
+        \x20   def log_message(self, *a): pass\n\
+        \x20   def do_GET(self):\n\
+        \x20       if self.path == '/slow':\n\
+        \x20           print('slow-begin', flush=True)\n\
+        \x20           self.send_response(200); self.end_headers()\n\
+        \x20           for _ in range(12):\n\
+        \x20               self.wfile.write(b'tick\\n'); self.wfile.flush(); time.sleep(1)\n\
+        \x20           print('slow-end', flush=True)\n\
+        \x20           return\n\
+        \x20       print('ready-hit', flush=True)\n\
+        \x20       self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers()\n\
+        \x20       self.wfile.write(b'ok')\n\
+        HTTPServer(('127.0.0.1', 18080), H).serve_forever()\n";
+    let node = "echo node-up; /usr/bin/busybox wget -q -O /scratch/slow http://127.0.0.1:18080/slow && \
+                echo \"node-got $(/usr/bin/busybox wc -l < /scratch/slow)\"; exec sleep 1000";
+    for mode in modes() {
+        let mut f = cell(mode, "recheck-waits", "", node, "", "");
+        std::fs::write(f.p("bin/engine.py"), engine_py).expect("engine");
+        f.engine_cmd = "[\"/usr/bin/python3\", \"-I\", \"-u\", \"/opt/sealnode/engine.py\"]".into();
+        f.engine_extra.push_str("\nready = { kind = \"http\", path = \"/\", timeout_s = 60 }");
+        f.write_config();
+        let run = start(&f, &[]);
+        run.out_line(90, |l| l.starts_with("node-got "));
+        // The engine's lines (role output on stdout) from its stream's start.
+        let after_begin = || {
+            let out = run.out.lock().expect("lock");
+            let at = out.iter().position(|(_, l)| l == "slow-begin");
+            at.map(|at| out[at..].iter().map(|(_, l)| l.clone()).collect::<Vec<_>>()).unwrap_or_default()
+        };
+        // Rechecked again once the node's request is done: within 5 s (and a margin).
+        let again = wait_until(Duration::from_secs(20), || {
+            let l = after_begin();
+            l.iter().position(|l| l == "slow-end").is_some_and(|end| l[end..].iter().any(|l| l == "ready-hit"))
+        });
+        let lines = after_begin();
+        let (code, _, err) = run.stop();
+        let end = lines.iter().position(|l| l == "slow-end");
+        assert!(end.is_some(), "{mode:?}: the engine never ended its stream: {lines:?}\n{err}");
+        assert!(
+            !lines[..end.unwrap_or(0)].iter().any(|l| l == "ready-hit"),
+            "{mode:?}: a recheck came during the stream: {lines:?}"
+        );
+        assert_eq!(run_count(&err, "the engine stopped answering its readiness check"), 0, "{mode:?}: {err}");
+        assert!(again, "{mode:?}: no recheck after the node's request: {lines:?}\n{err}");
+        assert!(lines.contains(&"node-got 12".to_string()), "{mode:?}: the node's stream was cut: {lines:?}");
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
 /// A node admitted beside an engine that then exits before it is ready waits (Admitted) and
 /// starts from the plan its own pass admitted once the restarted engine (a newer generation)
 /// is ready: its log line, its output's label, the receipt and `ctl status` all say the

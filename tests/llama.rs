@@ -46,7 +46,7 @@ fn end_to_end(r: &Real, pyengine: Option<&str>) {
             18900 + i as u16 + (std::process::id() % 40) as u16 * 2 + if pyengine.is_some() { 100 } else { 0 };
         if let Some(pe) = pyengine {
             // Its venv's interpreter is the same CPython the node uses, bound at its prefix.
-            f.engine_cmd = format!("[\"{pe}/bin/python\", \"-I\", \"-m\", \"llama_cpp.server\", \"--model\", \"/models/smollm2.gguf\", \"--model_alias\", \"smollm2\", \"--host\", \"127.0.0.1\", \"--port\", \"18080\", \"--n_threads\", \"1\", \"--n_ctx\", \"2048\", \"--use_mlock\", \"false\"]");
+            f.engine_cmd = format!("[\"{pe}/bin/python\", \"-I\", \"-m\", \"llama_cpp.server\", \"--model\", \"/models/smollm2.gguf\", \"--model_alias\", \"smollm2\", \"--host\", \"127.0.0.1\", \"--port\", \"18080\", \"--n_threads\", \"1\", \"--n_ctx\", \"2048\", \"--use_mlock\", \"false\", \"--interrupt_requests\", \"false\"]");
             f.engine_extra = format!(
                 "ro_binds = [{{ src = \"{}\", dst = \"{}\" }}, {{ src = \"{pe}\" }}]\nready = {{ kind = \"http\", path = \"/v1/models\", timeout_s = 120 }}",
                 r.pycopy, r.prefix
@@ -81,9 +81,6 @@ fn end_to_end(r: &Real, pyengine: Option<&str>) {
                 "--timeout",
                 "150",
             ])
-            // llama-cpp-python's server shares one model context between requests and garbles
-            // concurrent ones (an empty streamed answer, reproduced outside any sandbox).
-            .args(if pyengine.is_some() { &["--one-at-a-time"][..] } else { &[][..] })
             .stdout(Stdio::piped())
             .spawn()
             .expect("gateway");

@@ -6,11 +6,10 @@ frutebox-node's WebSocket protocol (JSON frames: the node sends `register`; we a
 `result`s) to prove a job's round trip through sealnode's declared egress. Prints what it
 receives, exits 0 once both results arrived with content, non-zero on error or timeout.
 
-    python standin-gateway.py --port 18765 [--host 127.0.0.1] [--model standin] [--timeout 90] [--one-at-a-time]
+    python standin-gateway.py --port 18765 [--host 127.0.0.1] [--model standin] [--timeout 90]
                               [--verdict-file FILE] [--tee-challenge NONCE]
 
---one-at-a-time sends the streamed job only after the plain one's result, for engines that
-serve one request at a time (llama-cpp-python's server garbles concurrent requests).
+Both jobs are sent at once: the node works on them concurrently, as it does for a gateway.
 
 --verdict-file FILE: once the verdict is known, write it to FILE (`ok`, or the error) and keep
 serving, the node's connection open, until SIGTERM or SIGINT; then exit with the verdict. A
@@ -32,7 +31,7 @@ import sys
 import websockets
 
 
-async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", verdict_file=None, tee_challenge=None):
+async def serve(port, model, timeout, host="127.0.0.1", verdict_file=None, tee_challenge=None):
     loop = asyncio.get_running_loop()
     done = loop.create_future()
     stop = asyncio.Event()
@@ -65,17 +64,9 @@ async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", ver
             "job-stream": {"type": "job", "id": "job-stream", "model": model, "stream": True,
                            "messages": [{"role": "user", "content": "Stream me an answer."}]},
         }
-        unsent = list(jobs.values())
-
-        async def send_next():
-            j = unsent.pop(0)
+        for j in jobs.values():
             print(f"gateway: -> {j['id']} ({'streamed' if j.get('stream') else 'plain'}): {j['messages'][0]['content']}", flush=True)
             await ws.send(json.dumps(j))
-
-        while unsent:
-            await send_next()
-            if one_at_a_time:
-                break
         chunks, results = {}, {}
 
         async def complete():
@@ -98,8 +89,6 @@ async def serve(port, model, timeout, one_at_a_time=False, host="127.0.0.1", ver
                 print(f"gateway: <- {msg['id']} result: {msg['content']!r}"
                       + (f" (streamed as {len(chunks.get(msg['id'], []))} chunks: {streamed!r})" if streamed else "")
                       + f" backend={msg.get('backend')}", flush=True)
-                if unsent:
-                    await send_next()
                 if await complete():
                     return
             elif kind == "attestation":
@@ -145,12 +134,11 @@ def main():
     p.add_argument("--port", type=int, default=18765)
     p.add_argument("--model", default="standin")
     p.add_argument("--timeout", type=float, default=90)
-    p.add_argument("--one-at-a-time", action="store_true")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (tests: a non-loopback one)")
     p.add_argument("--verdict-file", help="write the verdict here, then keep serving until SIGTERM")
     p.add_argument("--tee-challenge", help="send this challenge in `registered` and require the node's attestation")
     a = p.parse_args()
-    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.one_at_a_time, a.host, a.verdict_file,
+    sys.exit(asyncio.run(serve(a.port, a.model, a.timeout, a.host, a.verdict_file,
                                a.tee_challenge)))
 
 

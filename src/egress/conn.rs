@@ -347,8 +347,31 @@ pub(super) struct Conn {
     /// The interest currently registered for (inner, outer): epoll_ctl only on change.
     pub(super) registered: (EpollFlags, EpollFlags),
     pub(super) last_active: Instant,
+    /// When the node last sent a byte on it, and when the upstream last sent one back: on the
+    /// engine route, a connection whose node spoke last has a request waiting for its answer.
+    pub(super) node_said: Option<Instant>,
+    pub(super) upstream_said: Option<Instant>,
     /// The engine route with `cell.engine_replay_kb`: what the engine has not answered yet.
     pub(super) record: Option<Unanswered>,
+}
+
+/// A connection is being served while a request of its node's waits for its answer (the node
+/// spoke last, after the upstream or before it said anything), or while it moved a byte within
+/// `quiet` (an answer still coming, or a connection just opened and not yet used).
+pub(super) fn being_served(c: &Conn, now: Instant, quiet: std::time::Duration) -> bool {
+    served(c.node_said, c.upstream_said, c.last_active, now, quiet)
+}
+
+/// [`being_served`] on the times alone: when the node and the upstream last said something,
+/// and when either last did.
+pub(super) fn served(
+    node_said: Option<Instant>,
+    upstream_said: Option<Instant>,
+    last_active: Instant,
+    now: Instant,
+    quiet: std::time::Duration,
+) -> bool {
+    node_said > upstream_said || now.saturating_duration_since(last_active) < quiet
 }
 
 /// Interest for a connection's two sockets given its state.

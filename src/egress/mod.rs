@@ -412,6 +412,14 @@ impl Forwarder {
         self.upstreams.iter().find(|u| u.is_engine()).map_or(0, |u| u.held.len())
     }
 
+    /// The engine is serving the node: one of the node's connections to it (forwarded, not
+    /// waiting) has a request waiting for its answer (the node spoke last: bounded by the idle
+    /// timeout, which closes it), or moved a byte within `quiet` (an answer still coming, or
+    /// a connection just opened). The readiness recheck waits meanwhile (supervisor::readiness).
+    pub fn engine_serving(&self, now: Instant, quiet: Duration) -> bool {
+        self.conns.values().any(|c| self.upstreams[c.upstream].is_engine() && conn::being_served(c, now, quiet))
+    }
+
     /// When the node's last connection to the engine closed (None: none has yet).
     pub fn engine_closed_at(&self) -> Option<Instant> {
         self.engine_closed_at
@@ -766,6 +774,8 @@ impl Forwarder {
             gone: [false; 2],
             registered: (EpollFlags::empty(), EpollFlags::empty()),
             last_active: Instant::now(),
+            node_said: None,
+            upstream_said: None,
             record,
         };
         let (fi, fo) = interest(&c);
@@ -829,7 +839,10 @@ impl Forwarder {
         stats.bytes_up += u;
         stats.bytes_down += d;
         if u + d > 0 {
-            c.last_active = Instant::now();
+            let now = Instant::now();
+            c.last_active = now;
+            c.node_said = if u > 0 { Some(now) } else { c.node_said };
+            c.upstream_said = if d > 0 { Some(now) } else { c.upstream_said };
         }
         // The engine dropped the connection (reset, or ended it) with the node's request
         // unanswered, while the node still waits: it is sent again once the engine is ready.

@@ -420,7 +420,9 @@ impl Supervisor {
             self.begin_stop(code, After::Exit);
         }
         self.roles_timer(now);
-        if self.readiness.sweep(now, &self.base.cfg, &self.base.cell, &self.base.epoll)
+        let fwd = &self.fwd;
+        let serving = || fwd.engine_serving(now, readiness::SERVING_QUIET);
+        if self.readiness.sweep(now, serving, &self.base.cfg, &self.base.cell, &self.base.epoll)
             == Some(readiness::Verdict::TimedOut)
         {
             self.begin_stop(exit::NOT_READY, After::Exit);

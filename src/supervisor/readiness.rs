@@ -6,7 +6,10 @@
 //! [`Verdict`] the supervisor acts on. Once the engine is ready, the same check is made again
 //! every [`RECHECK_INTERVAL`] while it runs (a try that fails or takes over
 //! [`RECHECK_TIMEOUT`] marks it as not answering, the next that passes as answering again):
-//! `ctl ready` and status's `ready` follow it; a recheck never stops or restarts anything.
+//! `ctl ready` and status's `ready` follow it; a recheck never stops or restarts anything,
+//! and none is made while the engine is serving the node (a request of the node's waits for
+//! its answer, or its connection moved a byte within [`SERVING_QUIET`]): it waits until
+//! the node's requests are done, keeping the last verdict meanwhile.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -27,6 +30,10 @@ pub(super) const READY_INTERVAL: Duration = Duration::from_millis(100);
 pub(super) const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// How long one recheck may take before it counts as not answering.
 pub(super) const RECHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection of the node's to the engine that moved a byte this recently still counts as
+/// being served (the recheck waits): longer than the 15 s between the keep-alive pings
+/// llama-cpp-python's server sends while a streamed answer is still being computed.
+pub(super) const SERVING_QUIET: Duration = Duration::from_secs(30);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Stage {
@@ -116,12 +123,28 @@ impl Readiness {
         })
     }
 
-    /// The timeout, or the next try when due.
-    pub(super) fn sweep(&mut self, now: Instant, cfg: &Config, cell: &Cell, epoll: &Epoll) -> Option<Verdict> {
-        let c = self.check.as_ref()?;
+    /// The timeout, or the next try when due. `serving`: whether the engine is serving the
+    /// node's requests now (crate::egress::Forwarder::engine_serving), asked only when a
+    /// recheck is due.
+    pub(super) fn sweep(
+        &mut self,
+        now: Instant,
+        serving: impl FnOnce() -> bool,
+        cfg: &Config,
+        cell: &Cell,
+        epoll: &Epoll,
+    ) -> Option<Verdict> {
+        let c = self.check.as_mut()?;
         if c.recheck {
             if c.fd.is_some() && c.deadline <= now {
                 self.missed(format!("no answer within {} s", RECHECK_TIMEOUT.as_secs()), epoll);
+            } else if c.fd.is_none() && c.next_try <= now && serving() {
+                // The node's requests in flight come first: a recheck would compete with them
+                // (found by CI: llama-cpp-python's server cut a streamed answer short to serve
+                // it, and an engine serving one request at a time answers it only after them,
+                // so a busy engine was told as not answering). Tried again once they are done.
+                c.next_try = now + RECHECK_INTERVAL;
+                tracing::debug!(role = "engine", "readiness recheck postponed: the engine is serving the node");
             } else if c.fd.is_none() && c.next_try <= now {
                 self.try_connect(cfg, cell, epoll);
             }
