@@ -1353,6 +1353,53 @@ fn no_readiness_recheck_competes_with_the_nodes_request() {
     }
 }
 
+/// Found by review of the test above's change: the node's word alone (a request of its
+/// waiting, a byte trickled now and then, a connection opened and left) held the recheck off
+/// for as long as it liked, so a wedged engine stayed "ready". It holds it off for at most
+/// 60 s in a row: here the engine wedges on the node's request, the node trickles a byte every
+/// 10 s (under the idle timeout), and `ctl ready` says not ready while it still does. One mode:
+/// the readiness check and the forwarder are the same in both.
+#[test]
+fn a_node_holds_off_the_recheck_of_a_wedged_engine_only_for_a_while() {
+    let engine_py = "import time\n\
+        from http.server import BaseHTTPRequestHandler, HTTPServer\n\
+        class H(BaseHTTPRequestHandler):\n\
+        \x20   protocol_version = 'HTTP/1.0'\n\
+        \x20   def log_message(self, *a): pass\n\
+        \x20   def do_GET(self):\n\
+        \x20       if self.path != '/':\n\
+        \x20           print('wedged', flush=True)\n\
+        \x20           time.sleep(10**6)\n\
+        \x20       self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers()\n\
+        \x20       self.wfile.write(b'ok')\n\
+        HTTPServer(('127.0.0.1', 18080), H).serve_forever()\n";
+    let node = "echo node-up; ( printf 'GET /job HTTP/1.0\\r\\n\\r\\n'; \
+                while :; do sleep 10; printf X; done ) | /usr/bin/busybox nc 127.0.0.1 18080; exec sleep 1000";
+    let mut f = cell(Mode::Rootless, "recheck-bounded", "", node, "", "");
+    std::fs::write(f.p("bin/engine.py"), engine_py).expect("engine");
+    f.engine_cmd = "[\"/usr/bin/python3\", \"-I\", \"-u\", \"/opt/sealnode/engine.py\"]".into();
+    f.engine_extra.push_str("\nready = { kind = \"http\", path = \"/\", timeout_s = 60 }");
+    f.cell_extra.push_str("\negress_idle_timeout_s = 25");
+    f.write_config();
+    let run = start(&f, &[]);
+    let wedged = run.out_line(60, |l| l == "wedged");
+    let mut st = Value::Null;
+    // 60 s held off, then a recheck within 5 s that gets no answer within 5 s; a margin.
+    let told = wait_until(Duration::from_secs(100), || {
+        st = ctl(&f, "status");
+        st["ready"] == false
+    });
+    let after = wedged.elapsed();
+    let probe = ready_probe(&f);
+    let (code, _, err) = run.stop();
+    assert!(told, "still ready {after:?} after the engine wedged: {st}\n{err}");
+    assert!(after >= Duration::from_secs(55), "told before the node's wait was over ({after:?}): {st}");
+    assert_eq!(st["engine_forwarding"]["active"], 1, "the node's connection was closed: {st}");
+    assert!(st["engine_not_answering"].is_string(), "{st}");
+    assert_eq!(probe.0, Some(1), "{probe:?}");
+    assert_eq!(code, Some(0), "{err}");
+}
+
 /// A node admitted beside an engine that then exits before it is ready waits (Admitted) and
 /// starts from the plan its own pass admitted once the restarted engine (a newer generation)
 /// is ready: its log line, its output's label, the receipt and `ctl status` all say the

@@ -649,7 +649,10 @@ fn a_faked_landlock_restrict_self_is_caught_and_nothing_runs() {
         "fake-landlock",
         libc::SYS_landlock_restrict_self,
         vec![],
-        &["its init: its deny-all Landlock domain (not in force", "sandbox setup failed: landlock: engine role"],
+        &[
+            "its init: its deny-all Landlock domain (not in force",
+            "sandbox setup failed: landlock: engine role: (not in force",
+        ],
     );
 }
 

@@ -355,23 +355,40 @@ pub(super) struct Conn {
     pub(super) record: Option<Unanswered>,
 }
 
-/// A connection is being served while a request of its node's waits for its answer (the node
-/// spoke last, after the upstream or before it said anything), or while it moved a byte within
-/// `quiet` (an answer still coming, or a connection just opened and not yet used).
-pub(super) fn being_served(c: &Conn, now: Instant, quiet: std::time::Duration) -> bool {
-    served(c.node_said, c.upstream_said, c.last_active, now, quiet)
+/// How a node's connection to the engine is being served, weakest first: the readiness
+/// recheck waits for [`Serving::EngineAnswers`] as long as it lasts (the engine shows itself
+/// alive), for [`Serving::NodeWaits`] only up to a bound (the node's word alone must not hold
+/// it off: a node that trickles bytes or keeps a request open could hide a wedged engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Serving {
+    No,
+    /// A request of the node's waits for its answer (the node spoke last) and the engine
+    /// sent nothing on it within the quiet time.
+    NodeWaits,
+    /// The engine sent a byte on it within the quiet time (an answer still coming).
+    EngineAnswers,
 }
 
-/// [`being_served`] on the times alone: when the node and the upstream last said something,
-/// and when either last did.
+pub(super) fn being_served(c: &Conn, now: Instant, quiet: std::time::Duration) -> Serving {
+    served(c.node_said, c.upstream_said, now, quiet)
+}
+
+/// [`being_served`] on the times alone: when the node and the upstream last said something.
+/// Only the engine's own bytes count for the quiet time: the node's (a trickle) or a
+/// connection just opened do not.
 pub(super) fn served(
     node_said: Option<Instant>,
     upstream_said: Option<Instant>,
-    last_active: Instant,
     now: Instant,
     quiet: std::time::Duration,
-) -> bool {
-    node_said > upstream_said || now.saturating_duration_since(last_active) < quiet
+) -> Serving {
+    if upstream_said.is_some_and(|t| now.saturating_duration_since(t) < quiet) {
+        Serving::EngineAnswers
+    } else if node_said > upstream_said {
+        Serving::NodeWaits
+    } else {
+        Serving::No
+    }
 }
 
 /// Interest for a connection's two sockets given its state.

@@ -185,6 +185,7 @@ mod lookup;
 #[cfg(test)]
 mod tests;
 
+pub use conn::Serving;
 use conn::{connect_nonblocking, interest, open_outer, Conn, Dir, Fault, Unanswered};
 pub use deny::denied;
 use deny::own_addresses;
@@ -412,12 +413,16 @@ impl Forwarder {
         self.upstreams.iter().find(|u| u.is_engine()).map_or(0, |u| u.held.len())
     }
 
-    /// The engine is serving the node: one of the node's connections to it (forwarded, not
-    /// waiting) has a request waiting for its answer (the node spoke last: bounded by the idle
-    /// timeout, which closes it), or moved a byte within `quiet` (an answer still coming, or
-    /// a connection just opened). The readiness recheck waits meanwhile (supervisor::readiness).
-    pub fn engine_serving(&self, now: Instant, quiet: Duration) -> bool {
-        self.conns.values().any(|c| self.upstreams[c.upstream].is_engine() && conn::being_served(c, now, quiet))
+    /// How the engine is serving the node, the strongest of its forwarded connections
+    /// ([`conn::Serving`]): the readiness recheck waits meanwhile, within its bounds
+    /// (supervisor::readiness).
+    pub fn engine_serving(&self, now: Instant, quiet: Duration) -> conn::Serving {
+        self.conns
+            .values()
+            .filter(|c| self.upstreams[c.upstream].is_engine())
+            .map(|c| conn::being_served(c, now, quiet))
+            .max()
+            .unwrap_or(conn::Serving::No)
     }
 
     /// When the node's last connection to the engine closed (None: none has yet).

@@ -587,28 +587,27 @@ fn read_some(node: &mut std::net::TcpStream, got: &mut Vec<u8>, max: usize) -> b
     }
 }
 
-/// Whether a node's connection to the engine is being served (the readiness recheck waits
-/// while one is): a request waiting for its answer always is, however long the engine takes;
-/// an answered one only while bytes moved within the quiet time (a stream still coming, or a
-/// connection just opened); an idle one kept open after its answer is not.
+/// How a node's connection to the engine is being served (the readiness recheck waits on
+/// the engine's own bytes; on the node's word alone within a bound): a trickle of the node's
+/// or a connection just opened does not count for the quiet time.
 #[test]
 fn a_connection_is_served_while_its_request_waits_or_bytes_still_move() {
-    use super::conn::served;
+    use super::conn::{served, Serving};
     use std::time::{Duration, Instant};
     let quiet = Duration::from_secs(30);
     let t0 = Instant::now();
     let later = |s: u64| t0 + Duration::from_secs(s);
-    // Just opened, nothing said yet: served for the quiet time, then not.
-    assert!(served(None, None, t0, later(1), quiet));
-    assert!(!served(None, None, t0, later(31), quiet));
-    // The node's request sent, no answer yet: served, even long after (the idle timeout
-    // bounds it by closing the connection).
-    assert!(served(Some(later(1)), None, later(1), later(500), quiet));
-    // Answered in part, then the node spoke again (a second request on the connection).
-    assert!(served(Some(later(5)), Some(later(3)), later(5), later(400), quiet));
-    // The engine answered last: served while bytes keep coming...
-    assert!(served(Some(later(1)), Some(later(20)), later(20), later(45), quiet));
+    // Just opened, nothing said yet: not served.
+    assert_eq!(served(None, None, later(1), quiet), Serving::No);
+    // The node's request sent, no answer yet: the node waits (bounded by the recheck).
+    assert_eq!(served(Some(later(1)), None, later(500), quiet), Serving::NodeWaits);
+    // A trickle of the node's: still only the node's word.
+    assert_eq!(served(Some(later(499)), None, later(500), quiet), Serving::NodeWaits);
+    // Answered in part, then the node spoke again.
+    assert_eq!(served(Some(later(5)), Some(later(3)), later(20), quiet), Serving::EngineAnswers);
+    assert_eq!(served(Some(later(5)), Some(later(3)), later(400), quiet), Serving::NodeWaits);
+    // The engine answered last: served while its bytes keep coming...
+    assert_eq!(served(Some(later(1)), Some(later(20)), later(45), quiet), Serving::EngineAnswers);
     // ...and not once it has been quiet for the quiet time (a kept-alive idle connection).
-    assert!(!served(Some(later(1)), Some(later(20)), later(20), later(50), quiet));
-    assert!(!served(Some(later(1)), Some(later(20)), later(20), later(5000), quiet));
+    assert_eq!(served(Some(later(1)), Some(later(20)), later(50), quiet), Serving::No);
 }

@@ -540,7 +540,11 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
     }
     Error::Setup {
         step: stage.name(),
-        detail: if detail.is_empty() { format!("{} role", plan.role) } else { format!("{} role: {detail}", plan.role) },
+        // Trimmed: a detail may be only a parenthesis pushed above (no double space).
+        detail: match detail.trim_start() {
+            "" => format!("{} role", plan.role),
+            d => format!("{} role: {d}", plan.role),
+        },
         errno: f.errno,
     }
 }

@@ -287,7 +287,9 @@ impl Supervisor {
                 match token & TOKEN_KIND {
                     TOKEN_SIGNAL => self.on_signals(),
                     readiness::TOKEN_READY => {
-                        if self.readiness.handle(&self.base.cfg, epoll) == Some(readiness::Verdict::Ready) {
+                        let fwd = &self.fwd;
+                        let serving = || fwd.engine_serving(Instant::now(), readiness::SERVING_QUIET);
+                        if self.readiness.handle(serving, &self.base.cfg, epoll) == Some(readiness::Verdict::Ready) {
                             self.on_engine_ready();
                         }
                     }

@@ -6,10 +6,10 @@
 //! [`Verdict`] the supervisor acts on. Once the engine is ready, the same check is made again
 //! every [`RECHECK_INTERVAL`] while it runs (a try that fails or takes over
 //! [`RECHECK_TIMEOUT`] marks it as not answering, the next that passes as answering again):
-//! `ctl ready` and status's `ready` follow it; a recheck never stops or restarts anything,
-//! and none is made while the engine is serving the node (a request of the node's waits for
-//! its answer, or its connection moved a byte within [`SERVING_QUIET`]): it waits until
-//! the node's requests are done, keeping the last verdict meanwhile.
+//! `ctl ready` and status's `ready` follow it; a recheck never stops or restarts anything.
+//! None is made while the engine is answering the node (it sent a byte on one of the node's
+//! connections within [`SERVING_QUIET`]), nor, for up to [`NODE_WAIT_MAX`] in a row, while a
+//! request of the node's waits for its answer: the last verdict stands meanwhile.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -20,6 +20,7 @@ use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::socket::{connect, getsockopt, sockopt, SockaddrIn};
 
 use crate::config::{Config, ReadyKind};
+use crate::egress::Serving;
 use crate::sandbox::cell::Cell;
 
 pub(super) const TOKEN_READY: u64 = 4 << 56;
@@ -30,10 +31,14 @@ pub(super) const READY_INTERVAL: Duration = Duration::from_millis(100);
 pub(super) const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// How long one recheck may take before it counts as not answering.
 pub(super) const RECHECK_TIMEOUT: Duration = Duration::from_secs(5);
-/// A connection of the node's to the engine that moved a byte this recently still counts as
-/// being served (the recheck waits): longer than the 15 s between the keep-alive pings
+/// A connection of the node's to the engine on which the engine sent a byte this recently is
+/// being answered (the recheck waits): longer than the 15 s between the keep-alive pings
 /// llama-cpp-python's server sends while a streamed answer is still being computed.
 pub(super) const SERVING_QUIET: Duration = Duration::from_secs(30);
+/// The longest the rechecks wait in a row on the node's word alone (a request of its waiting,
+/// the engine silent): past it they come at their pace again, so that a wedged engine is
+/// told within this and a recheck's interval and timeout, whatever the node does.
+pub(super) const NODE_WAIT_MAX: Duration = Duration::from_secs(60);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Stage {
@@ -56,6 +61,34 @@ struct Check {
     /// A check of an engine that was ready: one try at a time, each until its `deadline`, and
     /// never a verdict.
     recheck: bool,
+    /// Since when rechecks were postponed on the node's word alone (Serving::NodeWaits).
+    node_waits_since: Option<Instant>,
+}
+
+impl Check {
+    /// Whether a recheck due now waits, the engine serving the node as `serving` says. The
+    /// node's requests in flight come first: a recheck would compete with them (found by CI:
+    /// llama-cpp-python's server cut a streamed answer short to serve it, and an engine serving
+    /// one request at a time answers it only after them, so a busy engine was told as not
+    /// answering). The engine's own bytes hold it off while they come; the node's word alone
+    /// (a request of its waiting, the engine silent) for at most [`NODE_WAIT_MAX`] in a row
+    /// (found by review: a node that trickled a byte, opened connections or kept a request
+    /// open kept a wedged engine shown ready); past it rechecks come at their pace again.
+    fn waits_for(&mut self, now: Instant, serving: Serving) -> bool {
+        match serving {
+            Serving::EngineAnswers => {
+                self.node_waits_since = None;
+                true
+            }
+            Serving::NodeWaits => {
+                now.saturating_duration_since(*self.node_waits_since.get_or_insert(now)) < NODE_WAIT_MAX
+            }
+            Serving::No => {
+                self.node_waits_since = None;
+                false
+            }
+        }
+    }
 }
 
 /// What a check came to.
@@ -89,6 +122,7 @@ impl Readiness {
             began: now,
             last: "no answer yet".to_string(),
             recheck: false,
+            node_waits_since: None,
         });
         self.not_answering = None;
     }
@@ -129,7 +163,7 @@ impl Readiness {
     pub(super) fn sweep(
         &mut self,
         now: Instant,
-        serving: impl FnOnce() -> bool,
+        serving: impl FnOnce() -> Serving,
         cfg: &Config,
         cell: &Cell,
         epoll: &Epoll,
@@ -138,15 +172,13 @@ impl Readiness {
         if c.recheck {
             if c.fd.is_some() && c.deadline <= now {
                 self.missed(format!("no answer within {} s", RECHECK_TIMEOUT.as_secs()), epoll);
-            } else if c.fd.is_none() && c.next_try <= now && serving() {
-                // The node's requests in flight come first: a recheck would compete with them
-                // (found by CI: llama-cpp-python's server cut a streamed answer short to serve
-                // it, and an engine serving one request at a time answers it only after them,
-                // so a busy engine was told as not answering). Tried again once they are done.
-                c.next_try = now + RECHECK_INTERVAL;
-                tracing::debug!(role = "engine", "readiness recheck postponed: the engine is serving the node");
             } else if c.fd.is_none() && c.next_try <= now {
-                self.try_connect(cfg, cell, epoll);
+                if c.waits_for(now, serving()) {
+                    c.next_try = now + RECHECK_INTERVAL;
+                    tracing::debug!(role = "engine", "readiness recheck postponed: the engine is serving the node");
+                } else {
+                    self.try_connect(cfg, cell, epoll);
+                }
             }
             return None;
         }
@@ -249,7 +281,7 @@ impl Readiness {
 
     /// The try's socket is ready: connected (then, for HTTP, the request is sent), or the
     /// answer's bytes arrived.
-    pub(super) fn handle(&mut self, cfg: &Config, epoll: &Epoll) -> Option<Verdict> {
+    pub(super) fn handle(&mut self, serving: impl FnOnce() -> Serving, cfg: &Config, epoll: &Epoll) -> Option<Verdict> {
         let http = cfg.engine.ready().kind == ReadyKind::Http;
         let c = self.check.as_mut()?;
         let fd = c.fd.as_ref()?;
@@ -273,6 +305,16 @@ impl Readiness {
                 if !http {
                     return self.ready(epoll);
                 }
+                // Asked again before the request goes (found by review): a request of the
+                // node's may have reached the engine since the recheck was decided. Not a miss.
+                let now = Instant::now();
+                if c.recheck && c.waits_for(now, serving()) {
+                    c.next_try = now + RECHECK_INTERVAL;
+                    self.close_try(epoll);
+                    tracing::debug!(role = "engine", "readiness recheck postponed: the engine is serving the node");
+                    return None;
+                }
+                let fd = c.fd.as_ref()?;
                 let path = &cfg.engine.ready().path;
                 let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nUser-Agent: sealnode-readiness\r\n\r\n");
                 if nix::unistd::write(fd, req.as_bytes()).ok() != Some(req.len()) {
