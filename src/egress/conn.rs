@@ -355,40 +355,22 @@ pub(super) struct Conn {
     pub(super) record: Option<Unanswered>,
 }
 
-/// How a node's connection to the engine is being served, weakest first: the readiness
-/// recheck waits for [`Serving::EngineAnswers`] as long as it lasts (the engine shows itself
-/// alive), for [`Serving::NodeWaits`] only up to a bound (the node's word alone must not hold
-/// it off: a node that trickles bytes or keeps a request open could hide a wedged engine).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Serving {
-    No,
-    /// A request of the node's waits for its answer (the node spoke last) and the engine
-    /// sent nothing on it within the quiet time.
-    NodeWaits,
-    /// The engine sent a byte on it within the quiet time (an answer still coming).
-    EngineAnswers,
-}
-
-pub(super) fn being_served(c: &Conn, now: Instant, quiet: std::time::Duration) -> Serving {
+/// A node's connection to the engine is being served while a request of the node's waits for
+/// its answer (the node spoke last) or the engine sent a byte on it within `quiet` (an answer
+/// still coming). A connection just opened, or a trickle of the node's after an answer, does
+/// not count for the quiet time.
+pub(super) fn being_served(c: &Conn, now: Instant, quiet: std::time::Duration) -> bool {
     served(c.node_said, c.upstream_said, now, quiet)
 }
 
 /// [`being_served`] on the times alone: when the node and the upstream last said something.
-/// Only the engine's own bytes count for the quiet time: the node's (a trickle) or a
-/// connection just opened do not.
 pub(super) fn served(
     node_said: Option<Instant>,
     upstream_said: Option<Instant>,
     now: Instant,
     quiet: std::time::Duration,
-) -> Serving {
-    if upstream_said.is_some_and(|t| now.saturating_duration_since(t) < quiet) {
-        Serving::EngineAnswers
-    } else if node_said > upstream_said {
-        Serving::NodeWaits
-    } else {
-        Serving::No
-    }
+) -> bool {
+    node_said > upstream_said || upstream_said.is_some_and(|t| now.saturating_duration_since(t) < quiet)
 }
 
 /// Interest for a connection's two sockets given its state.

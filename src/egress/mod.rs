@@ -185,7 +185,6 @@ mod lookup;
 #[cfg(test)]
 mod tests;
 
-pub use conn::Serving;
 use conn::{connect_nonblocking, interest, open_outer, Conn, Dir, Fault, Unanswered};
 pub use deny::denied;
 use deny::own_addresses;
@@ -413,16 +412,11 @@ impl Forwarder {
         self.upstreams.iter().find(|u| u.is_engine()).map_or(0, |u| u.held.len())
     }
 
-    /// How the engine is serving the node, the strongest of its forwarded connections
-    /// ([`conn::Serving`]): the readiness recheck waits meanwhile, within its bounds
-    /// (supervisor::readiness).
-    pub fn engine_serving(&self, now: Instant, quiet: Duration) -> conn::Serving {
-        self.conns
-            .values()
-            .filter(|c| self.upstreams[c.upstream].is_engine())
-            .map(|c| conn::being_served(c, now, quiet))
-            .max()
-            .unwrap_or(conn::Serving::No)
+    /// The engine is serving the node: one of the node's connections to it (forwarded, not
+    /// waiting) is being served ([`conn::being_served`]). The readiness recheck waits
+    /// meanwhile, within its bound (supervisor::readiness).
+    pub fn engine_serving(&self, now: Instant, quiet: Duration) -> bool {
+        self.conns.values().any(|c| self.upstreams[c.upstream].is_engine() && conn::being_served(c, now, quiet))
     }
 
     /// When the node's last connection to the engine closed (None: none has yet).

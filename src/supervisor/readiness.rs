@@ -7,9 +7,9 @@
 //! every [`RECHECK_INTERVAL`] while it runs (a try that fails or takes over
 //! [`RECHECK_TIMEOUT`] marks it as not answering, the next that passes as answering again):
 //! `ctl ready` and status's `ready` follow it; a recheck never stops or restarts anything.
-//! None is made while the engine is answering the node (it sent a byte on one of the node's
-//! connections within [`SERVING_QUIET`]), nor, for up to [`NODE_WAIT_MAX`] in a row, while a
-//! request of the node's waits for its answer: the last verdict stands meanwhile.
+//! An HTTP recheck waits while the engine serves the node (a request of the node's waits for
+//! its answer, or the engine sent a byte on one of its connections within [`SERVING_QUIET`]),
+//! for at most [`HOLD_MAX`] in a row: the last verdict stands meanwhile.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -20,7 +20,6 @@ use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::socket::{connect, getsockopt, sockopt, SockaddrIn};
 
 use crate::config::{Config, ReadyKind};
-use crate::egress::Serving;
 use crate::sandbox::cell::Cell;
 
 pub(super) const TOKEN_READY: u64 = 4 << 56;
@@ -35,10 +34,11 @@ pub(super) const RECHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// being answered (the recheck waits): longer than the 15 s between the keep-alive pings
 /// llama-cpp-python's server sends while a streamed answer is still being computed.
 pub(super) const SERVING_QUIET: Duration = Duration::from_secs(30);
-/// The longest the rechecks wait in a row on the node's word alone (a request of its waiting,
-/// the engine silent): past it they come at their pace again, so that a wedged engine is
-/// told within this and a recheck's interval and timeout, whatever the node does.
-pub(super) const NODE_WAIT_MAX: Duration = Duration::from_secs(60);
+/// The longest the rechecks wait in a row while the engine serves the node: past it they come
+/// at their pace again, so that a wedged engine is told within this and a recheck's interval
+/// and timeout, whatever the node does (found by review: a node that kept a request waiting,
+/// or the engine's buffered or cheap answers coming, held them off for as long as it liked).
+pub(super) const HOLD_MAX: Duration = Duration::from_secs(60);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Stage {
@@ -61,33 +61,24 @@ struct Check {
     /// A check of an engine that was ready: one try at a time, each until its `deadline`, and
     /// never a verdict.
     recheck: bool,
-    /// Since when rechecks were postponed on the node's word alone (Serving::NodeWaits).
-    node_waits_since: Option<Instant>,
+    /// Since when the rechecks have waited for the node's requests, in a row.
+    held_since: Option<Instant>,
 }
 
 impl Check {
-    /// Whether a recheck due now waits, the engine serving the node as `serving` says. The
-    /// node's requests in flight come first: a recheck would compete with them (found by CI:
-    /// llama-cpp-python's server cut a streamed answer short to serve it, and an engine serving
-    /// one request at a time answers it only after them, so a busy engine was told as not
-    /// answering). The engine's own bytes hold it off while they come; the node's word alone
-    /// (a request of its waiting, the engine silent) for at most [`NODE_WAIT_MAX`] in a row
-    /// (found by review: a node that trickled a byte, opened connections or kept a request
-    /// open kept a wedged engine shown ready); past it rechecks come at their pace again.
-    fn waits_for(&mut self, now: Instant, serving: Serving) -> bool {
-        match serving {
-            Serving::EngineAnswers => {
-                self.node_waits_since = None;
-                true
-            }
-            Serving::NodeWaits => {
-                now.saturating_duration_since(*self.node_waits_since.get_or_insert(now)) < NODE_WAIT_MAX
-            }
-            Serving::No => {
-                self.node_waits_since = None;
-                false
-            }
+    /// Whether an HTTP recheck due now waits, the engine serving the node or not. The node's
+    /// requests in flight come first: a recheck would compete with them (found by CI:
+    /// llama-cpp-python's server cut a streamed answer short to serve it, and an engine
+    /// serving one request at a time answers it only after them, so a busy engine was told as
+    /// not answering), but for [`HOLD_MAX`] in a row at most: then rechecks come at their pace
+    /// again until the engine serves the node no more. A TCP recheck, a connect the kernel
+    /// answers, competes with nothing and never waits.
+    fn waits_for(&mut self, now: Instant, http: bool, serving: bool) -> bool {
+        if !http || !serving {
+            self.held_since = None;
+            return false;
         }
+        now.saturating_duration_since(*self.held_since.get_or_insert(now)) < HOLD_MAX
     }
 }
 
@@ -122,7 +113,7 @@ impl Readiness {
             began: now,
             last: "no answer yet".to_string(),
             recheck: false,
-            node_waits_since: None,
+            held_since: None,
         });
         self.not_answering = None;
     }
@@ -163,7 +154,7 @@ impl Readiness {
     pub(super) fn sweep(
         &mut self,
         now: Instant,
-        serving: impl FnOnce() -> Serving,
+        serving: impl FnOnce() -> bool,
         cfg: &Config,
         cell: &Cell,
         epoll: &Epoll,
@@ -173,7 +164,8 @@ impl Readiness {
             if c.fd.is_some() && c.deadline <= now {
                 self.missed(format!("no answer within {} s", RECHECK_TIMEOUT.as_secs()), epoll);
             } else if c.fd.is_none() && c.next_try <= now {
-                if c.waits_for(now, serving()) {
+                let http = cfg.engine.ready().kind == ReadyKind::Http;
+                if c.waits_for(now, http, http && serving()) {
                     c.next_try = now + RECHECK_INTERVAL;
                     tracing::debug!(role = "engine", "readiness recheck postponed: the engine is serving the node");
                 } else {
@@ -281,7 +273,7 @@ impl Readiness {
 
     /// The try's socket is ready: connected (then, for HTTP, the request is sent), or the
     /// answer's bytes arrived.
-    pub(super) fn handle(&mut self, serving: impl FnOnce() -> Serving, cfg: &Config, epoll: &Epoll) -> Option<Verdict> {
+    pub(super) fn handle(&mut self, serving: impl FnOnce() -> bool, cfg: &Config, epoll: &Epoll) -> Option<Verdict> {
         let http = cfg.engine.ready().kind == ReadyKind::Http;
         let c = self.check.as_mut()?;
         let fd = c.fd.as_ref()?;
@@ -308,7 +300,7 @@ impl Readiness {
                 // Asked again before the request goes (found by review): a request of the
                 // node's may have reached the engine since the recheck was decided. Not a miss.
                 let now = Instant::now();
-                if c.recheck && c.waits_for(now, serving()) {
+                if c.recheck && c.waits_for(now, http, serving()) {
                     c.next_try = now + RECHECK_INTERVAL;
                     self.close_try(epoll);
                     tracing::debug!(role = "engine", "readiness recheck postponed: the engine is serving the node");
