@@ -356,9 +356,9 @@ pub(super) struct Conn {
 }
 
 /// A node's connection to the engine is being served while a request of the node's waits for
-/// its answer (the node spoke last) or the engine sent a byte on it within `quiet` (an answer
-/// still coming). A connection just opened, or a trickle of the node's after an answer, does
-/// not count for the quiet time.
+/// its answer (the node spoke last, a trickle of bytes included) or the engine sent a byte on
+/// it within `quiet` (an answer still coming). A connection just opened, on which nobody has
+/// said anything yet, is not.
 pub(super) fn being_served(c: &Conn, now: Instant, quiet: std::time::Duration) -> bool {
     served(c.node_said, c.upstream_said, now, quiet)
 }

@@ -73,9 +73,14 @@ impl Check {
     /// not answering), but for [`HOLD_MAX`] in a row at most: then rechecks come at their pace
     /// again until the engine serves the node no more. A TCP recheck, a connect the kernel
     /// answers, competes with nothing and never waits.
-    fn waits_for(&mut self, now: Instant, http: bool, serving: bool) -> bool {
+    /// `confirmed`: asked just before the request goes (handle); only then does an engine
+    /// serving nobody end the hold (found by review: a node idle when sweep() sampled and busy
+    /// when handle() asked again started a fresh hold every 5 s, and no request ever went).
+    fn waits_for(&mut self, now: Instant, http: bool, serving: bool, confirmed: bool) -> bool {
         if !http || !serving {
-            self.held_since = None;
+            if confirmed || !http {
+                self.held_since = None;
+            }
             return false;
         }
         now.saturating_duration_since(*self.held_since.get_or_insert(now)) < HOLD_MAX
@@ -165,7 +170,7 @@ impl Readiness {
                 self.missed(format!("no answer within {} s", RECHECK_TIMEOUT.as_secs()), epoll);
             } else if c.fd.is_none() && c.next_try <= now {
                 let http = cfg.engine.ready().kind == ReadyKind::Http;
-                if c.waits_for(now, http, http && serving()) {
+                if c.waits_for(now, http, http && serving(), false) {
                     c.next_try = now + RECHECK_INTERVAL;
                     tracing::debug!(role = "engine", "readiness recheck postponed: the engine is serving the node");
                 } else {
@@ -300,7 +305,7 @@ impl Readiness {
                 // Asked again before the request goes (found by review): a request of the
                 // node's may have reached the engine since the recheck was decided. Not a miss.
                 let now = Instant::now();
-                if c.recheck && c.waits_for(now, http, serving()) {
+                if c.recheck && c.waits_for(now, http, serving(), true) {
                     c.next_try = now + RECHECK_INTERVAL;
                     self.close_try(epoll);
                     tracing::debug!(role = "engine", "readiness recheck postponed: the engine is serving the node");
@@ -347,5 +352,59 @@ impl Readiness {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recheck(now: Instant) -> Check {
+        Check {
+            fd: None,
+            stage: Stage::Connecting,
+            buf: Vec::new(),
+            next_try: now,
+            deadline: now,
+            began: now,
+            last: String::new(),
+            recheck: true,
+            held_since: None,
+        }
+    }
+
+    /// When the recheck's request goes, each 5 s tick asked first as sweep() asks (`at_sweep`)
+    /// and then, if not held, again as handle() asks just before the request (`at_handle`).
+    fn requests_sent(at_sweep: impl Fn(u64) -> bool, at_handle: impl Fn(u64) -> bool) -> Vec<u64> {
+        let t0 = Instant::now();
+        let mut c = recheck(t0);
+        let mut sent = Vec::new();
+        for s in (0..=120).step_by(5) {
+            let now = t0 + Duration::from_secs(s);
+            if !c.waits_for(now, true, at_sweep(s), false) && !c.waits_for(now, true, at_handle(s), true) {
+                sent.push(s);
+            }
+        }
+        sent
+    }
+
+    /// Held 60 s in a row at most, however the node's serving falls on the two questions
+    /// (found by review: a node idle at sweep() and busy at handle() started a fresh hold each
+    /// time, and no request ever went); then one every 5 s while it lasts.
+    #[test]
+    fn a_recheck_is_held_for_60_s_in_a_row_at_most() {
+        let from_60: Vec<u64> = (60..=120).step_by(5).collect();
+        assert_eq!(requests_sent(|_| true, |_| true), from_60, "a steady serve");
+        assert_eq!(requests_sent(|_| false, |_| true), from_60, "idle when sampled, busy when asked again");
+        // Not serving at all: every tick; a TCP check is never held.
+        assert_eq!(requests_sent(|_| false, |_| false).len(), 25);
+        let t0 = Instant::now();
+        assert!(!recheck(t0).waits_for(t0, false, true, true));
+        // The node done (confirmed just before the request): a new hold may begin later.
+        assert_eq!(
+            requests_sent(|s| s < 30, |s| s < 30),
+            (30..=120).step_by(5).collect::<Vec<_>>(),
+            "held while serving, then every tick"
+        );
     }
 }
