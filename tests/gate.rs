@@ -1292,6 +1292,14 @@ fn ready_follows_an_engine_that_stops_answering() {
     }
 }
 
+/// The engine of `f` (made by [`cell`]) runs `engine_py` with the host's python3 from the bound
+/// bin dir, checked ready by `GET /` (the readiness tests' HTTP stand-ins).
+fn python_engine(f: &mut Fixture, engine_py: &str) {
+    std::fs::write(f.p("bin/engine.py"), engine_py).expect("engine");
+    f.engine_cmd = "[\"/usr/bin/python3\", \"-I\", \"-u\", \"/opt/sealnode/engine.py\"]".into();
+    f.engine_extra.push_str("\nready = { kind = \"http\", path = \"/\", timeout_s = 60 }");
+}
+
 /// Found by CI: the readiness recheck, made every 5 s, reached llama-cpp-python's server while
 /// it streamed the node's answer, and that server cuts a stream short to serve a new request
 /// (the node got an empty answer); an engine serving one request at a time answers it only
@@ -1321,9 +1329,7 @@ fn no_readiness_recheck_competes_with_the_nodes_request() {
                 echo \"node-got $(/usr/bin/busybox wc -l < /scratch/slow)\"; exec sleep 1000";
     for mode in modes() {
         let mut f = cell(mode, "recheck-waits", "", node, "", "");
-        std::fs::write(f.p("bin/engine.py"), engine_py).expect("engine");
-        f.engine_cmd = "[\"/usr/bin/python3\", \"-I\", \"-u\", \"/opt/sealnode/engine.py\"]".into();
-        f.engine_extra.push_str("\nready = { kind = \"http\", path = \"/\", timeout_s = 60 }");
+        python_engine(&mut f, engine_py);
         f.write_config();
         let run = start(&f, &[]);
         run.out_line(90, |l| l.starts_with("node-got "));
@@ -1388,10 +1394,8 @@ fn the_node_holds_off_the_recheck_of_a_wedged_engine_only_for_a_while() {
         \x20   kept.append(s); kept = kept[-3:]\n";
     let node = "echo node-up; exec /usr/bin/python3 -I -u /opt/sealnode/node.py";
     let mut f = cell(Mode::Rootless, "recheck-bounded", "", node, "", "");
-    std::fs::write(f.p("bin/engine.py"), engine_py).expect("engine");
+    python_engine(&mut f, engine_py);
     std::fs::write(f.p("bin/node.py"), node_py).expect("node");
-    f.engine_cmd = "[\"/usr/bin/python3\", \"-I\", \"-u\", \"/opt/sealnode/engine.py\"]".into();
-    f.engine_extra.push_str("\nready = { kind = \"http\", path = \"/\", timeout_s = 60 }");
     f.write_config();
     let run = start(&f, &[]);
     let wedged = run.out_line(60, |l| l == "wedged");
