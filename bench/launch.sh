@@ -9,6 +9,7 @@ ROUNDS=${ROUNDS:-4}; RUNS=${RUNS:-100}
 out=$BENCH/results; mkdir -p "$out"
 for mode in rootful rootless; do
   write_fixture "$BENCH/$mode" "$mode"
+  from_disk "$SN" "$SN_DYN" ${SEALNODE_BENCH_BASE:+"$SEALNODE_BENCH_BASE"}
   as=""; [ "$mode" = rootless ] && as="setpriv --reuid 65534 --regid 65534 --clear-groups"
   cmds=(
     "sealnode" "sh -c 'exec $as $SN exec --config $BENCH/$mode/c.toml --role node -- /bin/true'"
