@@ -1,9 +1,9 @@
 //! `sealnode check`: everything `run` checks before it starts anything, without starting
 //! anything (like `nginx -t`): the config and its ownership, the policies, each role's plan
 //! (paths, program, pin), the users, the dirs, the kernel, the limits, the attestation key and
-//! TPM (which `check` reads, as `run` would: it asks the TPM for its key). Once the config loads
-//! (its own checks stop at the first problem), every check runs, so one pass lists every
-//! problem. Nothing is created, locked or started; only doctor's throwaway namespace probe
+//! TPM (which `check` reads, as `run` would: it asks the TPM for its key). The config's own
+//! checks list up to 20 problems at once; once it loads, every other check runs, so one pass
+//! lists every problem. Nothing is created, locked or started; only doctor's throwaway namespace probe
 //! forks.
 
 use std::path::Path;

@@ -24,7 +24,9 @@ enum Command {
     ///
     /// Every start (first, crash restart, SIGHUP, recycle) passes the preflight canary and
     /// writes a new receipt first. SIGHUP reloads the config and policies (kept unchanged if
-    /// invalid) and restarts both roles (the cell's network namespace stays). Notifies systemd
+    /// invalid) and restarts only what the change needs: nothing (limits, timeouts), the node
+    /// alone (the engine's inputs unchanged), or both roles (the cell's network namespaces
+    /// stay; docs/operator-guide.md). Notifies systemd
     /// (READY=1 once the engine is ready and the node started, RELOADING=1, STATUS, WATCHDOG,
     /// STOPPING). Exit status: 0 stopped by a signal, 1 a role exited without restart, 3 the
     /// preflight found an escape, 4 the engine was not ready in time, 5 the restart limit was
@@ -39,9 +41,9 @@ enum Command {
     /// policies, each role's sandbox plan (binds, program, sha256 pin, user), the dirs, the
     /// cgroup limits, the attestation key and TPM, and the kernel features.
     ///
-    /// Once the config loads (its own checks stop at the first problem), every check runs, so
-    /// one pass lists every problem. Exit status 0 when `run` would start, 125 when it would
-    /// refuse.
+    /// The config's own checks list up to 20 problems at once; once it loads, every other
+    /// check runs, so one pass lists every problem. Exit status 0 when `run` would start, 125
+    /// when it would refuse.
     Check {
         /// Config file.
         #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
@@ -206,7 +208,7 @@ enum Command {
         /// Config file: its policies' minimum Landlock ABI and its limits are checked, and a call
         /// only some configs make (clone3 for cgroup leaves, a seccomp listener for
         /// log_refused_syscalls) fails when this one makes it, rather than warns.
-        #[arg(long)]
+        #[arg(long, env = "SEALNODE_CONFIG")]
         config: Option<PathBuf>,
         /// Machine-readable output.
         #[arg(long)]

@@ -339,7 +339,7 @@ fn statements_verify_fresh_and_every_forgery_fails_with_its_own_status() {
         let g_engine = statement(&newer)["predicate"]["generation"].as_u64().expect("generation");
         let (_, env_now, _) = out(&f, &["attest", "--nonce", nonce, "--config", &cfg]);
         assert_eq!(statement(&env_now)["predicate"]["generation"].as_u64(), Some(g_engine), "{ctx}");
-        // A restart (SIGHUP restarts both roles): a new generation in the next statement, and
+        // A restart (a SIGHUP with the config unchanged re-provisions both roles): a new generation in the next statement, and
         // the older one is refused by a verifier that has seen the new one.
         nix::sys::signal::kill(run.pid(), nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
         let nonce2 = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";

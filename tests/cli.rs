@@ -8,6 +8,7 @@ use common::*;
 fn doctor_reports_this_kernel() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sealnode"))
         .args(["doctor", "--json"])
+        .env_remove("SEALNODE_CONFIG")
         .output_within(COMMAND_LIMIT);
     let checks: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let names: Vec<&str> = checks.as_array().expect("array").iter().filter_map(|c| c["name"].as_str()).collect();
@@ -19,6 +20,31 @@ fn doctor_reports_this_kernel() {
     if !failed.is_empty() {
         unavailable("userns", &format!("doctor reports failures on this machine: {failed:?}"));
     }
+}
+
+/// `doctor` reads the config `SEALNODE_CONFIG` names, as every command that takes `--config`
+/// does (found by a docs audit: it ignored the variable and passed where `run` refuses);
+/// `--config` wins over it.
+#[test]
+fn doctor_reads_the_config_sealnode_config_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("missing.toml");
+    let doctor = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sealnode"))
+            .arg("doctor")
+            .args(args)
+            .env("SEALNODE_CONFIG", &missing)
+            .output_within(COMMAND_LIMIT)
+    };
+    let out = doctor(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+    let other = dir.path().join("other.toml");
+    let out = doctor(&["--config", &other.display().to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("other.toml") && !err.contains("missing.toml"), "{err}");
 }
 
 #[test]

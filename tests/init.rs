@@ -185,6 +185,21 @@ fn init_dry_run_writes_nothing_and_missing_answers_are_named() {
     }
     // The system interpreter is in every role's view: only the venv is bound.
     assert!(text.contains(&format!("ro_binds = [{{ src = \"{}\" }}]", s(&d.join("venv")))), "{text}");
+    // Without --config, SEALNODE_CONFIG names the file to write, as for every command (found
+    // by a docs audit: init wrote /etc/sealnode/sealnode.toml whatever it said).
+    let from_env = d.join("from-env.toml");
+    let out = Command::new(bin)
+        .args(["init", "--engine", "/usr/bin/true", "--engine-kind", "llama-server", "--engine-port", "8099"])
+        .args(["--model", &s(&d.join("models/tiny.gguf")), "--venv", &s(&d.join("venv"))])
+        .args(["--gateway-url", "wss://gw.example/provider/ws", "--dry-run"])
+        .args(["--state-dir", &s(&d.join("state")), "--runtime-dir", &s(&d.join("run"))])
+        .env("SEALNODE_CONFIG", &from_env)
+        .stdin(Stdio::null())
+        .output_within(COMMAND_LIMIT);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&format!("write {} (0644)", s(&from_env))), "{text}");
+    assert!(!from_env.exists(), "--dry-run wrote the config");
     // Off a terminal, a missing answer is a usage error naming the flags.
     let out = Command::new(bin).args(["init", "--config", &s(&cfg)]).stdin(Stdio::null()).output_within(COMMAND_LIMIT);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -74,7 +74,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub credential_dest: Option<PathBuf>,
     /// The config file to write (an existing one is kept unless --force).
-    #[arg(long, value_name = "FILE", default_value = DEFAULT_CONFIG)]
+    #[arg(long, value_name = "FILE", env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]
     pub config: PathBuf,
     /// cell.state_dir; the scratch dirs are its engine/ and node/.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/sealnode")]
