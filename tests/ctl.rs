@@ -87,3 +87,38 @@ fn recycle_json_exits_zero_only_for_a_recycle() {
         assert_eq!(code, Some(want), "recycle for {answer}: {out}{err}");
     }
 }
+
+/// With `--config`, only a recycle reads the whole config (its bounds size the wait for the
+/// answer); status, ready and metrics read `cell.runtime_dir` alone. A config a half-done edit
+/// left unparseable still reaches the cell, and the recycle says that it waits the plain 60 s
+/// (found by a docs audit: README said only `runtime_dir` is read).
+#[test]
+fn only_a_recycle_reads_the_whole_config_and_says_when_it_cannot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, asked) = stand_in(dir.path(), r#"{"ok":true,"recycled":true,"generation":7}"#);
+    let cfg = dir.path().join("sealnode.toml");
+    // Valid TOML with the socket's place, but no config: no roles, a misspelt field.
+    std::fs::write(
+        &cfg,
+        format!("schema = 1\n[cell]\nruntime_dir = \"{}\"\nstop_timout_s = 5\n", dir.path().display()),
+    )
+    .expect("config");
+    let run = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_sealnode"))
+            .args(["ctl", "--config", &cfg.display().to_string()])
+            .args(args)
+            .output_within(Duration::from_secs(30));
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (code, err) = run(&["recycle"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("note: the recycle's wait is 60 s: its bounds in the config cannot be read"), "{err}");
+    assert!(err.contains("stop_timout_s"), "the note names what is wrong: {err}");
+    assert_eq!(asked.recv_timeout(Duration::from_secs(5)).expect("a request"), r#"{"cmd":"recycle"}"#);
+    // The other requests do not read it: no note (the stand-in's answer is no status, so 1).
+    for args in [&["status"][..], &["ready"], &["metrics"]] {
+        let (_, err) = run(args);
+        assert!(!err.contains("note:") && !err.contains("stop_timout_s"), "ctl {args:?}: {err}");
+        assert_eq!(asked.recv_timeout(Duration::from_secs(5)).expect("a request"), r#"{"cmd":"status"}"#);
+    }
+}

@@ -571,3 +571,48 @@ fn the_supervisors_hop_lists_name_functions_that_exist() {
     }
     assert!(named > 30, "the hop list names only {named} functions: did its heading change?");
 }
+
+/// The operator guide counts what the package ships as the files have it: the lintian tags
+/// overridden, and the system users the sysusers snippet makes (a docs audit found "three"
+/// tags where there were six, and two users where there are three).
+#[test]
+fn the_operator_guide_counts_the_overrides_and_users_the_package_has() {
+    const WORDS: [&str; 10] = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"];
+    let lines = |rel: &str, keep: &dyn Fn(&str) -> bool| read(rel).lines().filter(|l| keep(l)).count();
+    let tags = lines("debian/lintian-overrides", &|l| !l.trim().is_empty() && !l.starts_with('#'));
+    let users = lines("systemd/sealnode.sysusers", &|l| l.starts_with("u "));
+    let guide = read("docs/operator-guide.md").split_whitespace().collect::<Vec<_>>().join(" ");
+    let said = format!("but the {} `debian/lintian-overrides` names", WORDS[tags]);
+    assert!(guide.contains(&said), "docs/operator-guide.md should say {said:?}");
+    let said = format!("so do the {} system users", WORDS[users]);
+    assert!(guide.contains(&said), "docs/operator-guide.md should say {said:?}");
+}
+
+/// Every metric family sealnode exports is in the operator guide's metrics table, whole or as
+/// a `_suffix` of the family before it in the same row (a docs audit found
+/// `sealnode_role_refused_syscalls_total` missing).
+#[test]
+fn every_metric_family_is_in_the_operator_guide() {
+    let src = read("src/control/metrics.rs");
+    let guide = read("docs/operator-guide.md");
+    let mut families: Vec<&str> = src
+        .split('"')
+        .filter(|s| s.starts_with("sealnode_") && s.bytes().all(|b| b == b'_' || b.is_ascii_lowercase()))
+        .collect();
+    families.sort_unstable();
+    families.dedup();
+    assert!(families.len() > 20, "{families:?}");
+    for f in families {
+        let row = guide.lines().find(|l| {
+            l.starts_with("| `sealnode_")
+                && (l.contains(&format!("`{f}`")) || l.contains(&format!("`{f}{{")) || {
+                    // `sealnode_role_memory_bytes`, `_memory_peak_bytes`: the row's first family's
+                    // prefix (up to its second underscore) stands before each suffix.
+                    let first = l.split('`').nth(1).unwrap_or_default();
+                    let prefix: String = first.splitn(3, '_').take(2).collect::<Vec<_>>().join("_");
+                    f.strip_prefix(&prefix).is_some_and(|rest| l.contains(&format!("`{rest}`")))
+                })
+        });
+        assert!(row.is_some(), "docs/operator-guide.md's metrics table lacks {f}");
+    }
+}

@@ -51,13 +51,27 @@ fn socket(target: Target) -> Result<PathBuf, Failure> {
 
 pub fn ctl(target: Target, show: Show) -> Outcome {
     // A recycle's answer comes once both roles run again: its wait follows the config's bounds
-    // (control::recycle_wait), the plain wait when the config cannot be read.
-    let recycle_wait = match &target {
-        Target::Config(c) => Config::read_for_client(c).map(|cfg| control::recycle_wait(&cfg)).ok(),
+    // (control::recycle_wait), read from the whole config (parsed, not checked); the plain
+    // wait, said, when it cannot be read. Every other request reads only `cell.runtime_dir`.
+    let config = match target {
+        Target::Config(c) => Some(c),
         Target::Socket(_) => None,
-    }
-    .unwrap_or(control::CLIENT_TIMEOUT);
+    };
     let path = socket(target)?;
+    let recycle_wait = match (&show, config) {
+        (Show::Recycle { .. }, Some(c)) => match Config::read_for_client(c) {
+            Ok(cfg) => control::recycle_wait(&cfg),
+            Err(e) => {
+                eprintln!(
+                    "sealnode: note: the recycle's wait is {} s: its bounds in the config cannot be read:\n  {}",
+                    control::CLIENT_TIMEOUT.as_secs(),
+                    e.to_string().trim_end().replace('\n', "\n  ")
+                );
+                control::CLIENT_TIMEOUT
+            }
+        },
+        _ => control::CLIENT_TIMEOUT,
+    };
     match show {
         Show::Status { json } => {
             match ask::<Status>(&path, Request::Status, json, "status", control::CLIENT_TIMEOUT)? {
