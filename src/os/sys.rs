@@ -1108,14 +1108,29 @@ pub fn process_state(pid: nix::unistd::Pid) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
-/// A process's children (its main thread's: /proc/PID/task/PID/children); none once it is
+/// Every process under `pid`, its children's children too, forked from any of their threads
+/// (each thread's /proc/PID/task/TID/children), breadth first, at most `max` of them; none
+/// once it is gone. Read once each: a process forked or gone meanwhile may be missed or listed
 /// gone.
-pub fn children(pid: nix::unistd::Pid) -> Vec<nix::unistd::Pid> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok().map(nix::unistd::Pid::from_raw))
-        .collect()
+pub fn descendants(pid: nix::unistd::Pid, max: usize) -> Vec<nix::unistd::Pid> {
+    let mut found = Vec::new();
+    let mut queue = std::collections::VecDeque::from([pid]);
+    while let Some(p) = queue.pop_front() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for task in tasks.flatten() {
+            let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for kid in kids.split_whitespace().filter_map(|k| k.parse().ok()).map(nix::unistd::Pid::from_raw) {
+                if found.len() >= max {
+                    return found;
+                }
+                if !found.contains(&kid) {
+                    found.push(kid);
+                    queue.push_back(kid);
+                }
+            }
+        }
+    }
+    found
 }
 
 /// Seconds since the Unix epoch.
@@ -1196,5 +1211,28 @@ mod tests {
         }
         assert_eq!(super::walk_no_symlinks_at(&root, c"a/../a"), Err(nix::errno::Errno::EXDEV));
         assert_eq!(super::walk_no_symlinks_at(&root, c"a/none"), Err(nix::errno::Errno::ENOENT));
+    }
+
+    /// A process under a child is found, as is one forked from a thread other than the main
+    /// one (this test runs on a thread of the harness), and the count is bounded.
+    #[test]
+    fn descendants_walks_every_thread_and_generation() {
+        use std::io::BufRead;
+        let mut sh = std::process::Command::new("/bin/sh")
+            .args(["-c", "sleep 30 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let mut line = String::new();
+        std::io::BufReader::new(sh.stdout.take().expect("stdout")).read_line(&mut line).expect("pid");
+        let grandchild = nix::unistd::Pid::from_raw(line.trim().parse().expect("a pid"));
+        let child = nix::unistd::Pid::from_raw(sh.id() as i32);
+        let found = super::descendants(nix::unistd::Pid::this(), 4096);
+        let capped = super::descendants(nix::unistd::Pid::this(), 1);
+        let _ = nix::sys::signal::kill(grandchild, nix::sys::signal::Signal::SIGKILL);
+        let _ = sh.kill();
+        let _ = sh.wait();
+        assert!(found.contains(&child) && found.contains(&grandchild), "{found:?}: {child} {grandchild}");
+        assert_eq!(capped.len(), 1, "{capped:?}");
     }
 }

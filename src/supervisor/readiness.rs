@@ -406,5 +406,11 @@ mod tests {
             (30..=120).step_by(5).collect::<Vec<_>>(),
             "held while serving, then every tick"
         );
+        // A second row after a pause: held afresh for its own 60 s (found by review: a hold
+        // never ended by an idle confirmation held nothing of any later row).
+        let serving = |s: u64| !(30..60).contains(&s);
+        let mut second: Vec<u64> = (30..60).step_by(5).collect();
+        second.push(120);
+        assert_eq!(requests_sent(serving, serving), second, "a second row, held from its start");
     }
 }

@@ -115,15 +115,20 @@ impl Supervisor {
 }
 
 /// What the process a role's phase waits on is doing: its wipe, its init while it stops, or
-/// (running) its init, except that a held program under the init (stopped or traced) shows as
-/// held.
+/// (running) its init, except that a held process anywhere under the init (stopped or traced)
+/// shows as held: the program, or a server it started (found by review: a stopped grandchild,
+/// under `sh -c`, was shown running and ready).
 fn slot_state(phase: Phase) -> Option<ProcessState> {
     let (_, pid) = phase.shown();
     let own = state_of(pid?);
     let Phase::Running(init) = phase else { return own };
-    let held_child = crate::os::sys::children(init).into_iter().filter_map(state_of).find(ProcessState::held);
-    held_child.or(own)
+    let under = crate::os::sys::descendants(init, HELD_LOOKS_AT);
+    under.into_iter().filter_map(state_of).find(ProcessState::held).or(own)
 }
+
+/// How many processes under a role's init a status looks at for a held one (a role's
+/// `pids.max` may be far higher; the engine and node run a handful).
+const HELD_LOOKS_AT: usize = 4096;
 
 /// What the kernel shows `pid` doing.
 fn state_of(pid: nix::unistd::Pid) -> Option<ProcessState> {
