@@ -167,18 +167,11 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
     // The denial log takes each role's seccomp listener with pidfd_getfd, which a unit's
     // SystemCallFilter= may deny: try it on ourselves, so check fails where the start would
     // (tests/check_run.rs: check_tries_the_denial_logs_pidfd_getfd).
-    if Role::ALL.iter().any(|r| cfg.role(*r).log_refused_syscalls) {
-        let probe =
-            crate::os::sys::pidfd_open(std::process::id() as i32).and_then(|p| crate::os::sys::pidfd_getfd(&p, 0));
+    if let Some(tried) = crate::doctor::denial_log(&cfg) {
         add(
             &mut v,
             "denial log",
-            probe.map(|_| "pidfd_getfd allowed".to_string()).map_err(|e| {
-                format!(
-                    "pidfd_getfd refused ({e}): under the systemd units, allow it with a drop-in for the unit that runs \
-                     this config: [Service] SystemCallFilter=pidfd_getfd (or turn log_refused_syscalls off)"
-                )
-            }),
+            tried.map(|()| "pidfd_getfd allowed".to_string()),
             "log_refused_syscalls takes each role's seccomp listener with pidfd_getfd",
         );
     }

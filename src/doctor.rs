@@ -1140,6 +1140,37 @@ pub fn required(cfg: &crate::config::Config) -> crate::error::Result<()> {
     }
 }
 
+/// Whether the denial log can take the roles' seccomp listeners, where a role of `cfg` logs
+/// its refused calls: the supervisor copies each with pidfd_getfd, which systemd's `@debug`
+/// set holds (the units deny it unless a drop-in allows it). Tried on this process, as the
+/// supervisor makes it: `run` and a reload refuse here, before anything starts or stops
+/// (found by a docs audit: the spawn failed once the engine ran, exit 1, which the unit
+/// restarts), and `check` reports it.
+pub fn denial_log(cfg: &crate::config::Config) -> Option<std::result::Result<(), String>> {
+    if !crate::config::Role::ALL.iter().any(|r| cfg.role(*r).log_refused_syscalls) {
+        return None;
+    }
+    let tried = sys::pidfd_open(std::process::id() as i32).and_then(|p| sys::pidfd_getfd(&p, 0));
+    Some(tried.map(drop).map_err(|e| {
+        format!(
+            "pidfd_getfd refused ({e}): under the systemd units, allow it with a drop-in for the unit that runs this \
+             config: [Service] SystemCallFilter=pidfd_getfd (or turn log_refused_syscalls off)"
+        )
+    }))
+}
+
+/// [`denial_log`] as a refusal: the start or reload does not go on.
+pub fn denial_log_ready(cfg: &crate::config::Config) -> crate::error::Result<()> {
+    match denial_log(cfg) {
+        Some(Err(fix)) => Err(crate::error::Error::Unsupported {
+            what: "the denial log (log_refused_syscalls): it takes each role's seccomp listener with pidfd_getfd"
+                .into(),
+            fix,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The checks as a table, one entry per check: level, name, value, then what it means.
 pub fn print(checks: &[Check]) {
     for c in checks {

@@ -320,16 +320,7 @@ fn check_tries_the_denial_logs_pidfd_getfd() {
         let (code, out) = check_verdict(&f);
         assert_eq!(code, Some(0), "{mode:?}: {out}");
         assert!(out.contains("pidfd_getfd allowed"), "{mode:?}: {out}");
-        let rules = [(libc::SYS_pidfd_getfd, vec![])].into_iter().collect();
-        let arch = std::env::consts::ARCH.try_into().expect("arch");
-        let filter = seccompiler::SeccompFilter::new(
-            rules,
-            seccompiler::SeccompAction::Allow,
-            seccompiler::SeccompAction::Errno(libc::EPERM as u32),
-            arch,
-        )
-        .expect("filter");
-        let bpf: seccompiler::BpfProgram = filter.try_into().expect("bpf");
+        let bpf = filter_of_pidfd_getfd();
         let cfg = f.config.display().to_string();
         let mut cmd = f.command(&["check", "--config", &cfg]);
         // SAFETY: between fork and exec only prctl and seccomp run; only a failure (which
@@ -341,7 +332,75 @@ fn check_tries_the_denial_logs_pidfd_getfd() {
         let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(125), "{mode:?}: {out}");
         assert!(out.contains("pidfd_getfd refused") && out.contains("SystemCallFilter=pidfd_getfd"), "{mode:?}: {out}");
+        // `run` refuses the same before anything starts, with the node's log too (found by a
+        // docs audit: the node's spawn failed once the engine ran, exit 1, which a unit
+        // restarts rather than stopping on a config error, 125).
+        f.engine_extra = String::new();
+        f.node_extra = "log_refused_syscalls = true".into();
+        f.write_config();
+        let mut cmd = f.command(&["run", "--config", &cfg]);
+        let bpf = filter_of_pidfd_getfd();
+        // SAFETY: as above.
+        unsafe {
+            cmd.pre_exec(move || seccompiler::apply_filter(&bpf).map_err(|e| std::io::Error::other(e.to_string())));
+        }
+        let o = cmd.output_within(Duration::from_secs(60));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
+        assert!(err.contains("pidfd_getfd refused") && err.contains("SystemCallFilter=pidfd_getfd"), "{mode:?}: {err}");
+        assert!(!err.contains("role started") && !err.contains("preflight"), "{mode:?}: something started: {err}");
     }
+}
+
+/// A reload that turns a role's denial log on where pidfd_getfd is refused is refused itself,
+/// before any role stops, naming the drop-in; the cell runs on (found by a docs audit: the
+/// check came at the role's spawn, after the old roles were stopped).
+#[test]
+fn a_reload_that_needs_pidfd_getfd_where_it_is_refused_changes_nothing() {
+    use std::os::unix::process::CommandExt;
+    for mode in modes() {
+        let mut f = fixture(mode, "cr-pidfd-reload");
+        let cfg = f.config.display().to_string();
+        let mut cmd = f.command(&["run", "--config", &cfg]);
+        let bpf = filter_of_pidfd_getfd();
+        // SAFETY: between fork and exec only prctl and seccomp run; only a failure (which
+        // fails the test) allocates its message.
+        unsafe {
+            cmd.pre_exec(move || seccompiler::apply_filter(&bpf).map_err(|e| std::io::Error::other(e.to_string())));
+        }
+        let run = start_logged_command(cmd);
+        run.out_line(60, |l| l.ends_with("node-up"));
+        let started = run.stderr().matches("role started").count();
+        f.node_extra = "log_refused_syscalls = true".into();
+        f.write_config();
+        nix::sys::signal::kill(run.pid(), nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+        run.err_line(60, |l| l.contains("pidfd_getfd refused"));
+        assert!(run.stderr().contains("SIGHUP: reload refused"), "{}", run.stderr());
+        let st = f.command(&["ctl", "--config", &cfg, "status", "--json"]).output_within(COMMAND_LIMIT);
+        let st: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status");
+        let (code, _, err) = run.stop();
+        assert_eq!(st["reload"]["ok"], false, "{mode:?}: {st}");
+        assert!(st["reload"]["error"].as_str().is_some_and(|e| e.contains("SystemCallFilter=pidfd_getfd")), "{st}");
+        assert_eq!(st["ready"], true, "{mode:?}: the cell does not run on: {st}");
+        assert_eq!(err.matches("role started").count(), started, "{mode:?}: a role restarted: {err}");
+        assert!(!err.contains("draining"), "{mode:?}: a role was stopped for it: {err}");
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
+/// A seccomp filter that refuses pidfd_getfd with EPERM and allows the rest, as systemd's
+/// SystemCallFilter=~@debug with SystemCallErrorNumber=EPERM (the units) does.
+fn filter_of_pidfd_getfd() -> seccompiler::BpfProgram {
+    let rules = [(libc::SYS_pidfd_getfd, vec![])].into_iter().collect();
+    let arch = std::env::consts::ARCH.try_into().expect("arch");
+    let filter = seccompiler::SeccompFilter::new(
+        rules,
+        seccompiler::SeccompAction::Allow,
+        seccompiler::SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .expect("filter");
+    filter.try_into().expect("bpf")
 }
 
 /// The config and the node's policies in a ConfigMap volume, the credential in a Secret volume,

@@ -48,6 +48,9 @@ impl Supervisor {
         // a container a runtime option left out refuses the start here, named, never a role
         // started without it.
         crate::doctor::required(&cfg)?;
+        // The denial log's pidfd_getfd, where a role logs its refusals: refused now, not at
+        // that role's spawn (the node's comes after the engine started).
+        crate::doctor::denial_log_ready(&cfg)?;
         // One cell per dir, before anything is made, wiped or started (crate::sandbox::locks): a second
         // `run` naming this state dir would share its generations, this runtime dir take over
         // the control socket, this scratch dir wipe a live role's files. Each dir is opened

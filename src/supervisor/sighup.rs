@@ -89,6 +89,8 @@ impl Supervisor {
         })?;
         // The limits must be writable into this cell's leaves before anything is switched.
         crate::sandbox::cgroup::check_update(self.base.cell.cgroups.as_ref(), &new)?;
+        // A role that now logs its refusals needs pidfd_getfd: refused before any role stops.
+        crate::doctor::denial_log_ready(&new)?;
         Ok(new)
     }
 

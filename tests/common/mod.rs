@@ -729,10 +729,16 @@ pub fn start_logged_in_shell(f: &Fixture, envs: &[(&str, &str)], prefix: &str) -
         sh.arg("-c").arg(format!("{prefix}exec \"$@\"")).arg("sh").arg(prog).args(args).current_dir(&f.dir);
         cmd = sh;
     }
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in envs {
         cmd.env(k, v);
     }
+    start_logged_command(cmd)
+}
+
+/// `cmd` (a `sealnode run` made by [`Fixture::command`], with whatever the test adds) started
+/// as [`start_logged`] starts it.
+pub fn start_logged_command(mut cmd: Command) -> LoggedRun {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn run");
     let (out, t1) = collect(child.stdout.take().expect("stdout"));
     let (err, t2) = collect(child.stderr.take().expect("stderr"));
