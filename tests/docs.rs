@@ -369,11 +369,30 @@ fn gpu_drop_ins_allow_what_the_gpu_examples_need() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert!(logging.iter().any(|e| e == "llamacpp-cuda.toml"), "{logging:?}");
+    // The most a GPU example's engine locks (rlimits.memlock_kb), in KiB.
+    let gpu_memlock_kb = ["llamacpp-cuda.toml", "llamacpp-amd.toml", "ollama-nvidia.toml"]
+        .iter()
+        .filter_map(|e| {
+            let text = read(&format!("examples/{e}"));
+            let at = text.split("memlock_kb = ").nth(1)?;
+            at.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()
+        })
+        .max()
+        .expect("the GPU examples' memlock_kb");
+    assert!(gpu_memlock_kb >= 1 << 20, "{gpu_memlock_kb}");
     let mut drop_ins = 0;
     for doc in ["docs/operator-guide.md", "docs/gpu.md"] {
         for block in read(doc).split("```ini\n").skip(1).map(|b| b.split("```").next().expect("block")) {
             if block.contains("DeviceAllow=") {
                 assert!(block.lines().any(|l| l == "SystemCallFilter=pidfd_getfd"), "{doc}: {block}");
+                // sealnode's own memlock limit bounds the roles' (found by a docs audit: the
+                // GPU examples ask for 16 GiB, systemd's default is 8 MiB).
+                let gib: Option<u64> = block
+                    .lines()
+                    .find_map(|l| l.strip_prefix("LimitMEMLOCK="))
+                    .and_then(|v| v.strip_suffix('G'))
+                    .and_then(|v| v.parse().ok());
+                assert!(gib.is_some_and(|g| g << 20 >= gpu_memlock_kb), "{doc}: {block}");
                 drop_ins += 1;
             }
         }

@@ -42,7 +42,8 @@ pub fn drop_all() -> Result<(), Errno> {
     sys::capset(0, 0, 0)?;
     sys::prctl(libc::PR_SET_KEEPCAPS, 0)?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1)?;
-    // Verify: three sets in one call; the bounding set's last entry; ambient holds nothing
+    // Verify: three sets in one call; the bounding set's first entry (the pass starts there;
+    // the launcher reads all five sets from /proc once the workload runs); ambient holds nothing
     // raisable once permitted and inheritable are empty; no_new_privs (a faked prctl).
     if sys::capget()? != (0, 0, 0) || sys::capbset_has(0)? || !no_new_privs()? {
         return Err(Errno::EPERM);
