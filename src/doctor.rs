@@ -1150,13 +1150,81 @@ pub fn denial_log(cfg: &crate::config::Config) -> Option<std::result::Result<(),
     if !crate::config::Role::ALL.iter().any(|r| cfg.role(*r).log_refused_syscalls) {
         return None;
     }
-    let tried = sys::pidfd_open(std::process::id() as i32).and_then(|p| sys::pidfd_getfd(&p, 0));
-    Some(tried.map(drop).map_err(|e| {
+    Some(pidfd_getfd_tried().map_err(|e| {
         format!(
-            "pidfd_getfd refused ({e}): under the systemd units, allow it with a drop-in for the unit that runs this \
+            "pidfd_getfd {e}: under the systemd units, allow it with a drop-in for the unit that runs this \
              config: [Service] SystemCallFilter=pidfd_getfd (or turn log_refused_syscalls off)"
         )
     }))
+}
+
+/// How long [`pidfd_getfd_tried`] waits for its answer.
+const PIDFD_GETFD_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// pidfd_getfd as the supervisor makes it to take a role's listener: on another process of
+/// this one's making that holds the fd (found by review: tried on itself, the kernel hands a
+/// process its own fds without the ptrace checks Yama or an LSM make, and a filter keyed on
+/// the fd number let fd 0 through), from a throwaway child, so that a filter that kills on the
+/// call kills only that child (found by review: it killed `check`, and a running cell at a
+/// reload) and one that holds it is bounded. Err: how it was refused.
+fn pidfd_getfd_tried() -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let (_r, held) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("not tried: pipe2: {e}"))?;
+    let fd = held.as_raw_fd();
+    // SAFETY: the child makes raw system calls only (no allocation, no lock) and exits.
+    let prober = match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => sys::exit_now(pidfd_getfd_of_a_child(fd)),
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+        Err(e) => return Err(format!("not tried: fork: {e}")),
+    };
+    let until = std::time::Instant::now() + PIDFD_GETFD_LIMIT;
+    loop {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        match waitpid(prober, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(2))
+            }
+            Ok(WaitStatus::StillAlive) => {
+                let _ = nix::sys::signal::kill(prober, nix::sys::signal::Signal::SIGKILL);
+                let _ = waitpid(prober, None);
+                return Err(format!("did not return within {} s", PIDFD_GETFD_LIMIT.as_secs()));
+            }
+            Ok(WaitStatus::Exited(_, 0)) => return Ok(()),
+            Ok(WaitStatus::Exited(_, e)) => return Err(format!("refused ({})", Errno::from_raw(e))),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Err(format!("killed the process ({sig})")),
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(format!("not tried: waitpid: {e}")),
+        }
+    }
+}
+
+/// In the prober: a child that holds `fd` (as a role's workload holds its listener) and
+/// waits; pidfd_getfd of that fd from it; the errno, or 0.
+fn pidfd_getfd_of_a_child(fd: std::os::fd::RawFd) -> i32 {
+    let prober = nix::unistd::getpid();
+    // SAFETY: the child makes raw system calls only and never returns.
+    let target = match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            // Gone with the prober, whatever ends it.
+            let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            if nix::unistd::getppid() != prober {
+                sys::exit_now(0);
+            }
+            loop {
+                // SAFETY: pause takes no argument; it returns only for a handled signal.
+                unsafe { libc::pause() };
+            }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+        Err(e) => return e as i32,
+    };
+    let tried = sys::pidfd_open(target.as_raw()).and_then(|p| sys::pidfd_getfd(&p, fd));
+    let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(target, None);
+    match tried {
+        Ok(_) => 0,
+        Err(e) => e as i32,
+    }
 }
 
 /// [`denial_log`] as a refusal: the start or reload does not go on.

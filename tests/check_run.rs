@@ -307,62 +307,61 @@ fn an_rlimit_above_the_launchers_hard_limit_is_refused_by_both() {
     }
 }
 
-/// With a role's `log_refused_syscalls`, `check` tries pidfd_getfd (what the denial log takes
-/// each role's seccomp listener with) on itself: under a seccomp filter that denies it, as a
-/// unit's SystemCallFilter= may, check refuses the config as `run` would, naming the drop-in.
+/// With a role's `log_refused_syscalls`, `check` and `run` try pidfd_getfd (what the denial
+/// log takes each role's seccomp listener with) as the supervisor makes it, on a process of
+/// their own making: under a seccomp filter that refuses it, as a unit's SystemCallFilter=
+/// may, however it refuses (EPERM for all, EPERM for all but fd 0, a kill), check refuses the
+/// config and `run` refuses to start, exit 125, naming the drop-in, before any role starts.
 #[test]
-fn check_tries_the_denial_logs_pidfd_getfd() {
-    use std::os::unix::process::CommandExt;
+fn check_and_run_try_the_denial_logs_pidfd_getfd() {
     for mode in modes() {
         let mut f = fixture(mode, "cr-pidfd");
+        let cfg = f.config.display().to_string();
         f.engine_extra = "log_refused_syscalls = true".into();
         f.write_config();
         let (code, out) = check_verdict(&f);
         assert_eq!(code, Some(0), "{mode:?}: {out}");
         assert!(out.contains("pidfd_getfd allowed"), "{mode:?}: {out}");
-        let bpf = filter_of_pidfd_getfd();
-        let cfg = f.config.display().to_string();
-        let mut cmd = f.command(&["check", "--config", &cfg]);
-        // SAFETY: between fork and exec only prctl and seccomp run; only a failure (which
-        // fails the test) allocates its message.
-        unsafe {
-            cmd.pre_exec(move || seccompiler::apply_filter(&bpf).map_err(|e| std::io::Error::other(e.to_string())));
+        for how in [Refusal::Blanket, Refusal::ButFdZero, Refusal::Kill] {
+            let ctx = format!("{mode:?} {how:?}");
+            let said = match how {
+                Refusal::Kill => "pidfd_getfd killed the process (SIGSYS)",
+                Refusal::Blanket | Refusal::ButFdZero => "pidfd_getfd refused (EPERM",
+            };
+            f.engine_extra = "log_refused_syscalls = true".into();
+            f.node_extra = String::new();
+            f.write_config();
+            let (code, out) = under_filter(&f, how, &["check", "--config", &cfg], COMMAND_LIMIT);
+            assert_eq!(code, Some(125), "{ctx}: {out}");
+            assert!(out.contains(said) && out.contains("SystemCallFilter=pidfd_getfd"), "{ctx}: {out}");
+            // `run` refuses the same before anything starts, with the node's log too (found by
+            // a docs audit: the node's spawn failed once the engine ran, exit 1, which a unit
+            // restarts rather than stopping on a config error, 125).
+            f.engine_extra = String::new();
+            f.node_extra = "log_refused_syscalls = true".into();
+            f.write_config();
+            let (code, err) = under_filter(&f, how, &["run", "--config", &cfg], Duration::from_secs(60));
+            assert_eq!(code, Some(125), "{ctx}: {err}");
+            assert!(err.contains(said) && err.contains("SystemCallFilter=pidfd_getfd"), "{ctx}: {err}");
+            assert!(!err.contains("role started") && !err.contains("preflight"), "{ctx}: something started: {err}");
         }
-        let o = cmd.output_within(COMMAND_LIMIT);
-        let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(125), "{mode:?}: {out}");
-        assert!(out.contains("pidfd_getfd refused") && out.contains("SystemCallFilter=pidfd_getfd"), "{mode:?}: {out}");
-        // `run` refuses the same before anything starts, with the node's log too (found by a
-        // docs audit: the node's spawn failed once the engine ran, exit 1, which a unit
-        // restarts rather than stopping on a config error, 125).
-        f.engine_extra = String::new();
-        f.node_extra = "log_refused_syscalls = true".into();
-        f.write_config();
-        let mut cmd = f.command(&["run", "--config", &cfg]);
-        let bpf = filter_of_pidfd_getfd();
-        // SAFETY: as above.
-        unsafe {
-            cmd.pre_exec(move || seccompiler::apply_filter(&bpf).map_err(|e| std::io::Error::other(e.to_string())));
-        }
-        let o = cmd.output_within(Duration::from_secs(60));
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(125), "{mode:?}: {err}");
-        assert!(err.contains("pidfd_getfd refused") && err.contains("SystemCallFilter=pidfd_getfd"), "{mode:?}: {err}");
-        assert!(!err.contains("role started") && !err.contains("preflight"), "{mode:?}: something started: {err}");
     }
 }
 
-/// A reload that turns a role's denial log on where pidfd_getfd is refused is refused itself,
-/// before any role stops, naming the drop-in; the cell runs on (found by a docs audit: the
-/// check came at the role's spawn, after the old roles were stopped).
+/// A reload that turns a role's denial log on where pidfd_getfd is refused (for all fds but 0,
+/// or by a kill) is refused itself, before any role stops, naming the drop-in; the cell runs
+/// on (found by a docs audit: the check came at the role's spawn, after the old roles were
+/// stopped; then by review: the probe passed a filter keyed on the fd, and a killing filter
+/// killed the running cell).
 #[test]
 fn a_reload_that_needs_pidfd_getfd_where_it_is_refused_changes_nothing() {
     use std::os::unix::process::CommandExt;
-    for mode in modes() {
+    for (mode, how) in modes().into_iter().flat_map(|m| [(m, Refusal::ButFdZero), (m, Refusal::Kill)]) {
+        let ctx = format!("{mode:?} {how:?}");
         let mut f = fixture(mode, "cr-pidfd-reload");
         let cfg = f.config.display().to_string();
         let mut cmd = f.command(&["run", "--config", &cfg]);
-        let bpf = filter_of_pidfd_getfd();
+        let bpf = filter_of_pidfd_getfd(how);
         // SAFETY: between fork and exec only prctl and seccomp run; only a failure (which
         // fails the test) allocates its message.
         unsafe {
@@ -374,33 +373,69 @@ fn a_reload_that_needs_pidfd_getfd_where_it_is_refused_changes_nothing() {
         f.node_extra = "log_refused_syscalls = true".into();
         f.write_config();
         nix::sys::signal::kill(run.pid(), nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
-        run.err_line(60, |l| l.contains("pidfd_getfd refused"));
-        assert!(run.stderr().contains("SIGHUP: reload refused"), "{}", run.stderr());
+        run.err_line(60, |l| l.contains("SystemCallFilter=pidfd_getfd"));
+        assert!(run.stderr().contains("SIGHUP: reload refused"), "{ctx}: {}", run.stderr());
         let st = f.command(&["ctl", "--config", &cfg, "status", "--json"]).output_within(COMMAND_LIMIT);
         let st: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status");
         let (code, _, err) = run.stop();
-        assert_eq!(st["reload"]["ok"], false, "{mode:?}: {st}");
+        assert_eq!(st["reload"]["ok"], false, "{ctx}: {st}");
         assert!(st["reload"]["error"].as_str().is_some_and(|e| e.contains("SystemCallFilter=pidfd_getfd")), "{st}");
-        assert_eq!(st["ready"], true, "{mode:?}: the cell does not run on: {st}");
-        assert_eq!(err.matches("role started").count(), started, "{mode:?}: a role restarted: {err}");
-        assert!(!err.contains("draining"), "{mode:?}: a role was stopped for it: {err}");
-        assert_eq!(code, Some(0), "{mode:?}: {err}");
+        assert_eq!(st["ready"], true, "{ctx}: the cell does not run on: {st}");
+        assert_eq!(err.matches("role started").count(), started, "{ctx}: a role restarted: {err}");
+        assert!(!err.contains("draining"), "{ctx}: a role was stopped for it: {err}");
+        assert_eq!(code, Some(0), "{ctx}: {err}");
     }
 }
 
-/// A seccomp filter that refuses pidfd_getfd with EPERM and allows the rest, as systemd's
-/// SystemCallFilter=~@debug with SystemCallErrorNumber=EPERM (the units) does.
-fn filter_of_pidfd_getfd() -> seccompiler::BpfProgram {
-    let rules = [(libc::SYS_pidfd_getfd, vec![])].into_iter().collect();
+/// How a filter above sealnode refuses pidfd_getfd.
+#[derive(Clone, Copy, Debug)]
+enum Refusal {
+    /// EPERM for every call, as systemd's SystemCallFilter=~@debug with
+    /// SystemCallErrorNumber=EPERM (the units) does.
+    Blanket,
+    /// EPERM unless the fd asked for is 0 (found by review: a probe copying its own fd 0
+    /// passed, and the listener's copy failed once the engine ran).
+    ButFdZero,
+    /// The process killed (SIGSYS), as SystemCallFilter= without SystemCallErrorNumber= does
+    /// (found by review: `check` died silently, and a reload killed the running cell).
+    Kill,
+}
+
+/// A seccomp filter that refuses pidfd_getfd as `how` says and allows the rest.
+fn filter_of_pidfd_getfd(how: Refusal) -> seccompiler::BpfProgram {
+    use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+    let rule = match how {
+        Refusal::ButFdZero => {
+            vec![SeccompRule::new(vec![
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, 0).expect("condition")
+            ])
+            .expect("rule")]
+        }
+        Refusal::Blanket | Refusal::Kill => vec![],
+    };
+    let rules = [(libc::SYS_pidfd_getfd, rule)].into_iter().collect();
+    let refused = match how {
+        Refusal::Kill => seccompiler::SeccompAction::KillProcess,
+        Refusal::Blanket | Refusal::ButFdZero => seccompiler::SeccompAction::Errno(libc::EPERM as u32),
+    };
     let arch = std::env::consts::ARCH.try_into().expect("arch");
-    let filter = seccompiler::SeccompFilter::new(
-        rules,
-        seccompiler::SeccompAction::Allow,
-        seccompiler::SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .expect("filter");
+    let filter =
+        seccompiler::SeccompFilter::new(rules, seccompiler::SeccompAction::Allow, refused, arch).expect("filter");
     filter.try_into().expect("bpf")
+}
+
+/// `args` of sealnode under a filter that refuses pidfd_getfd as `how` says: exit code, output.
+fn under_filter(f: &Fixture, how: Refusal, args: &[&str], limit: Duration) -> (Option<i32>, String) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = f.command(args);
+    let bpf = filter_of_pidfd_getfd(how);
+    // SAFETY: between fork and exec only prctl and seccomp run; only a failure (which fails the
+    // test) allocates its message.
+    unsafe {
+        cmd.pre_exec(move || seccompiler::apply_filter(&bpf).map_err(|e| std::io::Error::other(e.to_string())));
+    }
+    let o = cmd.output_within(limit);
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
 }
 
 /// The config and the node's policies in a ConfigMap volume, the credential in a Secret volume,

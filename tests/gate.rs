@@ -1315,6 +1315,50 @@ fn python_engine(f: &mut Fixture, engine_py: &str) {
     f.engine_extra.push_str("\nready = { kind = \"http\", path = \"/\", timeout_s = 60 }");
 }
 
+/// A status reads a bounded part of /proc for the processes under a role's init (found by
+/// review: a role with thousands of threads made each status, answered in the forwarding
+/// loop, cost a large part of a second); past that bound one of those unread could be held,
+/// so the role is told `too-many-to-check` and the cell not serving (found by review: the
+/// 4097th process, stopped, was shown ready). Here the engine runs 4200 threads beside its
+/// server. One mode: the walk is the supervisor's, the same in both.
+#[test]
+fn a_role_with_more_threads_than_a_status_reads_is_not_shown_serving() {
+    let engine_py = "import threading\n\
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer\n\
+        threading.stack_size(256 * 1024)\n\
+        stop = threading.Event()\n\
+        for _ in range(4200): threading.Thread(target=stop.wait, daemon=True).start()\n\
+        print('threads-up', flush=True)\n\
+        class H(BaseHTTPRequestHandler):\n\
+        \x20   protocol_version = 'HTTP/1.0'\n\
+        \x20   def log_message(self, *a): pass\n\
+        \x20   def do_GET(self):\n\
+        \x20       self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers()\n\
+        \x20       self.wfile.write(b'ok')\n\
+        ThreadingHTTPServer(('127.0.0.1', 18080), H).serve_forever()\n";
+    let rlimits = "rlimits = { nofile = 4096, nproc = 8192, fsize_mb = 4096, memlock_kb = 64 }";
+    let mut f = cell(Mode::Rootful, "too-many", "", "echo node-up; exec sleep 1000", rlimits, "");
+    python_engine(&mut f, engine_py);
+    f.write_config();
+    let run = start(&f, &[]);
+    run.out_line(120, |l| l == "threads-up");
+    run.out_line(60, |l| l == "node-up");
+    let mut st = Value::Null;
+    let told = wait_until(Duration::from_secs(30), || {
+        st = ctl(&f, "status");
+        st["roles"][0]["pid_state"] == "too-many-to-check"
+    });
+    let probe = ready_probe(&f);
+    let (code, _, err) = run.stop();
+    assert!(told && st["ready"] == false, "a role past the walk's bound shown serving: {st}\n{err}");
+    assert_eq!(st["roles"][1]["pid_state"], "sleeping", "{st}");
+    assert!(
+        probe.0 == Some(1) && probe.1.contains("the engine has more processes and threads than a status reads"),
+        "{probe:?}"
+    );
+    assert_eq!(code, Some(0), "{err}");
+}
+
 /// Found by CI: llama-cpp-python's server cuts a streamed answer short as soon as any other
 /// request arrives, and the readiness recheck (GET every 5 s once ready) was that request
 /// (the node got an empty answer); an engine serving one request at a time answers it only

@@ -147,6 +147,9 @@ fn not_ready_because(s: &Status) -> String {
             let held = r.pid_state.as_ref().filter(|p| p.held()).map(|p| p.as_str());
             match (state, held) {
                 ("running", None) => None,
+                ("running", Some("too-many-to-check")) => {
+                    Some(format!("the {} has more processes and threads than a status reads", r.role))
+                }
                 ("running", Some(h)) => Some(format!("the {} is {h}", r.role)),
                 (other, _) => Some(format!("the {} is {other}", r.role)),
             }

@@ -491,6 +491,10 @@ open_words! {
         Stopped = "stopped",
         Traced = "traced",
         Zombie = "zombie",
+        /// A running role with more processes and threads under its init than a status reads
+        /// (4096 reads of /proc): one of those not read could be held, so it is not shown
+        /// serving.
+        TooMany = "too-many-to-check",
     }
 }
 
@@ -509,8 +513,9 @@ impl ProcessState {
     }
 
     /// Nothing moves until someone lets it go.
+    /// Stopped or traced, or too many under it to tell (then held as far as anyone can see).
     pub fn held(&self) -> bool {
-        matches!(self, ProcessState::Stopped | ProcessState::Traced)
+        matches!(self, ProcessState::Stopped | ProcessState::Traced | ProcessState::TooMany)
     }
 }
 

@@ -40,6 +40,7 @@ fn bytes(b: f64) -> String {
 }
 
 /// Said under a process the supervisor waits on that something holds.
+const TOO_MANY: &str = "        (more processes and threads under it than a status reads: one of them could be held, so the cell is not shown serving)\n";
 const HELD: &str =
     "        (stopped or traced: it holds what waits on it until it is let go, SIGCONT or the debugger's detach; or stop sealnode)\n";
 
@@ -119,11 +120,13 @@ pub fn render(v: &Status) -> String {
         ));
         if let (Some(pid), Some(st)) = (r.pid, &r.pid_state) {
             if st.held() || *st == ProcessState::DiskWait {
-                // A running role's state is its init's, or its program's when that one is held.
-                let whose = if r.state == RoleState::Running { ", or the program it runs," } else { "" };
+                // A running role's state is its init's, or that of a held process under it.
+                let whose = if r.state == RoleState::Running { ", or a process under it," } else { "" };
                 s.push_str(&format!("        (pid {pid}{whose} is {})\n", text(st.as_str())));
             }
-            if st.held() {
+            if *st == ProcessState::TooMany {
+                s.push_str(TOO_MANY);
+            } else if st.held() {
                 s.push_str(HELD);
             }
         }

@@ -99,7 +99,7 @@ impl Supervisor {
     /// The cell serves now: no stop under way, both roles run and the engine answered its
     /// readiness check since its last start, and its last recheck. READY=1 is said once; this
     /// follows the roles down and up again (a crash, a restart, a recycle, a reload).
-    /// A role whose processes are held (stopped or traced: its init or the program it runs,
+    /// A role whose processes are held (stopped or traced: its init or any process under it,
     /// `states` as [`slot_state`] read them) does not serve either.
     fn serving(&self, states: &[Option<ProcessState>; 2]) -> bool {
         self.cycle.stop.is_none()
@@ -118,17 +118,24 @@ impl Supervisor {
 /// (running) its init, except that a held process anywhere under the init (stopped or traced)
 /// shows as held: the program, or a server it started (found by review: a stopped grandchild,
 /// under `sh -c`, was shown running and ready).
+/// More processes and threads than [`HELD_READS`] allow are told as such, not as running: a
+/// held one could be past the budget (found by review: the 4097th process, stopped, was
+/// shown ready).
 fn slot_state(phase: Phase) -> Option<ProcessState> {
     let (_, pid) = phase.shown();
     let own = state_of(pid?);
     let Phase::Running(init) = phase else { return own };
-    let under = crate::os::sys::descendants(init, HELD_LOOKS_AT);
-    under.into_iter().filter_map(state_of).find(ProcessState::held).or(own)
+    let under = crate::os::sys::descendants(init, HELD_READS);
+    let held = under.pids.into_iter().filter_map(state_of).find(ProcessState::held);
+    held.or((!under.whole).then_some(ProcessState::TooMany)).or(own)
 }
 
-/// How many processes under a role's init a status looks at for a held one (a role's
-/// `pids.max` may be far higher; the engine and node run a handful).
-const HELD_LOOKS_AT: usize = 4096;
+/// How many reads of /proc a status spends looking for a held process under a role's init
+/// (its task lists and each thread's children file; then a stat per process found): the
+/// answer is made in the event loop that forwards the node's traffic, so it is bounded (a
+/// few milliseconds here); the engine and node run tens of threads, a role's `pids.max` may
+/// allow far more.
+const HELD_READS: usize = 4096;
 
 /// What the kernel shows `pid` doing.
 fn state_of(pid: nix::unistd::Pid) -> Option<ProcessState> {
