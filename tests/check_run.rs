@@ -369,6 +369,8 @@ fn a_reload_that_needs_pidfd_getfd_where_it_is_refused_changes_nothing() {
         }
         let run = start_logged_command(cmd);
         run.out_line(60, |l| l.ends_with("node-up"));
+        // Its log line read too (stdout and stderr are read apart).
+        run.err_line(60, |l| l.contains("role started role=node"));
         let started = run.stderr().matches("role started").count();
         f.node_extra = "log_refused_syscalls = true".into();
         f.write_config();
