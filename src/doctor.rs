@@ -271,24 +271,45 @@ impl Reporter {
             Ok(nix::unistd::ForkResult::Parent { child }) => child,
             Err(e) => return self.failed(OPTIONAL_FAILED, e as i32),
         };
-        let until = std::time::Instant::now() + OPTIONAL_LIMIT;
-        loop {
-            use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-            match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) if std::time::Instant::now() < until => {
-                    std::thread::sleep(std::time::Duration::from_millis(5))
-                }
-                Ok(WaitStatus::StillAlive) => {
-                    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-                    let _ = waitpid(child, None);
-                    return self.failed(OPTIONAL_HUNG, 0);
-                }
-                Ok(WaitStatus::Exited(_, 0)) => return,
-                Ok(WaitStatus::Exited(_, e)) => return self.failed(OPTIONAL_FAILED, e),
-                Ok(WaitStatus::Signaled(_, sig, _)) => return self.failed(OPTIONAL_KILLED, sig as i32),
-                Ok(_) | Err(Errno::EINTR) => {}
-                Err(e) => return self.failed(OPTIONAL_FAILED, e as i32),
+        match ended_within(child, OPTIONAL_LIMIT) {
+            Ended::Exited(0) => {}
+            Ended::Exited(e) => self.failed(OPTIONAL_FAILED, e),
+            Ended::Killed(sig) => self.failed(OPTIONAL_KILLED, sig as i32),
+            Ended::Hung => self.failed(OPTIONAL_HUNG, 0),
+            Ended::Unknown(e) => self.failed(OPTIONAL_FAILED, e as i32),
+        }
+    }
+}
+
+/// How a child of a probe ended, waited for within a bound.
+enum Ended {
+    Exited(i32),
+    Killed(nix::sys::signal::Signal),
+    /// Still there at the bound: killed (SIGKILL) and reaped.
+    Hung,
+    /// waitpid failed.
+    Unknown(Errno),
+}
+
+/// Wait for `child` (polled, so that nothing else of the caller's waits on a signal) for up
+/// to `limit`; past it the child is killed and reaped.
+fn ended_within(child: nix::unistd::Pid, limit: std::time::Duration) -> Ended {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let until = std::time::Instant::now() + limit;
+    loop {
+        match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(2))
             }
+            Ok(WaitStatus::StillAlive) => {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                return Ended::Hung;
+            }
+            Ok(WaitStatus::Exited(_, e)) => return Ended::Exited(e),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ended::Killed(sig),
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Ended::Unknown(e),
         }
     }
 }
@@ -1158,8 +1179,10 @@ pub fn denial_log(cfg: &crate::config::Config) -> Option<std::result::Result<(),
     }))
 }
 
-/// How long [`pidfd_getfd_tried`] waits for its answer.
-const PIDFD_GETFD_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long [`pidfd_getfd_tried`] waits for its answer: an honest call returns in
+/// microseconds, and a reload waits for it in the event loop (found by review: a filter that
+/// held the call stalled the loop for the 5 s this was).
+const PIDFD_GETFD_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// pidfd_getfd as the supervisor makes it to take a role's listener: on another process of
 /// this one's making that holds the fd (found by review: tried on itself, the kernel hands a
@@ -1171,37 +1194,45 @@ fn pidfd_getfd_tried() -> Result<(), String> {
     use std::os::fd::AsRawFd;
     let (_r, held) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("not tried: pipe2: {e}"))?;
     let fd = held.as_raw_fd();
+    let supervisor = nix::unistd::getpid();
     // SAFETY: the child makes raw system calls only (no allocation, no lock) and exits.
     let prober = match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => sys::exit_now(pidfd_getfd_of_a_child(fd)),
+        Ok(nix::unistd::ForkResult::Child) => {
+            // Holding nothing of sealnode's and gone with it (found by review: a prober held
+            // by a filter outlived a killed supervisor with its dir locks and sockets, and the
+            // next start was refused), its signals as a fresh process's.
+            let _ = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            let _ = nix::sys::signal::sigprocmask(
+                nix::sys::signal::SigmaskHow::SIG_SETMASK,
+                Some(&nix::sys::signal::SigSet::empty()),
+                None,
+            );
+            if fd > 3 {
+                let _ = sys::close_range(3, fd as u32 - 1);
+            }
+            let _ = sys::close_range(fd as u32 + 1, u32::MAX);
+            sys::exit_now(pidfd_getfd_of_a_child(fd, supervisor))
+        }
         Ok(nix::unistd::ForkResult::Parent { child }) => child,
         Err(e) => return Err(format!("not tried: fork: {e}")),
     };
-    let until = std::time::Instant::now() + PIDFD_GETFD_LIMIT;
-    loop {
-        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-        match waitpid(prober, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < until => {
-                std::thread::sleep(std::time::Duration::from_millis(2))
-            }
-            Ok(WaitStatus::StillAlive) => {
-                let _ = nix::sys::signal::kill(prober, nix::sys::signal::Signal::SIGKILL);
-                let _ = waitpid(prober, None);
-                return Err(format!("did not return within {} s", PIDFD_GETFD_LIMIT.as_secs()));
-            }
-            Ok(WaitStatus::Exited(_, 0)) => return Ok(()),
-            Ok(WaitStatus::Exited(_, e)) => return Err(format!("refused ({})", Errno::from_raw(e))),
-            Ok(WaitStatus::Signaled(_, sig, _)) => return Err(format!("killed the process ({sig})")),
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(e) => return Err(format!("not tried: waitpid: {e}")),
-        }
+    match ended_within(prober, PIDFD_GETFD_LIMIT) {
+        Ended::Exited(0) => Ok(()),
+        Ended::Exited(e) => Err(format!("refused ({})", Errno::from_raw(e))),
+        Ended::Killed(sig) => Err(format!("killed the process ({sig})")),
+        Ended::Hung => Err(format!("did not return within {} s", PIDFD_GETFD_LIMIT.as_secs())),
+        Ended::Unknown(e) => Err(format!("not tried: waitpid: {e}")),
     }
 }
 
 /// In the prober: a child that holds `fd` (as a role's workload holds its listener) and
 /// waits; pidfd_getfd of that fd from it; the errno, or 0.
-fn pidfd_getfd_of_a_child(fd: std::os::fd::RawFd) -> i32 {
+fn pidfd_getfd_of_a_child(fd: std::os::fd::RawFd, supervisor: nix::unistd::Pid) -> i32 {
     let prober = nix::unistd::getpid();
+    if nix::unistd::getppid() != supervisor {
+        // The supervisor went before the death signal was set.
+        return libc::ESRCH;
+    }
     // SAFETY: the child makes raw system calls only and never returns.
     let target = match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {

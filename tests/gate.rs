@@ -1315,6 +1315,34 @@ fn python_engine(f: &mut Fixture, engine_py: &str) {
     f.engine_extra.push_str("\nready = { kind = \"http\", path = \"/\", timeout_s = 60 }");
 }
 
+/// A process whose main thread has ended reads `Z` in /proc/PID/stat whatever its other threads
+/// do: the node here ends its main thread and stops the rest (found by review: it was shown
+/// sleeping and the cell ready, for ever, as the node has no readiness check). Each of its
+/// threads is read, and the node is shown stopped. One mode: the walk is the supervisor's.
+#[test]
+fn a_stopped_process_whose_main_thread_ended_is_shown_held() {
+    let node_py = "import threading, os, signal, ctypes, time\n\
+        def t():\n\
+        \x20   time.sleep(2); print('stopping', flush=True); os.kill(os.getpid(), signal.SIGSTOP); time.sleep(1000)\n\
+        threading.Thread(target=t).start()\n\
+        print('node-up', flush=True)\n\
+        ctypes.CDLL(None).pthread_exit(None)\n";
+    let mut f = cell(Mode::Rootful, "zombie-leader", HTTPD, "", "", "");
+    std::fs::write(f.p("bin/node.py"), node_py).expect("node");
+    f.node_cmd = "[\"/usr/bin/python3\", \"-I\", \"-u\", \"/opt/sealnode/node.py\"]".into();
+    f.write_config();
+    let run = start(&f, &[]);
+    run.out_line(60, |l| l == "stopping");
+    let mut st = Value::Null;
+    let told = wait_until(Duration::from_secs(20), || {
+        st = ctl(&f, "status");
+        st["roles"][1]["pid_state"] == "stopped"
+    });
+    let (code, _, err) = run.stop();
+    assert!(told && st["ready"] == false, "a stopped node shown serving: {st}\n{err}");
+    assert_eq!(code, Some(0), "{err}");
+}
+
 /// A status reads a bounded part of /proc for the processes under a role's init (found by
 /// review: a role with thousands of threads made each status, answered in the forwarding
 /// loop, cost a large part of a second); past that bound one of those unread could be held,

@@ -1117,28 +1117,31 @@ pub struct Under {
 }
 
 /// Every process under `pid`, its children's children too, forked from any of their threads
-/// (each thread's /proc/PID/task/TID/children), breadth first, in at most `max_reads` reads of
-/// /proc (each task list and each thread's children file counts: a role's thousands of
-/// threads cost as much as its processes, found by review). Read once each: a process forked
-/// or gone meanwhile may be missed or listed gone.
-pub fn descendants(pid: nix::unistd::Pid, max_reads: usize) -> Under {
+/// (each thread's /proc/PID/task/TID/children), breadth first, spending one of `reads` per
+/// read of /proc (each task list and each thread's children file: a role's thousands of
+/// threads cost as much as its processes, found by review) and one per process found (what
+/// the caller reads of it next); `whole` false once they run out. Read once each: a process
+/// forked or gone meanwhile may be missed or listed gone.
+pub fn descendants(pid: nix::unistd::Pid, reads: &mut usize) -> Under {
     let mut under = Under::default();
-    let mut reads = 0;
+    let mut seen = std::collections::HashSet::new();
     let mut queue = std::collections::VecDeque::from([pid]);
+    let spend = |reads: &mut usize| reads.checked_sub(1).map(|left| *reads = left).is_some();
     while let Some(p) = queue.pop_front() {
-        if reads == max_reads {
+        if !spend(reads) {
             return under;
         }
-        reads += 1;
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
         for task in tasks.flatten() {
-            if reads == max_reads {
+            if !spend(reads) {
                 return under;
             }
-            reads += 1;
             let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             for kid in kids.split_whitespace().filter_map(|k| k.parse().ok()).map(nix::unistd::Pid::from_raw) {
-                if !under.pids.contains(&kid) {
+                if seen.insert(kid) {
+                    if !spend(reads) {
+                        return under;
+                    }
                     under.pids.push(kid);
                     queue.push_back(kid);
                 }
@@ -1147,6 +1150,39 @@ pub fn descendants(pid: nix::unistd::Pid, max_reads: usize) -> Under {
     }
     under.whole = true;
     under
+}
+
+/// Whether some thread of `pid` is stopped or traced: its own state letter (its main
+/// thread's), or, where that thread is gone (`Z`) and others live on, each one's (found by
+/// review: a process that ended its main thread and stopped the rest read `Z`), one of
+/// `reads` spent per thread.
+pub fn held_letter(pid: nix::unistd::Pid, reads: &mut usize) -> Held {
+    let held = |c: char| matches!(c, 'T' | 't').then_some(c);
+    match process_state(pid) {
+        Some('Z') => {}
+        other => return other.and_then(held).map_or(Held::No, Held::Yes),
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Held::No };
+    for task in tasks.flatten() {
+        let Some(left) = reads.checked_sub(1) else { return Held::OutOfReads };
+        *reads = left;
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        if let Some(c) = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next()).and_then(held) {
+            return Held::Yes(c);
+        }
+    }
+    Held::No
+}
+
+/// What [`held_letter`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Held {
+    /// A thread held: its state letter (`T` stopped, `t` traced).
+    Yes(char),
+    /// None held, or the process is gone.
+    No,
+    /// The reads ran out before every thread was read.
+    OutOfReads,
 }
 
 /// Seconds since the Unix epoch.
@@ -1243,9 +1279,9 @@ mod tests {
         std::io::BufReader::new(sh.stdout.take().expect("stdout")).read_line(&mut line).expect("pid");
         let grandchild = nix::unistd::Pid::from_raw(line.trim().parse().expect("a pid"));
         let child = nix::unistd::Pid::from_raw(sh.id() as i32);
-        let found = super::descendants(nix::unistd::Pid::this(), 4096);
+        let found = super::descendants(nix::unistd::Pid::this(), &mut 4096);
         // Two reads: this process's task list and one thread's children, no more.
-        let capped = super::descendants(nix::unistd::Pid::this(), 2);
+        let capped = super::descendants(nix::unistd::Pid::this(), &mut 2);
         let _ = nix::sys::signal::kill(grandchild, nix::sys::signal::Signal::SIGKILL);
         let _ = sh.kill();
         let _ = sh.wait();

@@ -125,16 +125,26 @@ fn slot_state(phase: Phase) -> Option<ProcessState> {
     let (_, pid) = phase.shown();
     let own = state_of(pid?);
     let Phase::Running(init) = phase else { return own };
-    let under = crate::os::sys::descendants(init, HELD_READS);
-    let held = under.pids.into_iter().filter_map(state_of).find(ProcessState::held);
-    held.or((!under.whole).then_some(ProcessState::TooMany)).or(own)
+    let mut reads = HELD_READS;
+    let under = crate::os::sys::descendants(init, &mut reads);
+    for pid in under.pids {
+        match crate::os::sys::held_letter(pid, &mut reads) {
+            crate::os::sys::Held::Yes(c) => return Some(ProcessState::from_letter(c)),
+            crate::os::sys::Held::No => {}
+            crate::os::sys::Held::OutOfReads => return Some(ProcessState::TooMany),
+        }
+    }
+    if !under.whole {
+        return Some(ProcessState::TooMany);
+    }
+    own
 }
 
 /// How many reads of /proc a status spends looking for a held process under a role's init
-/// (its task lists and each thread's children file; then a stat per process found): the
-/// answer is made in the event loop that forwards the node's traffic, so it is bounded (a
-/// few milliseconds here); the engine and node run tens of threads, a role's `pids.max` may
-/// allow far more.
+/// (its task lists, each thread's children file, a stat per process found, and per thread of
+/// one whose main thread is gone): the answer is made in the event loop that forwards the
+/// node's traffic, so it is bounded (milliseconds); the engine and node run tens of threads, a
+/// role's `pids.max` may allow far more.
 const HELD_READS: usize = 4096;
 
 /// What the kernel shows `pid` doing.
