@@ -1163,8 +1163,8 @@ pub fn required(cfg: &crate::config::Config) -> crate::error::Result<()> {
 
 /// Whether the denial log can take the roles' seccomp listeners, where a role of `cfg` logs
 /// its refused calls: the supervisor copies each with pidfd_getfd, which systemd's `@debug`
-/// set holds (the units deny it unless a drop-in allows it). Tried on this process, as the
-/// supervisor makes it: `run` and a reload refuse here, before anything starts or stops
+/// set holds (the units deny it unless a drop-in allows it). Tried as the supervisor makes it
+/// ([`pidfd_getfd_tried`]): `run` and a reload refuse here, before anything starts or stops
 /// (found by a docs audit: the spawn failed once the engine ran, exit 1, which the unit
 /// restarts), and `check` reports it.
 pub fn denial_log(cfg: &crate::config::Config) -> Option<std::result::Result<(), String>> {
