@@ -1178,6 +1178,12 @@ fn triggered_cell(mode: Mode, name: &str, engine_sh: &str, extra: &str) -> Fixtu
     f
 }
 
+/// The first child of `pid`'s main thread (/proc/PID/task/PID/children), or pid 0.
+fn first_child(pid: nix::unistd::Pid) -> nix::unistd::Pid {
+    let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    nix::unistd::Pid::from_raw(kids.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0))
+}
+
 /// `sealnode ctl ready`, the readiness probe: its exit status and what it said.
 fn ready_probe(f: &Fixture) -> (Option<i32>, String) {
     let cfg = f.config.display().to_string();
@@ -1218,9 +1224,7 @@ fn ready_follows_the_roles_down_and_up() {
         });
         // The engine's program (its init's child), stopped, then let go.
         let init = back["roles"][0]["pid"].as_i64().unwrap_or(0) as i32;
-        let kids = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap_or_default();
-        let program =
-            nix::unistd::Pid::from_raw(kids.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0));
+        let program = first_child(nix::unistd::Pid::from_raw(init));
         assert!(program.as_raw() > 0, "{mode:?}: no program under the engine's init {init}: {back}");
         kill(program, Signal::SIGSTOP).expect("SIGSTOP the engine's program");
         let mut held = Value::Null;
@@ -1236,9 +1240,7 @@ fn ready_follows_the_roles_down_and_up() {
             free["ready"] == true
         });
         // The server the program started (its child, the init's grandchild), stopped.
-        let server = std::fs::read_to_string(format!("/proc/{program}/task/{program}/children")).unwrap_or_default();
-        let server =
-            nix::unistd::Pid::from_raw(server.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0));
+        let server = first_child(program);
         assert!(server.as_raw() > 0, "{mode:?}: no server under the engine's program {program}");
         kill(server, Signal::SIGSTOP).expect("SIGSTOP the engine's server");
         let mut below = Value::Null;
