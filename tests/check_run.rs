@@ -389,6 +389,100 @@ fn a_reload_that_needs_pidfd_getfd_where_it_is_refused_changes_nothing() {
     }
 }
 
+/// A tracer that holds pidfd_getfd (strace's delay, as a debugger or a supervisor's tracer
+/// may hold a call; a seccomp listener cannot: the denial log needs the only one) holds the
+/// denial log's probe at a start; the probe holds nothing of sealnode's (its stdio and its own
+/// pipe, no signal blocked), and it and the process it made die with sealnode: a sealnode
+/// killed meanwhile leaves nothing behind, and the next `run` starts (found by review: the
+/// prober kept sealnode's fds, its dir locks among them, and its blocked signals, had no death
+/// signal, and outlived a killed sealnode, so the next start was refused).
+#[test]
+fn a_held_denial_log_probe_holds_nothing_of_sealnode_and_dies_with_it() {
+    if which("strace").is_none() {
+        return unavailable("strace", "it holds the denial log's probe in pidfd_getfd (scripts/test installs it)");
+    }
+    for mode in modes() {
+        let mut f = fixture(mode, "cr-pidfd-held");
+        let cfg = f.config.display().to_string();
+        f.node_extra = "log_refused_syscalls = true".into();
+        f.write_config();
+        let sealnode = f.command(&["run", "--config", &cfg]);
+        let mut cmd = Command::new("strace");
+        // 60 s held at the call's entry: far past the probe's own bound (2 s), which only a
+        // living sealnode keeps.
+        cmd.args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=pidfd_getfd"])
+            .args(["-e", "inject=pidfd_getfd:delay_enter=60000000"])
+            .arg(sealnode.get_program())
+            .args(sealnode.get_args())
+            .current_dir(&f.dir);
+        let run = start_logged_command(cmd);
+        // sealnode (strace's child) and its prober, its child held in pidfd_getfd.
+        let (mut supervisor, mut prober) = (0, 0);
+        let held = wait_until(Duration::from_secs(60), || {
+            supervisor = children(run.pid().as_raw()).first().copied().unwrap_or(0);
+            prober = children(supervisor).into_iter().find(|c| in_syscall(*c, libc::SYS_pidfd_getfd)).unwrap_or(0);
+            prober != 0
+        });
+        assert!(held, "{mode:?}: no child of sealnode waits in pidfd_getfd: {}", run.stderr());
+        let target = children(prober);
+        assert_eq!(target.len(), 1, "{mode:?}: the prober's children: {target:?}");
+        for p in [prober, target[0]] {
+            let fds: Vec<String> = std::fs::read_dir(format!("/proc/{p}/fd"))
+                .expect("fds")
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .map(|l| l.display().to_string())
+                .collect();
+            // Beyond its stdio: the pipe it holds for the probe, and the prober its pidfd of
+            // its child.
+            let own: Vec<&String> =
+                fds.iter().skip(3).filter(|l| !(p == prober && *l == "anon_inode:[pidfd]")).collect();
+            assert!(own.len() == 1 && own[0].starts_with("pipe:"), "{mode:?}: {p} holds {fds:?}");
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).expect("status");
+            assert!(status.lines().any(|l| l == "SigBlk:\t0000000000000000"), "{mode:?}: {p}: {status}");
+        }
+        let pid = nix::unistd::Pid::from_raw(supervisor);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill sealnode");
+        // Its death signal reaches the prober while the call is held (a traced process takes
+        // it when its tracer lets it go; a process a filter holds, at once).
+        let told = wait_until(Duration::from_secs(2), || !alive(prober) || sigkill_pending(prober));
+        assert!(told, "{mode:?}: the prober {prober} was not told of sealnode's death");
+        // strace gone, the call is let go: the prober dies of it, and its child with it.
+        drop(run);
+        let gone = wait_until(Duration::from_secs(2), || !alive(prober) && !alive(target[0]));
+        assert!(gone, "{mode:?}: the prober {prober} or its child {} outlived sealnode", target[0]);
+        // Nothing of the killed start holds the cell: the next one starts.
+        if let Err((code, err)) = run_verdict(&f) {
+            panic!("{mode:?}: the start after a killed one exited {code:?}:\n{err}");
+        }
+    }
+}
+
+/// The pids of `pid`'s children (every thread's).
+fn children(pid: i32) -> Vec<i32> {
+    let tasks: Vec<_> =
+        std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.flatten().collect()).unwrap_or_default();
+    tasks
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| s.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<i32>>())
+        .collect()
+}
+
+/// Whether `pid` has a SIGKILL pending (for it or its process).
+fn sigkill_pending(pid: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .filter_map(|l| l.strip_prefix("SigPnd:\t").or(l.strip_prefix("ShdPnd:\t")))
+        .any(|m| u64::from_str_radix(m, 16).is_ok_and(|m| m & (1 << (libc::SIGKILL - 1)) != 0))
+}
+
+/// Whether `pid` is in the system call `nr` (its /proc syscall file).
+fn in_syscall(pid: i32, nr: libc::c_long) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .is_ok_and(|s| s.split_whitespace().next() == Some(nr.to_string().as_str()))
+}
+
 /// How a filter above sealnode refuses pidfd_getfd.
 #[derive(Clone, Copy, Debug)]
 enum Refusal {
