@@ -1493,8 +1493,15 @@ fn the_node_holds_off_the_recheck_of_a_wedged_engine_only_for_a_while() {
     // the recheck that then goes at a tick (5 s) gets no answer within 5 s: ~75 s at most, and
     // a margin for a loaded machine (found by review: a bound of 100 s passed with an 85 s hold).
     let bound = Duration::from_secs(80);
+    // While it is still shown ready, the status says how long the rechecks have waited and
+    // how old the verdict is.
+    let (mut waited, mut age) = (0.0f64, 0.0f64);
     let told = wait_until(bound.saturating_sub(wedged.elapsed()), || {
         st = ctl(&f, "status");
+        if st["ready"] == true {
+            waited = waited.max(st["engine_rechecks_waiting_s"].as_f64().unwrap_or(0.0));
+            age = age.max(st["engine_answered_ago_s"].as_f64().unwrap_or(0.0));
+        }
         st["ready"] == false
     });
     let after = wedged.elapsed();
@@ -1505,6 +1512,9 @@ fn the_node_holds_off_the_recheck_of_a_wedged_engine_only_for_a_while() {
     let active = st["engine_forwarding"]["active"].as_u64().unwrap_or(0);
     assert!(active >= 2, "the node's job and cheap answers were not all open: {st}");
     assert!(st["engine_not_answering"].is_string(), "{st}");
+    assert!(waited > 40.0 && age > 40.0, "while ready: rechecks waited {waited} s, verdict {age} s old: {st}");
+    assert!(st["engine_answered_ago_s"].as_f64().is_some_and(|a| a >= 60.0), "{st}");
+    assert!(st["engine_rechecks_waiting_s"].is_null(), "the hold ran out: {st}");
     assert_eq!(probe.0, Some(1), "{probe:?}");
     assert_eq!(code, Some(0), "{err}");
 }

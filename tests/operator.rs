@@ -424,6 +424,10 @@ print(json.dumps(out))
             assert_eq!(n, own(role) as f64, "{mode:?}: {role}'s attempts are its own, not the pass's total");
         }
         assert!(get("sealnode_engine_ready_seconds{}") > 0.0);
+        // The verdict's age: the engine answered its check (at its start or a recheck every 5 s)
+        // within the last ~10 s.
+        let age = get("sealnode_engine_answered_age_seconds{}");
+        assert!((0.0..=15.0).contains(&age), "{mode:?}: {text}");
         assert!(get("sealnode_generation{}") >= 1.0);
         let up = format!(r#"{{"upstream": "gw.test:{up_port}"}}"#);
         assert!(get(&format!("sealnode_egress_connections_total{up}")) >= 1.0, "{text}");

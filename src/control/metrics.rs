@@ -80,6 +80,14 @@ pub fn render(status: &Status) -> String {
         );
         o.sample("sealnode_engine_ready_seconds", &[], ms / 1000.0);
     }
+    if let Some(ago) = status.engine_answered_ago_s {
+        o.family(
+            "sealnode_engine_answered_age_seconds",
+            "gauge",
+            "Seconds since the engine last answered its readiness check (the age of the verdict sealnode_ready stands on).",
+        );
+        o.sample("sealnode_engine_answered_age_seconds", &[], ago);
+    }
     if !status.roles.is_empty() {
         // One sample per state this client knows (a state it does not know: all of them 0).
         o.family("sealnode_role_state", "gauge", "1 for the state each role is in.");

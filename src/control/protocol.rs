@@ -222,6 +222,14 @@ pub struct Status {
     /// does (or before it was first ready).
     #[serde(default, deserialize_with = "lenient")]
     pub engine_not_answering: Option<String>,
+    /// Seconds since the engine last answered its readiness check (its start's or a recheck):
+    /// the age of the verdict `ready` stands on; none before its first answer since its start.
+    #[serde(default, deserialize_with = "lenient")]
+    pub engine_answered_ago_s: Option<f64>,
+    /// Seconds the rechecks have waited in a row while the engine serves the node (under 60);
+    /// none while they come at their pace.
+    #[serde(default, deserialize_with = "lenient")]
+    pub engine_rechecks_waiting_s: Option<f64>,
     /// Lines of sealnode's own log dropped rather than block the loop.
     #[serde(default)]
     pub log_dropped_lines: LogDropped,

@@ -83,7 +83,16 @@ pub fn render(v: &Status) -> String {
         }
     }
     if let Some(ms) = v.engine_ready_ms {
-        s.push_str(&format!("engine:   ready {:.1} s after its start\n", ms / 1000.0));
+        s.push_str(&format!("engine:   ready {:.1} s after its start", ms / 1000.0));
+        if let Some(ago) = v.engine_answered_ago_s {
+            s.push_str(&format!("; last answered its readiness check {ago:.1} s ago"));
+        }
+        s.push('\n');
+    }
+    if let Some(held) = v.engine_rechecks_waiting_s {
+        s.push_str(&format!(
+            "engine:   rechecks wait while it serves the node: {held:.1} s so far, 60 s at most (the last verdict stands)\n"
+        ));
     }
     if let Some(last) = &v.engine_not_answering {
         s.push_str(&format!("engine:   NOT ANSWERING its readiness check (last try: {}): not ready\n", text(last)));
@@ -219,5 +228,24 @@ mod tests {
         assert!(t.contains("\nlast reload: {\"at\":1700000000,\"error\":\"cell.x: changed\",\"ok\":false}\n"), "{t}");
         assert!(t.contains("\nWHAT IS SEALED\nengine: rootful, uid 61001 gid 61001\n"), "{t}");
         assert!(t.ends_with("statement   none, not signed: no attestation key\n"), "{t}");
+    }
+
+    /// The verdict's age and a recheck's wait, as an operator reads them under the engine's
+    /// readiness.
+    #[test]
+    fn the_readiness_verdicts_age_and_a_held_recheck_are_shown() {
+        let mut v = sample();
+        v.engine_answered_ago_s = Some(42.25);
+        v.engine_rechecks_waiting_s = Some(38.0);
+        let t = super::render(&v);
+        let lines: Vec<&str> = t.lines().skip(2).take(2).collect();
+        assert_eq!(
+            lines,
+            [
+                "engine:   ready 0.1 s after its start; last answered its readiness check 42.2 s ago",
+                "engine:   rechecks wait while it serves the node: 38.0 s so far, 60 s at most (the last verdict stands)",
+            ],
+            "{t}"
+        );
     }
 }

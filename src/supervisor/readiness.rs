@@ -63,6 +63,8 @@ struct Check {
     recheck: bool,
     /// Since when the rechecks have waited for the node's requests, in a row.
     held_since: Option<Instant>,
+    /// The last recheck due was put off for them (and none has been tried since).
+    waiting: bool,
 }
 
 impl Check {
@@ -77,13 +79,15 @@ impl Check {
     /// serving nobody end the hold (found by review: a node idle when sweep() sampled and busy
     /// when handle() asked again started a fresh hold every 5 s, and no request ever went).
     fn waits_for(&mut self, now: Instant, http: bool, serving: bool, confirmed: bool) -> bool {
-        if !http || !serving {
+        self.waiting = if !http || !serving {
             if confirmed || !http {
                 self.held_since = None;
             }
-            return false;
-        }
-        now.saturating_duration_since(*self.held_since.get_or_insert(now)) < HOLD_MAX
+            false
+        } else {
+            now.saturating_duration_since(*self.held_since.get_or_insert(now)) < HOLD_MAX
+        };
+        self.waiting
     }
 }
 
@@ -103,6 +107,10 @@ pub(super) struct Readiness {
     last_ms: Option<f64>,
     /// What the last recheck of the ready engine saw, while it does not answer.
     not_answering: Option<String>,
+    /// When the engine last answered its check (its start's or a recheck), since its start:
+    /// how old the verdict that `ready` stands on is (a held recheck keeps the last verdict
+    /// for up to ~70 s: the status shows its age).
+    answered_at: Option<Instant>,
 }
 
 impl Readiness {
@@ -119,8 +127,10 @@ impl Readiness {
             last: "no answer yet".to_string(),
             recheck: false,
             held_since: None,
+            waiting: false,
         });
         self.not_answering = None;
+        self.answered_at = None;
     }
 
     /// A check is under way (the engine started and has not answered yet).
@@ -137,11 +147,24 @@ impl Readiness {
         self.last_ms
     }
 
+    /// How long ago the engine last answered its check, since its start; none before it did.
+    pub(super) fn answered_ago(&self, now: Instant) -> Option<Duration> {
+        self.answered_at.map(|t| now.saturating_duration_since(t))
+    }
+
+    /// How long the rechecks have waited in a row for the node's requests, while they wait
+    /// (less than [`HOLD_MAX`]); none while they come at their pace.
+    pub(super) fn rechecks_waiting(&self, now: Instant) -> Option<Duration> {
+        let c = self.check.as_ref().filter(|c| c.recheck && c.waiting)?;
+        Some(now.saturating_duration_since(c.held_since?))
+    }
+
     /// The engine stopped or exited: no check.
     pub(super) fn cancel(&mut self, epoll: &Epoll) {
         self.close_try(epoll);
         self.check = None;
         self.not_answering = None;
+        self.answered_at = None;
     }
 
     pub(super) fn next_deadline(&self) -> Option<Instant> {
@@ -262,6 +285,7 @@ impl Readiness {
         let c = self.check.as_mut()?;
         // The first answer since the start is the verdict; then the engine is checked again.
         let first = !c.recheck;
+        self.answered_at = Some(Instant::now());
         c.recheck = true;
         c.next_try = Instant::now() + RECHECK_INTERVAL;
         c.last = String::new();
@@ -370,6 +394,7 @@ mod tests {
             last: String::new(),
             recheck: true,
             held_since: None,
+            waiting: false,
         }
     }
 
@@ -412,5 +437,36 @@ mod tests {
         let mut second: Vec<u64> = (30..60).step_by(5).collect();
         second.push(120);
         assert_eq!(requests_sent(serving, serving), second, "a second row, held from its start");
+    }
+
+    /// The status says how long the rechecks have waited, only while they wait: from the
+    /// hold's start, none past 60 s in a row, and none once a recheck goes.
+    #[test]
+    fn a_status_shows_the_rechecks_wait_while_it_lasts() {
+        let t0 = Instant::now();
+        let mut r = Readiness { check: Some(recheck(t0)), ..Readiness::default() };
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(r.rechecks_waiting(at(0)), None, "nothing asked yet");
+        let c = r.check.as_mut().expect("check");
+        assert!(c.waits_for(at(0), true, true, false));
+        assert!(c.waits_for(at(55), true, true, false));
+        assert_eq!(r.rechecks_waiting(at(57)), Some(Duration::from_secs(57)));
+        let c = r.check.as_mut().expect("check");
+        assert!(!c.waits_for(at(60), true, true, false), "past 60 s in a row");
+        assert_eq!(r.rechecks_waiting(at(61)), None, "a recheck goes: not waiting");
+        // Not serving (asked at the sweep, not yet confirmed): the recheck goes.
+        let mut r = Readiness { check: Some(recheck(t0)), ..Readiness::default() };
+        let c = r.check.as_mut().expect("check");
+        assert!(c.waits_for(at(0), true, true, false));
+        assert!(!c.waits_for(at(5), true, false, false));
+        assert_eq!(r.rechecks_waiting(at(6)), None);
+        // Before the engine's first answer: no recheck, nothing waits.
+        let mut start = recheck(t0);
+        start.recheck = false;
+        start.held_since = Some(t0);
+        start.waiting = true;
+        let r = Readiness { check: Some(start), ..Readiness::default() };
+        assert_eq!(r.rechecks_waiting(at(1)), None);
+        assert_eq!(r.answered_ago(at(1)), None);
     }
 }

@@ -13,6 +13,7 @@ impl Supervisor {
     pub(super) fn status(&self) -> Status {
         let dropped = crate::logging::logsink::dropped();
         let cfg = &self.base.cfg;
+        let now = std::time::Instant::now();
         // What each role's process is doing, read from /proc once per answer.
         let held: [Option<ProcessState>; 2] = [slot_state(self.roles[0].phase), slot_state(self.roles[1].phase)];
         let ready = self.serving(&held);
@@ -61,6 +62,8 @@ impl Supervisor {
             ready,
             engine_ready_ms: self.readiness.last_ms(),
             engine_not_answering: self.readiness.not_answering().map(str::to_string),
+            engine_answered_ago_s: self.readiness.answered_ago(now).map(seconds),
+            engine_rechecks_waiting_s: self.readiness.rechecks_waiting(now).map(seconds),
             log_dropped_lines: LogDropped {
                 stdout: dropped.0,
                 stderr: dropped.1,
@@ -150,4 +153,9 @@ const HELD_READS: usize = 4096;
 /// What the kernel shows `pid` doing.
 fn state_of(pid: nix::unistd::Pid) -> Option<ProcessState> {
     crate::os::sys::process_state(pid).map(ProcessState::from_letter)
+}
+
+/// A duration as the status says it: seconds, to the millisecond.
+fn seconds(d: std::time::Duration) -> f64 {
+    d.as_millis() as f64 / 1000.0
 }
