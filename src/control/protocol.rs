@@ -612,6 +612,8 @@ pub(crate) mod tests {
         v["attest_waiting"] = 2.into();
         v["engine_ready_ms"] = Value::Null;
         v["engine_not_answering"] = "connect: Connection refused".into();
+        v["engine_answered_ago_s"] = 47.25.into();
+        v["engine_rechecks_waiting_s"] = 42.0.into();
         v["receipt"] = Value::Null;
         v["roles"][0]["resources"] = serde_json::json!({
             "cgroup": "/sys/fs/cgroup/system.slice/sealnode.service/engine",

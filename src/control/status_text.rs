@@ -215,7 +215,7 @@ mod tests {
             [
                 "sealnode: ready, up 1s, cell pid 6090",
                 "receipt:  generation 1, preflight passed, /var/lib/sealnode/receipt.json (started 2026-12-02T11:31:35Z)",
-                "engine:   ready 0.1 s after its start",
+                "engine:   ready 0.1 s after its start; last answered its readiness check 0.9 s ago",
                 "",
                 "ROLE    STATE            PID   UPTIME STARTS RESTARTS    GEN  PREFLIGHT              MEMORY / PIDS",
                 "engine  running         6471       0s      1        0      1  91 refused, 0.68 s     -",
