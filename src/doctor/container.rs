@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{sysctl, Check, Level};
+use super::check::{sysctl, Check, Level};
 
 /// Each option a container needs for sealnode, named as its runtime spells it.
 pub(super) struct Options {

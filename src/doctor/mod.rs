@@ -3,41 +3,24 @@
 //! - [`probe`]: the setup a role makes in its namespaces, tried in a child;
 //! - [`container`]: the options a container's runtime names for what the cell needs;
 //! - [`denial_log`]: whether the denial log can take the roles' seccomp listeners;
+//! - [`check`]: a check's result, as doctor and `check` show it;
 //! - [`bounded`]: a probe's child waited for and read within a bound.
 
 mod bounded;
+mod check;
 mod container;
 mod denial_log;
 mod probe;
 
+pub use check::{Check, Level};
 pub use denial_log::{denial_log, denial_log_ready};
 
 use nix::errno::Errno;
-use serde::Serialize;
 
 use crate::os::sys;
+use check::sysctl;
 use container::{container_caps, container_userns, host_hardening, options, Options};
 use probe::{try_namespaces_bounded, Refused, CLONE3, MAPS, PROBE_LIMIT, SETUP, WHOLE_LIMIT};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Ok,
-    Warn,
-    Fail,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    pub name: &'static str,
-    pub level: Level,
-    pub value: String,
-    pub meaning: String,
-}
-
-pub(super) fn sysctl(path: &str) -> Option<String> {
-    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
-}
 
 /// What a config asks of the setup beyond what every start needs (`None`: no config given;
 /// doctor then warns where it would fail).

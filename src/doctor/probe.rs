@@ -32,7 +32,7 @@ pub(super) const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_se
 /// namespace, the loopback's ioctl, a Landlock rule, a seccomp filter) (found by review: a
 /// profile refusing one of them, or killing on it, passed doctor, and run then failed with a
 /// message that did not name the profile, or named the wrong cause: "another host user's
-/// files"). Every start's `run` makes them too, through [`required`].
+/// files"). Every start's `run` makes them too, through [`super::required`].
 pub(super) const STEPS: [&str; 31] = [
     "close_range",
     "setsid",
