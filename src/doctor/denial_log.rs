@@ -70,7 +70,10 @@ fn pidfd_getfd_tried() -> Result<(), String> {
     }
 }
 
-/// In the prober: a child that holds `fd` (as a role's workload holds its listener) and
+/// In the prober: a child that holds `fd` (as a role's workload holds its listener), in a
+/// user namespace of its own as a role is (one this process owns: under Yama's
+/// ptrace_scope=2, which asks for CAP_SYS_PTRACE in the target's user namespace, the
+/// supervisor has it in a role's and not in its own, which the units drop it from), and
 /// waits; pidfd_getfd of that fd from it; the errno, or 0.
 fn pidfd_getfd_of_a_child(fd: std::os::fd::RawFd, supervisor: nix::unistd::Pid) -> i32 {
     let prober = nix::unistd::getpid();
@@ -78,6 +81,11 @@ fn pidfd_getfd_of_a_child(fd: std::os::fd::RawFd, supervisor: nix::unistd::Pid) 
         // The supervisor went before the death signal was set.
         return libc::ESRCH;
     }
+    // The child says when it is in its namespace: the call is tried on it there.
+    let (placed, in_place) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => return e as i32,
+    };
     // SAFETY: the child makes raw system calls only and never returns.
     let target = match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
@@ -86,6 +94,12 @@ fn pidfd_getfd_of_a_child(fd: std::os::fd::RawFd, supervisor: nix::unistd::Pid) 
             if nix::unistd::getppid() != prober {
                 sys::exit_now(0);
             }
+            drop(placed);
+            // Where a user namespace cannot be made, the cell cannot be either: the call is
+            // then tried in this one (which errs towards refusing).
+            let _ = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER);
+            let _ = nix::unistd::write(&in_place, &[1]);
+            drop(in_place);
             loop {
                 // SAFETY: pause takes no argument; it returns only for a handled signal.
                 unsafe { libc::pause() };
@@ -94,11 +108,19 @@ fn pidfd_getfd_of_a_child(fd: std::os::fd::RawFd, supervisor: nix::unistd::Pid) 
         Ok(nix::unistd::ForkResult::Parent { child }) => child,
         Err(e) => return e as i32,
     };
-    let tried = sys::pidfd_open(target.as_raw()).and_then(|p| sys::pidfd_getfd(&p, fd));
+    drop(in_place);
+    let mut said = [0u8; 1];
+    // Bounded by the supervisor's wait for this process (PIDFD_GETFD_LIMIT).
+    let tried = match nix::unistd::read(&placed, &mut said) {
+        Ok(1) => sys::pidfd_open(target.as_raw()).and_then(|p| sys::pidfd_getfd(&p, fd)).map(drop),
+        Ok(_) => Err(Errno::ESRCH),
+        Err(e) => Err(e),
+    };
+    drop(placed);
     let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
     let _ = nix::sys::wait::waitpid(target, None);
     match tried {
-        Ok(_) => 0,
+        Ok(()) => 0,
         Err(e) => e as i32,
     }
 }
