@@ -23,6 +23,9 @@ pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: boo
     if own.contains(&ip) {
         return Some("one of this host's own addresses");
     }
+    if let Some(service) = cloud_service(ip) {
+        return Some(service);
+    }
     match ip {
         IpAddr::V4(a) => {
             let o = a.octets();
@@ -66,6 +69,30 @@ pub fn denied(ip: std::net::IpAddr, own: &[std::net::IpAddr], allow_private: boo
                 None
             }
         }
+    }
+}
+
+/// A cloud's instance services outside the link-local ranges: its metadata, agent or DNS
+/// endpoints, refused whatever `allow_private` says (found by review: with it, AWS's IPv6
+/// metadata address passed, and Azure's WireServer, a public address, passed always).
+fn cloud_service(ip: std::net::IpAddr) -> Option<&'static str> {
+    use std::net::IpAddr;
+    match ip {
+        // Azure's WireServer (the agent's channel, the VM's DNS and health probes).
+        IpAddr::V4(a) if a.octets() == [168, 63, 129, 16] => Some("a cloud's instance service (Azure's WireServer)"),
+        // Alibaba Cloud's metadata service (inside 100.64/10).
+        IpAddr::V4(a) if a.octets() == [100, 100, 100, 200] => {
+            Some("a cloud's instance service (Alibaba Cloud's metadata)")
+        }
+        // AWS's instance services over IPv6 (metadata fd00:ec2::254, DNS ::253, time ::123).
+        IpAddr::V6(a) if a.segments()[..2] == [0xfd00, 0x0ec2] => {
+            Some("a cloud's instance service (AWS, fd00:ec2::/32)")
+        }
+        // Google Cloud's metadata server over IPv6.
+        IpAddr::V6(a) if a.segments() == [0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254] => {
+            Some("a cloud's instance service (Google Cloud's metadata, fd20:ce::254)")
+        }
+        _ => None,
     }
 }
 

@@ -56,6 +56,17 @@ fn the_deny_set() {
     assert_eq!(denied(ip("fc00::1"), &own, true), None);
     assert!(denied(ip("127.0.0.1"), &own, true).is_some());
     assert!(denied(ip("169.254.169.254"), &own, true).is_some());
+    // A cloud's instance services are refused even where private ranges are allowed (found
+    // by review): AWS's and Google's IPv6 metadata, Azure's WireServer, Alibaba's metadata,
+    // and as IPv4 inside IPv6.
+    for a in
+        ["fd00:ec2::254", "fd00:ec2::253", "fd20:ce::254", "168.63.129.16", "100.100.100.200", "::ffff:168.63.129.16"]
+    {
+        let r = denied(ip(a), &own, true);
+        assert!(r.is_some_and(|r| r.contains("instance service")), "{a}: {r:?}");
+    }
+    assert_eq!(denied(ip("fd00:ec3::254"), &own, true), None, "another unique local address");
+    assert_eq!(denied(ip("168.63.129.17"), &own, false), None);
     // Public addresses pass.
     assert_eq!(denied(ip("198.51.100.10"), &own, false), None);
     assert_eq!(denied(ip("2001:db8::1"), &own, false), None);
