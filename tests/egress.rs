@@ -183,6 +183,98 @@ fn a_hanging_resolver_never_stalls_the_supervisor() {
     drop(dns);
 }
 
+/// An upstream's name is looked up as declared, never with the resolver's search list
+/// appended (found by review: with `search evil.test` and Kubernetes' `ndots:5`, the first
+/// query was `gw.search.test.evil.test`, and its answer was used; with `ndots:1`, after the
+/// name's own NXDOMAIN). The test's resolver answers every name under `evil.test` (with a
+/// private address, which the deny set would refuse: nothing leaves the host) and no other;
+/// the lookup fails, and no query under the search domain reaches it.
+#[test]
+fn an_upstream_name_is_looked_up_without_the_search_list() {
+    if !is_root() {
+        return unavailable("rootful", "the test replaces /etc/resolv.conf in a mount namespace (root)");
+    }
+    let (dns, asked) = searching_resolver("127.0.0.78:53");
+    for mode in modes() {
+        for ndots in [5, 1] {
+            asked.lock().expect("lock").clear();
+            let node_sh =
+                "echo node-up; while true; do /usr/bin/busybox nc -w 2 gw.search.test 443 </dev/null >/dev/null 2>&1; sleep 0.5; done";
+            let f = cell(mode, "dns-search", node_sh, "{ host = \"gw.search.test\", port = 443 }");
+            let resolv =
+                format!("nameserver 127.0.0.78\nsearch evil.test\noptions ndots:{ndots} timeout:1 attempts:1\n");
+            let c = start(&f, &resolv, "127.0.0.1 localhost\n");
+            c.out_line(|l| l == "node-up", 60);
+            c.err_has("egress name lookup failed", 30);
+            let (code, _, err) = c.stop();
+            let asked = asked.lock().expect("lock").clone();
+            assert!(
+                asked.iter().any(|n| n == "gw.search.test"),
+                "{mode:?} ndots:{ndots}: the name was not asked: {asked:?}"
+            );
+            assert!(
+                !asked.iter().any(|n| n.ends_with("evil.test")),
+                "{mode:?} ndots:{ndots}: the search list was applied: {asked:?}\n{err}"
+            );
+            assert!(
+                !err.contains("10.66.66.66"),
+                "{mode:?} ndots:{ndots}: the search domain's answer was used:\n{err}"
+            );
+            assert_eq!(code, Some(0), "{mode:?}: {err}");
+        }
+    }
+    drop(dns);
+}
+
+/// A resolver on `addr` (UDP) that answers an A query for any name under `evil.test` with
+/// 10.66.66.66 and every other query with NXDOMAIN; each name asked is kept.
+fn searching_resolver(addr: &str) -> (std::thread::JoinHandle<()>, Arc<Mutex<Vec<String>>>) {
+    let sock = UdpSocket::bind(addr).expect("bind the test's resolver");
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kept = asked.clone();
+    let t = std::thread::spawn(move || {
+        let mut q = [0u8; 512];
+        // Ends with the test process (the socket is never closed before it).
+        while let Ok((n, from)) = sock.recv_from(&mut q) {
+            let q = &q[..n];
+            let (mut i, mut labels) = (12, Vec::new());
+            while i < n && q[i] != 0 {
+                let len = usize::from(q[i]);
+                labels.push(String::from_utf8_lossy(&q[(i + 1).min(n)..(i + 1 + len).min(n)]).into_owned());
+                i += 1 + len;
+            }
+            if i + 5 > n {
+                continue;
+            }
+            let name = labels.join(".");
+            let qtype = u16::from_be_bytes([q[i + 1], q[i + 2]]);
+            kept.lock().expect("lock").push(name.clone());
+            let question = &q[12..i + 5];
+            let ours = name.ends_with("evil.test");
+            let mut r = vec![
+                q[0],
+                q[1],
+                0x81,
+                if ours { 0x80 } else { 0x83 },
+                0,
+                1,
+                0,
+                u8::from(ours && qtype == 1),
+                0,
+                0,
+                0,
+                0,
+            ];
+            r.extend_from_slice(question);
+            if ours && qtype == 1 {
+                r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 10, 66, 66, 66]);
+            }
+            let _ = sock.send_to(&r, from);
+        }
+    });
+    (t, asked)
+}
+
 /// Names that resolve to loopback or to the link-local metadata address are refused and
 /// logged with the name and the address; an upstream with an explicit `connect` still works.
 #[test]

@@ -37,6 +37,14 @@ pub(super) fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, O
             if crate::os::sys::close_all_except(&[w.as_raw_fd()]).is_err() {
                 crate::os::sys::exit_now(1);
             }
+            // The name as declared, never with the resolver's search list appended (found by
+            // review: with `search` and Kubernetes' ndots:5, a zone in the list answered for
+            // the gateway's name first; with ndots:1, after the name's own NXDOMAIN). An empty
+            // LOCALDOMAIN makes that list empty (resolv.conf(5)); the hosts file still
+            // answers. Read again here: the supervisor may have read the config before.
+            std::env::set_var("LOCALDOMAIN", "");
+            // SAFETY: res_init takes no argument; this process is single-threaded.
+            unsafe { libc::res_init() };
             let text: String = match (host, port).to_socket_addrs() {
                 Ok(addrs) => addrs.map(|a| format!("{}\n", a.ip())).collect(),
                 Err(e) => format!("error {e}\n"),
