@@ -5,6 +5,10 @@
 //! and [`LINES_PER_S`] per role in all (bursts of [`LINES_BURST`]); every refusal is counted
 //! (`ctl status`, metrics), per name of a syscall this build knows, and numbers it does not
 //! know (a role can try any of 2^32) all under one name, "unknown": what is tracked is bounded.
+//! At most [`ANSWERS_PER_S`] refusals a second per role are answered (bursts of
+//! [`ANSWERS_BURST`]); past them the role's refused calls wait in the kernel until answers are
+//! back (found by review: a role making refused calls in a loop, 172,000 a second, kept the
+//! supervisor busy answering them, on the loop that forwards the node's traffic).
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -18,6 +22,11 @@ use crate::config::Role;
 pub const LINES_PER_S: f64 = 20.0;
 /// Log lines per role at once after a quiet spell.
 pub const LINES_BURST: f64 = 200.0;
+/// Refusals answered a second per role, sustained: what a role's refused calls may cost the
+/// supervisor; past it they wait (the role's time, not the supervisor's).
+pub const ANSWERS_PER_S: f64 = 2000.0;
+/// Refusals answered at once after a quiet spell.
+pub const ANSWERS_BURST: f64 = 10_000.0;
 
 /// One role's listener and what it has seen.
 #[derive(Debug)]
@@ -30,6 +39,8 @@ pub struct DenyLog {
     seen: BTreeMap<&'static str, (u64, crate::logging::ratelimit::Quiet)>,
     /// The role's log lines in all.
     lines: crate::logging::ratelimit::Bucket,
+    /// The role's answers.
+    answers: crate::logging::ratelimit::Bucket,
 }
 
 /// What serving found.
@@ -37,6 +48,8 @@ pub struct DenyLog {
 pub enum Served {
     /// Everything pending was answered (or the budget was used: more may wait).
     Open,
+    /// The role's answers a second are spent: serve it again at this time (refusals wait).
+    Spent(Instant),
     /// No task uses the filter any more (the role's run ended), or the listener failed.
     Closed,
 }
@@ -74,19 +87,27 @@ pub fn syscall_name(nr: i32) -> &'static str {
 
 impl DenyLog {
     pub fn new(role: Role, fd: OwnedFd, errno: i32) -> DenyLog {
-        let lines = crate::logging::ratelimit::Bucket::new(Instant::now(), LINES_PER_S, LINES_BURST);
-        DenyLog { role, fd, errno, seen: BTreeMap::new(), lines }
+        let now = Instant::now();
+        let lines = crate::logging::ratelimit::Bucket::new(now, LINES_PER_S, LINES_BURST);
+        let answers = crate::logging::ratelimit::Bucket::new(now, ANSWERS_PER_S, ANSWERS_BURST);
+        DenyLog { role, fd, errno, seen: BTreeMap::new(), lines, answers }
     }
 
     /// Answer and log up to `budget` pending refusals (never waits: only what is pending).
     pub fn serve(&mut self, budget: usize) -> Served {
         let fd = self.fd.as_raw_fd();
+        // One clock read per wake-up, not per refusal.
+        let now = Instant::now();
         for _ in 0..budget {
             match pending(fd) {
                 Pending::Notification => {}
                 Pending::Nothing => return Served::Open,
                 Pending::HungUp => return Served::Closed,
             }
+            if !self.answers.ready_n(now, 1.0) {
+                return Served::Spent(self.answers.when(ANSWERS_PER_S * 0.1));
+            }
+            self.answers.spend(1.0);
             let n = match crate::os::sys::seccomp_notif_recv(fd) {
                 Ok(n) => n,
                 // The task died before it was seen: nothing to answer.
@@ -102,7 +123,6 @@ impl DenyLog {
             let entry = self.seen.entry(name).or_insert_with(|| (0, Default::default()));
             entry.0 += 1;
             let total = entry.0;
-            let now = Instant::now();
             // The role's cap first: a line it refuses is one more suppressed for that name.
             let allowed = if self.lines.ready(now) {
                 entry.1.allow(now).inspect(|_| {
@@ -144,8 +164,10 @@ impl DenyLog {
             if n < 0 && Errno::last() != Errno::EINTR {
                 return;
             }
-            if self.serve(256) == Served::Closed {
-                return;
+            match self.serve(256) {
+                Served::Closed => return,
+                Served::Spent(at) => std::thread::sleep(at.saturating_duration_since(Instant::now())),
+                Served::Open => {}
             }
         }
     }

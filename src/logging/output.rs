@@ -1,9 +1,14 @@
 //! Each role's stdout and stderr, captured by the supervisor through a pipe and re-emitted
 //! line by line (log::role_line), tagged with the role: a line is cut at [`MAX_LINE`] bytes, and
-//! each role may emit [`RATE`] lines a second (bursts to [`BURST`]); the rest are dropped and
-//! counted, and sealnode says how many once a second. The supervisor reads at most
-//! [`READ_BUDGET`] bytes per wake-up, so a role flooding its output can neither stall the event
-//! loop nor grow the supervisor's memory past one line buffer per stream.
+//! each role may emit [`RATE`] lines and [`RATE_BYTES`] bytes a second (bursts to [`BURST`] and
+//! [`BURST_BYTES`]); the rest are dropped and counted, and sealnode says how many once a
+//! second. The supervisor reads at most [`READ_BUDGET`] bytes per wake-up, so a role flooding
+//! its output can neither stall the event loop nor grow the supervisor's memory past one line
+//! buffer per stream; and once a role's budget is spent, its pipes are not read until
+//! [`RESUME`] of it is back ([`Read::Dry`]): a flooding role then waits in its own `write`,
+//! and the supervisor reads at most a pipe's worth a tenth of a second (found by review: a
+//! role writing `yes` cost the supervisor 4.5 times the role's own CPU, every line read,
+//! split, timed and dropped, and slowed the other role's traffic 39 times).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
@@ -23,6 +28,13 @@ pub const READ_BUDGET: usize = 64 * 1024;
 pub const RATE: f64 = 200.0;
 /// Lines a role may emit at once after a quiet spell.
 pub const BURST: f64 = 2000.0;
+/// Bytes a second a role may emit, sustained (found by review: 200 lines of 16 KiB a second
+/// were 3.2 MB/s, ~280 GB a day, into the journal or a container's log).
+pub const RATE_BYTES: f64 = 64.0 * 1024.0;
+/// Bytes a role may emit at once after a quiet spell.
+pub const BURST_BYTES: f64 = 1024.0 * 1024.0;
+/// The part of a second's budget that must be back before a role's dry pipes are read again.
+pub const RESUME: f64 = 0.1;
 
 /// The longest line re-emitted once escaped: a line of [`MAX_LINE`] bytes and the mark of its cut.
 pub const MAX_SHOWN: usize = MAX_LINE + 64;
@@ -55,12 +67,44 @@ pub fn escaped(line: &[u8]) -> String {
     s
 }
 
-/// A role's output bucket.
-pub fn bucket(now: Instant) -> Bucket {
-    Bucket::new(now, RATE, BURST)
+/// A role's output budget, fresh.
+pub fn budget(now: Instant) -> Budget {
+    Budget { lines: Bucket::new(now, RATE, BURST), bytes: Bucket::new(now, RATE_BYTES, BURST_BYTES) }
 }
 
 pub use crate::logging::ratelimit::Bucket;
+
+/// What a role may still emit: lines and bytes. A line refused counts as one dropped.
+#[derive(Debug)]
+pub struct Budget {
+    pub lines: Bucket,
+    pub bytes: Bucket,
+}
+
+impl Budget {
+    /// May a line of `len` bytes go at `now`? Taken if so; counted as dropped if not.
+    pub fn take(&mut self, now: Instant, len: usize) -> bool {
+        let len = len as f64 + 1.0;
+        if self.lines.ready_n(now, 1.0) && self.bytes.ready_n(now, len) {
+            self.lines.spend(1.0);
+            self.bytes.spend(len);
+            true
+        } else {
+            self.lines.refuse();
+            false
+        }
+    }
+
+    /// Spent at `now`: no line could go (its pipes wait until [`Budget::resume_at`]).
+    pub fn dry(&mut self, now: Instant) -> bool {
+        !(self.lines.ready_n(now, 1.0) && self.bytes.ready_n(now, 1.0))
+    }
+
+    /// When [`RESUME`] of a second's budget is back, lines and bytes.
+    pub fn resume_at(&self) -> Instant {
+        self.lines.when(RATE * RESUME).max(self.bytes.when(RATE_BYTES * RESUME))
+    }
+}
 
 /// One captured stream of one run of a role.
 #[derive(Debug)]
@@ -81,8 +125,10 @@ pub struct Capture {
 /// What a read found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Read {
-    /// More may come (the budget was used, or the pipe is empty for now).
+    /// More may come (the read budget was used, or the pipe is empty for now).
     More,
+    /// The role's output budget is spent: read no more of its pipes until it is back.
+    Dry,
     /// The role closed its end: the capture is done.
     Eof,
 }
@@ -93,32 +139,38 @@ impl Capture {
     }
 
     /// Read what the pipe holds (up to READ_BUDGET) and emit each complete line through
-    /// `emit`, subject to `bucket`.
-    pub fn read(&mut self, bucket: &mut Bucket, emit: &mut dyn FnMut(&Capture, &[u8])) -> Read {
+    /// `emit`, subject to `budget`; stop once it is spent (nothing is read while it is).
+    pub fn read(&mut self, budget: &mut Budget, emit: &mut dyn FnMut(&Capture, &[u8])) -> Read {
+        // One clock read per wake-up, not per line (found by review: a flood of short lines
+        // cost the supervisor a clock read each).
+        let now = Instant::now();
         let mut chunk = [0u8; 8192];
-        let mut budget = READ_BUDGET;
-        while budget > 0 {
-            let n = match nix::unistd::read(self.fd.as_fd(), &mut chunk[..budget.min(8192)]) {
+        let mut left = READ_BUDGET;
+        while left > 0 {
+            if budget.dry(now) {
+                return Read::Dry;
+            }
+            let n = match nix::unistd::read(self.fd.as_fd(), &mut chunk[..left.min(8192)]) {
                 Ok(0) => {
-                    self.finish(bucket, emit);
+                    self.finish(budget, now, emit);
                     return Read::Eof;
                 }
                 Ok(n) => n,
                 Err(Errno::EINTR) => continue,
                 Err(Errno::EAGAIN) => return Read::More,
                 Err(_) => {
-                    self.finish(bucket, emit);
+                    self.finish(budget, now, emit);
                     return Read::Eof;
                 }
             };
-            budget -= n;
-            self.feed(&chunk[..n], bucket, emit);
+            left -= n;
+            self.feed(&chunk[..n], budget, now, emit);
         }
         Read::More
     }
 
     /// Split `data` into lines: complete ones are emitted, a long one is cut once.
-    pub fn feed(&mut self, mut data: &[u8], bucket: &mut Bucket, emit: &mut dyn FnMut(&Capture, &[u8])) {
+    pub fn feed(&mut self, mut data: &[u8], budget: &mut Budget, now: Instant, emit: &mut dyn FnMut(&Capture, &[u8])) {
         while !data.is_empty() {
             let nl = data.iter().position(|b| *b == b'\n');
             let (part, rest) = match nl {
@@ -133,7 +185,7 @@ impl Capture {
                     self.cut += 1;
                     let mut line = std::mem::take(&mut self.buf);
                     line.extend_from_slice(format!(" [line cut at {MAX_LINE} bytes]").as_bytes());
-                    self.out(&line, bucket, emit);
+                    self.out(&line, budget, now, emit);
                     self.skipping = true;
                 }
             }
@@ -142,7 +194,7 @@ impl Capture {
                     self.skipping = false;
                 } else {
                     let line = std::mem::take(&mut self.buf);
-                    self.out(&line, bucket, emit);
+                    self.out(&line, budget, now, emit);
                 }
             }
             data = rest;
@@ -150,15 +202,15 @@ impl Capture {
     }
 
     /// At EOF: a last line without its newline still counts.
-    fn finish(&mut self, bucket: &mut Bucket, emit: &mut dyn FnMut(&Capture, &[u8])) {
+    fn finish(&mut self, budget: &mut Budget, now: Instant, emit: &mut dyn FnMut(&Capture, &[u8])) {
         if !self.buf.is_empty() && !self.skipping {
             let line = std::mem::take(&mut self.buf);
-            self.out(&line, bucket, emit);
+            self.out(&line, budget, now, emit);
         }
     }
 
-    fn out(&self, line: &[u8], bucket: &mut Bucket, emit: &mut dyn FnMut(&Capture, &[u8])) {
-        if bucket.take(Instant::now()) {
+    fn out(&self, line: &[u8], budget: &mut Budget, now: Instant, emit: &mut dyn FnMut(&Capture, &[u8])) {
+        if budget.take(now, line.len()) {
             emit(self, line);
         }
     }

@@ -68,6 +68,30 @@ impl Bucket {
         }
     }
 
+    /// Is there room for `n` now (nothing taken)?
+    pub fn ready_n(&mut self, now: Instant, n: f64) -> bool {
+        self.tokens = (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        self.tokens >= n
+    }
+
+    /// Take `n` (after [`Bucket::ready_n`] said there is room); nothing is counted.
+    pub fn spend(&mut self, n: f64) {
+        self.tokens = (self.tokens - n).max(0.0);
+    }
+
+    /// One refused by another bucket than this one (counted here).
+    pub fn refuse(&mut self) {
+        self.dropped += 1;
+        self.dropped_total += 1;
+    }
+
+    /// When it will hold `n` again (now, if it does).
+    pub fn when(&self, n: f64) -> Instant {
+        let missing = (n.min(self.burst) - self.tokens).max(0.0);
+        self.at + Duration::from_secs_f64(missing / self.rate)
+    }
+
     /// The refused count to report now (at most once a second), reset once reported.
     pub fn report(&mut self, now: Instant) -> Option<u64> {
         if self.dropped == 0 {

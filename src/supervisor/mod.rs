@@ -408,6 +408,7 @@ impl Supervisor {
             .chain(self.cycle.wipes.next_deadline())
             .chain(self.gate.next_deadline())
             .chain(self.watch.next_deadline())
+            .chain(self.io.next_deadline())
             .min()
     }
 
@@ -436,6 +437,7 @@ impl Supervisor {
         if self.watch.due(now) {
             self.on_config_change(now);
         }
+        self.io.resume(now, &self.base.epoll);
     }
 
     fn on_signals(&mut self) {

@@ -18,13 +18,24 @@ pub(super) const TOKEN_REFUSED: u64 = 9 << 56;
 /// Refused syscalls answered per wake-up (the rest wait: a role cannot starve the loop).
 const REFUSED_BUDGET: usize = 256;
 
+/// What of a role's waits for its budget: its output pipes not read, its denial log not
+/// served, until `at`.
+#[derive(Debug, Default)]
+struct Paused {
+    at: Option<Instant>,
+    outputs: Vec<u64>,
+    refusals: bool,
+}
+
 #[derive(Debug)]
 pub(super) struct RoleIo {
     /// The roles' stdout and stderr pipes still open (a restarted role's old ones drain to EOF).
     outputs: HashMap<u64, crate::logging::output::Capture>,
     next_output: u64,
-    /// Each role's output rate limit, shared by its stdout and stderr.
-    buckets: [crate::logging::output::Bucket; 2],
+    /// Each role's output budget, shared by its stdout and stderr.
+    budgets: [crate::logging::output::Budget; 2],
+    /// What of each role waits for its budget.
+    paused: [Paused; 2],
     /// Each role's denial log (its current run's listener).
     refusals: [Option<crate::logging::denylog::DenyLog>; 2],
     /// Refusals of each role's earlier runs, per syscall name.
@@ -37,7 +48,8 @@ impl Default for RoleIo {
         RoleIo {
             outputs: HashMap::new(),
             next_output: 1,
-            buckets: [crate::logging::output::bucket(now), crate::logging::output::bucket(now)],
+            budgets: [crate::logging::output::budget(now), crate::logging::output::budget(now)],
+            paused: [Paused::default(), Paused::default()],
             refusals: [None, None],
             refused_before: [BTreeMap::new(), BTreeMap::new()],
         }
@@ -57,18 +69,59 @@ impl RoleIo {
         self.outputs.insert(id, crate::logging::output::Capture::new(role, pid, generation, err, fd));
     }
 
-    /// A role's pipe is readable: re-emit its lines (bounded per wake-up), forget it at EOF.
+    /// A role's pipe is readable: re-emit its lines (bounded per wake-up), forget it at EOF;
+    /// once the role's budget is spent, stop watching the pipe until enough is back
+    /// ([`RoleIo::next_deadline`], [`RoleIo::resume`]): the role waits in its own `write`.
     pub(super) fn on_output(&mut self, id: u64, epoll: &Epoll) {
         let Some(c) = self.outputs.get_mut(&id) else { return };
-        let bucket = &mut self.buckets[c.role as usize];
-        let done = c.read(bucket, &mut |c, line| {
+        let role = c.role as usize;
+        let budget = &mut self.budgets[role];
+        let done = c.read(budget, &mut |c, line| {
             crate::logging::log::role_line(c.role, c.pid, c.generation, c.err, &crate::logging::output::escaped(line))
         });
-        if done == crate::logging::output::Read::Eof {
-            if let Some(c) = self.outputs.remove(&id) {
+        match done {
+            crate::logging::output::Read::More => {}
+            crate::logging::output::Read::Dry => {
+                // Not watched at all while it waits: a hung-up pipe is reported whatever
+                // the events asked for, and would wake the loop again and again.
                 let _ = epoll.delete(c.fd.as_fd());
-                if c.cut > 0 {
-                    tracing::warn!(role = %c.role, pid = c.pid, lines = c.cut, max_bytes = crate::logging::output::MAX_LINE, "role output: lines longer than the limit were cut");
+                let p = &mut self.paused[role];
+                p.outputs.push(id);
+                let at = budget.resume_at();
+                p.at = Some(p.at.map_or(at, |t| t.min(at)));
+            }
+            crate::logging::output::Read::Eof => {
+                if let Some(c) = self.outputs.remove(&id) {
+                    let _ = epoll.delete(c.fd.as_fd());
+                    if c.cut > 0 {
+                        tracing::warn!(role = %c.role, pid = c.pid, lines = c.cut, max_bytes = crate::logging::output::MAX_LINE, "role output: lines longer than the limit were cut");
+                    }
+                }
+            }
+        }
+    }
+
+    /// When a role's budget is back for what waits for it.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.paused.iter().filter_map(|p| p.at).min()
+    }
+
+    /// Watch again what waited for its role's budget, where it is back.
+    pub(super) fn resume(&mut self, now: Instant, epoll: &Epoll) {
+        for role in Role::ALL {
+            let p = &mut self.paused[role as usize];
+            if p.at.is_none_or(|at| at > now) {
+                continue;
+            }
+            p.at = None;
+            for id in std::mem::take(&mut p.outputs) {
+                if let Some(c) = self.outputs.get(&id) {
+                    let _ = epoll.add(c.fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_OUTPUT | id));
+                }
+            }
+            if std::mem::take(&mut p.refusals) {
+                if let Some(d) = &self.refusals[role as usize] {
+                    let _ = epoll.add(d.fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_REFUSED | role as u64));
                 }
             }
         }
@@ -78,7 +131,7 @@ impl RoleIo {
     pub(super) fn report_dropped(&mut self) {
         let now = Instant::now();
         for role in Role::ALL {
-            if let Some(n) = self.buckets[role as usize].report(now) {
+            if let Some(n) = self.budgets[role as usize].lines.report(now) {
                 tracing::warn!(role = %role, dropped = n, lines_per_s = crate::logging::output::RATE, "role output over its rate limit: lines dropped");
             }
         }
@@ -86,11 +139,13 @@ impl RoleIo {
 
     /// Lines of `role` dropped over its rate limit, all its runs.
     pub(super) fn dropped_lines(&self, role: Role) -> u64 {
-        self.buckets[role as usize].dropped_total
+        self.budgets[role as usize].lines.dropped_total
     }
 
     /// Serve a role's denial-log listener (replacing its previous run's, which closes).
     pub(super) fn watch_refusals(&mut self, role: Role, listener: Option<OwnedFd>, errno: Option<i32>, epoll: &Epoll) {
+        // A new listener is watched at once; the old one's wait ends with it.
+        self.paused[role as usize].refusals = false;
         if let Some(old) = self.refusals[role as usize].take() {
             let _ = epoll.delete(old.fd.as_fd());
             for (k, v) in old.counts() {
@@ -106,17 +161,28 @@ impl RoleIo {
     }
 
     /// Refused syscalls of a role wait on its listener: answer and log them (denylog.rs),
-    /// at most REFUSED_BUDGET per wake-up; forget the listener once its run ended.
+    /// at most REFUSED_BUDGET per wake-up and the role's answers a second
+    /// (crate::logging::denylog::ANSWERS_PER_S: past them the listener is not watched until
+    /// some are back, and the role's refused calls wait); forget the listener once its run
+    /// ended.
     pub(super) fn on_refused(&mut self, i: usize, epoll: &Epoll) {
         let Some(d) = self.refusals.get_mut(i).and_then(|d| d.as_mut()) else { return };
-        if d.serve(REFUSED_BUDGET) == crate::logging::denylog::Served::Closed {
-            let _ = epoll.delete(d.fd.as_fd());
-            // Its counts stay for ctl status and the metrics.
-            let counts = d.counts();
-            for (k, v) in counts {
-                *self.refused_before[i].entry(k).or_insert(0) += v;
+        match d.serve(REFUSED_BUDGET) {
+            crate::logging::denylog::Served::Open => {}
+            crate::logging::denylog::Served::Spent(at) => {
+                let _ = epoll.delete(d.fd.as_fd());
+                self.paused[i].refusals = true;
+                self.paused[i].at = Some(self.paused[i].at.map_or(at, |t| t.min(at)));
             }
-            self.refusals[i] = None;
+            crate::logging::denylog::Served::Closed => {
+                let _ = epoll.delete(d.fd.as_fd());
+                // Its counts stay for ctl status and the metrics.
+                let counts = d.counts();
+                for (k, v) in counts {
+                    *self.refused_before[i].entry(k).or_insert(0) += v;
+                }
+                self.refusals[i] = None;
+            }
         }
     }
 
