@@ -6,9 +6,13 @@
 //!
 //! Trusted owners: root, and in rootless mode also the launcher's own uid. A directory may not
 //! be writable by group or others unless it is sticky (like /tmp: nobody can then rename or
-//! remove an entry another user owns, and the next component is itself checked) or on a
-//! read-only mount (a Kubernetes ConfigMap volume's root is 0777, mounted read-only: nobody in
-//! the container can write it); the file may not be writable by group or others at all.
+//! remove an entry another user owns, and the next component is itself checked) or it is a
+//! volume's root as kubelet mounts it (a ConfigMap volume's root is 0777, the root of a
+//! read-only mount, holding kubelet's `..data` link: nobody in the container can write it).
+//! A read-only view alone is not enough (found by review: the units' ProtectSystem=strict
+//! shows every directory on a read-only mount, and a group-writable /etc/sealnode, which
+//! its group writes through the host's own mount, passed under the unit and failed `check`
+//! from a shell). The file may not be writable by group or others at all.
 //!
 //! One kind of symlink is followed, the kind kubelet's atomic writer makes for ConfigMap and
 //! Secret volumes (`sealnode.toml -> ..data/sealnode.toml`, `..data -> ..2026_12_03_...`): a
@@ -48,8 +52,8 @@ pub const MAX_LINKS: usize = 8;
 const MAX_LINK_NAMES: usize = 2;
 
 /// Why a directory on the way to a trusted file is not trusted, if it is not.
-/// `read_only_mount` is asked only of a directory writable by group or others.
-fn dir_problem(st: &FileStat, launcher_uid: u32, read_only_mount: impl FnOnce() -> bool) -> Option<String> {
+/// `volume` is asked only of a directory writable by group or others: how it is mounted.
+fn dir_problem(st: &FileStat, launcher_uid: u32, volume: impl FnOnce() -> Mounted) -> Option<String> {
     if !trusted_owner(st.st_uid, launcher_uid) {
         return Some(format!(
             "is owned by another user ({}); it must belong to root{}",
@@ -58,19 +62,53 @@ fn dir_problem(st: &FileStat, launcher_uid: u32, read_only_mount: impl FnOnce() 
         ));
     }
     let sticky = st.st_mode & libc::S_ISVTX != 0;
-    if st.st_mode & 0o022 != 0 && !sticky && !read_only_mount() {
-        return Some(format!(
+    if st.st_mode & 0o022 == 0 || sticky {
+        return None;
+    }
+    match volume() {
+        Mounted::KubeletVolume => None,
+        Mounted::ReadWrite => Some(format!(
             "is writable by group or others ({}) on a read-write mount: fix with chmod go-w",
             describe(st)
-        ));
+        )),
+        Mounted::ReadOnly => Some(format!(
+            "is writable by group or others ({}) on a read-only mount, but is not a volume's root as \
+             kubelet mounts it (the mount's root, with kubelet's ..data link): a read-only view \
+             does not stop writes through another mount; fix with chmod go-w",
+            describe(st)
+        )),
     }
-    None
 }
 
-/// Whether the mount `fd` is on is read-only (ST_RDONLY: the mount's flag or its
-/// superblock's): nobody can write the directory through it, whatever its mode says.
-fn on_read_only_mount(fd: &impl AsFd) -> bool {
-    nix::sys::statvfs::fstatvfs(fd).is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+/// How a directory others could write is mounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mounted {
+    /// On a read-write mount: anyone its mode lets in can write it here.
+    ReadWrite,
+    /// On a read-only mount (ST_RDONLY: the mount's flag or its superblock's), but not as a
+    /// kubelet volume's root: others may write it through another mount (a ProtectSystem=
+    /// view of the host's /etc, a read-only bind of a shared directory).
+    ReadOnly,
+    /// The root of a read-only mount, holding kubelet's `..data` link: a ConfigMap's or
+    /// projected volume's root, which only kubelet writes, through its own mount.
+    KubeletVolume,
+}
+
+/// How the directory `fd` is mounted ([`Mounted`]).
+fn mounted(fd: &impl AsFd) -> Mounted {
+    let read_only =
+        nix::sys::statvfs::fstatvfs(fd).is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
+    if !read_only {
+        return Mounted::ReadWrite;
+    }
+    let root = crate::os::sys::mount_at(fd.as_fd()).is_ok_and(|(_, root)| root);
+    let data = nix::sys::stat::fstatat(fd, "..data", nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|l| SFlag::from_bits_truncate(l.st_mode & libc::S_IFMT) == SFlag::S_IFLNK);
+    if root && data {
+        Mounted::KubeletVolume
+    } else {
+        Mounted::ReadOnly
+    }
 }
 
 fn owner_hint(launcher_uid: u32) -> String {
@@ -260,7 +298,7 @@ pub fn resolve(path: &Path, launcher_uid: u32) -> std::result::Result<(OwnedFd, 
 }
 
 /// Every directory from `/` down to `path`'s parent is one sealnode trusts (trusted owner, not
-/// writable by group or others unless sticky or on a read-only mount), reached without
+/// writable by group or others unless sticky or a volume's root as kubelet mounts it), reached without
 /// following a symlink: no other user can replace `path` or anything on the way to it.
 pub fn check_dirs_to(path: &Path, launcher_uid: u32) -> std::result::Result<(), String> {
     let names = components(path)?;
@@ -368,7 +406,7 @@ fn walk_own_dir(path: &Path, launcher_uid: u32, create: Option<u32>) -> std::res
 
 fn check_dir(fd: &impl AsFd, here: &Path, launcher_uid: u32) -> std::result::Result<(), String> {
     let st = fstat(fd).map_err(|e| format!("fstat {}: {e}", shown(&here)))?;
-    match dir_problem(&st, launcher_uid, || on_read_only_mount(fd)) {
+    match dir_problem(&st, launcher_uid, || mounted(fd)) {
         Some(why) => Err(format!("directory {} {why}", shown(&here))),
         None => Ok(()),
     }
@@ -819,9 +857,10 @@ mod tests {
         read(&cm.join("sealnode.toml"), 65534).expect("root's links, rootless");
     }
 
-    /// A directory writable by group or others is trusted only on a read-only mount: the
-    /// ConfigMap's root (0777, a read-only bind) and the Secret's (a 1777 tmpfs, read-only),
-    /// each with kubelet's links; the same 0777 dir through its read-write path is refused.
+    /// A directory writable by group or others is trusted only as a volume's root as kubelet
+    /// mounts it: the ConfigMap's root (0777, a read-only bind, with kubelet's links) and the
+    /// Secret's (a 1777 tmpfs, read-only: sticky); the same 0777 dir through its read-write
+    /// path is refused, and so is one a read-only view shows that is not such a root.
     #[test]
     fn a_writable_dir_is_trusted_only_on_a_read_only_mount() {
         if !root_or_skip("a_writable_dir_is_trusted_only_on_a_read_only_mount") {
@@ -844,6 +883,23 @@ mod tests {
             check_dirs_to(&cm.join("sealnode.toml"), 0).expect("check_dirs_to: 0777, read-only");
             // Still refused through the read-write path, beside the read-only one.
             read(&src.join("sealnode.toml"), 0).expect_err("0777, read-write, again");
+            // A read-only view is not enough (found by review: under ProtectSystem=strict
+            // every directory is on a read-only mount): a 0777 dir below a read-only mount's
+            // root, and a 0777 mount root without kubelet's ..data link, are refused.
+            let (plain_src, plain) = (d.path().join("plain-src"), d.path().join("plain"));
+            mkdir(&plain_src, 0o755);
+            mkdir(&plain, 0o755);
+            let inner = plain_src.join("etc-sealnode");
+            mkdir(&inner, 0o755);
+            std::fs::write(inner.join("sealnode.toml"), "v1").expect("write");
+            std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o775)).expect("chmod");
+            bind_read_only(&plain_src, &plain);
+            let e = read(&plain.join("etc-sealnode/sealnode.toml"), 0).expect_err("0775 below a read-only root");
+            assert!(e.contains("on a read-only mount, but is not a volume's root"), "{e}");
+            std::fs::set_permissions(&plain_src, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+            std::fs::write(plain_src.join("sealnode.toml"), "v1").expect("write");
+            let e = read(&plain.join("sealnode.toml"), 0).expect_err("a 0777 read-only root without ..data");
+            assert!(e.contains("on a read-only mount, but is not a volume's root"), "{e}");
             // The Secret: a tmpfs of mode 1777 (sticky: accepted as such too), read-only.
             nix::mount::mount(
                 Some("tmpfs"),
