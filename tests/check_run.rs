@@ -256,6 +256,46 @@ fn a_local_user_cannot_lock_a_cell_out() {
     }
 }
 
+/// A scratch dir's owner (the role's host user) can hold its flock from the host, as anyone
+/// who can open a dir can: the start is refused, and the refusal names the process that holds
+/// it, not "another running sealnode" (found by review: the operator was sent looking for a
+/// second cell that did not exist).
+#[test]
+fn a_scratch_dir_held_by_another_process_is_refused_naming_it() {
+    use std::os::unix::fs::MetadataExt;
+    if !is_root() {
+        return unavailable("rootful", "the test holds a flock as the scratch dir's owner");
+    }
+    for mode in modes() {
+        let f = fixture(mode, "cr-flock-scratch");
+        let uid = std::fs::metadata(f.p("node-scratch")).expect("scratch").uid().to_string();
+        let mut holder = std::process::Command::new("/usr/bin/setpriv")
+            .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--", "/usr/bin/flock", "-x"])
+            .arg(f.p("node-scratch"))
+            .args(["/bin/sleep", "60"])
+            .spawn()
+            .expect("flock");
+        let sleeper = wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", holder.id(), holder.id()))
+                .is_ok_and(|c| !c.trim().is_empty())
+        });
+        assert!(sleeper, "{mode:?}: flock did not take the lock");
+        let Err((code, err)) = run_verdict(&f) else { panic!("{mode:?}: run started with the scratch dir held") };
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "node.scratch: {} is in use by pid {} (flock, uid {uid}), which is not a sealnode",
+                f.p("node-scratch").display(),
+                holder.id()
+            )),
+            "{mode:?}: {err}"
+        );
+        assert!(!err.contains("role started"), "{mode:?}: {err}");
+    }
+}
+
 /// Found by the review of #27: the scratch dir renamed while the cell ran; a restart bound the
 /// new dir at the old path (which another cell could then lock) while the wipes went on in the
 /// renamed one. The restart is refused, naming the field.

@@ -173,10 +173,17 @@ fn readable_by_others(st: &FileStat) -> bool {
     st.st_mode & 0o044 != 0
 }
 
-/// The refusal of a dir a running sealnode (`pid`, if known) holds.
+/// The refusal of a dir a running sealnode (`pid`, if known) holds, or another process that
+/// could open it (found by review: a scratch dir's owner, the role's host user, held its flock
+/// from the host and every start was refused as "in use by another running sealnode").
 fn in_use(cfg: &Config, field: &str, path: &Path, pid: Option<i32>) -> Error {
-    let by = match pid {
-        Some(p) => format!("another running sealnode (pid {p})"),
+    let by = match pid.map(|p| (p, process(p))) {
+        Some((p, Some((name, _)))) if name == "sealnode" => format!("another running sealnode (pid {p})"),
+        Some((p, Some((name, uid)))) => format!(
+            "pid {p} ({}, uid {uid}), which is not a sealnode: whoever can open the dir can hold its flock (a scratch dir's owner is the role's host user); stop that process",
+            crate::os::escape::clean(name.as_bytes())
+        ),
+        Some((p, None)) => format!("another running sealnode (pid {p})"),
         None => "another running sealnode".to_string(),
     };
     Error::config(
@@ -187,6 +194,14 @@ fn in_use(cfg: &Config, field: &str, path: &Path, pid: Option<i32>) -> Error {
             path.display()
         ),
     )
+}
+
+/// A process's name and real uid, from /proc (none where it cannot be read).
+fn process(pid: i32) -> Option<(String, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let name = crate::os::sys::status_field(&status, "Name")?.to_string();
+    let uid = crate::os::sys::status_field(&status, "Uid")?.split_whitespace().next()?.parse().ok()?;
+    Some((name, uid))
 }
 
 /// Take `file`'s flock exclusively, without waiting. A `sealnode check` holds it shared for a
