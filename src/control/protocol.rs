@@ -56,8 +56,16 @@ pub enum Request {
 #[serde(deny_unknown_fields)]
 struct Wire {
     cmd: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    nonce: Option<String>,
+    /// Absent (None), or present: a `null` is a nonce given, and refused as one (found by
+    /// review: `{"cmd":"status","nonce":null}` passed, where docs/control.md says status takes
+    /// no nonce).
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    nonce: Option<Option<String>>,
+}
+
+/// A field that is there, whatever its value (`null` too).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
 }
 
 impl TryFrom<Wire> for Request {
@@ -66,8 +74,10 @@ impl TryFrom<Wire> for Request {
         match (w.cmd.as_str(), w.nonce) {
             ("status", None) => Ok(Request::Status),
             ("recycle", None) => Ok(Request::Recycle),
-            ("attest", Some(n)) => crate::proof::attest::parse_nonce(&n).map(|nonce| Request::Attest { nonce }),
-            ("attest", None) => Err("attest needs a nonce: {\"cmd\":\"attest\",\"nonce\":\"<hex>\"}".into()),
+            ("attest", Some(Some(n))) => crate::proof::attest::parse_nonce(&n).map(|nonce| Request::Attest { nonce }),
+            ("attest", None | Some(None)) => {
+                Err("attest needs a nonce: {\"cmd\":\"attest\",\"nonce\":\"<hex>\"}".into())
+            }
             ("status" | "recycle", Some(_)) => Err(format!("{} takes no nonce", w.cmd)),
             (other, _) => Err(format!("unknown command {other:?} (known: status, recycle, attest)")),
         }
@@ -79,7 +89,7 @@ impl From<Request> for Wire {
         match r {
             Request::Status => Wire { cmd: "status".into(), nonce: None },
             Request::Recycle => Wire { cmd: "recycle".into(), nonce: None },
-            Request::Attest { nonce } => Wire { cmd: "attest".into(), nonce: Some(nonce) },
+            Request::Attest { nonce } => Wire { cmd: "attest".into(), nonce: Some(Some(nonce)) },
         }
     }
 }
@@ -722,6 +732,11 @@ pub(crate) mod tests {
         assert_eq!(parse(&vec![b' '; MAX_REQUEST + 1]), Err("request too large (more than 4096 bytes)".into()));
         assert!(parse(b"{\"cmd\":\"attest\"}\n").is_err_and(|e| e.starts_with("attest needs a nonce")));
         assert_eq!(parse(b"{\"cmd\":\"status\",\"nonce\":\"0011223344556677\"}"), Err("status takes no nonce".into()));
+        // A null nonce is a nonce given (found by review: it passed as none).
+        assert_eq!(parse(b"{\"cmd\":\"status\",\"nonce\":null}"), Err("status takes no nonce".into()));
+        assert_eq!(parse(b"{\"cmd\":\"recycle\",\"nonce\":null}"), Err("recycle takes no nonce".into()));
+        assert!(parse(b"{\"cmd\":\"attest\",\"nonce\":null}").is_err_and(|e| e.starts_with("attest needs a nonce")));
+        assert_eq!(parse(b"{\"cmd\":\"status\"}"), Ok(Request::Status));
         assert_eq!(
             parse(b"{\"cmd\":\"attest\",\"nonce\":\"0011\"}"),
             Err("the nonce is 2 bytes; it must be 8 to 64 (hex: twice as many digits)".into())
