@@ -111,12 +111,14 @@ fn pidfd_getfd_of_a_child(fd: std::os::fd::RawFd, supervisor: nix::unistd::Pid) 
     drop(in_place);
     let mut said = [0u8; 1];
     // Bounded by the supervisor's wait for this process (PIDFD_GETFD_LIMIT).
-    let tried = match nix::unistd::read(&placed, &mut said) {
+    let placed_said = nix::unistd::read(&placed, &mut said);
+    // Holding nothing but what the call needs while it is made (a filter may hold it).
+    drop(placed);
+    let tried = match placed_said {
         Ok(1) => sys::pidfd_open(target.as_raw()).and_then(|p| sys::pidfd_getfd(&p, fd)).map(drop),
         Ok(_) => Err(Errno::ESRCH),
         Err(e) => Err(e),
     };
-    drop(placed);
     let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
     let _ = nix::sys::wait::waitpid(target, None);
     match tried {
