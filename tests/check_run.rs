@@ -28,7 +28,13 @@ fn fixture(mode: Mode, name: &str) -> Fixture {
 /// What `run` does with the fixture: `Ok(())` when the node came up (then stopped), or its exit
 /// code and stderr when it exited first.
 fn run_verdict(f: &Fixture) -> Result<(), (Option<i32>, String)> {
-    let run = start_logged(f, &[]);
+    let cfg = f.config.display().to_string();
+    run_verdict_of(f, f.command(&["run", "--config", &cfg]))
+}
+
+/// [`run_verdict`] of `cmd`, a `sealnode run` of the fixture's config started another way.
+fn run_verdict_of(f: &Fixture, cmd: Command) -> Result<(), (Option<i32>, String)> {
+    let run = start_logged_command(cmd);
     let pid = run.pid().as_raw();
     let up = || LoggedRun::text(&run.out).lines().any(|l| l.ends_with("node-up"));
     let exited = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
@@ -44,7 +50,12 @@ fn run_verdict(f: &Fixture) -> Result<(), (Option<i32>, String)> {
 
 fn check_verdict(f: &Fixture) -> (Option<i32>, String) {
     let cfg = f.config.display().to_string();
-    let o = f.command(&["check", "--config", &cfg]).output_within(COMMAND_LIMIT);
+    check_verdict_of(f.command(&["check", "--config", &cfg]))
+}
+
+/// [`check_verdict`] of `cmd`, a `sealnode check` started another way.
+fn check_verdict_of(mut cmd: Command) -> (Option<i32>, String) {
+    let o = cmd.output_within(COMMAND_LIMIT);
     (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
 }
 
@@ -193,6 +204,109 @@ fn a_rootful_config_checked_as_another_user_says_rootless() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(125), "{out}");
     assert!(out.contains("you are uid 65534, not root, so this is rootless mode: cell.rootful is ignored"), "{out}");
+}
+
+/// The fixture's sealnode with `args`, as uid 65534 in a user namespace of its own that maps
+/// only that uid and gid, as a container with `runAsUser: 65534` and `hostUsers: false` runs
+/// it: every other host uid (61001 too) reads there as 65534, the overflow uid.
+fn in_partial_userns(f: &Fixture, args: &[&str]) -> Command {
+    let mut c = Command::new("/usr/bin/setpriv");
+    c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+        .args(["/usr/bin/unshare", "-U", "--map-user=65534", "--map-group=65534", "--"])
+        .arg(&f.bin)
+        .args(args)
+        .current_dir(&f.dir);
+    c
+}
+
+/// The fixture's sealnode with `args`, as root in a user namespace of its own that maps only
+/// root (`unshare -U --map-root-user`): every other host uid reads there as 65534.
+fn as_root_in_partial_userns(f: &Fixture, args: &[&str]) -> Command {
+    let mut c = Command::new("/usr/bin/unshare");
+    c.args(["-U", "--map-root-user", "--"]).arg(&f.bin).args(args).current_dir(&f.dir);
+    c
+}
+
+/// Found by the independent review: as the overflow uid of a user namespace that leaves host
+/// uids unmapped, every unmapped host user read as sealnode's own uid, in file owners and on
+/// the control socket (host uid 61001 got status, recycle and a signed statement; a policy in
+/// its dir passed `check`). Both `check` and `run` refuse there with 125, naming the reason
+/// and the fix, nothing started, and so they do with a policy in a dir of host uid 61001. The
+/// same config as uid 65534 in the initial namespace (the rootless mode) still starts.
+#[test]
+fn the_overflow_uid_in_a_partial_user_namespace_is_refused() {
+    if !is_root() {
+        return unavailable("rootful", "the test runs sealnode as uid 65534 (setpriv) in a user namespace of its own");
+    }
+    let f = fixture(Mode::Rootless, "cr-overflow");
+    let tried = in_partial_userns(&f, &["--version"]).output_within(COMMAND_LIMIT);
+    if !tried.status.success() {
+        return unavailable("userns", &format!("unshare -U as uid 65534: {}", String::from_utf8_lossy(&tried.stderr)));
+    }
+    let words = ["overflow uid", "every host user the namespace does not map reads as this id", "runAsUser"];
+    let refused = |f: &Fixture, what: &str| {
+        let cfg = f.config.display().to_string();
+        let (code, checked) = check_verdict_of(in_partial_userns(f, &["check", "--config", &cfg]));
+        assert_eq!(code, Some(125), "{what}: check:\n{checked}");
+        let Err((run_code, err)) = run_verdict_of(f, in_partial_userns(f, &["run", "--config", &cfg])) else {
+            panic!("{what}: run started the roles; check said:\n{checked}")
+        };
+        assert_eq!(run_code, Some(125), "{what}: run:\n{err}");
+        assert!(!err.contains("role started"), "{what}: a role started:\n{err}");
+        assert!(!f.p("run/control.sock").exists(), "{what}: the control socket was made");
+        for w in words {
+            assert!(checked.contains(w), "{what}: check does not say {w:?}:\n{checked}");
+            assert!(err.contains(w), "{what}: run does not say {w:?}:\n{err}");
+        }
+    };
+    refused(&f, "as the overflow uid");
+    // The same config in the initial namespace, where uid 65534 is only nobody: it starts.
+    both_start(&f, "as uid 65534 in the initial namespace");
+
+    // The engine's policy in a dir of host uid 61001, which the namespace does not map.
+    let f = fixture(Mode::Rootless, "cr-overflow-owner");
+    std::fs::create_dir(f.p("theirs")).expect("mkdir");
+    std::fs::copy(f.p("policy/engine.json"), f.p("theirs/engine.json")).expect("copy");
+    std::os::unix::fs::chown(f.p("theirs"), Some(ENGINE_IDS.0), Some(ENGINE_IDS.1)).expect("chown");
+    let text = std::fs::read_to_string(&f.config).expect("config");
+    let moved = text.replace(
+        &format!("{}/policy/engine.json", f.dir.display()),
+        &format!("{}/theirs/engine.json", f.dir.display()),
+    );
+    std::fs::write(&f.config, moved).expect("config");
+    refused(&f, "a policy in an unmapped user's dir");
+    let (code, checked) = check_verdict(&f);
+    assert_eq!(code, Some(125), "in the initial namespace: {checked}");
+    assert!(checked.contains("engine.seccomp") && checked.contains("owned by another user"), "{checked}");
+}
+
+/// `cell.control_uids` naming the overflow uid, where the namespace leaves host uids unmapped,
+/// would admit every unmapped host user to the control socket: `check` and `run` refuse it
+/// with 125, naming the field and the reason, nothing started.
+#[test]
+fn control_uids_naming_the_overflow_uid_in_a_partial_user_namespace_are_refused() {
+    if !is_root() {
+        return unavailable("rootful", "the test runs sealnode as root in a user namespace that maps only root");
+    }
+    let mut f = fixture(Mode::Rootful, "cr-overflow-control");
+    f.cell_extra = format!("{}\ncontrol_uids = [0, 65534]", f.cell_extra);
+    f.write_config();
+    let tried = as_root_in_partial_userns(&f, &["--version"]).output_within(COMMAND_LIMIT);
+    if !tried.status.success() {
+        return unavailable("userns", &format!("unshare -U: {}", String::from_utf8_lossy(&tried.stderr)));
+    }
+    let cfg = f.config.display().to_string();
+    let (code, checked) = check_verdict_of(as_root_in_partial_userns(&f, &["check", "--config", &cfg]));
+    assert_eq!(code, Some(125), "check:\n{checked}");
+    let Err((run_code, err)) = run_verdict_of(&f, as_root_in_partial_userns(&f, &["run", "--config", &cfg])) else {
+        panic!("run started the roles; check said:\n{checked}")
+    };
+    assert_eq!(run_code, Some(125), "run:\n{err}");
+    assert!(!err.contains("role started"), "a role started:\n{err}");
+    for w in ["cell.control_uids[1]", "uid 65534 is the overflow uid", "every host user the namespace does not map"] {
+        assert!(checked.contains(w), "check does not say {w:?}:\n{checked}");
+        assert!(err.contains(w), "run does not say {w:?}:\n{err}");
+    }
 }
 
 /// Found by the review of #27: the model path the command names is resolved beneath the model

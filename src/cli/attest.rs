@@ -25,6 +25,8 @@ pub fn init(config: &Path, force: bool) -> Outcome {
 /// `attest pubkey`: the public key (SPKI PEM) and its fingerprint.
 pub fn pubkey(config: &Path) -> Outcome {
     let inv = Invoker::current();
+    // The key dir's owner is trusted as the launcher's: not as an ambiguous uid.
+    inv.check_ids().map_err(Failure::setup)?;
     let cfg = Config::read_for_client(config).map_err(Failure::setup)?;
     let vk = attest::load_public(&cfg.cell.state_dir, inv.uid).map_err(Failure::general)?;
     // stdout is the PEM alone (`attest pubkey > node.pem` is the file a verifier takes); the

@@ -136,6 +136,8 @@ impl Action {
 
 pub fn init(mut a: Args) -> Outcome {
     let inv = Invoker::current();
+    // Before anything is asked, read or written: init trusts its own uid as an owner.
+    inv.check_ids().map_err(|e| Failure::setup(format!("init: {e}")))?;
     let rootful = inv.rootful();
     ask_missing(&mut a)?;
     let (answers, mut actions, notes) = resolve(&a, &inv).map_err(Failure::setup)?;

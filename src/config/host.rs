@@ -114,6 +114,23 @@ pub(super) fn in_units(hard: u64, unit: u64) -> String {
 }
 
 impl Config {
+    /// `cell.control_uids` may not name the overflow uid where the user namespace leaves host
+    /// uids unmapped: every unmapped host user connects as it (SO_PEERCRED), and would get the
+    /// status, recycle and signed statements (unit test:
+    /// config::tests::control_uids_may_not_name_the_overflow_uid_of_a_partial_namespace).
+    pub(super) fn check_control_uids(&self, ov: &crate::os::overflow::Overflow) -> Result<()> {
+        match self.cell.control_uids.iter().flatten().position(|u| ov.ambiguous_uid(*u)) {
+            Some(i) => Err(self.err(
+                format!("cell.control_uids[{i}]"),
+                format!(
+                    "uid {} is the overflow uid (/proc/sys/kernel/overflowuid) of a user namespace that does not map every host uid: every host user the namespace does not map connects as it; name the uids of the users who may use the socket, as this namespace maps them",
+                    ov.uid
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// With `cell.tpm`, no role gets a TPM device (by `devices` or a CDI spec): with it a role
     /// could reset PCR 23 and quote with the attestation key. `check` and `run` refuse such a
     /// config (tests/attest.rs: with_a_tpm_no_role_gets_a_tpm_device).
@@ -547,6 +564,7 @@ impl Config {
     /// Host checks: files exist, no symlinks on role paths, ownership and modes. Returns the
     /// host ids each role runs as: looked up here, once, or the `running` config's.
     pub(super) fn check_host(&self, inv: &Invoker, running: Option<&Config>) -> Result<[Ids; 2]> {
+        self.check_control_uids(&crate::os::overflow::Overflow::read())?;
         self.check_trusted_outside_roles()?;
         self.check_rlimits_within_the_launchers()?;
         let ids = match running {

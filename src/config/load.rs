@@ -8,6 +8,21 @@ use super::types::{CdiLoaded, Config, Ids, Invoker, Loaded, Role, SCHEMA_VERSION
 use crate::error::{Error, Result};
 use crate::os::trusted::TrustedFile;
 
+impl Invoker {
+    /// sealnode trusts its own uid as the owner of every file it reads and on the control
+    /// socket: as the overflow uid (or gid) of a user namespace that leaves host ids unmapped,
+    /// that would trust every unmapped host user (os::overflow). [`Config::load`] refuses it
+    /// before any file is read, so `check` and every command that loads a config refuse as
+    /// `run` does (tests/check_run.rs: the_overflow_uid_in_a_partial_user_namespace_is_refused);
+    /// `init` asks first.
+    pub fn check_ids(&self) -> Result<()> {
+        match crate::os::overflow::Overflow::read().launcher_problem(self.uid, self.gid) {
+            Some((what, fix)) => Err(Error::Unsupported { what, fix }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Config {
     /// Parse and check everything that needs no filesystem access: every problem found (see
     /// [`every_problem`]).
@@ -62,6 +77,7 @@ impl Config {
             let abs = std::env::current_dir().map_err(|e| Error::io("current directory", e))?.join(file);
             return Config::load_with(&abs, inv, running);
         }
+        inv.check_ids()?;
         let config = crate::os::trusted::read(file, inv.uid).map_err(|e| Error::config(file, "(config file)", e))?;
         let text = std::str::from_utf8(&config.bytes)
             .map_err(|e| Error::config(file, "(config file)", format!("not UTF-8: {e}")))?;

@@ -61,6 +61,31 @@ fn with(from: &str, to: &str) -> String {
     GOOD.replacen(from, to, 1)
 }
 
+/// `cell.control_uids` naming the overflow uid is refused where the user namespace leaves host
+/// uids unmapped (every unmapped host user connects as it), naming the field and the reason;
+/// in the initial namespace, and for any other uid, it passes.
+#[test]
+fn control_uids_may_not_name_the_overflow_uid_of_a_partial_namespace() {
+    use crate::os::overflow::Overflow;
+    let partial = Overflow { uid: 65534, gid: 65534, every_uid_mapped: false, every_gid_mapped: false };
+    let initial = Overflow { every_uid_mapped: true, every_gid_mapped: true, ..partial };
+    let cfg = parse(&with("[cell]\n", "[cell]\ncontrol_uids = [0, 65534]\n")).expect("parses");
+    match cfg.check_control_uids(&partial) {
+        Err(Error::Config { file, field, reason }) => {
+            assert_eq!(
+                (file.as_path(), field.as_str()),
+                (Path::new("/etc/sealnode/test.toml"), "cell.control_uids[1]")
+            );
+            assert!(reason.contains("overflow uid") && reason.contains("does not map"), "{reason}");
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    assert!(cfg.check_control_uids(&initial).is_ok());
+    let cfg = parse(&with("[cell]\n", "[cell]\ncontrol_uids = [0, 1000]\n")).expect("parses");
+    assert!(cfg.check_control_uids(&partial).is_ok());
+    assert!(parse(GOOD).expect("parses").check_control_uids(&partial).is_ok());
+}
+
 #[test]
 fn good_config_parses() {
     let c = parse(GOOD).expect("valid");

@@ -72,6 +72,21 @@ pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
     nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.uid())
 }
 
+/// Why a peer of uid `uid` (None: its credentials could not be read) is refused, if it is:
+/// a uid not in `allowed`, or the overflow uid of a user namespace that leaves host uids
+/// unmapped, whatever `allowed` says, since every unmapped host user connects as it
+/// (os::overflow; the config's check refuses such a `cell.control_uids` first).
+pub fn peer_refused(uid: Option<u32>, allowed: &[u32], ov: &crate::os::overflow::Overflow) -> Option<String> {
+    match uid {
+        None => Some(format!("uid {} is not allowed", u32::MAX)),
+        Some(u) if ov.ambiguous_uid(u) => Some(format!(
+            "uid {u} is not allowed: it is the overflow uid, which every host user this user namespace does not map connects as"
+        )),
+        Some(u) if !allowed.contains(&u) => Some(format!("uid {u} is not allowed")),
+        Some(_) => None,
+    }
+}
+
 /// One answer as a client got it: read into its type, and as it came (`ctl --json` shows it
 /// as is, fields this client does not know included).
 #[derive(Debug)]
@@ -215,6 +230,22 @@ mod tests {
         let path = dir.path().join("control.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
         (dir, path, listener)
+    }
+
+    /// The overflow uid of a namespace that leaves uids unmapped is refused even where the
+    /// allowlist names it (any unmapped host user connects as it); in the initial namespace it
+    /// is the user it is, admitted where listed.
+    #[test]
+    fn the_overflow_uid_is_no_peer_where_uids_are_unmapped() {
+        use crate::os::overflow::Overflow;
+        let partial = Overflow { uid: 65534, gid: 65534, every_uid_mapped: false, every_gid_mapped: false };
+        let initial = Overflow { every_uid_mapped: true, every_gid_mapped: true, ..partial };
+        let why = peer_refused(Some(65534), &[65534], &partial).expect("refused");
+        assert!(why.contains("overflow uid"), "{why}");
+        assert_eq!(peer_refused(Some(65534), &[65534], &initial), None);
+        assert_eq!(peer_refused(Some(1000), &[1000], &partial), None);
+        assert!(peer_refused(Some(1001), &[1000], &partial).is_some_and(|w| w == "uid 1001 is not allowed"));
+        assert!(peer_refused(None, &[1000], &initial).is_some());
     }
 
     /// A request fed in pieces is the same request (the strict parse itself: protocol's tests).

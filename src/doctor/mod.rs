@@ -65,6 +65,17 @@ pub fn checks(needs: Needs) -> Vec<Check> {
         "rootless (roles run as the invoking user)"
     };
     v.push(Check { name: "mode", level: Level::Ok, value: format!("uid {uid}"), meaning: mode.into() });
+    // Shown only when it fails: sealnode as the overflow id of a partial user namespace would
+    // trust every unmapped host user as its own (Config::load refuses it; os::overflow).
+    let gid = nix::unistd::getegid().as_raw();
+    if let Some((what, fix)) = crate::os::overflow::Overflow::read().launcher_problem(uid.as_raw(), gid) {
+        v.push(Check {
+            name: "launcher ids",
+            level: Level::Fail,
+            value: format!("uid {uid}, gid {gid}"),
+            meaning: format!("{what}; fix: {fix}"),
+        });
+    }
 
     let container = crate::os::container::detect();
     let opts = container.as_ref().map(options);

@@ -32,6 +32,9 @@ pub(super) struct Server {
     /// The client waiting for a recycle to finish (answered when the node runs again, or
     /// told why not).
     recycle_waiting: Option<UnixStream>,
+    /// The overflow ids as the socket was opened: a peer of the overflow uid is never admitted
+    /// where the namespace leaves host uids unmapped (control::peer_refused).
+    overflow: crate::os::overflow::Overflow,
 }
 
 impl Server {
@@ -47,11 +50,12 @@ impl Server {
             next_client: 1,
             quiet: crate::logging::ratelimit::Quiet::default(),
             recycle_waiting: None,
+            overflow: crate::os::overflow::Overflow::read(),
         })
     }
 
-    /// Accept connections: a peer not among `allowed` is answered with an error at once,
-    /// reading nothing; the others' requests are read as their bytes come.
+    /// Accept connections: a peer not among `allowed`, or of an ambiguous uid, is answered
+    /// with an error at once, reading nothing; the others' requests are read as their bytes come.
     pub(super) fn accept(&mut self, allowed: &[u32], epoll: &Epoll) {
         // A bounded number per wake-up: a flood of local clients does not keep the loop from
         // its signals and timers (the listener stays readable).
@@ -60,25 +64,17 @@ impl Server {
                 Ok((s, _)) => s,
                 Err(_) => return,
             };
-            match crate::control::peer_uid(&stream) {
-                Some(uid) if allowed.contains(&uid) => {}
-                uid => {
-                    if let Some(suppressed) = self.quiet.allow(Instant::now()) {
-                        tracing::warn!(
-                            uid = uid.unwrap_or(u32::MAX),
-                            suppressed,
-                            "control: refused a uid not on the allowlist"
-                        );
-                    }
-                    crate::control::respond(
-                        &mut stream,
-                        &crate::control::protocol::Refusal::new(format!(
-                            "uid {} is not allowed",
-                            uid.unwrap_or(u32::MAX)
-                        )),
+            let uid = crate::control::peer_uid(&stream);
+            if let Some(why) = crate::control::peer_refused(uid, allowed, &self.overflow) {
+                if let Some(suppressed) = self.quiet.allow(Instant::now()) {
+                    tracing::warn!(
+                        uid = uid.unwrap_or(u32::MAX),
+                        suppressed,
+                        "control: refused a uid not on the allowlist"
                     );
-                    continue;
                 }
+                crate::control::respond(&mut stream, &crate::control::protocol::Refusal::new(why));
+                continue;
             }
             if self.clients.len() >= crate::control::MAX_CLIENTS || stream.set_nonblocking(true).is_err() {
                 crate::control::respond(
