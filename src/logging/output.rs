@@ -1,14 +1,17 @@
 //! Each role's stdout and stderr, captured by the supervisor through a pipe and re-emitted
 //! line by line (log::role_line), tagged with the role: a line is cut at [`MAX_LINE`] bytes, and
-//! each role may emit [`RATE`] lines and [`RATE_BYTES`] bytes a second (bursts to [`BURST`] and
-//! [`BURST_BYTES`]); the rest are dropped and counted, and sealnode says how many once a
-//! second. The supervisor reads at most [`READ_BUDGET`] bytes per wake-up, so a role flooding
+//! each role may emit [`RATE`] lines a second (bursts to [`BURST`]), and have [`RATE_BYTES`]
+//! bytes a second read (bursts to [`BURST_BYTES`]: every byte read counts, a line shown,
+//! dropped or cut alike); the lines over the rate are dropped and counted, and sealnode says how
+//! many once a second. The supervisor reads at most [`READ_BUDGET`] bytes per wake-up, so a role flooding
 //! its output can neither stall the event loop nor grow the supervisor's memory past one line
 //! buffer per stream; and once a role's budget is spent, its pipes are not read until
 //! [`RESUME`] of it is back ([`Read::Dry`]): a flooding role then waits in its own `write`,
-//! and the supervisor reads at most a pipe's worth a tenth of a second (found by review: a
-//! role writing `yes` cost the supervisor 4.5 times the role's own CPU, every line read,
-//! split, timed and dropped, and slowed the other role's traffic 39 times).
+//! and the supervisor reads at most a tenth of a second's bytes a tenth of a second (found by
+//! review: a role writing `yes` cost the supervisor 4.5 times the role's own CPU, every line
+//! read, split, timed and dropped, and slowed the other role's traffic 39 times; then, by the
+//! review of that fix, lines of 10 KB refused for their bytes, and one endless line cut at
+//! 16 KiB, were read at the pipe's speed, nothing spending the budget).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
@@ -28,10 +31,10 @@ pub const READ_BUDGET: usize = 64 * 1024;
 pub const RATE: f64 = 200.0;
 /// Lines a role may emit at once after a quiet spell.
 pub const BURST: f64 = 2000.0;
-/// Bytes a second a role may emit, sustained (found by review: 200 lines of 16 KiB a second
-/// were 3.2 MB/s, ~280 GB a day, into the journal or a container's log).
+/// Bytes a second read from a role's pipes, sustained (found by review: 200 lines of 16 KiB a
+/// second were 3.2 MB/s, ~280 GB a day, into the journal or a container's log).
 pub const RATE_BYTES: f64 = 64.0 * 1024.0;
-/// Bytes a role may emit at once after a quiet spell.
+/// Bytes read from a role's pipes at once after a quiet spell.
 pub const BURST_BYTES: f64 = 1024.0 * 1024.0;
 /// The part of a second's budget that must be back before a role's dry pipes are read again.
 pub const RESUME: f64 = 0.1;
@@ -74,7 +77,8 @@ pub fn budget(now: Instant) -> Budget {
 
 pub use crate::logging::ratelimit::Bucket;
 
-/// What a role may still emit: lines and bytes. A line refused counts as one dropped.
+/// What a role may still have read and emitted: bytes read, lines shown. A line refused counts
+/// as one dropped.
 #[derive(Debug)]
 pub struct Budget {
     pub lines: Bucket,
@@ -82,17 +86,14 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// May a line of `len` bytes go at `now`? Taken if so; counted as dropped if not.
-    pub fn take(&mut self, now: Instant, len: usize) -> bool {
-        let len = len as f64 + 1.0;
-        if self.lines.ready_n(now, 1.0) && self.bytes.ready_n(now, len) {
-            self.lines.spend(1.0);
-            self.bytes.spend(len);
-            true
-        } else {
-            self.lines.refuse();
-            false
-        }
+    /// `n` bytes were read from the role's pipe: spent, whatever becomes of them.
+    pub fn charge(&mut self, n: usize) {
+        self.bytes.spend(n as f64);
+    }
+
+    /// May a line go at `now`? Taken if so; counted as dropped if not.
+    pub fn take(&mut self, now: Instant) -> bool {
+        self.lines.take(now)
     }
 
     /// Spent at `now`: no line could go (its pipes wait until [`Budget::resume_at`]).
@@ -164,6 +165,7 @@ impl Capture {
                 }
             };
             left -= n;
+            budget.charge(n);
             self.feed(&chunk[..n], budget, now, emit);
         }
         Read::More
@@ -210,7 +212,7 @@ impl Capture {
     }
 
     fn out(&self, line: &[u8], budget: &mut Budget, now: Instant, emit: &mut dyn FnMut(&Capture, &[u8])) {
-        if budget.take(now, line.len()) {
+        if budget.take(now) {
             emit(self, line);
         }
     }

@@ -75,15 +75,10 @@ impl Bucket {
         self.tokens >= n
     }
 
-    /// Take `n` (after [`Bucket::ready_n`] said there is room); nothing is counted.
+    /// Take `n`, room or not (what is already spent: a debt the refill pays first); nothing
+    /// is counted.
     pub fn spend(&mut self, n: f64) {
-        self.tokens = (self.tokens - n).max(0.0);
-    }
-
-    /// One refused by another bucket than this one (counted here).
-    pub fn refuse(&mut self) {
-        self.dropped += 1;
-        self.dropped_total += 1;
+        self.tokens -= n;
     }
 
     /// When it will hold `n` again (now, if it does).
