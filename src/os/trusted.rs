@@ -95,20 +95,39 @@ enum Mounted {
 }
 
 /// How the directory `fd` is mounted ([`Mounted`]).
-fn mounted(fd: &impl AsFd) -> Mounted {
+fn mounted(fd: &impl AsFd, launcher_uid: u32) -> Mounted {
     let read_only =
         nix::sys::statvfs::fstatvfs(fd).is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
     if !read_only {
         return Mounted::ReadWrite;
     }
     let root = crate::os::sys::mount_at(fd.as_fd()).is_ok_and(|(_, root)| root);
-    let data = nix::sys::stat::fstatat(fd, "..data", nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-        .is_ok_and(|l| SFlag::from_bits_truncate(l.st_mode & libc::S_IFMT) == SFlag::S_IFLNK);
-    if root && data {
+    if root && kubelet_data(fd, launcher_uid) {
         Mounted::KubeletVolume
     } else {
         Mounted::ReadOnly
     }
+}
+
+/// Whether the directory `fd` holds kubelet's `..data` as kubelet makes it: a link of a
+/// trusted owner to one name beside it (`..2026_12_03_10_00_00.123456789`), a directory of a
+/// trusted owner that no one else can write (found by review: any link named `..data`, a
+/// dangling one of another user's, made a 0777 read-only bind pass).
+fn kubelet_data(fd: &impl AsFd, launcher_uid: u32) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let at = |name: &std::ffi::OsStr| nix::sys::stat::fstatat(fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW);
+    let kind = |st: &FileStat| SFlag::from_bits_truncate(st.st_mode & libc::S_IFMT);
+    let Ok(link) = at(std::ffi::OsStr::new("..data")) else { return false };
+    if kind(&link) != SFlag::S_IFLNK || !trusted_owner(link.st_uid, launcher_uid) {
+        return false;
+    }
+    let Ok(target) = nix::fcntl::readlinkat(fd, "..data") else { return false };
+    let name = target.as_bytes();
+    if name.len() <= 2 || !name.starts_with(b"..") || name.contains(&b'/') {
+        return false;
+    }
+    at(&target)
+        .is_ok_and(|d| kind(&d) == SFlag::S_IFDIR && trusted_owner(d.st_uid, launcher_uid) && d.st_mode & 0o022 == 0)
 }
 
 fn owner_hint(launcher_uid: u32) -> String {
@@ -406,7 +425,7 @@ fn walk_own_dir(path: &Path, launcher_uid: u32, create: Option<u32>) -> std::res
 
 fn check_dir(fd: &impl AsFd, here: &Path, launcher_uid: u32) -> std::result::Result<(), String> {
     let st = fstat(fd).map_err(|e| format!("fstat {}: {e}", shown(&here)))?;
-    match dir_problem(&st, launcher_uid, || mounted(fd)) {
+    match dir_problem(&st, launcher_uid, || mounted(fd, launcher_uid)) {
         Some(why) => Err(format!("directory {} {why}", shown(&here))),
         None => Ok(()),
     }
@@ -900,6 +919,21 @@ mod tests {
             std::fs::write(plain_src.join("sealnode.toml"), "v1").expect("write");
             let e = read(&plain.join("sealnode.toml"), 0).expect_err("a 0777 read-only root without ..data");
             assert!(e.contains("on a read-only mount, but is not a volume's root"), "{e}");
+            // Nor with a ..data kubelet did not make (found by review): another user's link, a
+            // dangling one of root's, one to a directory others can write.
+            let data = plain_src.join("..data");
+            std::os::unix::fs::symlink("nothing", &data).expect("link");
+            std::os::unix::fs::lchown(&data, Some(12345), Some(12345)).expect("lchown");
+            read(&plain.join("sealnode.toml"), 0).expect_err("another user's ..data");
+            std::os::unix::fs::lchown(&data, Some(0), Some(0)).expect("lchown");
+            read(&plain.join("sealnode.toml"), 0).expect_err("a dangling ..data");
+            std::fs::remove_file(&data).expect("rm");
+            mkdir(&plain_src.join("..2026_12_06"), 0o777);
+            std::os::unix::fs::symlink("..2026_12_06", &data).expect("link");
+            read(&plain.join("sealnode.toml"), 0).expect_err("..data to a dir others can write");
+            std::fs::set_permissions(plain_src.join("..2026_12_06"), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+            assert_eq!(read(&plain.join("sealnode.toml"), 0).expect("kubelet's shape").bytes, b"v1");
             // The Secret: a tmpfs of mode 1777 (sticky: accepted as such too), read-only.
             nix::mount::mount(
                 Some("tmpfs"),
