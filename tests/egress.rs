@@ -40,6 +40,11 @@ fn read_into(pipe: impl std::io::Read + Send + 'static, into: Arc<Mutex<String>>
 /// `sealnode run` with its own /etc/resolv.conf and /etc/hosts (bind mounts in a private mount
 /// namespace; the launcher, rootful or rootless, is exec'd inside it).
 fn start(f: &Fixture, resolv: &str, hosts: &str) -> Cell {
+    start_with(f, resolv, hosts, &[])
+}
+
+/// [`start`] with `envs` in sealnode's environment.
+fn start_with(f: &Fixture, resolv: &str, hosts: &str, envs: &[(&str, &str)]) -> Cell {
     let (r, h) = (f.p("resolv.conf"), f.p("hosts"));
     std::fs::write(&r, resolv).expect("resolv");
     std::fs::write(&h, hosts).expect("hosts");
@@ -54,6 +59,7 @@ fn start(f: &Fixture, resolv: &str, hosts: &str) -> Cell {
         .arg(inner.get_program())
         .args(inner.get_args())
         .current_dir(&f.dir)
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -196,22 +202,26 @@ fn an_upstream_name_is_looked_up_without_the_search_list() {
     }
     let (dns, asked) = searching_resolver("127.0.0.78:53");
     for mode in modes() {
-        for ndots in [5, 1] {
+        // And a one-label name with an alias file in sealnode's environment (found by review:
+        // HOSTALIASES mapped it under the search domain).
+        for (ndots, name) in [(5, "gw.search.test"), (1, "gw.search.test"), (1, "gwone")] {
             asked.lock().expect("lock").clear();
-            let node_sh =
-                "echo node-up; while true; do /usr/bin/busybox nc -w 2 gw.search.test 443 </dev/null >/dev/null 2>&1; sleep 0.5; done";
-            let f = cell(mode, "dns-search", node_sh, "{ host = \"gw.search.test\", port = 443 }");
+            let node_sh = format!(
+                "echo node-up; while true; do /usr/bin/busybox nc -w 2 {name} 443 </dev/null >/dev/null 2>&1; sleep 0.5; done"
+            );
+            let f = cell(mode, "dns-search", &node_sh, &format!("{{ host = \"{name}\", port = 443 }}"));
             let resolv =
                 format!("nameserver 127.0.0.78\nsearch evil.test\noptions ndots:{ndots} timeout:1 attempts:1\n");
-            let c = start(&f, &resolv, "127.0.0.1 localhost\n");
+            let aliases = f.p("aliases");
+            std::fs::write(&aliases, "gwone gwone.evil.test\n").expect("aliases");
+            std::fs::set_permissions(&aliases, std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
+            let aliases = aliases.display().to_string();
+            let c = start_with(&f, &resolv, "127.0.0.1 localhost\n", &[("HOSTALIASES", &aliases)]);
             c.out_line(|l| l == "node-up", 60);
             c.err_has("egress name lookup failed", 30);
             let (code, _, err) = c.stop();
             let asked = asked.lock().expect("lock").clone();
-            assert!(
-                asked.iter().any(|n| n == "gw.search.test"),
-                "{mode:?} ndots:{ndots}: the name was not asked: {asked:?}"
-            );
+            assert!(asked.iter().any(|n| n == name), "{mode:?} ndots:{ndots}: {name} was not asked: {asked:?}");
             assert!(
                 !asked.iter().any(|n| n.ends_with("evil.test")),
                 "{mode:?} ndots:{ndots}: the search list was applied: {asked:?}\n{err}"

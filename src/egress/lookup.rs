@@ -43,6 +43,10 @@ pub(super) fn spawn_lookup(host: &str, port: u16) -> Result<(nix::unistd::Pid, O
             // LOCALDOMAIN makes that list empty (resolv.conf(5)); the hosts file still
             // answers. Read again here: the supervisor may have read the config before.
             std::env::set_var("LOCALDOMAIN", "");
+            // Nor an alias file or resolver options from sealnode's own environment (found by
+            // review: HOSTALIASES turned a one-label name into one under the search domain).
+            std::env::remove_var("HOSTALIASES");
+            std::env::remove_var("RES_OPTIONS");
             // SAFETY: res_init takes no argument; this process is single-threaded.
             unsafe { libc::res_init() };
             let text: String = match (host, port).to_socket_addrs() {
