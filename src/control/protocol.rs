@@ -234,6 +234,8 @@ pub struct Status {
     pub engine_not_answering: Option<String>,
     /// Seconds since the engine last answered its readiness check (its start's or a recheck):
     /// the age of the verdict `ready` stands on; none before its first answer since its start.
+    /// With a TCP check the kernel's accept is the answer (a listening but wedged engine gets
+    /// it too); an HTTP check asks the engine.
     #[serde(default, deserialize_with = "lenient")]
     pub engine_answered_ago_s: Option<f64>,
     /// Seconds the rechecks have waited in a row while the engine serves the node (under 60);

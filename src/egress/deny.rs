@@ -80,6 +80,10 @@ fn cloud_service(ip: std::net::IpAddr) -> Option<&'static str> {
     match ip {
         // Azure's WireServer (the agent's channel, the VM's DNS and health probes).
         IpAddr::V4(a) if a.octets() == [168, 63, 129, 16] => Some("a cloud's instance service (Azure's WireServer)"),
+        // Oracle Cloud's older metadata address.
+        IpAddr::V4(a) if a.octets() == [192, 0, 0, 192] => {
+            Some("a cloud's instance service (Oracle Cloud's, 192.0.0.192)")
+        }
         // Alibaba Cloud's metadata service (inside 100.64/10).
         IpAddr::V4(a) if a.octets() == [100, 100, 100, 200] => {
             Some("a cloud's instance service (Alibaba Cloud's metadata)")

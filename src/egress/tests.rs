@@ -59,9 +59,15 @@ fn the_deny_set() {
     // A cloud's instance services are refused even where private ranges are allowed (found
     // by review): AWS's and Google's IPv6 metadata, Azure's WireServer, Alibaba's metadata,
     // and as IPv4 inside IPv6.
-    for a in
-        ["fd00:ec2::254", "fd00:ec2::253", "fd20:ce::254", "168.63.129.16", "100.100.100.200", "::ffff:168.63.129.16"]
-    {
+    for a in [
+        "fd00:ec2::254",
+        "fd00:ec2::253",
+        "fd20:ce::254",
+        "168.63.129.16",
+        "100.100.100.200",
+        "192.0.0.192",
+        "::ffff:168.63.129.16",
+    ] {
         let r = denied(ip(a), &own, true);
         assert!(r.is_some_and(|r| r.contains("instance service")), "{a}: {r:?}");
     }
