@@ -1,17 +1,15 @@
 //! Each role's stdout and stderr, captured by the supervisor through a pipe and re-emitted
-//! line by line (log::role_line), tagged with the role: a line is cut at [`MAX_LINE`] bytes, and
-//! each role may emit [`RATE`] lines a second (bursts to [`BURST`]), and have [`RATE_BYTES`]
-//! bytes a second read (bursts to [`BURST_BYTES`]: every byte read counts, a line shown,
-//! dropped or cut alike); the lines over the rate are dropped and counted, and sealnode says how
-//! many once a second. The supervisor reads at most [`READ_BUDGET`] bytes per wake-up, so a role flooding
-//! its output can neither stall the event loop nor grow the supervisor's memory past one line
-//! buffer per stream; and once a role's budget is spent, its pipes are not read until
-//! [`RESUME`] of it is back ([`Read::Dry`]): a flooding role then waits in its own `write`,
-//! and the supervisor reads at most a tenth of a second's bytes a tenth of a second (found by
-//! review: a role writing `yes` cost the supervisor 4.5 times the role's own CPU, every line
-//! read, split, timed and dropped, and slowed the other role's traffic 39 times; then, by the
-//! review of that fix, lines of 10 KB refused for their bytes, and one endless line cut at
-//! 16 KiB, were read at the pipe's speed, nothing spending the budget).
+//! line by line (log::role_line), tagged with the role: a line is cut at [`MAX_LINE`] bytes;
+//! each role may emit [`RATE`] lines a second (bursts to [`BURST`]) and have [`RATE_BYTES`]
+//! bytes a second read (bursts to [`BURST_BYTES`]; every byte read counts, of a line shown,
+//! dropped or cut alike). Lines over the rate are dropped and counted, and sealnode says how
+//! many once a second. The supervisor reads at most [`READ_BUDGET`] bytes per wake-up, and once
+//! a role's budget is spent its pipes are not read until [`RESUME`] of it is back
+//! ([`Read::Dry`]): a flooding role waits in its own `write`, and its flood costs the
+//! supervisor a tenth of a second's bytes each tenth of a second (found by review: `yes` as a
+//! role cost the supervisor 4.5 times the role's own CPU; then lines refused for their bytes
+//! and one endless line were read at the pipe's speed, spending nothing). Its memory stays
+//! at one line buffer per stream.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
