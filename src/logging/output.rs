@@ -1,15 +1,15 @@
 //! Each role's stdout and stderr, captured by the supervisor through a pipe and re-emitted
 //! line by line (log::role_line), tagged with the role: a line is cut at [`MAX_LINE`] bytes;
-//! each role may emit [`RATE`] lines a second (bursts to [`BURST`]) and have [`RATE_BYTES`]
-//! bytes a second read (bursts to [`BURST_BYTES`]; every byte read counts, of a line shown,
-//! dropped or cut alike). Lines over the rate are dropped and counted, and sealnode says how
-//! many once a second. The supervisor reads at most [`READ_BUDGET`] bytes per wake-up, and once
-//! a role's budget is spent its pipes are not read until [`RESUME`] of it is back
-//! ([`Read::Dry`]): a flooding role waits in its own `write`, and its flood costs the
-//! supervisor a tenth of a second's bytes each tenth of a second (found by review: `yes` as a
-//! role cost the supervisor 4.5 times the role's own CPU; then lines refused for their bytes
-//! and one endless line were read at the pipe's speed, spending nothing). Its memory stays
-//! at one line buffer per stream.
+//! each role may emit [`RATE`] lines and [`RATE_BYTES`] bytes a second (bursts to [`BURST`]
+//! and [`BURST_BYTES`]), and have [`READ_RATE`] bytes a second read (bursts to
+//! [`READ_BURST`]; every byte read counts, of a line shown, dropped or cut alike). Lines over
+//! the rates are dropped and counted, and sealnode says how many once a second. The
+//! supervisor reads at most [`READ_BUDGET`] bytes per wake-up, and once a role's budget is
+//! spent its pipes are not read until [`RESUME`] of it is back ([`Read::Dry`]): a flooding
+//! role waits in its own `write`, and its flood costs the supervisor little (found by review:
+//! `yes` as a role cost the supervisor 4.5 times the role's own CPU; then lines refused for
+//! their bytes and one endless line were read at the pipe's speed, spending nothing). Its
+//! memory stays at one line buffer per stream.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
@@ -29,11 +29,17 @@ pub const READ_BUDGET: usize = 64 * 1024;
 pub const RATE: f64 = 200.0;
 /// Lines a role may emit at once after a quiet spell.
 pub const BURST: f64 = 2000.0;
-/// Bytes a second read from a role's pipes, sustained (found by review: 200 lines of 16 KiB a
+/// Bytes a second of lines a role may emit, sustained (found by review: 200 lines of 16 KiB a
 /// second were 3.2 MB/s, ~280 GB a day, into the journal or a container's log).
 pub const RATE_BYTES: f64 = 64.0 * 1024.0;
-/// Bytes read from a role's pipes at once after a quiet spell.
+/// Bytes of lines a role may emit at once after a quiet spell.
 pub const BURST_BYTES: f64 = 1024.0 * 1024.0;
+/// Bytes a second read from a role's pipes, sustained: what a flood may cost the supervisor
+/// (reading and splitting 4 MiB a second is a small part of a CPU), and enough for a role
+/// that writes a long line once (a 10 MB one goes in one burst).
+pub const READ_RATE: f64 = 4.0 * 1024.0 * 1024.0;
+/// Bytes read from a role's pipes at once after a quiet spell.
+pub const READ_BURST: f64 = 16.0 * 1024.0 * 1024.0;
 /// The part of a second's budget that must be back before a role's dry pipes are read again.
 pub const RESUME: f64 = 0.1;
 
@@ -70,38 +76,51 @@ pub fn escaped(line: &[u8]) -> String {
 
 /// A role's output budget, fresh.
 pub fn budget(now: Instant) -> Budget {
-    Budget { lines: Bucket::new(now, RATE, BURST), bytes: Bucket::new(now, RATE_BYTES, BURST_BYTES) }
+    Budget {
+        lines: Bucket::new(now, RATE, BURST),
+        bytes: Bucket::new(now, RATE_BYTES, BURST_BYTES),
+        read: Bucket::new(now, READ_RATE, READ_BURST),
+    }
 }
 
 pub use crate::logging::ratelimit::Bucket;
 
-/// What a role may still have read and emitted: bytes read, lines shown. A line refused counts
-/// as one dropped.
+/// What a role may still emit (lines, and their bytes) and have read (bytes). A line refused
+/// counts as one dropped.
 #[derive(Debug)]
 pub struct Budget {
     pub lines: Bucket,
     pub bytes: Bucket,
+    pub read: Bucket,
 }
 
 impl Budget {
     /// `n` bytes were read from the role's pipe: spent, whatever becomes of them.
     pub fn charge(&mut self, n: usize) {
-        self.bytes.spend(n as f64);
+        self.read.spend(n as f64);
     }
 
-    /// May a line go at `now`? Taken if so; counted as dropped if not.
-    pub fn take(&mut self, now: Instant) -> bool {
-        self.lines.take(now)
+    /// May a line of `len` bytes go at `now`? Taken if so; counted as dropped if not.
+    pub fn take(&mut self, now: Instant, len: usize) -> bool {
+        let len = len as f64 + 1.0;
+        if self.lines.ready_n(now, 1.0) && self.bytes.ready_n(now, len) {
+            self.bytes.spend(len);
+            return self.lines.take(now);
+        }
+        self.lines.dropped += 1;
+        self.lines.dropped_total += 1;
+        false
     }
 
-    /// Spent at `now`: no line could go (its pipes wait until [`Budget::resume_at`]).
+    /// Spent at `now`: no line could go, or no byte be read (its pipes wait until
+    /// [`Budget::resume_at`]).
     pub fn dry(&mut self, now: Instant) -> bool {
-        !(self.lines.ready_n(now, 1.0) && self.bytes.ready_n(now, 1.0))
+        !(self.lines.ready_n(now, 1.0) && self.bytes.ready_n(now, 1.0) && self.read.ready_n(now, 1.0))
     }
 
-    /// When [`RESUME`] of a second's budget is back, lines and bytes.
+    /// When [`RESUME`] of a second's budget is back, of each.
     pub fn resume_at(&self) -> Instant {
-        self.lines.when(RATE * RESUME).max(self.bytes.when(RATE_BYTES * RESUME))
+        self.lines.when(RATE * RESUME).max(self.bytes.when(RATE_BYTES * RESUME)).max(self.read.when(READ_RATE * RESUME))
     }
 }
 
@@ -210,7 +229,7 @@ impl Capture {
     }
 
     fn out(&self, line: &[u8], budget: &mut Budget, now: Instant, emit: &mut dyn FnMut(&Capture, &[u8])) {
-        if budget.take(now) {
+        if budget.take(now, line.len()) {
             emit(self, line);
         }
     }

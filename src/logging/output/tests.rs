@@ -77,7 +77,7 @@ fn a_flood_is_cut_to_the_rate_and_counted() {
     let mut b = budget(t);
     let mut passed = 0;
     for _ in 0..100_000 {
-        if b.take(t) {
+        if b.take(t, 10) {
             passed += 1;
         }
     }
@@ -87,7 +87,7 @@ fn a_flood_is_cut_to_the_rate_and_counted() {
     assert_eq!(b.lines.report(t), None, "nothing more to report");
     // A second later, RATE more lines pass.
     let later = t + Duration::from_secs(1);
-    let passed = (0..5000).filter(|_| b.take(later)).count();
+    let passed = (0..5000).filter(|_| b.take(later, 10)).count();
     assert_eq!(passed, RATE as usize);
     // ... and the drops are reported no sooner than a second after the last report.
     assert_eq!(b.lines.report(later + Duration::from_millis(10)), Some(5000 - RATE as u64));
@@ -95,13 +95,13 @@ fn a_flood_is_cut_to_the_rate_and_counted() {
 
 /// Found by review: 200 lines of 16 KiB a second were 3.2 MB/s into the log; then, by the
 /// review of that fix, bytes that were refused or cut spent nothing and were read at the
-/// pipe's speed. Every byte read is charged: past BURST_BYTES the pipe waits a tenth of a
+/// pipe's speed. Every byte read is charged: past READ_BURST the pipe waits a tenth of a
 /// second's bytes, and one endless line (no newline, cut at MAX_LINE) is read no faster.
 #[test]
 fn every_byte_read_spends_the_byte_budget() {
     let t = Instant::now();
     let mut b = budget(t);
-    b.charge(BURST_BYTES as usize - 1000);
+    b.charge(READ_BURST as usize - 1000);
     assert!(!b.dry(t));
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).expect("pipe");
     let mut c = Capture::new(Role::Node, 42, 7, false, r);
@@ -115,6 +115,22 @@ fn every_byte_read_spends_the_byte_budget() {
     assert_eq!(left, 60_000 - 8192, "the rest stays in the pipe");
     let wait = b.resume_at().saturating_duration_since(t);
     assert!(wait > Duration::from_millis(100), "a debt, then a tenth of a second's bytes: {wait:?}");
+}
+
+/// Lines have a byte rate of their own (found by review: 200 lines of 16 KiB a second were
+/// 3.2 MB/s into the log): long lines pass up to BURST_BYTES at once, then RATE_BYTES a
+/// second, and one refused for its bytes counts as a dropped line.
+#[test]
+fn long_lines_are_held_to_a_byte_rate() {
+    let t = Instant::now();
+    let mut b = budget(t);
+    let long = MAX_LINE;
+    let passed = (0..1000).filter(|_| b.take(t, long)).count();
+    assert_eq!(passed, (BURST_BYTES / (long as f64 + 1.0)) as usize, "the burst, in bytes");
+    assert_eq!(b.lines.dropped, 1000 - passed as u64);
+    let later = t + Duration::from_secs(1);
+    let passed = (0..1000).filter(|_| b.take(later, long)).count();
+    assert_eq!(passed, ((RATE_BYTES + BURST_BYTES % (long as f64 + 1.0)) / (long as f64 + 1.0)) as usize);
 }
 
 /// Once its budget is spent a role's pipe is not read (`Read::Dry`), and it stays unread
