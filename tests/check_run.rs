@@ -342,15 +342,7 @@ fn a_local_user_cannot_lock_a_cell_out() {
         let f = fixture(mode, "cr-flock");
         chmod(&f.p("state"), 0o755);
         chmod(&f.p("run"), 0o755);
-        let hold = |dir: &std::path::Path| {
-            std::process::Command::new("/usr/bin/setpriv")
-                .args(["--reuid", "1000", "--regid", "1000", "--clear-groups", "--", "/usr/bin/flock", "-x"])
-                .arg(dir)
-                .args(["/bin/sleep", "60"])
-                .spawn()
-                .expect("flock")
-        };
-        let mut holders = vec![hold(&f.p("state")), hold(&f.p("run"))];
+        let mut holders = vec![flock_as("1000", &f.p("state")), flock_as("1000", &f.p("run"))];
         // The holders have their locks before the start (flock takes them at once).
         assert!(wait_until(Duration::from_secs(10), || {
             std::fs::read_to_string("/proc/locks").is_ok_and(|l| l.lines().filter(|x| x.contains("FLOCK")).count() >= 2)
@@ -401,12 +393,7 @@ fn a_scratch_dir_held_by_another_process_is_refused_naming_it() {
     for mode in modes() {
         let f = fixture(mode, "cr-flock-scratch");
         let uid = std::fs::metadata(f.p("node-scratch")).expect("scratch").uid().to_string();
-        let mut holder = std::process::Command::new("/usr/bin/setpriv")
-            .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--", "/usr/bin/flock", "-x"])
-            .arg(f.p("node-scratch"))
-            .args(["/bin/sleep", "60"])
-            .spawn()
-            .expect("flock");
+        let mut holder = flock_as(&uid, &f.p("node-scratch"));
         let sleeper = wait_until(Duration::from_secs(10), || {
             std::fs::read_to_string(format!("/proc/{}/task/{}/children", holder.id(), holder.id()))
                 .is_ok_and(|c| !c.trim().is_empty())
@@ -426,6 +413,17 @@ fn a_scratch_dir_held_by_another_process_is_refused_naming_it() {
         );
         assert!(!err.contains("role started"), "{mode:?}: {err}");
     }
+}
+
+/// `flock -x DIR sleep 60` as `uid` (and that gid): a process of another user holding the
+/// dir's flock, as anyone who can open it can.
+fn flock_as(uid: &str, dir: &std::path::Path) -> std::process::Child {
+    std::process::Command::new("/usr/bin/setpriv")
+        .args(["--reuid", uid, "--regid", uid, "--clear-groups", "--", "/usr/bin/flock", "-x"])
+        .arg(dir)
+        .args(["/bin/sleep", "60"])
+        .spawn()
+        .expect("flock")
 }
 
 /// Found by the review of #27: the scratch dir renamed while the cell ran; a restart bound the
