@@ -181,22 +181,6 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         crate::sandbox::cell::Cell::requirements(&cfg).map_err(|e| e.to_string()),
         "the cell's user namespace maps the roles' ids; its init confines itself with Landlock",
     );
-    // Rootless, both roles run as one uid in one user namespace: RLIMIT_NPROC is one count for
-    // both (found by review: an engine that forked to its nproc left the node none, and the
-    // cell still read ready). Per-role pids_max bounds each on its own.
-    if !inv.rootful() && Role::ALL.iter().any(|r| cfg.limits(*r).pids_max.is_none()) {
-        v.push(Check {
-            name: "process limits",
-            level: Level::Warn,
-            value: format!(
-                "rootless: one RLIMIT_NPROC count for both roles (uid {}; nproc {} and {})",
-                inv.uid, cfg.engine.rlimits.nproc, cfg.node.rlimits.nproc
-            ),
-            meaning: "a role that forks up to its nproc leaves the other role none (its forks fail with EAGAIN); \
-                      set pids_max for each role (engine.limits, node.limits: cgroup v2) to bound each on its own"
-                .into(),
-        });
-    }
     add(
         &mut v,
         "cgroup limits",

@@ -362,24 +362,6 @@ fn a_local_user_cannot_lock_a_cell_out() {
     }
 }
 
-/// Rootless, both roles share one RLIMIT_NPROC count (one uid, one user namespace): `check`
-/// warns of it, naming pids_max, and passes; rootful (a host uid per role) it does not (found
-/// by review: an engine that forked to its nproc left the node none).
-#[test]
-fn check_warns_that_rootless_roles_share_one_process_count() {
-    for mode in modes() {
-        let f = fixture(mode, "cr-nproc");
-        let (code, out) = check_verdict(&f);
-        assert_eq!(code, Some(0), "{mode:?}: {out}");
-        let warned =
-            out.lines().any(|l| l.starts_with("[warn] process limits") && l.contains("one RLIMIT_NPROC count"));
-        assert_eq!(warned, mode == Mode::Rootless, "{mode:?}: {out}");
-        if warned {
-            assert!(out.contains("set pids_max for each role"), "{mode:?}: {out}");
-        }
-    }
-}
-
 /// A scratch dir's owner (the role's host user) can hold its flock from the host, as anyone
 /// who can open a dir can: the start is refused, and the refusal names the process that holds
 /// it, not "another running sealnode" (found by review: the operator was sent looking for a

@@ -635,8 +635,9 @@ fn a_filter_faking_a_call_and_its_read_back_is_caught() {
             // probe's bind is recursive; the role's own read-back refuses it, naming the mount
             // (before it, a later call's EINVAL did, by chance).
             (vec![(libc::SYS_mount, arg(3, libc::MS_BIND))], "the kernel does not show it as it was asked"),
-            // A sysctl's write (2 bytes: "0\n"), faked: the namespace's value stays; read back.
-            (vec![(libc::SYS_write, arg(2, 2))], "sysctl /proc/sys/user/max_user_namespaces"),
+            // A sysctl's write (2 bytes: "0\n"), faked: the namespace's value stays. The first
+            // met is the cell init's, setting the network namespaces' sysctls.
+            (vec![(libc::SYS_write, arg(2, 2))], "net_sysctls: cell: setting /proc/sys/net/ipv4/tcp_fastopen to 0"),
         ];
         if own_ids {
             cases.push((

@@ -622,7 +622,9 @@ fn rootful_with_only_the_units_capabilities_wipes_and_stops_the_roles() {
 /// Found by review: under the units' ProtectProc=invisible (a hidepid=invisible /proc) a rootless
 /// sealnode cannot see the cell's init or a sandbox's init once they are not dumpable, and
 /// reading what the kernel shows of them refused every start. Their files are opened at the
-/// clone, while they are the launcher's own: the cell starts, and stops cleanly.
+/// clone, while they are the launcher's own: the cell starts, and stops cleanly. With the
+/// units' ProcSubset=pid too, sealnode's /proc has no /proc/sys: the cell init sets the network
+/// namespaces' sysctls from a fresh /proc of its own, and each role reads them back.
 #[test]
 fn a_proc_that_hides_the_inits_still_starts_the_cell() {
     if !is_root() {
@@ -632,7 +634,7 @@ fn a_proc_that_hides_the_inits_still_starts_the_cell() {
     for mode in modes() {
         let f = cell(mode, "hidepid", HTTPD, "exec sleep 1000", "", "", "");
         let prefix = "set -- /usr/bin/unshare -m --propagation private /bin/sh -c \
-                      'mount -t proc -o hidepid=invisible proc /proc && exec \"$@\"' sh \"$@\"; ";
+                      'mount -t proc -o hidepid=invisible,subset=pid proc /proc && exec \"$@\"' sh \"$@\"; ";
         let run = start_in_shell(&f, &[], prefix);
         run.wait_stderr(60, "role started role=node", &format!("{mode:?}: refused under a hidepid /proc"));
         let (code, _, err) = run.stop();
@@ -1312,4 +1314,44 @@ fn a_masked_proc_refuses_the_start_naming_it_before_anything_runs() {
     assert!(err.contains("fix:"), "the refusal says what to change: {err}");
     assert!(!err.contains("role started") && !err.contains("cell created"), "nothing may start: {err}");
     assert!(!f.p("state/receipt.json").exists(), "no receipt for a refused start");
+}
+
+/// Each role its own user namespace, inside the cell's: rootless, both roles are one uid, and
+/// RLIMIT_NPROC counts a uid's processes per user namespace, so with one namespace for both an
+/// engine that forked up to its `nproc` left the node none (found by review). The engine forks
+/// until its limit refuses; the node, under the same `nproc`, still forks every time. From the
+/// host: the engine's and the node's processes are in two user namespaces, neither sealnode's.
+#[test]
+fn each_role_has_its_own_user_namespace_and_process_count() {
+    for mode in modes() {
+        // Forks until its limit refuses one: the subshell dies there (busybox sh exits on a
+        // failed fork, status 2), its sleeps stay, and the engine's shell execs without forking.
+        let engine_sh =
+            "( while :; do /usr/bin/busybox sleep 1000 & done ) 2>/dev/null; echo ENGINE-FULL-$?; ".to_string() + HTTPD;
+        let node_sh = "ok=0; i=0; while [ $i -lt 10 ]; do /usr/bin/busybox sleep 0 && ok=$((ok+1)); i=$((i+1)); done; \
+             echo NODE-FORKS-$ok; exec /usr/bin/busybox sleep 999";
+        let f =
+            cell(mode, "own-userns", &engine_sh, node_sh, "rlimits = { nproc = 40 }", "rlimits = { nproc = 40 }", "");
+        let run = start(&f, &[]);
+        let ctx = format!("{mode:?}");
+        // The engine reached its own limit.
+        assert_eq!(run.line(60, |l| l.starts_with("ENGINE-FULL-")), "ENGINE-FULL-2", "{ctx}: {}", run.stderr());
+        assert_eq!(run.line(60, |l| l.starts_with("NODE-FORKS-")), "NODE-FORKS-10", "{ctx}: {}", run.stderr());
+        let userns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/user")).ok();
+        let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let of = |needle: &str| {
+            let mut found = None;
+            // The node's exec of its sleep may not have happened yet.
+            wait_until(Duration::from_secs(10), || {
+                found = descendants(run.child.id() as i32).into_iter().find(|p| comm(*p).contains(needle));
+                found.is_some()
+            });
+            found.and_then(userns).unwrap_or_else(|| panic!("{ctx}: no process running {needle:?}"))
+        };
+        let (e, n, own) = (of("httpd"), of("sleep\u{0}999\u{0}"), userns(run.child.id() as i32));
+        assert_ne!(e, n, "{ctx}: the engine and the node share a user namespace");
+        assert!(Some(&e) != own.as_ref() && Some(&n) != own.as_ref(), "{ctx}: a role in sealnode's user namespace");
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{ctx}: {err}");
+    }
 }

@@ -415,7 +415,13 @@ pub fn loopback_up() -> Result<(), Errno> {
     // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
     Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) })?;
     // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
-    unsafe { ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    let flags = unsafe { ifr.ifr_ifru.ifru_flags };
+    // Already up (a role inside a cell: the cell init brought it up, and the role, in a user
+    // namespace of its own, holds no CAP_NET_ADMIN over the cell's network namespaces).
+    if flags & libc::IFF_UP as libc::c_short != 0 {
+        return Ok(());
+    }
+    ifr.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
     // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
     Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) })?;
     Ok(())

@@ -24,6 +24,28 @@ pub fn rootful_fs_ids(ids: Ids) -> Result<(), Errno> {
     Ok(())
 }
 
+/// The intermediate that clones a role into a cell: its effective ids become the role's, so
+/// the role's own user namespace is created by (and owned by) an id the cell maps (the kernel
+/// refuses a creator it does not: EPERM; rootful, kuid 0 is unmapped in the cell). Real and
+/// saved ids stay, so the permitted set is kept; the effective set, cleared by the change, is
+/// raised again for the id maps written next, and the process made dumpable again. Read back.
+pub fn effective_ids_of(ids: Ids) -> Result<(), Errno> {
+    // u32::MAX (-1): that id unchanged.
+    nix::unistd::setresgid(Gid::from_raw(u32::MAX), Gid::from_raw(ids.gid), Gid::from_raw(u32::MAX))?;
+    nix::unistd::setresuid(Uid::from_raw(u32::MAX), Uid::from_raw(ids.uid), Uid::from_raw(u32::MAX))?;
+    let (_, permitted, inheritable) = sys::capget()?;
+    sys::capset(permitted, permitted, inheritable)?;
+    // The id change made this process (and the role it clones) not dumpable, which gives the
+    // role's /proc files to kuid 0, unmapped in the cell: its id maps could not be opened. The
+    // role (another user namespace, and real and saved ids that are not its) can no more trace
+    // this process for it.
+    sys::prctl(libc::PR_SET_DUMPABLE, 1)?;
+    if nix::unistd::geteuid().as_raw() != ids.uid || nix::unistd::getegid().as_raw() != ids.gid {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
+}
+
 /// Switch to the role's gid then uid, keeping the permitted set for the capability drop
 /// that follows (the bounding set can only be reduced while CAP_SETPCAP is held).
 pub fn set_ids(ids: Ids) -> Result<(), Errno> {

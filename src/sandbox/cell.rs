@@ -1,11 +1,13 @@
-//! The cell: the user namespace both roles' sandboxes live in, and one network namespace per
-//! role, each holding only its own loopback.
+//! The cell: the user namespace each role's own user namespace is made in, and one network
+//! namespace per role, each holding only its own loopback.
 //!
 //! A small cell init process creates the user namespace and the **node's** network namespace,
-//! brings `lo` up there and binds, in it, one listener per egress upstream on a cell-local
+//! brings `lo` up there, sets the seal's sysctls there (`namespaces::NETNS_SYSCTLS`) and binds, in it, one listener per egress upstream on a cell-local
 //! address and one on `127.0.0.1:<engine.port>` (binding port 443 is fine: it is privileged in
-//! the cell's user namespace). Then it creates the **engine's** network namespace (unshare) and
-//! brings its `lo` up. It confines itself, then hands the listeners and both namespaces to the
+//! the cell's user namespace). Then it creates the **engine's** network namespace (unshare),
+//! brings its `lo` up and sets the same sysctls. Each role is cloned into a user namespace of
+//! its own, a child of the cell's, so it holds no capability over either network namespace:
+//! what is set in them is set here. It confines itself, then hands the listeners and both namespaces to the
 //! supervisor over a socketpair (SCM_RIGHTS; a socket stays in the netns it was created in),
 //! so a start never proceeds with an unconfined cell init. Then it serves as a socket factory:
 //! each request byte gets back a fresh TCP socket created in the engine's namespace, which
@@ -44,6 +46,7 @@ enum Step {
     WaitForIdMaps,
     ScratchTmpfs,
     LoopbackUp,
+    NetSysctls,
     EgressListen,
     EngineListen,
     EngineNetns,
@@ -58,6 +61,7 @@ impl crate::sandbox::protocol::Step for Step {
         Step::WaitForIdMaps,
         Step::ScratchTmpfs,
         Step::LoopbackUp,
+        Step::NetSysctls,
         Step::EgressListen,
         Step::EngineListen,
         Step::EngineNetns,
@@ -71,6 +75,7 @@ impl crate::sandbox::protocol::Step for Step {
             Step::WaitForIdMaps => "wait_for_id_maps",
             Step::ScratchTmpfs => "scratch_tmpfs",
             Step::LoopbackUp => "loopback_up",
+            Step::NetSysctls => "net_sysctls",
             Step::EgressListen => "egress_listen",
             Step::EngineListen => "engine_listen",
             Step::EngineNetns => "engine_netns",
@@ -168,6 +173,9 @@ fn cell_main(
     must(ctl, Step::EngineNetns, 1, sys::unshare_verified(CloneFlags::CLONE_NEWNET));
     must(ctl, Step::EngineNetns, 2, sys::loopback_up());
     fds.push(must(ctl, Step::EngineNetns, 3, open_netns()));
+    // The seal's sysctls in both network namespaces, while CAP_NET_ADMIN over them is ours (a
+    // role's own user namespace holds none): by a child that can mount a /proc showing them.
+    must(ctl, Step::NetSysctls, 0, net_sysctls_by_child(ctl, &fds[fds.len() - 2..]));
     fds.extend(mntns);
     // Confined before anything is handed out: nothing but socket creation is left to it.
     must(ctl, Step::Confine, 0, caps::drop_all());
@@ -177,6 +185,60 @@ fn cell_main(
     must(ctl, Step::SendListeners, 0, send_fds(ctl, Frame::Ok(fds.len() as u32), &fds));
     drop(fds);
     serve_sockets(ctl)
+}
+
+/// The seal's sysctls (`namespaces::NETNS_SYSCTLS`) in each of `netns` (the node's, then the
+/// engine's), written by a child in a pid and a mount namespace of its own, both owned by the
+/// cell's user namespace as the network namespaces are: there it mounts a fresh /proc, since
+/// sealnode's own may show no /proc/sys (`ProcSubset=pid` under the units) or a read-only one
+/// (the kernel allows that mount where it allows each role's own /proc). The child reports a
+/// failed item on `ctl` itself (item 0: the fresh /proc; then 1 + netns index × sysctls +
+/// sysctl index); EPIPE here means it said nothing.
+fn net_sysctls_by_child(ctl: RawFd, netns: &[OwnedFd]) -> std::result::Result<(), Errno> {
+    // SAFETY: the cell init is single-threaded.
+    let pid = unsafe { sys::clone_fork(libc::CLONE_NEWPID | libc::CLONE_NEWNS) }?;
+    if pid == 0 {
+        let n = namespaces::NETNS_SYSCTLS.len();
+        let at = |item: usize| move |e| crate::sandbox::protocol::fail(ctl, Step::NetSysctls, item, e);
+        // Nothing mounted here reaches another mount namespace.
+        let none: Option<&str> = None;
+        let private = nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE;
+        nix::mount::mount(none, "/", none, private, none).unwrap_or_else(at(0));
+        let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
+        nix::mount::mount(Some("proc"), "/proc", Some("proc"), flags, none).unwrap_or_else(at(0));
+        for (k, ns) in netns.iter().enumerate() {
+            sys::setns_verified(ns.as_fd(), CloneFlags::CLONE_NEWNET).unwrap_or_else(at(1 + k * n));
+            if let Err((i, e)) = net_sysctls() {
+                at(1 + k * n + i)(e)
+            }
+        }
+        sys::exit_now(0)
+    }
+    match waitpid(Pid::from_raw(pid), None)? {
+        nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+        // Its report is on ctl already: end without another.
+        nix::sys::wait::WaitStatus::Exited(_, _) => sys::exit_now(crate::exit::CONFIG),
+        _ => Err(Errno::EPIPE),
+    }
+}
+
+/// The seal's sysctls written in this thread's network namespace (/proc/sys/net is the
+/// opener's), each read back; an absent optional one is skipped. The failed item's index.
+fn net_sysctls() -> std::result::Result<(), (usize, Errno)> {
+    for (i, (p, value, optional)) in namespaces::NETNS_SYSCTLS.iter().enumerate() {
+        let path = format!("/proc/sys/{p}");
+        let at = |e: std::io::Error| (i, Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
+        match std::fs::OpenOptions::new().write(true).open(&path) {
+            Err(e) if *optional && e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(at(e)),
+            Ok(mut f) => std::io::Write::write_all(&mut f, value).map_err(at)?,
+        }
+        // Read back: a faked write would leave the namespace's value as it was.
+        if std::fs::read(&path).map_err(at)?.trim_ascii() != value.trim_ascii() {
+            return Err((i, Errno::EOPNOTSUPP));
+        }
+    }
+    Ok(())
 }
 
 /// A new mount namespace (nothing propagates back to the host), a tmpfs over each capped
@@ -667,6 +729,20 @@ fn engine_socket(ctl: &OwnedFd) -> std::result::Result<OwnedFd, Errno> {
 fn setup_error(f: Failure<Step>, egress: &[(Ipv4Addr, u16)], engine_port: Option<u16>) -> Error {
     let detail = match (f.step, egress.get(f.item)) {
         (Step::EgressListen, Some((a, p))) => format!("cell: listen on {a}:{p}"),
+        (Step::NetSysctls, _) if f.item == 0 => {
+            "cell: mounting a fresh /proc to set the network namespaces' sysctls (the kernel refuses one where /proc \
+             has over-mounts: ProtectKernelTunables=, a container's masked /proc)"
+                .to_string()
+        }
+        (Step::NetSysctls, _) => {
+            let n = namespaces::NETNS_SYSCTLS.len();
+            let (p, value, _) = namespaces::NETNS_SYSCTLS[(f.item - 1) % n];
+            let netns = if f.item - 1 < n { "node" } else { "engine" };
+            format!(
+                "cell: setting /proc/sys/{p} to {} in the {netns}'s network namespace",
+                String::from_utf8_lossy(value).trim()
+            )
+        }
         (Step::EngineListen, _) => {
             format!("cell: listen on 127.0.0.1:{} (the node's way to the engine)", engine_port.unwrap_or(0))
         }

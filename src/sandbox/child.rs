@@ -14,8 +14,8 @@ use super::{caps, init, mounts};
 use crate::os::sys;
 use crate::policy::{landlock, seccomp};
 
-/// Runs in the clone()d child: pid 1 of the new pid namespace, inside new user, mount, net,
-/// ipc, uts and cgroup namespaces. Never returns: execs the workload or exits 125.
+/// Runs in the clone()d child: pid 1 of the new pid namespace, inside new user, mount, net (the
+/// cell's, in a cell), ipc, uts and cgroup namespaces. Never returns: execs the workload or exits 125.
 pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     // Die with the launcher: first, so no later step can outlive a dead supervisor.
     step(fds.err, Stage::DieWithParent, 0, sys::die_with_parent);
@@ -53,7 +53,8 @@ pub fn child_main(plan: &Plan, fds: ChildFds) -> ! {
     drop(sources);
     // Enter the new root (the one read back) and detach the host's; the root tmpfs becomes read-only.
     step(fds.err, Stage::PivotRoot, 0, || mounts::pivot(tree, &plan.workdir));
-    // A new netns starts with lo down; bring it up while CAP_NET_ADMIN (cell userns) is held.
+    // A new netns starts with lo down; bring it up while CAP_NET_ADMIN is held (exec; in a cell,
+    // whose netns the role's own userns holds no capability over, the cell init brought it up).
     if plan.layers.namespaces {
         step(fds.err, Stage::LoopbackUp, 0, sys::loopback_up);
     }

@@ -20,6 +20,15 @@ pub fn write(pid: Pid, uids: &[u32], gids: &[u32], rootful: bool) -> Result<()> 
     w("gid_map", lines(gids))
 }
 
+/// [`write`] for a process that reports an errno (the intermediate that maps a role's own
+/// user namespace from the cell's).
+pub fn write_errno(pid: Pid, uids: &[u32], gids: &[u32], rootful: bool) -> std::result::Result<(), nix::errno::Errno> {
+    write(pid, uids, gids, rootful).map_err(|e| match e {
+        Error::Io { source, .. } => nix::errno::Errno::from_raw(source.raw_os_error().unwrap_or(libc::EIO)),
+        _ => nix::errno::Errno::EIO,
+    })
+}
+
 /// `id id 1` per distinct id, in order: each map is written once (the kernel allows one write).
 fn lines(ids: &[u32]) -> String {
     let mut v = ids.to_vec();

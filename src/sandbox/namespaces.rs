@@ -16,6 +16,23 @@ pub const MATRIX_NAMESPACES: libc::c_int =
 /// All namespaces of a standalone sandbox (`exec`): the role's own plus user and net.
 pub const NAMESPACES: libc::c_int = ROLE_NAMESPACES | libc::CLONE_NEWUSER | libc::CLONE_NEWNET;
 
+/// A role inside a cell: the role's own namespaces and a user namespace of its own, a child of
+/// the cell's (the network namespace is the cell's, joined). Its own user namespace owns its
+/// mount, pid, ipc, uts and cgroup namespaces, so a role holds no capability over the other
+/// role's, nor over the network namespaces (the cell's); and RLIMIT_NPROC counts each role's
+/// processes on their own, also rootless, where both roles are one uid.
+pub const CELL_ROLE_NAMESPACES: libc::c_int = ROLE_NAMESPACES | libc::CLONE_NEWUSER;
+
+/// The sysctls the seal sets in a role's network namespace, each `(path under /proc/sys, value,
+/// optional)`. TCP Fast Open off, since a sendto(MSG_FASTOPEN) connects without connect(2), the
+/// call Landlock's port rules check (seccomp refuses the flag too); MPTCP off, since Landlock's
+/// port rules cover plain TCP only (seccomp refuses the protocol too); absent without
+/// CONFIG_MPTCP. Inside a cell the cell init writes them when it makes each network namespace
+/// (a role, in its own user namespace, holds no capability over the cell's network
+/// namespaces); the role reads them back.
+pub const NETNS_SYSCTLS: [(&str, &[u8], bool); 2] =
+    [("net/ipv4/tcp_fastopen", b"0\n", false), ("net/mptcp/enabled", b"0\n", true)];
+
 fn sysctl(path: &str) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }

@@ -15,6 +15,7 @@ use crate::config::{Config, Ids, Invoker, PathKind, Role, RoleConfig, RolePath};
 use crate::error::{Error, Result};
 use crate::layout::{INSIDE_CREDENTIAL, INSIDE_MODELS, INSIDE_SCRATCH};
 use crate::policy::{landlock, seccomp};
+use crate::sandbox::namespaces::NETNS_SYSCTLS;
 
 pub use crate::layout::SYSTEM_RO;
 
@@ -664,20 +665,11 @@ fn proc_mounts() -> Result<Vec<Mount>> {
         value: b"0\n",
         optional: false,
     });
-    // The role's network namespace (the cell's, inside a cell): TCP Fast Open off, since a
-    // sendto(MSG_FASTOPEN) connects without connect(2), the call Landlock's port rules check
-    // (seccomp refuses the flag too); MPTCP off, since Landlock's port rules cover plain TCP
-    // only (seccomp refuses the protocol too). Absent without CONFIG_MPTCP.
-    mounts.push(Mount::Sysctl {
-        dst: under_root(Path::new("/proc/sys/net/ipv4/tcp_fastopen"))?,
-        value: b"0\n",
-        optional: false,
-    });
-    mounts.push(Mount::Sysctl {
-        dst: under_root(Path::new("/proc/sys/net/mptcp/enabled"))?,
-        value: b"0\n",
-        optional: true,
-    });
+    // The role's network namespace (the cell's, inside a cell, where the cell init set them
+    // and the role reads them back): see NETNS_SYSCTLS.
+    for (p, value, optional) in NETNS_SYSCTLS {
+        mounts.push(Mount::Sysctl { dst: under_root(&Path::new("/proc/sys").join(p))?, value, optional });
+    }
     for p in PROC_READONLY {
         mounts.push(Mount::ReadOnly { dst: under_root(Path::new(p))? });
     }

@@ -10,11 +10,11 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{pipe2, Pid};
 
 use super::child::child_main;
-use super::namespaces::{MATRIX_NAMESPACES, NAMESPACES, ROLE_NAMESPACES};
+use super::namespaces::{CELL_ROLE_NAMESPACES, MATRIX_NAMESPACES, NAMESPACES};
 use super::plan::{Mount, Plan};
 use super::protocol::{self, Failure, Frame, Reap, Step, FORWARDED};
 use super::stage::{ChildFds, Stage};
-use super::{idmap, namespaces, shown};
+use super::{caps, idmap, namespaces, shown};
 use crate::error::{Error, Result};
 use crate::os::sys;
 use crate::sandbox::cell::Cell;
@@ -22,18 +22,23 @@ use crate::sandbox::cell::Cell;
 /// The steps of the short-lived intermediate that puts a role into a cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Enter {
-    /// setns into the cell's user namespace and the role's network namespace.
+    /// setns into the cell's user namespace and the role's network namespace; take the role's
+    /// ids as the effective ones (item 1).
     JoinCell,
-    /// clone the role's init with CLONE_PARENT and the role's own namespaces.
+    /// clone the role's init with CLONE_PARENT and the role's own namespaces, its own user
+    /// namespace (a child of the cell's) among them.
     CloneRole,
+    /// write the uid_map and gid_map of the role's own user namespace.
+    MapRole,
 }
 
 impl Step for Enter {
-    const ALL: &'static [Enter] = &[Enter::JoinCell, Enter::CloneRole];
+    const ALL: &'static [Enter] = &[Enter::JoinCell, Enter::CloneRole, Enter::MapRole];
     fn name(self) -> &'static str {
         match self {
             Enter::JoinCell => "join_cell",
             Enter::CloneRole => "clone_role",
+            Enter::MapRole => "map_role",
         }
     }
 }
@@ -69,7 +74,9 @@ pub fn spawn(plan: &Plan) -> Result<Sandbox> {
 
 /// Clone the role into `cell`: a short-lived intermediate joins the cell's user namespace and
 /// the role's own network namespace, then clones the role with CLONE_PARENT so the role's init is the supervisor's
-/// own child (waitable, and its parent-death signal tied to the supervisor).
+/// own child (waitable, and its parent-death signal tied to the supervisor), in a user namespace
+/// of its own whose id maps the intermediate writes: only a process in the parent namespace
+/// (the cell's) may, and the supervisor is not in it.
 fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_t> {
     let (pid_r, pid_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
     // SAFETY: the supervisor is single-threaded.
@@ -82,20 +89,28 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                 crate::config::Role::Node => crate::sandbox::cell::Net::Node,
             };
             protocol::must(w, Enter::JoinCell, 0, cell.join(net));
+            // The role's own user namespace is made by an id the cell maps: the role's.
+            protocol::must(w, Enter::JoinCell, 1, caps::effective_ids_of(plan.ids));
             let leaf = cell.cgroups.as_ref().and_then(|t| t.dir(plan.role));
             // SAFETY: the intermediate is single-threaded (a fresh fork).
             let cloned = unsafe {
                 match leaf {
                     // Straight into the role's leaf: its limits bind from the first instruction,
                     // and its cgroup namespace is rooted there.
-                    Some(dir) => sys::clone3(libc::CLONE_PARENT | ROLE_NAMESPACES, Some(dir)),
-                    None => sys::clone_fork(libc::CLONE_PARENT | ROLE_NAMESPACES),
+                    Some(dir) => sys::clone3(libc::CLONE_PARENT | CELL_ROLE_NAMESPACES, Some(dir)),
+                    None => sys::clone_fork(libc::CLONE_PARENT | CELL_ROLE_NAMESPACES),
                 }
             };
             match protocol::must(w, Enter::CloneRole, 0, cloned) {
                 0 => child_main(plan, fds),
                 pid => {
+                    // Its pid first: from here on, a failure leaves the supervisor a role to reap.
                     let _ = protocol::send(w, Frame::Ok(pid as u32));
+                    // The role's ids only, 1:1 from the cell's; the role waits for them
+                    // (wait_for_id_maps). A faked CLONE_NEWUSER fails here: the cell's maps are
+                    // written once, already.
+                    let mapped = idmap::write_errno(Pid::from_raw(pid), &[plan.ids.uid], &[plan.ids.gid], plan.rootful);
+                    protocol::must(w, Enter::MapRole, 0, mapped);
                     sys::exit_now(0)
                 }
             }
@@ -103,10 +118,22 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
         nix::unistd::ForkResult::Parent { child } => {
             drop(pid_w);
             let frame = protocol::read_frame(pid_r.as_raw_fd()).map_err(|e| Error::errno("read role pid", e));
+            // With the role's pid, the second word: EOF once its maps are written, else a failure.
+            let mapped = matches!(frame, Ok(Some(Frame::Ok(_)))).then(|| protocol::read_frame(pid_r.as_raw_fd()));
             // Its status kept: a kill is named.
             let status = waitpid(child, None);
             match frame? {
-                Some(Frame::Ok(pid)) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid as libc::pid_t),
+                Some(Frame::Ok(pid)) if pid > 0 && pid <= i32::MAX as u32 => {
+                    let reap = Reap(Pid::from_raw(pid as libc::pid_t));
+                    match (mapped, status) {
+                        (Some(Ok(None)), Ok(WaitStatus::Exited(_, 0))) => Ok(pid as libc::pid_t),
+                        (Some(Ok(Some(f))), _) => Err(reap.abort(entering_failed(f, plan.role, false))),
+                        (_, status) => Err(reap.abort(Error::errno(
+                            format!("{} role: the process mapping its ids ended ({status:?})", plan.role),
+                            Errno::EPIPE,
+                        ))),
+                    }
+                }
                 Some(f) => {
                     let into_leaf = cell.cgroups.as_ref().is_some_and(|t| t.dir(plan.role).is_some());
                     Err(entering_failed(f, plan.role, into_leaf))
@@ -139,6 +166,11 @@ fn entering_failed(f: Frame, role: crate::config::Role, into_leaf: bool) -> Erro
             detail: format!("{role} role: clone3 into its cgroup leaf (removed, or not writable?)"),
             errno,
         },
+        Some(Ok(Failure { step: Enter::MapRole, errno, .. })) => Error::Setup {
+            step: Enter::MapRole.name(),
+            detail: format!("{role} role: writing its own user namespace's uid_map and gid_map (from the cell's)"),
+            errno,
+        },
         Some(Ok(Failure { step, errno, .. })) => {
             let (what, fix) = namespaces::explain_userns_failure(errno);
             Error::Unsupported { what: format!("entering the cell ({}): {what}", step.name()), fix }
@@ -147,7 +179,8 @@ fn entering_failed(f: Frame, role: crate::config::Role, into_leaf: bool) -> Erro
     }
 }
 
-/// Start `plan` in `cell` (shared user + net namespaces) or standalone when `cell` is None.
+/// Start `plan` in `cell` (a user namespace of its own inside the cell's, the role's network
+/// namespace) or standalone when `cell` is None.
 pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     // Blocked before clone so no signal or child exit is lost between here and the wait loop.
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&launcher_sigset()), None)
