@@ -248,6 +248,18 @@ pub const ATTEMPTS: &[(&str, Attempt)] = &[
     ("securebits", |_| sc(libc::SYS_prctl, [i(libc::PR_SET_SECUREBITS), i(0x2fu64), Z, Z, Z, Z])),
     // ---- namespaces ----
     ("unshare_user", |_| sc(libc::SYS_unshare, [i(libc::CLONE_NEWUSER), Z, Z, Z, Z, Z])),
+    ("userns_own_ids_only", |_| {
+        // One line each, the role's own id 1:1 (unreadable counts as violated): a user
+        // namespace shared with the other role maps its ids too.
+        let own = |map: &str, id: u32| {
+            std::fs::read_to_string(map).is_ok_and(|s| {
+                let lines: Vec<Vec<&str>> = s.lines().map(|l| l.split_whitespace().collect()).collect();
+                lines.len() == 1 && lines[0].len() == 3 && lines[0][0] == id.to_string() && lines[0][2] == "1"
+            })
+        };
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        fact(!own("/proc/self/uid_map", uid) || !own("/proc/self/gid_map", gid))
+    }),
     ("unshare_net", |_| sc(libc::SYS_unshare, [i(libc::CLONE_NEWNET), Z, Z, Z, Z, Z])),
     ("unshare_mount", |_| sc(libc::SYS_unshare, [i(libc::CLONE_NEWNS), Z, Z, Z, Z, Z])),
     ("unshare_pid", |_| sc(libc::SYS_unshare, [i(libc::CLONE_NEWPID), Z, Z, Z, Z, Z])),
