@@ -181,6 +181,24 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
         crate::sandbox::cell::Cell::requirements(&cfg).map_err(|e| e.to_string()),
         "the cell's user namespace maps the roles' ids; its init confines itself with Landlock",
     );
+    // Rootless, both roles are one host uid: above each role's own count, every process of that
+    // uid counts against sealnode's own RLIMIT_NPROC (`run` takes its hard limit), which both
+    // roles' nproc may not fit in (found by review).
+    let hard_nproc =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC).map_or(u64::MAX, |l| l.1);
+    let both = cfg.engine.rlimits.nproc.saturating_add(cfg.node.rlimits.nproc);
+    if !inv.rootful() && both > hard_nproc {
+        v.push(Check {
+            name: "process limits",
+            level: Level::Warn,
+            value: format!(
+                "rootless: engine.rlimits.nproc + node.rlimits.nproc = {both}, over sealnode's own hard RLIMIT_NPROC ({hard_nproc})"
+            ),
+            meaning: "every process of uid {} counts against sealnode's limit too: one role may use up what the other's nproc allows; \
+                      raise it (`ulimit -u`, LimitNPROC= in the unit) or lower nproc"
+                .replace("{}", &inv.uid.to_string()),
+        });
+    }
     add(
         &mut v,
         "cgroup limits",

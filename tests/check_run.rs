@@ -886,3 +886,30 @@ fn a_credential_another_role_can_reach_is_refused_by_check_and_run() {
         same_refusal(&f, "a credential hard-linked into the model dir", &["node.credential", "has 2 hard links"]);
     }
 }
+
+/// Rootless, both roles are one host uid: each role's nproc counts in its own user namespace,
+/// but every process of that uid also counts against sealnode's own RLIMIT_NPROC. `check`
+/// warns, naming both fields and the limit, when the roles' nproc do not fit in it (found by
+/// review: a low limit let the engine's processes leave the node none); rootful (a host uid
+/// per role), and rootless within the limit, it does not.
+#[test]
+fn check_warns_when_both_roles_nproc_exceed_sealnodes_own() {
+    for mode in modes() {
+        let f = fixture(mode, "cr-nproc");
+        for (limit, want) in [("2000", false), ("600", mode == Mode::Rootless)] {
+            let cfg = f.config.display().to_string();
+            let inner = f.command(&["check", "--config", &cfg]);
+            let mut cmd = Command::new("prlimit");
+            cmd.arg(format!("--nproc={limit}:{limit}")).arg("--").arg(inner.get_program()).args(inner.get_args());
+            cmd.current_dir(&f.dir);
+            let (code, out) = check_verdict_of(cmd);
+            assert_eq!(code, Some(0), "{mode:?} {limit}: {out}");
+            let warned = out.lines().any(|l| {
+                l.starts_with("[warn] process limits")
+                    && l.contains("engine.rlimits.nproc + node.rlimits.nproc = 1024")
+                    && l.contains(&format!("hard RLIMIT_NPROC ({limit})"))
+            });
+            assert_eq!(warned, want, "{mode:?} {limit}: {out}");
+        }
+    }
+}

@@ -1319,8 +1319,9 @@ fn a_masked_proc_refuses_the_start_naming_it_before_anything_runs() {
 /// Each role its own user namespace, inside the cell's: rootless, both roles are one uid, and
 /// RLIMIT_NPROC counts a uid's processes per user namespace, so with one namespace for both an
 /// engine that forked up to its `nproc` left the node none (found by review). The engine forks
-/// until its limit refuses; the node, under the same `nproc`, still forks every time. From the
-/// host: the engine's and the node's processes are in two user namespaces, neither sealnode's.
+/// until its limit refuses; the node, under the same `nproc`, still forks every time, also with
+/// sealnode's own soft limit below both roles' together. From the host: the engine's and the
+/// node's processes are in two user namespaces, neither sealnode's.
 #[test]
 fn each_role_has_its_own_user_namespace_and_process_count() {
     for mode in modes() {
@@ -1332,7 +1333,9 @@ fn each_role_has_its_own_user_namespace_and_process_count() {
              echo NODE-FORKS-$ok; exec /usr/bin/busybox sleep 999";
         let f =
             cell(mode, "own-userns", &engine_sh, node_sh, "rlimits = { nproc = 40 }", "rlimits = { nproc = 40 }", "");
-        let run = start(&f, &[]);
+        // sealnode's own soft RLIMIT_NPROC below what both roles may hold: every process of the
+        // roles' host uid counts against it too, so `run` takes the hard limit (found by review).
+        let run = start_in_shell(&f, &[], "set -- prlimit --nproc=30: -- \"$@\"; ");
         let ctx = format!("{mode:?}");
         // The engine reached its own limit.
         assert_eq!(run.line(60, |l| l.starts_with("ENGINE-FULL-")), "ENGINE-FULL-2", "{ctx}: {}", run.stderr());

@@ -26,9 +26,15 @@ impl Supervisor {
     pub fn new(cfg: Config, inv: Invoker) -> Result<Supervisor> {
         // The forwarder's connections are bounded by the fd limit (egress::fd_budget): take
         // the whole hard limit, as a server does (the roles set their own).
-        if let Ok((soft, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-            if soft < hard {
-                let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+        // RLIMIT_NPROC too: above each role's own count (its user namespace's), the kernel
+        // counts every process of the role's host uid against the limit sealnode had when it
+        // made the cell's and the role's namespaces (rootless, both roles are one uid; found by
+        // review: a low soft limit let one role's processes leave the other none).
+        for res in [nix::sys::resource::Resource::RLIMIT_NOFILE, nix::sys::resource::Resource::RLIMIT_NPROC] {
+            if let Ok((soft, hard)) = nix::sys::resource::getrlimit(res) {
+                if soft < hard {
+                    let _ = nix::sys::resource::setrlimit(res, hard, hard);
+                }
             }
         }
         // Orphans of anything we start are reaped here.
