@@ -887,6 +887,53 @@ fn a_credential_another_role_can_reach_is_refused_by_check_and_run() {
     }
 }
 
+/// The scratch wipe joins the cell's user namespace as the role's ids: it holds no capability
+/// there and has no_new_privs (found by review: the id change kept every capability, since the
+/// kernel drops them only on leaving the namespace's own uid 0, which the cell does not map;
+/// with capabilities in the cell's namespace, the wipe reached every role's namespaces). strace,
+/// attached once the cell runs, holds the wipe at its first directory read after a stop.
+#[test]
+fn the_scratch_wipe_holds_no_capability() {
+    if which("strace").is_none() {
+        return unavailable("strace", "it holds the wipe in getdents64 (scripts/test installs it)");
+    }
+    for mode in modes() {
+        let f = fixture(mode, "cr-wipe-caps");
+        let run = start_logged(&f, &[]);
+        run.out_line(60, |l| l.ends_with("node-up"));
+        let supervisor = run.pid().as_raw();
+        let mut strace = Command::new("strace")
+            .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=getdents64"])
+            .args(["-e", "inject=getdents64:delay_enter=3000000", "-p", &supervisor.to_string()])
+            .spawn()
+            .expect("strace");
+        std::thread::sleep(Duration::from_millis(500));
+        nix::sys::signal::kill(run.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let comm = |p: i32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        let mut wipes = Vec::new();
+        let held = wait_until(Duration::from_secs(20), || {
+            // Held in its first directory read: its setup (ids, capabilities) is done.
+            wipes = children(supervisor)
+                .into_iter()
+                .filter(|p| comm(*p).trim() == "sealnode-wipe" && in_syscall(*p, libc::SYS_getdents64))
+                .collect();
+            !wipes.is_empty()
+        });
+        assert!(held, "{mode:?}: no wipe held in getdents64 after the stop: {}", run.stderr());
+        for p in wipes {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).expect("the held wipe's status");
+            for k in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+                assert!(status.lines().any(|l| l == format!("{k}:\t0000000000000000")), "{mode:?}: wipe {p}: {status}");
+            }
+            assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "{mode:?}: wipe {p}: {status}");
+        }
+        let _ = strace.kill();
+        let _ = strace.wait();
+        let (code, _, err) = run.stop();
+        assert_eq!(code, Some(0), "{mode:?}: {err}");
+    }
+}
+
 /// Rootless, both roles are one host uid: each role's nproc counts in its own user namespace,
 /// but every process of that uid also counts against sealnode's own RLIMIT_NPROC. `check`
 /// warns, naming both fields and the limit, when the roles' nproc do not fit in it (found by

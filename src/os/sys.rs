@@ -753,6 +753,19 @@ pub fn die_with_parent() -> Result<(), Errno> {
 }
 
 /// This thread's namespace of the kind `flag` names: (device, inode) of /proc/thread-self/ns/X.
+/// The parent of the user namespace `ns` (an open /proc/PID/ns/user), as (dev, inode):
+/// ioctl NS_GET_PARENT.
+pub fn userns_parent(ns: BorrowedFd) -> Result<(u64, u64), Errno> {
+    // NS_GET_PARENT = _IO(0xb7, 0x2) (linux/nsfs.h; the libc crate does not define it).
+    const NS_GET_PARENT: libc::c_ulong = 0xb702;
+    // SAFETY: NS_GET_PARENT takes no argument and returns a new fd, owned below.
+    let fd = Errno::result(unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_PARENT as _) })?;
+    // SAFETY: fd is a fresh descriptor the ioctl returned.
+    let parent = unsafe { OwnedFd::from_raw_fd(fd) };
+    let st = nix::sys::stat::fstat(std::os::fd::AsFd::as_fd(&parent))?;
+    Ok((st.st_dev, st.st_ino))
+}
+
 fn own_namespace(flag: nix::sched::CloneFlags) -> Result<(u64, u64), Errno> {
     use nix::sched::CloneFlags as F;
     let name = match flag {

@@ -175,7 +175,7 @@ fn cell_main(
     fds.push(must(ctl, Step::EngineNetns, 3, open_netns()));
     // The seal's sysctls in both network namespaces, while CAP_NET_ADMIN over them is ours (a
     // role's own user namespace holds none): by a child that can mount a /proc showing them.
-    must(ctl, Step::NetSysctls, 0, net_sysctls_by_child(ctl, &fds[fds.len() - 2..]));
+    must(ctl, Step::NetSysctls, SYSCTL_CHILD_START, net_sysctls_by_child(ctl, &fds[fds.len() - 2..]));
     fds.extend(mntns);
     // Confined before anything is handed out: nothing but socket creation is left to it.
     must(ctl, Step::Confine, 0, caps::drop_all());
@@ -187,13 +187,33 @@ fn cell_main(
     serve_sockets(ctl)
 }
 
+/// [`Cell::check_role_userns`]: `pid`'s user namespace is not `cell_userns`, and its parent is.
+fn own_child_userns(cell_userns: std::os::fd::BorrowedFd, pid: Pid) -> Result<()> {
+    let at = format!("/proc/{pid}/ns/user");
+    let ns = nix::fcntl::open(at.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+        .map_err(|e| Error::errno(format!("open {at}"), e))?;
+    let id = |fd: std::os::fd::BorrowedFd| nix::sys::stat::fstat(fd).map(|s| (s.st_dev, s.st_ino));
+    let cell = id(cell_userns).map_err(|e| Error::errno("fstat the cell's user namespace", e))?;
+    let own = id(ns.as_fd()).map_err(|e| Error::errno(format!("fstat {at}"), e))?;
+    let parent = sys::userns_parent(ns.as_fd()).map_err(|e| Error::errno(format!("NS_GET_PARENT of {at}"), e))?;
+    if own == cell || parent != cell {
+        return Err(Error::Unsupported {
+            what: "a role's own user namespace: the role is not in a user namespace of its own inside the cell's \
+                   (a filter above sealnode fakes clone's CLONE_NEWUSER)"
+                .into(),
+            fix: "allow clone and clone3 with namespace flags (`sealnode doctor` tries them)".into(),
+        });
+    }
+    Ok(())
+}
+
 /// The seal's sysctls (`namespaces::NETNS_SYSCTLS`) in each of `netns` (the node's, then the
 /// engine's), written by a child in a pid and a mount namespace of its own, both owned by the
 /// cell's user namespace as the network namespaces are: there it mounts a fresh /proc, since
 /// sealnode's own may show no /proc/sys (`ProcSubset=pid` under the units) or a read-only one
 /// (the kernel allows that mount where it allows each role's own /proc). The child reports a
 /// failed item on `ctl` itself (item 0: the fresh /proc; then 1 + netns index × sysctls +
-/// sysctl index); EPIPE here means it said nothing.
+/// sysctl index); how it ended otherwise, this process reports.
 fn net_sysctls_by_child(ctl: RawFd, netns: &[OwnedFd]) -> std::result::Result<(), Errno> {
     // SAFETY: the cell init is single-threaded.
     let pid = unsafe { sys::clone_fork(libc::CLONE_NEWPID | libc::CLONE_NEWNS) }?;
@@ -214,13 +234,23 @@ fn net_sysctls_by_child(ctl: RawFd, netns: &[OwnedFd]) -> std::result::Result<()
         }
         sys::exit_now(0)
     }
-    match waitpid(Pid::from_raw(pid), None)? {
-        nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
-        // Its report is on ctl already: end without another.
-        nix::sys::wait::WaitStatus::Exited(_, _) => sys::exit_now(crate::exit::CONFIG),
-        _ => Err(Errno::EPIPE),
-    }
+    // How it ended, when it did not succeed, as an item of its own: the supervisor takes the
+    // first report on ctl, the child's own where it made one (found by review: a child killed
+    // or ended without a word was told as a failed /proc mount, or as no report at all).
+    let item = match waitpid(Pid::from_raw(pid), None)? {
+        nix::sys::wait::WaitStatus::Exited(_, 0) => return Ok(()),
+        nix::sys::wait::WaitStatus::Exited(_, code) => SYSCTL_CHILD_EXITED + code as usize,
+        nix::sys::wait::WaitStatus::Signaled(_, sig, _) => SYSCTL_CHILD_KILLED + sig as usize,
+        _ => SYSCTL_CHILD_KILLED,
+    };
+    crate::sandbox::protocol::fail(ctl, Step::NetSysctls, item, Errno::ECHILD)
 }
+
+/// Items of a failed `net_sysctls` past the child's own: it could not be started (or waited
+/// for), it exited with a status (added), or was killed by a signal (added).
+const SYSCTL_CHILD_START: usize = 999;
+const SYSCTL_CHILD_EXITED: usize = 1000;
+const SYSCTL_CHILD_KILLED: usize = 2000;
 
 /// The seal's sysctls written in this thread's network namespace (/proc/sys/net is the
 /// opener's), each read back; an absent optional one is skipped. The failed item's index.
@@ -492,6 +522,14 @@ impl Cell {
         Ok(EngineSockets(self.ctl.try_clone().map_err(|e| Error::io("dup the cell's socket factory", e))?))
     }
 
+    /// Read back that the role `pid`, just cloned into the cell, is in a user namespace of its
+    /// own whose parent is the cell's (found by review: rootless, a faked CLONE_NEWUSER with
+    /// faked map writes left a role in the cell's namespace, and no check saw it; the canary
+    /// fact cannot tell where the cell maps one id).
+    pub fn check_role_userns(&self, pid: Pid) -> Result<()> {
+        own_child_userns(self.userns.as_fd(), pid)
+    }
+
     /// Enter the cell's user namespace and `net`'s network namespace (in a short-lived
     /// intermediate process).
     pub fn join(&self, net: Net) -> std::result::Result<(), Errno> {
@@ -627,6 +665,10 @@ impl Cell {
             return Err(Errno::EPERM);
         }
         sys::set_ids(ids.uid, ids.gid)?;
+        // The change kept every capability in the cell (the kernel drops them only on leaving
+        // the namespace's own uid 0, which the cell does not map): all five sets emptied,
+        // no_new_privs, read back (found by review: the wipe ran with all of them).
+        caps::drop_all()?;
         // The id change cleared the death signal (found by review): armed again, read back.
         sys::die_with_parent()
     }
@@ -729,6 +771,20 @@ fn engine_socket(ctl: &OwnedFd) -> std::result::Result<OwnedFd, Errno> {
 fn setup_error(f: Failure<Step>, egress: &[(Ipv4Addr, u16)], engine_port: Option<u16>) -> Error {
     let detail = match (f.step, egress.get(f.item)) {
         (Step::EgressListen, Some((a, p))) => format!("cell: listen on {a}:{p}"),
+        (Step::NetSysctls, _) if f.item >= SYSCTL_CHILD_KILLED => {
+            let sig = i32::try_from(f.item - SYSCTL_CHILD_KILLED).ok().and_then(|s| Signal::try_from(s).ok());
+            format!(
+                "cell: the child setting the network namespaces' sysctls was killed{}",
+                sig.map(|s| format!(" by {s}")).unwrap_or_default()
+            )
+        }
+        (Step::NetSysctls, _) if f.item >= SYSCTL_CHILD_EXITED => format!(
+            "cell: the child setting the network namespaces' sysctls exited with status {} without a report",
+            f.item - SYSCTL_CHILD_EXITED
+        ),
+        (Step::NetSysctls, _) if f.item == SYSCTL_CHILD_START => {
+            "cell: starting (or waiting for) the child that sets the network namespaces' sysctls".to_string()
+        }
         (Step::NetSysctls, _) if f.item == 0 => {
             "cell: mounting a fresh /proc to set the network namespaces' sysctls (the kernel refuses one where /proc \
              has over-mounts: ProtectKernelTunables=, a container's masked /proc)"
@@ -768,6 +824,74 @@ mod tests {
 
     fn null() -> OwnedFd {
         std::fs::File::open("/dev/null").expect("open").into()
+    }
+
+    /// Each way the cell init's sysctl step fails is told as what it was (found by review: a
+    /// child killed was told as a failed /proc mount, one that exited without a word as no
+    /// report at all).
+    #[test]
+    fn a_failed_sysctl_step_names_what_failed() {
+        use crate::sandbox::protocol::Failure;
+        let told = |item: usize| {
+            let f = Failure { step: super::Step::NetSysctls, item, errno: nix::errno::Errno::EACCES };
+            super::setup_error(f, &[], None).to_string()
+        };
+        assert!(told(0).contains("mounting a fresh /proc"), "{}", told(0));
+        assert!(told(1).contains("net/ipv4/tcp_fastopen to 0 in the node's"), "{}", told(1));
+        assert!(told(4).contains("net/mptcp/enabled to 0 in the engine's"), "{}", told(4));
+        assert!(told(super::SYSCTL_CHILD_START).contains("starting (or waiting for) the child"));
+        let exited = told(super::SYSCTL_CHILD_EXITED + 7);
+        assert!(exited.contains("exited with status 7 without a report"), "{exited}");
+        let killed = told(super::SYSCTL_CHILD_KILLED + libc::SIGSEGV as usize);
+        assert!(killed.contains("was killed by SIGSEGV"), "{killed}");
+    }
+
+    /// The read-back of a role's own user namespace (found by review: rootless, a faked
+    /// CLONE_NEWUSER went unseen): a process in the "cell's" namespace itself is refused; one in
+    /// a user namespace made inside it passes; one in a namespace nested a level deeper is refused.
+    #[test]
+    fn a_role_must_be_in_a_user_namespace_of_its_own_inside_the_cells() {
+        use nix::unistd::{fork, ForkResult, Pid};
+        let me = std::fs::File::open("/proc/self/ns/user").expect("own userns");
+        let me = std::os::fd::AsFd::as_fd(&me);
+        assert!(super::own_child_userns(me, Pid::this()).is_err(), "the cell's own namespace passed");
+        for depth in [1, 2] {
+            let (r, w) = nix::unistd::pipe().expect("pipe");
+            // SAFETY: the test's child only unshares, writes a byte and pauses.
+            match unsafe { fork() }.expect("fork") {
+                ForkResult::Child => {
+                    drop(r);
+                    let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+                    // Each level maps its creator's ids, so the next may be made inside it.
+                    let ok = (0..depth).all(|_| {
+                        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok()
+                            && std::fs::write("/proc/self/setgroups", "deny").is_ok()
+                            && std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")).is_ok()
+                            && std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")).is_ok()
+                    });
+                    let _ = nix::unistd::write(&w, &[u8::from(ok)]);
+                    std::thread::sleep(std::time::Duration::from_secs(30));
+                    crate::os::sys::exit_now(0)
+                }
+                ForkResult::Parent { child } => {
+                    drop(w);
+                    let mut b = [0u8; 1];
+                    let _ = nix::unistd::read(&r, &mut b);
+                    let verdict = super::own_child_userns(me, child);
+                    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                    let _ = nix::sys::wait::waitpid(child, None);
+                    if b[0] != 1 {
+                        // A machine without user namespaces: said loudly, a failure where the
+                        // suite demands them (.ci/run: SEALNODE_TEST_REQUIRE=all).
+                        let req = std::env::var("SEALNODE_TEST_REQUIRE").unwrap_or_default();
+                        assert!(!(req == "all" || req.split(',').any(|f| f == "userns")), "no user namespaces");
+                        eprintln!("SKIPPED: unshare(CLONE_NEWUSER) refused here");
+                        return;
+                    }
+                    assert_eq!(verdict.is_ok(), depth == 1, "depth {depth}: {verdict:?}");
+                }
+            }
+        }
     }
 
     /// Found by review: a wipe whose join of the cell a filter refused was told as "another

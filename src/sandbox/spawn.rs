@@ -128,10 +128,24 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                     match (mapped, status) {
                         (Some(Ok(None)), Ok(WaitStatus::Exited(_, 0))) => Ok(pid as libc::pid_t),
                         (Some(Ok(Some(f))), _) => Err(reap.abort(entering_failed(f, plan.role, false))),
-                        (_, status) => Err(reap.abort(Error::errno(
-                            format!("{} role: the process mapping its ids ended ({status:?})", plan.role),
-                            Errno::EPIPE,
-                        ))),
+                        // Without a word (found by review: told with a debug dump and a
+                        // made-up errno): how it ended.
+                        (_, status) => Err(reap.abort(Error::Killed {
+                            what: format!(
+                                "{} role: the process writing its user namespace's id maps (map_role) {}",
+                                plan.role,
+                                match status {
+                                    Ok(WaitStatus::Signaled(_, sig, _)) => format!("was killed by {sig}"),
+                                    Ok(WaitStatus::Exited(_, code)) =>
+                                        format!("exited with status {code} without a report"),
+                                    _ => "ended without a report".to_string(),
+                                }
+                            ),
+                            fix:
+                                "a seccomp filter above sealnode kills one of its calls (SIGSYS), or something outside \
+                                  sealnode killed it: `sealnode doctor` tries them"
+                                    .into(),
+                        })),
                     }
                 }
                 Some(f) => {
@@ -207,6 +221,10 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     let reap = Reap(pid);
     // Opened now, while the init is the launcher's own and dumpable (it confines itself later).
     let mut init_files = shown::InitFiles::open(pid);
+    // In a cell: the role's own user namespace, a child of the cell's, read back.
+    if let Some(cell) = cell {
+        cell.check_role_userns(pid).map_err(|e| reap.abort(e))?;
+    }
     if cell.is_none() {
         idmap::write(pid, &[plan.ids.uid], &[plan.ids.gid], plan.rootful).map_err(|e| reap.abort(e))?;
     }
