@@ -11,6 +11,11 @@ use std::path::Path;
 use crate::config::{Config, Invoker, Role};
 use crate::doctor::{Check, Level};
 
+/// Rootless, what sealnode's own processes need of its RLIMIT_NPROC beside both roles': the
+/// supervisor, the cell init, a wipe or a probe, and a reload's preflight cell (its init and
+/// both roles' sandboxes, each a sandbox init and a workload with a few helpers).
+const NPROC_HEADROOM: u64 = 32;
+
 /// The checks for `file`, in the order `run` meets them.
 pub fn checks(file: &Path, inv: &Invoker) -> Vec<Check> {
     run(file, inv).0
@@ -187,15 +192,17 @@ pub fn run(file: &Path, inv: &Invoker) -> (Vec<Check>, serde_json::Value) {
     let hard_nproc =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC).map_or(u64::MAX, |l| l.1);
     let both = cfg.engine.rlimits.nproc.saturating_add(cfg.node.rlimits.nproc);
-    if !inv.rootful() && both > hard_nproc {
+    if !inv.rootful() && both.saturating_add(NPROC_HEADROOM) > hard_nproc {
         v.push(Check {
             name: "process limits",
             level: Level::Warn,
             value: format!(
-                "rootless: engine.rlimits.nproc + node.rlimits.nproc = {both}, over sealnode's own hard RLIMIT_NPROC ({hard_nproc})"
+                "rootless: engine.rlimits.nproc + node.rlimits.nproc = {both}, plus {NPROC_HEADROOM} for sealnode's own, \
+                 over its hard RLIMIT_NPROC ({hard_nproc})"
             ),
-            meaning: "every process of uid {} counts against sealnode's limit too: one role may use up what the other's nproc allows; \
-                      raise it (`ulimit -u`, LimitNPROC= in the unit) or lower nproc"
+            meaning: "every process and thread of uid {} counts against sealnode's limit too, its own included (the supervisor, \
+                      the cell init, a reload's preflight cell): one role may use up what the other's nproc allows, or a reload \
+                      fail; raise it (`ulimit -Hu`, LimitNPROC= in the unit) or lower nproc"
                 .replace("{}", &inv.uid.to_string()),
         });
     }

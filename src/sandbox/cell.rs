@@ -769,19 +769,23 @@ fn engine_socket(ctl: &OwnedFd) -> std::result::Result<OwnedFd, Errno> {
 
 /// What a failed cell step means, for the operator.
 fn setup_error(f: Failure<Step>, egress: &[(Ipv4Addr, u16)], engine_port: Option<u16>) -> Error {
+    // The sysctl child ended without a report: how it ended, with no errno (there is none).
+    if f.step == Step::NetSysctls && f.item >= SYSCTL_CHILD_EXITED {
+        let how = if f.item >= SYSCTL_CHILD_KILLED {
+            let sig = i32::try_from(f.item - SYSCTL_CHILD_KILLED).ok().and_then(|s| Signal::try_from(s).ok());
+            format!("was killed{}", sig.map(|s| format!(" by {s}")).unwrap_or_default())
+        } else {
+            format!("exited with status {} without a report", f.item - SYSCTL_CHILD_EXITED)
+        };
+        return Error::Killed {
+            what: format!("cell (net_sysctls): the child setting the network namespaces' sysctls {how}"),
+            fix: "a seccomp filter above sealnode kills one of its calls (SIGSYS), or something outside sealnode \
+                  killed it: `sealnode doctor` tries them"
+                .into(),
+        };
+    }
     let detail = match (f.step, egress.get(f.item)) {
         (Step::EgressListen, Some((a, p))) => format!("cell: listen on {a}:{p}"),
-        (Step::NetSysctls, _) if f.item >= SYSCTL_CHILD_KILLED => {
-            let sig = i32::try_from(f.item - SYSCTL_CHILD_KILLED).ok().and_then(|s| Signal::try_from(s).ok());
-            format!(
-                "cell: the child setting the network namespaces' sysctls was killed{}",
-                sig.map(|s| format!(" by {s}")).unwrap_or_default()
-            )
-        }
-        (Step::NetSysctls, _) if f.item >= SYSCTL_CHILD_EXITED => format!(
-            "cell: the child setting the network namespaces' sysctls exited with status {} without a report",
-            f.item - SYSCTL_CHILD_EXITED
-        ),
         (Step::NetSysctls, _) if f.item == SYSCTL_CHILD_START => {
             "cell: starting (or waiting for) the child that sets the network namespaces' sysctls".to_string()
         }

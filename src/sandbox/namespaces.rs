@@ -40,6 +40,14 @@ fn sysctl(path: &str) -> Option<String> {
 /// Why creating a user namespace failed, and what to change.
 pub fn explain_userns_failure(e: Errno) -> (String, String) {
     let uid = nix::unistd::geteuid();
+    // A process limit, not the kernel's build (found by review: a reload's preflight cell, with
+    // both roles at their nproc, was told to check CONFIG_USER_NS).
+    if e == Errno::EAGAIN {
+        return (
+            format!("cannot create the sandbox's namespaces: {e} — a process limit is reached (RLIMIT_NPROC of uid {uid}, or the cgroup's pids.max)"),
+            "raise sealnode's hard RLIMIT_NPROC (`ulimit -Hu`, LimitNPROC= in the unit) or the cgroup's limit (TasksMax=), or lower the roles' nproc; `sealnode check` warns where they do not fit".into(),
+        );
+    }
     if sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") && !uid.is_root() {
         return (
             format!("cannot create a user namespace as uid {uid}: {e} — AppArmor restricts unprivileged user namespaces (Ubuntu 23.10+)"),
@@ -69,4 +77,16 @@ pub fn explain_userns_failure(e: Errno) -> (String, String) {
         format!("cannot create the sandbox's namespaces (user, mount, pid, net, ipc, uts, cgroup): {e}"),
         "check `sealnode doctor`; the kernel needs CONFIG_USER_NS, CONFIG_PID_NS, CONFIG_NET_NS, CONFIG_IPC_NS, CONFIG_UTS_NS, CONFIG_CGROUPS".into(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    /// A process limit is told as one, not as a kernel built without namespaces (found by
+    /// review: a reload's preflight cell, with both roles at their nproc, was).
+    #[test]
+    fn eagain_is_a_process_limit() {
+        let (what, fix) = super::explain_userns_failure(nix::errno::Errno::EAGAIN);
+        assert!(what.contains("a process limit is reached (RLIMIT_NPROC"), "{what}");
+        assert!(fix.contains("LimitNPROC=") && !fix.contains("CONFIG_USER_NS"), "{fix}");
+    }
 }
