@@ -28,8 +28,8 @@ use probe::{try_namespaces_bounded, Refused, CLONE3, MAPS, PROBE_LIMIT, SETUP, W
 pub struct Needs {
     /// The Landlock ABI the policies need.
     pub min_abi: u8,
-    /// Each role is cloned into its own cgroup leaf (clone3): per-role limits or the unit's
-    /// delegated cgroup.
+    /// Each role starts in its own cgroup leaf (its intermediate cloned there with clone3):
+    /// per-role limits or the unit's delegated cgroup.
     pub cgroup_leaves: Option<bool>,
     /// A role's refused calls are logged (`log_refused_syscalls`: a seccomp listener).
     pub refusal_log: Option<bool>,
@@ -278,7 +278,7 @@ fn optional_check(r: Refused, needs: &Needs, opts: Option<&Options>) -> Check {
         (
             "cgroup leaves",
             needs.cgroup_leaves,
-            "each role is cloned straight into its own cgroup leaf with clone3 (per-role limits, cell.cgroup, the unit's delegated cgroup)",
+            "each role starts in its own cgroup leaf, cloned by a process cloned straight into it with clone3 (per-role limits, cell.cgroup, the unit's delegated cgroup)",
             "leave per-role limits and cell.cgroup out",
         )
     } else {

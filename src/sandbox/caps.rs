@@ -28,7 +28,9 @@ pub fn rootful_fs_ids(ids: Ids) -> Result<(), Errno> {
 /// the role's own user namespace is created by (and owned by) an id the cell maps (the kernel
 /// refuses a creator it does not: EPERM; rootful, kuid 0 is unmapped in the cell). Real and
 /// saved ids stay, so the permitted set is kept; the effective set, cleared by the change, is
-/// raised again for the id maps written next, and the process made dumpable again. Read back.
+/// raised again for the id maps written next, and the process made dumpable again. The
+/// filesystem ids follow (the role's cgroup leaf, which does not let the role's ids in, was
+/// entered before: the intermediate is cloned into it). Read back.
 pub fn effective_ids_of(ids: Ids) -> Result<(), Errno> {
     // u32::MAX (-1): that id unchanged.
     nix::unistd::setresgid(Gid::from_raw(u32::MAX), Gid::from_raw(ids.gid), Gid::from_raw(u32::MAX))?;

@@ -79,9 +79,27 @@ pub fn spawn(plan: &Plan) -> Result<Sandbox> {
 /// (the cell's) may, and the supervisor is not in it.
 fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_t> {
     let (pid_r, pid_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
-    // SAFETY: the supervisor is single-threaded.
-    match unsafe { nix::unistd::fork() }.map_err(|e| Error::errno("fork", e))? {
-        nix::unistd::ForkResult::Child => {
+    let leaf = cell.cgroups.as_ref().and_then(|t| t.dir(plan.role));
+    // The intermediate starts straight in the role's leaf, as the supervisor (whose ids the
+    // leaf lets in): the role it clones starts there, under its limits from its first
+    // instruction, its cgroup namespace rooted there. Not the role's clone: that one is made
+    // as the role's uid, which the leaf (root's, or the delegated user's) does not let in
+    // (found by test in the guest).
+    let forked = match leaf {
+        // SAFETY: the supervisor is single-threaded.
+        Some(dir) => unsafe { sys::clone3(0, Some(dir)) }.map_err(|e| Error::Setup {
+            step: Enter::CloneRole.name(),
+            detail: format!("{} role: clone3 into its cgroup leaf (removed, or not writable?)", plan.role),
+            errno: e,
+        })?,
+        // SAFETY: as above.
+        None => match unsafe { nix::unistd::fork() }.map_err(|e| Error::errno("fork", e))? {
+            nix::unistd::ForkResult::Child => 0,
+            nix::unistd::ForkResult::Parent { child } => child.as_raw(),
+        },
+    };
+    match forked {
+        0 => {
             drop(pid_r);
             let w = pid_w.as_raw_fd();
             let net = match plan.role {
@@ -91,16 +109,8 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
             protocol::must(w, Enter::JoinCell, 0, cell.join(net));
             // The role's own user namespace is made by an id the cell maps: the role's.
             protocol::must(w, Enter::JoinCell, 1, caps::effective_ids_of(plan.ids));
-            let leaf = cell.cgroups.as_ref().and_then(|t| t.dir(plan.role));
             // SAFETY: the intermediate is single-threaded (a fresh fork).
-            let cloned = unsafe {
-                match leaf {
-                    // Straight into the role's leaf: its limits bind from the first instruction,
-                    // and its cgroup namespace is rooted there.
-                    Some(dir) => sys::clone3(libc::CLONE_PARENT | CELL_ROLE_NAMESPACES, Some(dir)),
-                    None => sys::clone_fork(libc::CLONE_PARENT | CELL_ROLE_NAMESPACES),
-                }
-            };
+            let cloned = unsafe { sys::clone_fork(libc::CLONE_PARENT | CELL_ROLE_NAMESPACES) };
             match protocol::must(w, Enter::CloneRole, 0, cloned) {
                 0 => child_main(plan, fds),
                 pid => {
@@ -115,7 +125,8 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                 }
             }
         }
-        nix::unistd::ForkResult::Parent { child } => {
+        child => {
+            let child = Pid::from_raw(child);
             drop(pid_w);
             let frame = protocol::read_frame(pid_r.as_raw_fd()).map_err(|e| Error::errno("read role pid", e));
             // With the role's pid, the second word: EOF once its maps are written, else a failure.
@@ -127,7 +138,7 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                     let reap = Reap(Pid::from_raw(pid as libc::pid_t));
                     match (mapped, status) {
                         (Some(Ok(None)), Ok(WaitStatus::Exited(_, 0))) => Ok(pid as libc::pid_t),
-                        (Some(Ok(Some(f))), _) => Err(reap.abort(entering_failed(f, plan.role, false))),
+                        (Some(Ok(Some(f))), _) => Err(reap.abort(entering_failed(f, plan.role))),
                         // Without a word (found by review: told with a debug dump and a
                         // made-up errno): how it ended.
                         (_, status) => Err(reap.abort(Error::Killed {
@@ -148,10 +159,7 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                         })),
                     }
                 }
-                Some(f) => {
-                    let into_leaf = cell.cgroups.as_ref().is_some_and(|t| t.dir(plan.role).is_some());
-                    Err(entering_failed(f, plan.role, into_leaf))
-                }
+                Some(f) => Err(entering_failed(f, plan.role)),
                 // Without a word (found by review: told as "Broken pipe"): how it ended.
                 None => Err(match status {
                     Ok(WaitStatus::Signaled(_, sig, _)) => Error::Killed {
@@ -170,16 +178,9 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
     }
 }
 
-/// What the intermediate's failure report means. A failed clone straight into the role's
-/// cgroup leaf (`into_leaf`) names the leaf, not the namespaces (unit test:
-/// sandbox::spawn::tests::a_failed_clone_into_the_cgroup_leaf_names_the_leaf).
-fn entering_failed(f: Frame, role: crate::config::Role, into_leaf: bool) -> Error {
+/// What the intermediate's failure report means.
+fn entering_failed(f: Frame, role: crate::config::Role) -> Error {
     match f.failure::<Enter>() {
-        Some(Ok(Failure { step: Enter::CloneRole, errno, .. })) if into_leaf => Error::Setup {
-            step: Enter::CloneRole.name(),
-            detail: format!("{role} role: clone3 into its cgroup leaf (removed, or not writable?)"),
-            errno,
-        },
         Some(Ok(Failure { step: Enter::MapRole, errno, .. })) => Error::Setup {
             step: Enter::MapRole.name(),
             detail: format!("{role} role: writing its own user namespace's uid_map and gid_map (from the cell's)"),
@@ -640,26 +641,28 @@ mod tests {
     use super::*;
     use crate::config::Role;
 
-    /// A role that cannot be cloned into its cgroup leaf is told so, with the leaf as the
-    /// likely cause; without a leaf the same step failing is a namespace problem.
+    /// The intermediate's failure names its step: a failed clone of the role is the cell's
+    /// namespaces; a failed map write names its own step. (A failed clone straight into the
+    /// role's cgroup leaf, the intermediate's own, is the supervisor's: named there.)
     #[test]
-    fn a_failed_clone_into_the_cgroup_leaf_names_the_leaf() {
+    fn the_intermediates_failures_name_their_step() {
         let clone_failed = Frame::Failed { step: Enter::CloneRole.code(), item: 0, errno: libc::ENOENT };
-        match entering_failed(clone_failed, Role::Node, true) {
-            Error::Setup { step, detail, errno } => {
-                assert_eq!((step, errno), ("clone_role", Errno::ENOENT));
-                assert!(detail.contains("node role") && detail.contains("cgroup leaf"), "{detail}");
-            }
-            e => panic!("not the leaf: {e}"),
-        }
-        let e = entering_failed(clone_failed, Role::Node, false);
+        let e = entering_failed(clone_failed, Role::Node);
         assert!(
             matches!(&e, Error::Unsupported { what, .. } if what.contains("entering the cell (clone_role)")),
             "{e}"
         );
         let join_failed = Frame::Failed { step: Enter::JoinCell.code(), item: 0, errno: libc::EPERM };
-        let e = entering_failed(join_failed, Role::Node, true);
+        let e = entering_failed(join_failed, Role::Node);
         assert!(matches!(&e, Error::Unsupported { what, .. } if what.contains("entering the cell (join_cell)")), "{e}");
+        let map_failed = Frame::Failed { step: Enter::MapRole.code(), item: 0, errno: libc::EPERM };
+        match entering_failed(map_failed, Role::Node) {
+            Error::Setup { step, detail, errno } => {
+                assert_eq!((step, errno), ("map_role", Errno::EPERM));
+                assert!(detail.contains("node role") && detail.contains("uid_map and gid_map"), "{detail}");
+            }
+            e => panic!("not the map: {e}"),
+        }
     }
 
     /// A setup killed without a word is told by process, signal and step: the workload (its
