@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::{waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::{pipe2, Pid};
 
 use super::child::child_main;
@@ -77,14 +77,15 @@ pub fn spawn(plan: &Plan) -> Result<Sandbox> {
 /// own child (waitable, and its parent-death signal tied to the supervisor), in a user namespace
 /// of its own whose id maps the intermediate writes: only a process in the parent namespace
 /// (the cell's) may, and the supervisor is not in it.
-fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_t> {
+/// The role's pid, with the id maps' failure when they failed (the role not yet reaped: a role
+/// killed meanwhile is told as its kill, [`spawn_in`]).
+fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<(libc::pid_t, Option<Error>)> {
     let (pid_r, pid_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
     let leaf = cell.cgroups.as_ref().and_then(|t| t.dir(plan.role));
     // The intermediate starts straight in the role's leaf, as the supervisor (whose ids the
     // leaf lets in): the role it clones starts there, under its limits from its first
     // instruction, its cgroup namespace rooted there. Not the role's clone: that one is made
-    // as the role's uid, which the leaf (root's, or the delegated user's) does not let in
-    // (found by test in the guest).
+    // as the role's uid, which the leaf (root's, or the delegated user's) does not let in.
     let forked = match leaf {
         // SAFETY: the supervisor is single-threaded.
         Some(dir) => unsafe { sys::clone3(0, Some(dir)) }.map_err(|e| Error::Setup {
@@ -137,8 +138,8 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                 Some(Frame::Ok(pid)) if pid > 0 && pid <= i32::MAX as u32 => {
                     let reap = Reap(Pid::from_raw(pid as libc::pid_t));
                     match (mapped, status) {
-                        (Some(Ok(None)), Ok(WaitStatus::Exited(_, 0))) => Ok(pid as libc::pid_t),
-                        (Some(Ok(Some(f))), _) => Err(reap.abort(entering_failed(f, plan.role))),
+                        (Some(Ok(None)), Ok(WaitStatus::Exited(_, 0))) => Ok((pid as libc::pid_t, None)),
+                        (Some(Ok(Some(f))), _) => Ok((pid as libc::pid_t, Some(entering_failed(f, plan.role)))),
                         // Without a word (found by review: told with a debug dump and a
                         // made-up errno): how it ended.
                         (_, status) => Err(reap.abort(Error::Killed {
@@ -152,10 +153,7 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                                     _ => "ended without a report".to_string(),
                                 }
                             ),
-                            fix:
-                                "a seccomp filter above sealnode kills one of its calls (SIGSYS), or something outside \
-                                  sealnode killed it: `sealnode doctor` tries them"
-                                    .into(),
+                            fix: protocol::KILLED_FIX.into(),
                         })),
                     }
                 }
@@ -167,9 +165,7 @@ fn clone_into_cell(cell: &Cell, plan: &Plan, fds: ChildFds) -> Result<libc::pid_
                             "{} role: the process entering the cell (join_cell, clone_role) was killed by {sig}",
                             plan.role
                         ),
-                        fix: "a seccomp filter above sealnode kills one of its calls (SIGSYS), or something outside \
-                              sealnode killed it: `sealnode doctor` tries them"
-                            .into(),
+                        fix: protocol::KILLED_FIX.into(),
                     },
                     _ => Error::errno("intermediate died before cloning the role", Errno::EPIPE),
                 }),
@@ -204,7 +200,7 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     let (sync_r, sync_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
     // The child closes every other fd as its first steps (close_inherited_fds).
     let fds = ChildFds { err: err_w.as_raw_fd(), sync: sync_r.as_raw_fd() };
-    let pid = match cell {
+    let (pid, map_failed) = match cell {
         Some(cell) => clone_into_cell(cell, plan, fds)?,
         None => {
             let flags = if plan.layers.namespaces { NAMESPACES } else { MATRIX_NAMESPACES };
@@ -213,7 +209,7 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
             if pid == 0 {
                 child_main(plan, fds);
             }
-            pid
+            (pid, None)
         }
     };
     drop(err_w);
@@ -221,6 +217,23 @@ pub fn spawn_in(plan: &Plan, cell: Option<&Cell>) -> Result<Sandbox> {
     let pid = Pid::from_raw(pid);
     let reap = Reap(pid);
     // Opened now, while the init is the launcher's own and dumpable (it confines itself later).
+    // The role's id maps failed: a role killed meanwhile (a filter above sealnode, the OOM
+    // killer) is what made them fail, told as its kill at its step (found by test: told as the
+    // maps' EACCES); else the maps' failure.
+    if let Some(e) = map_failed {
+        let wait =
+            || nix::sys::wait::waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT);
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        while matches!(wait(), Ok(WaitStatus::StillAlive)) && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if !matches!(wait(), Ok(WaitStatus::Signaled(..))) {
+            return Err(reap.abort(e));
+        }
+        let mut progress = Progress::default();
+        let _ = next_report(err_r.as_raw_fd(), &mut progress, std::time::Instant::now() + SETUP_LIMIT, false);
+        return Err(killed_in_setup(plan, pid, progress));
+    }
     let mut init_files = shown::InitFiles::open(pid);
     // In a cell: the role's own user namespace, a child of the cell's, read back.
     if let Some(cell) = cell {
