@@ -779,9 +779,7 @@ fn setup_error(f: Failure<Step>, egress: &[(Ipv4Addr, u16)], engine_port: Option
         };
         return Error::Killed {
             what: format!("cell (net_sysctls): the child setting the network namespaces' sysctls {how}"),
-            fix: "a seccomp filter above sealnode kills one of its calls (SIGSYS), or something outside sealnode \
-                  killed it: `sealnode doctor` tries them"
-                .into(),
+            fix: crate::sandbox::protocol::KILLED_FIX.into(),
         };
     }
     let detail = match (f.step, egress.get(f.item)) {

@@ -172,6 +172,10 @@ pub fn read_frame(fd: RawFd) -> std::result::Result<Option<Frame>, Errno> {
     }
 }
 
+/// The fix told for a setup process killed without a word: who may have killed it.
+pub const KILLED_FIX: &str = "a seccomp filter above sealnode kills one of its calls (SIGSYS), or something outside \
+                              sealnode killed it: `sealnode doctor` tries them";
+
 /// A child the parent is still setting up: [`Reap::abort`] kills and reaps it on the way out
 /// of an error, so no half-set-up process outlives a failed start.
 #[derive(Debug, Clone, Copy)]
