@@ -753,6 +753,28 @@ pub fn die_with_parent() -> Result<(), Errno> {
 }
 
 /// This thread's namespace of the kind `flag` names: (device, inode) of /proc/thread-self/ns/X.
+/// Whether the sysctl file at `path` reads as `value` (surrounding whitespace aside).
+pub fn sysctl_is(path: &std::path::Path, value: &[u8]) -> Result<bool, Errno> {
+    let shown = std::fs::read(path).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    Ok(shown.trim_ascii() == value.trim_ascii())
+}
+
+/// Write `value` to the sysctl file at `path`, read back: a faked write would leave the
+/// namespace's value as it was (EOPNOTSUPP).
+pub fn write_sysctl(path: &std::path::Path, value: &[u8]) -> Result<(), Errno> {
+    let fd = nix::fcntl::open(
+        path,
+        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    write_all(fd.as_raw_fd(), value)?;
+    drop(fd);
+    if !sysctl_is(path, value)? {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
 /// The parent of the user namespace `ns` (an open /proc/PID/ns/user), as (dev, inode):
 /// ioctl NS_GET_PARENT.
 pub fn userns_parent(ns: BorrowedFd) -> Result<(u64, u64), Errno> {

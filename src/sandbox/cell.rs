@@ -256,16 +256,9 @@ const SYSCTL_CHILD_KILLED: usize = 2000;
 /// opener's), each read back; an absent optional one is skipped. The failed item's index.
 fn net_sysctls() -> std::result::Result<(), (usize, Errno)> {
     for (i, (p, value, optional)) in namespaces::NETNS_SYSCTLS.iter().enumerate() {
-        let path = format!("/proc/sys/{p}");
-        let at = |e: std::io::Error| (i, Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
-        match std::fs::OpenOptions::new().write(true).open(&path) {
-            Err(e) if *optional && e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(at(e)),
-            Ok(mut f) => std::io::Write::write_all(&mut f, value).map_err(at)?,
-        }
-        // Read back: a faked write would leave the namespace's value as it was.
-        if std::fs::read(&path).map_err(at)?.trim_ascii() != value.trim_ascii() {
-            return Err((i, Errno::EOPNOTSUPP));
+        match sys::write_sysctl(&std::path::Path::new("/proc/sys").join(p), value) {
+            Err(Errno::ENOENT) if *optional => continue,
+            r => r.map_err(|e| (i, e))?,
         }
     }
     Ok(())

@@ -318,27 +318,13 @@ pub fn apply(m: &Mount, src: Option<&OwnedFd>, tree: &mut Tree) -> R {
                 None if *optional => return Ok(()),
                 None => return Err(Errno::ENOENT),
             };
-            let read =
-                || std::fs::read(as_path(&at.path)).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
             // Already the value: inside a cell, the cell init set its network namespace's (the
             // role, in a user namespace of its own, may not write them); read, never trusted
             // to be so.
-            if read()?.trim_ascii() == value.trim_ascii() {
+            if sys::sysctl_is(as_path(&at.path), value)? {
                 return Ok(());
             }
-            let fd = nix::fcntl::open(
-                at.path.as_c_str(),
-                nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )?;
-            use std::os::fd::AsRawFd;
-            sys::write_all(fd.as_raw_fd(), value)?;
-            drop(fd);
-            // Read back: a faked write would leave the namespace's value as it was.
-            if read()?.trim_ascii() != value.trim_ascii() {
-                return Err(Errno::EOPNOTSUPP);
-            }
-            Ok(())
+            sys::write_sysctl(as_path(&at.path), value)
         }
         Mount::SealedProgram { dst, fd, mode } => sealed_program(dst, *fd, *mode, tree),
         Mount::ReadOnly { dst } => {
