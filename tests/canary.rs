@@ -333,7 +333,12 @@ fn documented_two_layer_counts(role: &str) -> (usize, usize) {
 #[test]
 fn matrix_shows_two_independent_layers() {
     for mode in modes() {
-        let f = Fixture::new(mode, "matrix");
+        // The engine's scratch capped: with no cell to hold its tmpfs, the matrix's sandboxes
+        // get a fresh one, as `exec` does (found by review: they bound the host dir and
+        // refused it as no tmpfs, ESTALE).
+        let mut f = Fixture::new(mode, "matrix");
+        f.engine_extra = "scratch_max_mb = 8".into();
+        f.write_config();
         let (code, m, err) = canary(&f, &["--matrix"]);
         // The report says which cell failed (seen once in a full run, rootless, not again in 10).
         assert_eq!(code, Some(0), "{mode:?}: {err}\n{m}");

@@ -120,6 +120,37 @@ fn check_and_run_give_one_verdict() {
         }
         drop(f);
 
+        // A capped scratch under a directory only root may search: the role binds the cell's
+        // tmpfs by that path, so it cannot reach it either (found by review: `check` passed it,
+        // and `run` failed in the wipe with "another host user's files", then in the start).
+        let mut f = fixture(mode, "cr-capped-private");
+        let owner = match mode {
+            Mode::Rootful => Some(NODE_IDS),
+            Mode::Rootless if is_root() => Some((NOBODY, NOBODY)),
+            Mode::Rootless => None,
+        };
+        let scratch = f.p("private/node-scratch");
+        std::fs::create_dir_all(&scratch).expect("mkdir");
+        chmod(&scratch, 0o700);
+        if let Some((u, g)) = owner {
+            std::os::unix::fs::chown(&scratch, Some(u), Some(g)).expect("chown");
+        }
+        chmod(&f.p("private"), 0o700);
+        f.node_extra = "scratch_max_mb = 4".into();
+        f.write_config();
+        let text = std::fs::read_to_string(&f.config).expect("config");
+        let moved = text.replace(&f.p("node-scratch").display().to_string(), &scratch.display().to_string());
+        assert_ne!(text, moved, "the scratch line was not found");
+        std::fs::write(&f.config, moved).expect("config");
+        let words = match mode {
+            Mode::Rootful => ["node.scratch", "cannot reach it"],
+            Mode::Rootless => ["node.scratch", "Permission denied"],
+        };
+        if is_root() {
+            same_refusal(&f, "a capped scratch under a 0700 dir", &words);
+        }
+        drop(f);
+
         // A program reached through a symlink that only resolves in the role's view: the venv
         // case (bin/python -> the interpreter's prefix under a 0700 home, bound there with dst
         // from a copy). `check` must resolve it in the view as `run` does, and both start.

@@ -925,6 +925,41 @@ fn a_capped_scratch_stops_at_the_cap_and_survives_a_role_restart() {
     }
 }
 
+/// A capped scratch is wiped through the tmpfs the cell holds, never by its path again: a
+/// directory above it made root's 0700 while the cell runs leaves the wipe whole, and the next
+/// start is refused naming node.scratch (found by review: the wipe walked the path as the role,
+/// failed with EACCES and was told as "another host user's files; remove them by hand").
+#[test]
+fn a_capped_scratch_is_wiped_through_the_tmpfs_the_cell_holds() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        return unavailable("rootful", "a directory above the scratch that only root may search");
+    }
+    for mode in modes() {
+        let node_sh = "echo left > /scratch/left && echo node-wrote; exec sleep 1000";
+        let f = cell(mode, "scratchheld", HTTPD, node_sh, "scratch_max_mb = 4", "", "");
+        let old = f.p("node-scratch");
+        let new = f.p("outer/node-scratch");
+        std::fs::create_dir(f.p("outer")).expect("mkdir");
+        std::fs::rename(&old, &new).expect("move the scratch");
+        let text = std::fs::read_to_string(&f.config).expect("config");
+        let moved = text.replace(&old.display().to_string(), &new.display().to_string());
+        assert_ne!(text, moved, "the scratch line was not found");
+        std::fs::write(&f.config, moved).expect("config");
+        let mut run = start(&f, &[]);
+        run.line(30, |l| l == "node-wrote");
+        std::fs::set_permissions(f.p("outer"), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let cfg = f.config.display().to_string();
+        let o = f.command(&["ctl", "--config", &cfg, "recycle"]).output_within(COMMAND_LIMIT);
+        let said = String::from_utf8_lossy(&o.stderr).into_owned();
+        let code = wait_timeout(&mut run.child, 60);
+        let err = run.stderr_after_exit();
+        assert!(!err.contains("cannot wipe"), "{mode:?}: the wipe walked the path: {err}\n{said}");
+        assert_eq!(code, Some(125), "{mode:?}: {err}");
+        assert!(err.contains("node.scratch"), "{mode:?}: the refusal does not name the field: {err}");
+    }
+}
+
 /// An upstream that never answers (its SYNs dropped, as a firewall or the unit's
 /// IPAddressDeny= does) is given up after `cell.egress_connect_timeout_s` and logged with the
 /// fix: without it the node's connection hung silently (found in the test guest, tests/vm).

@@ -53,7 +53,7 @@ pub enum What {
 }
 
 /// The paths `role` will open under `plan`: the plan's binds (role paths and system binds
-/// alike; a capped scratch is the cell's tmpfs, not a host path, and is left to the cell), the
+/// alike; a capped scratch's host dir, which the cell's tmpfs covers, by its path), the
 /// credential, the model files the engine's command names (unless the model dir is the engine's
 /// to write: it may fetch them itself), and the devices.
 pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::Plan) -> Job {
@@ -71,9 +71,13 @@ pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::P
     let credential_dst = Path::new(crate::sandbox::table::NEWROOT).join(INSIDE_CREDENTIAL.trim_start_matches('/'));
     let mut items = Vec::new();
     for m in &plan.mounts {
-        let Mount::Bind { src, dst, check, .. } = m else { continue };
-        if matches!(check, Check::Tmpfs(_)) {
-            continue;
+        let Mount::Bind { src, dst, .. } = m else { continue };
+        // A capped scratch is the cell's tmpfs over the host dir: the role reaches it by the
+        // same path, so the dirs above it must be searchable by the role's ids as for any
+        // bind (found by review: it was left out, and the start failed after `check` said OK).
+        let mut mount = m.clone();
+        if let Mount::Bind { check: c @ Check::Tmpfs(_), .. } = &mut mount {
+            *c = Check::None;
         }
         let host = PathBuf::from(std::ffi::OsStr::from_bytes(src.as_bytes()));
         let to_credential =
@@ -84,7 +88,7 @@ pub fn job_for(cfg: &Config, inv: &Invoker, role: Role, plan: &crate::sandbox::P
             .map(|(_, f)| f.clone())
             .or_else(|| to_credential.then(|| format!("{role}.credential")))
             .unwrap_or_else(|| format!("{role} (system bind)"));
-        items.push(Item { field, what: What::Source { mount: m.clone(), host } });
+        items.push(Item { field, what: What::Source { mount, host } });
     }
     if let Some(c) = &r.credential {
         items.push(Item {

@@ -99,8 +99,10 @@ pub struct Cell {
     mntns: Option<OwnedFd>,
     /// Role ids are separate host users (the wipe clears supplementary groups then).
     rootful: bool,
-    /// The capped scratch dirs, each a tmpfs in `mntns`.
-    scratch: Vec<Scratch>,
+    /// The capped scratch dirs: each role's tmpfs in `mntns`, held by its root (O_PATH) since
+    /// the cell init mounted it, for the wipes: a path walk would need search rights on the
+    /// host dirs above it, which the role's ids may lack (found by review).
+    scratch: Vec<(Role, OwnedFd)>,
     /// Supervisor's end of the SOCK_SEQPACKET pair to the cell init.
     ctl: OwnedFd,
     /// One listener per egress upstream, inside the node's netns, non-blocking.
@@ -157,7 +159,13 @@ fn cell_main(
     must(ctl, Step::WaitForIdMaps, 0, wait_byte(sync));
     // Capped scratch: the cell's own mount namespace, a tmpfs of the cap's size over each
     // capped scratch dir (owned by the role's ids, which the maps made valid here).
-    let mntns = (!scratch.is_empty()).then(|| must(ctl, Step::ScratchTmpfs, 0, scratch_mounts(scratch)));
+    let (mntns, roots) = match scratch.is_empty() {
+        true => (None, Vec::new()),
+        false => {
+            let (ns, roots) = must(ctl, Step::ScratchTmpfs, 0, scratch_mounts(scratch));
+            (Some(ns), roots)
+        }
+    };
     // The node's loopback, which its egress listeners and the engine-port listener live on.
     must(ctl, Step::LoopbackUp, 0, sys::loopback_up());
     // One listener per egress upstream, before anything could take its address.
@@ -177,6 +185,7 @@ fn cell_main(
     // role's own user namespace holds none): by a child that can mount a /proc showing them.
     must(ctl, Step::NetSysctls, SYSCTL_CHILD_START, net_sysctls_by_child(ctl, &fds[fds.len() - 2..]));
     fds.extend(mntns);
+    fds.extend(roots);
     // Confined before anything is handed out: nothing but socket creation is left to it.
     must(ctl, Step::Confine, 0, caps::drop_all());
     must(ctl, Step::Confine, 1, sys::prctl(libc::PR_SET_DUMPABLE, 0));
@@ -185,6 +194,27 @@ fn cell_main(
     must(ctl, Step::SendListeners, 0, send_fds(ctl, Frame::Ok(fds.len() as u32), &fds));
     drop(fds);
     serve_sockets(ctl)
+}
+
+/// Each capped scratch's root, as the cell init sent it, read back: a tmpfs of the cap's size
+/// (a faked mount would leave the wipes the host dir beneath it, not the cap).
+fn capped_roots(scratch: &[Scratch], roots: Vec<OwnedFd>) -> Result<Vec<(Role, OwnedFd)>> {
+    let mut held = Vec::with_capacity(roots.len());
+    for (s, root) in scratch.iter().zip(roots) {
+        let fs = nix::sys::statfs::fstatfs(&root).map_err(|e| Error::errno("fstatfs a capped scratch", e))?;
+        let size = fs.blocks() * fs.block_size() as u64;
+        if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC || size != s.mb << 20 {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "the cell's capped scratch of the {} role is not a tmpfs of {} MiB as the kernel shows it",
+                    s.role, s.mb
+                ),
+                fix: "a seccomp filter above sealnode fakes mount: allow it (`sealnode doctor` tries it)".into(),
+            });
+        }
+        held.push((s.role, root));
+    }
+    Ok(held)
 }
 
 /// [`Cell::check_role_userns`]: `pid`'s user namespace is not `cell_userns`, and its parent is.
@@ -265,13 +295,14 @@ fn net_sysctls() -> std::result::Result<(), (usize, Errno)> {
 }
 
 /// A new mount namespace (nothing propagates back to the host), a tmpfs over each capped
-/// scratch dir; returns the namespace.
-fn scratch_mounts(scratch: &[Scratch]) -> std::result::Result<OwnedFd, Errno> {
+/// scratch dir; returns the namespace and each tmpfs's root (O_PATH), in `scratch`'s order.
+fn scratch_mounts(scratch: &[Scratch]) -> std::result::Result<(OwnedFd, Vec<OwnedFd>), Errno> {
     use nix::mount::{mount, MsFlags};
     sys::unshare_verified(CloneFlags::CLONE_NEWNS)?;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
     sys::no_propagation()?;
     // Each tmpfs is read back by the role that binds it (its size and type: Check::Tmpfs).
+    let mut roots = Vec::with_capacity(scratch.len());
     for s in scratch {
         // The dir reached without following symlinks, mounted on through its fd.
         // SAFETY: walk_no_symlinks returns an fd we own.
@@ -280,8 +311,12 @@ fn scratch_mounts(scratch: &[Scratch]) -> std::result::Result<OwnedFd, Errno> {
         let opts = format!("size={}m,nr_inodes=1048576,mode=0700,uid={},gid={}", s.mb, s.uid, s.gid);
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
         mount(Some("tmpfs"), at.as_str(), Some("tmpfs"), flags, Some(opts.as_str()))?;
+        // The walk again, which now ends on the tmpfs's root (the supervisor reads it back).
+        // SAFETY: walk_no_symlinks returns an fd we own.
+        roots.push(unsafe { OwnedFd::from_raw_fd(sys::walk_no_symlinks(&s.path)?) });
     }
-    nix::fcntl::open("/proc/self/ns/mnt", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+    let ns = nix::fcntl::open("/proc/self/ns/mnt", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())?;
+    Ok((ns, roots))
 }
 
 fn wait_byte(sync: RawFd) -> std::result::Result<(), Errno> {
@@ -428,7 +463,8 @@ impl Cell {
         let gids: Vec<u32> = ids.iter().map(|i| i.gid).collect();
         idmap::write(pid, &uids, &gids, rootful).map_err(|e| reap.abort(e))?;
         let released = sys::write_all(sync_w.as_raw_fd(), &[1]);
-        let wanted = egress.len() + usize::from(engine_port.is_some()) + 2 + usize::from(!scratch.is_empty());
+        let wanted =
+            egress.len() + usize::from(engine_port.is_some()) + 2 + usize::from(!scratch.is_empty()) + scratch.len();
         // Its report, whether it was released or failed before (found by review: a failure
         // before the release was told as "release cell init: Broken pipe", its report dropped).
         let (payload, mut listeners) = recv_with_fds(sup.as_raw_fd(), wanted).map_err(|e| {
@@ -455,7 +491,9 @@ impl Cell {
             }
         }
         // Sent in order: the egress listeners, the engine-port listener, the two network
-        // namespaces, the mount namespace (capped scratch only).
+        // namespaces, the mount namespace and each capped scratch's root (capped scratch only).
+        let roots = listeners.split_off(listeners.len() - scratch.len());
+        let scratch = capped_roots(scratch, roots).map_err(|e| reap.abort(e))?;
         let mntns = if scratch.is_empty() {
             None
         } else {
@@ -496,7 +534,7 @@ impl Cell {
             engine_netns,
             mntns,
             rootful,
-            scratch: scratch.to_vec(),
+            scratch,
             ctl: sup,
             listeners,
             engine_listener,
@@ -601,34 +639,28 @@ impl Cell {
     }
 }
 
-/// What a wipe empties: an uncapped scratch dir (its descriptor, opened once when the cell was
-/// made), or a capped one (the cell's tmpfs at this path in the cell's mount namespace).
-#[derive(Debug, Clone, Copy)]
-pub enum WipeTarget<'a> {
-    Dir(std::os::fd::BorrowedFd<'a>),
-    Tmpfs(&'a std::ffi::CStr),
-}
-
 impl Cell {
-    /// The cell's tmpfs over `role`'s scratch dir, when that scratch is capped.
-    pub fn capped_scratch(&self, role: Role) -> Option<&std::ffi::CStr> {
-        self.scratch.iter().find(|s| s.role == role).map(|s| s.path.as_c_str())
+    /// The root of the cell's tmpfs over `role`'s scratch dir, when that scratch is capped.
+    pub fn capped_scratch(&self, role: Role) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.scratch.iter().find(|(r, _)| *r == role).map(|(_, fd)| fd.as_fd())
     }
 
-    /// Empty a role's scratch (crate::os::wipe) in a short-lived child that joins the cell's user
-    /// namespace (and its mount namespace for a capped scratch) and becomes the role's own
-    /// ids there: it can remove whatever the role could have left, and nothing else (a file
-    /// of another host user, a mount point: EACCES, EBUSY). The supervisor needs no host
-    /// CAP_DAC_OVERRIDE. The child's pid is returned at once: what a role left is of any size,
-    /// so the supervisor's loop reaps it like any child ([`wipe_result`]) and keeps serving.
-    pub fn spawn_wipe(&self, target: WipeTarget, ids: Ids) -> std::result::Result<Pid, Errno> {
+    /// Empty a role's scratch dir `dir` (its descriptor: the uncapped dir opened once when the
+    /// run began, or the capped one's tmpfs root held since the cell was made; never a path
+    /// walked again) with crate::os::wipe, in a short-lived child that joins the cell's user
+    /// namespace and becomes the role's own ids there: it can remove whatever the role could
+    /// have left, and nothing else (a file of another host user, a mount point: EACCES, EBUSY).
+    /// The supervisor needs no host CAP_DAC_OVERRIDE. The child's pid is returned at once: what
+    /// a role left is of any size, so the supervisor's loop reaps it like any child
+    /// ([`wipe_result`]) and keeps serving.
+    pub fn spawn_wipe(&self, dir: std::os::fd::BorrowedFd, ids: Ids) -> std::result::Result<Pid, Errno> {
         // SAFETY: the supervisor is single-threaded; the child only joins namespaces, drops to
         // the role's ids, removes files and exits.
         match unsafe { nix::unistd::fork() }? {
             nix::unistd::ForkResult::Child => {
                 // Named for `ps` (and the tests that find it).
                 let _ = nix::sys::prctl::set_name(c"sealnode-wipe");
-                let code = match self.wipe_child(target, ids) {
+                let code = match self.wipe_child(dir, ids) {
                     Ok(()) => 0,
                     Err(e) => wipe_code(e),
                 };
@@ -638,20 +670,16 @@ impl Cell {
         }
     }
 
-    fn wipe_child(&self, target: WipeTarget, ids: Ids) -> std::result::Result<(), WipeFailed> {
-        self.become_role_in_cell(target, ids).map_err(WipeFailed::Entering)?;
-        self.empty_as_role(target).map_err(WipeFailed::Errno)
+    fn wipe_child(&self, dir: std::os::fd::BorrowedFd, ids: Ids) -> std::result::Result<(), WipeFailed> {
+        self.become_role_in_cell(ids).map_err(WipeFailed::Entering)?;
+        open_dir_at(dir).and_then(crate::os::wipe::empty).map_err(WipeFailed::Errno)
     }
 
-    /// Join the cell as the role: its user namespace (and mount namespace for a capped
-    /// scratch), the role's own ids, no capability left.
-    fn become_role_in_cell(&self, target: WipeTarget, ids: Ids) -> std::result::Result<(), Errno> {
+    /// Join the cell as the role: its user namespace, the role's own ids, no capability left.
+    fn become_role_in_cell(&self, ids: Ids) -> std::result::Result<(), Errno> {
         // A wipe never outlives the supervisor (a new one would race it).
         sys::die_with_parent()?;
         sys::setns_verified(self.userns.as_fd(), CloneFlags::CLONE_NEWUSER)?;
-        if let (WipeTarget::Tmpfs(_), Some(m)) = (target, &self.mntns) {
-            sys::setns_verified(m.as_fd(), CloneFlags::CLONE_NEWNS)?;
-        }
         // The role's own ids in the cell before anything is opened: no supplementary group,
         // no capability left, only what the role itself may touch (its own scratch dir).
         if sys::clear_groups().is_err() && self.rootful {
@@ -664,26 +692,6 @@ impl Cell {
         caps::drop_all()?;
         // The id change cleared the death signal (found by review): armed again, read back.
         sys::die_with_parent()
-    }
-
-    /// Empty the scratch `target` names, as the role.
-    fn empty_as_role(&self, target: WipeTarget) -> std::result::Result<(), Errno> {
-        let root = match target {
-            WipeTarget::Dir(fd) => open_dir_at(fd)?,
-            WipeTarget::Tmpfs(path) => {
-                if self.mntns.is_none() {
-                    return Err(Errno::ENOENT);
-                }
-                // SAFETY: walk_no_symlinks returns an fd we own.
-                let at = unsafe { OwnedFd::from_raw_fd(sys::walk_no_symlinks(path)?) };
-                let root = open_dir_at(at.as_fd())?;
-                if nix::sys::statfs::fstatfs(&root)?.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
-                    return Err(Errno::ESTALE);
-                }
-                root
-            }
-        };
-        crate::os::wipe::empty(root)
     }
 }
 

@@ -392,7 +392,7 @@ impl Plan {
         Ok(())
     }
 
-    /// Outside a cell (`exec`, `probe`): a capped scratch becomes a fresh tmpfs of the cap's
+    /// Outside a cell (`exec`, `probe`, the canary's matrix): a capped scratch becomes a fresh tmpfs of the cap's
     /// size, the role's own (nothing persists; in a cell, the cell holds it).
     pub fn fresh_capped_scratch(&mut self) -> Result<()> {
         for m in &mut self.mounts {

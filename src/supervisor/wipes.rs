@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 use super::lifecycle::{AfterWipes, CellEvent, Event, Phase};
 use super::{notify, Supervisor};
 use crate::config::Role;
-use crate::sandbox::cell::{WipeFailed, WipeTarget};
+use crate::sandbox::cell::WipeFailed;
 use sd_notify::NotifyState;
 
 impl Supervisor {
@@ -28,11 +28,9 @@ impl Supervisor {
         self.course(CellEvent::WipesBegun);
         for role in roles {
             let cell = &self.base.cell;
-            let target = match cell.capped_scratch(role) {
-                Some(path) => WipeTarget::Tmpfs(path),
-                None => WipeTarget::Dir(self.roles[role as usize].scratch.as_fd()),
-            };
-            let spawned = cell.spawn_wipe(target, self.base.ids[role as usize]);
+            // A capped scratch is the cell's tmpfs, held by its root; an uncapped one, the dir.
+            let dir = cell.capped_scratch(role).unwrap_or(self.roles[role as usize].scratch.as_fd());
+            let spawned = cell.spawn_wipe(dir, self.base.ids[role as usize]);
             match spawned {
                 Ok(pid) => self.slot(role).apply(Event::WipeStarted(pid)),
                 Err(e) => self.course(CellEvent::WipeFailed(role, WipeFailed::Errno(e))),

@@ -617,7 +617,13 @@ pub fn start(
 ) -> Result<Probe> {
     let argv = probe_argv(cfg, role, t, layers)?;
     let program = Program::SealedSelf(crate::sandbox::plan::sealed_self()?);
-    start_plan(Plan::build_layers(cfg, role, inv, Some(argv), Some(program), layers)?, cell)
+    let mut plan = Plan::build_layers(cfg, role, inv, Some(argv), Some(program), layers)?;
+    // Standalone (the matrix), no cell holds a capped scratch's tmpfs: a fresh one, as `exec`
+    // gets (found by review: the matrix bound the host dir and refused it as no tmpfs).
+    if cell.is_none() {
+        plan.fresh_capped_scratch()?;
+    }
+    start_plan(plan, cell)
 }
 
 /// Start a probe's plan (its command the battery: [`probe_argv`]) in `cell`, its stdin a pty
