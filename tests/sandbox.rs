@@ -347,6 +347,59 @@ fn environment_is_exactly_the_config() {
     }
 }
 
+/// A command that ignores SIGTERM does not hold `exec`: a SIGTERM is passed on (and ignored),
+/// then the sandbox and everything in it are killed, exit 137, nothing left: at a second
+/// SIGTERM, or `cell.stop_timeout_s` after the first (`timeout` sends one).
+#[test]
+fn a_stop_of_exec_kills_a_command_that_ignores_it() {
+    use std::io::BufRead;
+    const MARK: &str = "987.654";
+    let left = || {
+        std::fs::read_dir("/proc").expect("/proc").flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == MARK.as_bytes()))
+        })
+    };
+    let term = |c: &std::process::Child| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM)
+            .expect("SIGTERM")
+    };
+    for mode in modes() {
+        for (grace, second) in [(10, true), (2, false)] {
+            let ctx = format!("{mode:?}, stop_timeout_s = {grace}, a second SIGTERM: {second}");
+            let mut f = Fixture::new(mode, "exec-term");
+            f.cell_extra = format!("stop_timeout_s = {grace}");
+            f.write_config();
+            let cfg = f.config.display().to_string();
+            let sh = format!("trap '' TERM; echo ready; exec sleep {MARK}");
+            let mut child = f
+                .command(&["exec", "--config", &cfg, "--role", "node", "--", "/bin/sh", "-c", &sh])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn");
+            let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+            let mut line = String::new();
+            out.read_line(&mut line).expect("read");
+            assert_eq!(line, "ready\n", "{ctx}");
+            let t = Instant::now();
+            term(&child);
+            if second {
+                std::thread::sleep(Duration::from_secs(1));
+                assert!(matches!(child.try_wait(), Ok(None)), "{ctx}: the first SIGTERM was not only passed on");
+                assert!(left(), "{ctx}: the command is gone after the first SIGTERM");
+                term(&child);
+            }
+            wait_within(&mut child, Duration::from_secs(20), "exec after its stop");
+            let o = child.wait_with_output().expect("wait");
+            assert_eq!(o.status.code(), Some(128 + libc::SIGKILL), "{ctx}: {}", String::from_utf8_lossy(&o.stderr));
+            if !second {
+                assert!(t.elapsed() >= Duration::from_secs(grace), "{ctx}: killed before its grace");
+            }
+            assert!(wait_until(Duration::from_secs(10), || !left()), "{ctx}: the command outlived exec");
+        }
+    }
+}
+
 #[test]
 fn exit_codes_and_stdio_pass_through() {
     for mode in modes() {

@@ -45,5 +45,6 @@ fn run_sandboxed(config: &Path, role: Role, argv: Vec<String>, program: Option<P
         let log = sealnode::logging::denylog::DenyLog::new(role, fd, errno);
         std::thread::spawn(move || log.serve_until_closed());
     }
-    Ok(sandbox::run_to_exit(sb))
+    // A stop's grace, as `run` gives a role: then the sandbox is killed.
+    Ok(sandbox::run_to_exit(sb, std::time::Duration::from_secs(cfg.cell.stop_timeout_s)))
 }

@@ -554,6 +554,27 @@ pub fn signal_pending(sigs: &[nix::sys::signal::Signal]) -> bool {
     sigs.iter().any(|s| set.contains(*s))
 }
 
+/// Take one of the blocked signals in `set` (sigtimedwait(2)): the signal, or None when
+/// `timeout` passed first (no timeout: wait as long as it takes). EINTR is the caller's.
+pub fn wait_signal(
+    set: &nix::sys::signal::SigSet,
+    timeout: Option<std::time::Duration>,
+) -> Result<Option<nix::sys::signal::Signal>, Errno> {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let at = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `set` is a valid sigset_t, no siginfo is asked for (null), `at` is null or
+    // points to a timespec that lives until the call returns.
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), at) };
+    match Errno::result(r) {
+        Ok(n) => nix::sys::signal::Signal::try_from(n).map(Some),
+        Err(Errno::EAGAIN) if timeout.is_some() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Exit immediately without running destructors or atexit handlers (child after clone).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no Rust state.

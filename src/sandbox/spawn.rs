@@ -629,24 +629,47 @@ pub fn wait_exit(sb: Sandbox) -> i32 {
 }
 
 /// Wait for the sandbox to exit, forwarding SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to its
-/// init. Returns the workload's exit code (128+N if killed by signal N).
-pub fn run_to_exit(sb: Sandbox) -> i32 {
+/// init. A terminating signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) is a stop, as `run`'s: if the
+/// sandbox has not exited `grace` after the first, or at a second, its init is killed, and with
+/// it the sandbox's whole pid namespace, so a workload that ignores or blocks signals, or hangs,
+/// never holds `exec` (`timeout`, a unit's stop, a second Ctrl-C). Returns the workload's exit
+/// code (128+N if killed by signal N).
+pub fn run_to_exit(sb: Sandbox, grace: std::time::Duration) -> i32 {
     let set = launcher_sigset();
+    let mut kill_at: Option<std::time::Instant> = None;
     loop {
-        match set.wait() {
-            Ok(Signal::SIGCHLD) => match waitpid(sb.pid, Some(WaitPidFlag::WNOHANG)) {
+        let left = kill_at.map(|t| t.saturating_duration_since(std::time::Instant::now()));
+        match sys::wait_signal(&set, left) {
+            Ok(Some(Signal::SIGCHLD)) => match waitpid(sb.pid, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(_, code)) => return code,
                 Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
                 Ok(_) => continue,
                 Err(Errno::EINTR) => continue,
                 Err(_) => return 128 + libc::SIGKILL,
             },
-            Ok(sig) => {
+            // The stop's grace is over, or a second stop came: no more asking.
+            Ok(None) => {
+                kill_at = None;
+                let _ = kill(sb.pid, Signal::SIGKILL);
+            }
+            Ok(Some(sig)) if is_terminating(sig) && kill_at.is_some() => {
+                kill_at = None;
+                let _ = kill(sb.pid, Signal::SIGKILL);
+            }
+            Ok(Some(sig)) => {
+                if is_terminating(sig) {
+                    kill_at = Some(std::time::Instant::now() + grace);
+                }
                 let _ = kill(sb.pid, sig);
             }
             Err(_) => continue,
         }
     }
+}
+
+/// A signal that asks a foreground command to end (its second one is not asked again).
+fn is_terminating(sig: Signal) -> bool {
+    matches!(sig, Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP | Signal::SIGQUIT)
 }
 
 #[cfg(test)]
