@@ -7,6 +7,7 @@ echo "Machine: $(nproc) vCPU, $(uname -r), $(date -u +%Y-%m-%d)"
 echo
 ./launch.sh
 ./launch-phases.sh
+./start.sh
 ./syscalls.sh
 echo
 taskset -c "${SEALNODE_BENCH_CPU:-1}" ./egress.sh | sed 's/^### egress: /### egress, latency run pinned to one CPU: /'
