@@ -597,7 +597,7 @@ pub(crate) fn atomic_writer(root: &Path, files: &[(&str, &str, u32)], swap: bool
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
@@ -727,7 +727,7 @@ mod tests {
 
     /// Root's tests: skipped loudly when not root, a failure under SEALNODE_TEST_REQUIRE=all
     /// (or rootful), as tests/common's are.
-    fn root_or_skip(what: &str) -> bool {
+    pub(crate) fn root_or_skip(what: &str) -> bool {
         if nix::unistd::geteuid().is_root() {
             return true;
         }
