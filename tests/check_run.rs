@@ -193,6 +193,17 @@ fn check_and_run_give_one_verdict() {
         same_refusal(&f, "a model not in the dir", &["engine.command[4]", "/models/nope.gguf is not in the model dir"]);
         drop(f);
 
+        // The node's Landlock rules named by the engine (a swapped pair in one policy dir):
+        // tighter for the engine, which then could not bind its port.
+        let f = fixture(mode, "cr-swapped-rules");
+        let text = std::fs::read_to_string(&f.config).expect("config");
+        let engine_rules = format!("landlock = \"{}\"", f.p("policy/engine.toml").display());
+        let node_rules = format!("landlock = \"{}\"", f.p("policy/node.toml").display());
+        assert!(text.contains(&engine_rules), "{text}");
+        std::fs::write(&f.config, text.replace(&engine_rules, &node_rules)).expect("config");
+        same_refusal(&f, "the node's rules named by the engine", &["node.toml", "written for the node role"]);
+        drop(f);
+
         // A world-writable engine program (mode 757), unpinned.
         let mut f = fixture(mode, "cr-ww");
         let prog = own_busybox(&f, "ebin/busybox");

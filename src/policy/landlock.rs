@@ -24,6 +24,13 @@ pub const KNOWN_ABI: u8 = 7;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rules {
+    /// The role the rules are written for: a file named by the other role's `landlock` is
+    /// refused ([`Rules::check_role`]), since policies of both roles sit side by side (a
+    /// ConfigMap, /etc/sealnode/landlock) and a swapped pair fails only later, and obscurely
+    /// (the engine cannot bind its port, the node cannot connect). Optional: without it the
+    /// file fits either role.
+    #[serde(default)]
+    pub role: Option<Role>,
     /// Refuse to start on kernels with a lower Landlock ABI.
     pub min_abi: u8,
     #[serde(default)]
@@ -186,6 +193,20 @@ impl Rules {
             ));
         }
         Ok(rules)
+    }
+
+    /// The rules are `role`'s to apply, if they name their role ([`Rules::role`]).
+    pub fn check_role(&self, role: Role, file: &Path) -> Result<()> {
+        match self.role {
+            Some(theirs) if theirs != role => Err(Error::policy(
+                file,
+                format!(
+                    "role: the rules are written for the {theirs} role, and {role}.landlock names them: name the \
+                     {role} role's own rules there (the shipped ones: landlock-rules/{role}*.toml)"
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Parse rules from bytes sealnode already read (and checked).
@@ -500,7 +521,22 @@ mod tests {
             let r = Rules::load(&root.join(f)).unwrap_or_else(|e| panic!("{e}"));
             assert!(r.min_abi >= 6, "{f}: scopes need ABI 6");
             assert!(r.scope.signal && r.scope.abstract_unix_socket, "{f}");
+            // Each names its role: named by the other role's `landlock`, it is refused.
+            let (own, other) =
+                if f.starts_with("node") { (Role::Node, Role::Engine) } else { (Role::Engine, Role::Node) };
+            assert_eq!(r.role, Some(own), "{f}");
+            r.check_role(own, Path::new(f)).expect("its own role");
+            let e = r.check_role(other, Path::new(f)).expect_err("the other role").to_string();
+            assert!(e.contains(f) && e.contains(&format!("written for the {own} role")), "{e}");
         }
+        // A file that names no role fits either; an unknown role is refused by name.
+        let text = "min_abi = 6\n";
+        let any = Rules::parse(text, Path::new("any.toml")).expect("no role");
+        assert!(
+            any.check_role(Role::Engine, Path::new("x")).is_ok() && any.check_role(Role::Node, Path::new("x")).is_ok()
+        );
+        let e = Rules::parse("role = \"gateway\"\nmin_abi = 6\n", Path::new("g.toml")).expect_err("unknown role");
+        assert!(e.to_string().contains("g.toml") && e.to_string().contains("gateway"), "{e}");
         let engine = Rules::load(&root.join("engine.toml")).expect("engine");
         assert!(engine.net.connect.is_empty() && !engine.net.connect_any, "the engine connects nowhere");
         let node = Rules::load(&root.join("node.toml")).expect("node");

@@ -453,6 +453,7 @@ fn policies(cfg: &Config, role: Role) -> Result<(landlock::Resolved, BpfProgram)
     let r = cfg.role(role);
     let (sc, ll) = cfg.policy_files(role)?;
     let rules = landlock::Rules::from_loaded(&ll.bytes, &r.landlock)?;
+    rules.check_role(role, &r.landlock)?;
     landlock::require_kernel_abi(rules.min_abi, &r.landlock)?;
     let landlock = rules.resolve(cfg, role);
     let seccomp =
