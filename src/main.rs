@@ -74,7 +74,8 @@ enum Command {
     /// 125 if the sandbox could not be set up (the failing step and errno are printed).
     /// SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to the command; the
     /// sandbox and all in it are killed (exit 137) `cell.stop_timeout_s` after the first
-    /// SIGTERM, SIGINT, SIGHUP or SIGQUIT, or at a second one.
+    /// SIGTERM, SIGINT, SIGHUP or SIGQUIT, or at a second one. A signal ignored when `exec`
+    /// started (nohup) stays ignored.
     Exec {
         /// Config file.
         #[arg(long, env = "SEALNODE_CONFIG", default_value = DEFAULT_CONFIG)]

@@ -149,6 +149,14 @@ fn check_and_run_give_one_verdict() {
         if is_root() {
             same_refusal(&f, "a capped scratch under a 0700 dir", &words);
         }
+        if mode == Mode::Rootful {
+            // `canary` runs no access check first: its setup failure says where to look.
+            let cfg = f.config.display().to_string();
+            let o = f.command(&["canary", "--config", &cfg]).output_within(COMMAND_LIMIT);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(125), "{err}");
+            assert!(err.contains("not searchable") && err.contains("sealnode check"), "{err}");
+        }
         drop(f);
 
         // A program reached through a symlink that only resolves in the role's view: the venv

@@ -892,11 +892,13 @@ fn a_scratch_dir_among_the_cells_own_dirs_is_refused() {
 fn a_capped_scratch_stops_at_the_cap_and_survives_a_role_restart() {
     for mode in modes() {
         let node_sh = "if [ -f /scratch/state ]; then echo \"state survived: $(cat /scratch/state)\"; exec sleep 1000; fi; \
-             echo kept > /scratch/state; \
+             echo \"inodes $(/usr/bin/busybox awk '$5 == \"/scratch\" { print $NF }' /proc/self/mountinfo | /usr/bin/busybox grep -o 'nr_inodes=[0-9]*')\"; echo kept > /scratch/state; \
              /usr/bin/busybox dd if=/dev/zero of=/scratch/fill bs=1M count=16 2>&1 | /usr/bin/busybox grep -o 'No space left on device' | /usr/bin/busybox head -1; \
              echo \"filled $(/usr/bin/busybox du -k /scratch/fill | /usr/bin/busybox cut -f1) KiB\"; exit 1";
         let f = cell(mode, "scratchcap", HTTPD, node_sh, "scratch_max_mb = 4\nrestart = \"on-failure\"", "", "");
         let run = start(&f, &[]);
+        // The cell's tmpfs bounds its inodes with its size (4 MiB: the floor, 4096).
+        assert_eq!(run.line(30, |l| l.starts_with("inodes ")), "inodes nr_inodes=4096", "{mode:?}");
         let full = run.line(30, |l| l.contains("No space left on device") || l.starts_with("filled"));
         assert!(full.contains("No space left on device"), "{mode:?}: no ENOSPC: {full}");
         let filled = run.line(30, |l| l.starts_with("filled"));
@@ -922,6 +924,34 @@ fn a_capped_scratch_stops_at_the_cap_and_survives_a_role_restart() {
         let again = run.line(30, |l| l.contains("No space left on device") || l.starts_with("state survived"));
         assert!(again.contains("No space left on device"), "{mode:?}: a new cell saw old scratch: {again}");
         let _ = run.stop();
+    }
+}
+
+/// A role that takes its own rights on its scratch dir (`chmod 0 /scratch`, which the Ollama
+/// profile's filter allows) cannot make the wipe fail: the wipe gives them back, and a recycle
+/// starts the role again on an empty scratch, capped or not (found by review: the wipe failed
+/// with EACCES and the recycle stopped the cell, exit 125, whenever the role liked).
+#[test]
+fn a_role_that_locks_its_own_scratch_dir_is_still_wiped() {
+    let engine_sh = "/usr/bin/python3 -c 'import os; os.fchmod(os.open(\"/scratch\", os.O_RDONLY), 0)' \
+         && echo engine-locked-scratch; exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models";
+    for mode in modes() {
+        for capped in [false, true] {
+            let ctx = format!("{mode:?}, capped: {capped}");
+            let extra_engine = if capped { "scratch_max_mb = 4" } else { "" };
+            let mut f = cell(mode, "lockedscratch", engine_sh, "exec sleep 1000", "", extra_engine, "");
+            f.engine_policy = "engine-ollama".into();
+            f.write_config();
+            let run = start(&f, &[]);
+            run.line(30, |l| l.ends_with("engine-locked-scratch"));
+            let cfg = f.config.display().to_string();
+            let o = f.command(&["ctl", "--config", &cfg, "recycle"]).output_within(COMMAND_LIMIT);
+            assert!(o.status.success(), "{ctx}: recycle: {}\n{}", String::from_utf8_lossy(&o.stderr), run.stderr());
+            run.line(60, |l| l.ends_with("engine-locked-scratch"));
+            let (code, _, err) = run.stop();
+            assert_eq!(code, Some(0), "{ctx}: {err}");
+            assert!(!err.contains("cannot wipe"), "{ctx}: {err}");
+        }
     }
 }
 

@@ -400,6 +400,67 @@ fn a_stop_of_exec_kills_a_command_that_ignores_it() {
     }
 }
 
+/// A signal ignored when `exec` starts (`nohup`: SIGHUP) stays ignored: neither passed on nor a
+/// stop, so the command outlives a hangup (found by review: killed after the grace, 137).
+#[test]
+fn a_signal_ignored_when_exec_starts_stays_ignored() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    const MARK: &str = "987.321";
+    for mode in modes() {
+        let mut f = Fixture::new(mode, "exec-nohup");
+        f.cell_extra = "stop_timeout_s = 1".into();
+        f.write_config();
+        let cfg = f.config.display().to_string();
+        let sh = format!("echo ready; exec sleep {MARK}");
+        let mut cmd = f.command(&["exec", "--config", &cfg, "--role", "node", "--", "/bin/sh", "-c", &sh]);
+        // SAFETY: only signal(2), async-signal-safe, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGHUP, libc::SIG_IGN);
+                Ok(())
+            })
+        };
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("read");
+        assert_eq!(line, "ready\n", "{mode:?}");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+        // Past the grace a stop would have had: still running.
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(matches!(child.try_wait(), Ok(None)), "{mode:?}: an ignored SIGHUP stopped exec");
+        // A signal not ignored is still passed on: the command ends by it.
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        wait_within(&mut child, Duration::from_secs(20), "exec after a SIGTERM");
+        let o = child.wait_with_output().expect("wait");
+        assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{mode:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+/// A capped scratch's inodes are bounded with its size (one per 4 KiB, at least 4096): inode
+/// memory is not counted in the tmpfs's size (found by review: a 1 MiB cap took 150000 empty
+/// files, ~150 MiB of the kernel's memory, outside any cgroup under `exec`).
+#[test]
+fn a_capped_scratch_bounds_its_inodes_with_its_size() {
+    for mode in modes() {
+        for (mb, inodes) in [(1, 4096), (64, 16384)] {
+            let mut f = Fixture::new(mode, "exec-inodes");
+            f.node_extra = format!("scratch_max_mb = {mb}");
+            f.write_config();
+            // As the kernel shows the mount (statfs is not in the node's filter).
+            let sh = "/usr/bin/busybox awk '$5 == \"/scratch\" { print $NF }' /proc/self/mountinfo";
+            let o = f.exec("node", &["/bin/sh", "-c", sh]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(o.status.code(), Some(0), "{mode:?} {mb} MiB: {}", String::from_utf8_lossy(&o.stderr));
+            let opts: Vec<&str> = out.trim().split(',').collect();
+            assert!(opts.contains(&format!("size={}k", mb << 10).as_str()), "{mode:?} {mb} MiB: {out}");
+            assert!(opts.contains(&format!("nr_inodes={inodes}").as_str()), "{mode:?} {mb} MiB: {out}");
+        }
+    }
+}
+
 #[test]
 fn exit_codes_and_stdio_pass_through() {
     for mode in modes() {

@@ -554,6 +554,17 @@ pub fn signal_pending(sigs: &[nix::sys::signal::Signal]) -> bool {
     sigs.iter().any(|s| set.contains(*s))
 }
 
+/// Is `sig` ignored (SIG_IGN) in this process: by `nohup`, or a shell's background job (SIGINT
+/// and SIGQUIT)? A query only: the disposition is not changed.
+pub fn is_ignored(sig: nix::sys::signal::Signal) -> bool {
+    let mut old = std::mem::MaybeUninit::<libc::sigaction>::uninit();
+    // SAFETY: a null new action only reads the disposition into `old`, which we own; it is
+    // read only after success.
+    let r = unsafe { libc::sigaction(sig as libc::c_int, std::ptr::null(), old.as_mut_ptr()) };
+    // SAFETY: filled by the successful sigaction above.
+    r == 0 && unsafe { old.assume_init() }.sa_sigaction == libc::SIG_IGN
+}
+
 /// Take one of the blocked signals in `set` (sigtimedwait(2)): the signal, or None when
 /// `timeout` passed first (no timeout: wait as long as it takes). EINTR is the caller's.
 pub fn wait_signal(

@@ -6,7 +6,7 @@
 //! have made is out of its reach.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
@@ -46,6 +46,29 @@ fn writable(dir: &OwnedFd) -> Result<(), Errno> {
         fchmod(dir, Mode::from_bits_truncate((st.st_mode & 0o7777) | 0o700))?;
     }
     Ok(())
+}
+
+/// Remove everything inside the directory `dir` refers to (any descriptor of it, O_PATH
+/// included; not the dir itself). The role may have taken its owner's rights on the dir itself
+/// (`chmod 0 /scratch`): they are given back first, through the descriptor's magic link, as
+/// [`writable`] does for the dirs inside (found by review: the wipe failed, EACCES, and a
+/// recycle or reload stopped the cell, whenever the role liked).
+pub fn empty_dir(dir: BorrowedFd) -> Result<(), Errno> {
+    let st = fstat(dir)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(Errno::ENOTDIR);
+    }
+    if st.st_mode & 0o700 != 0o700 {
+        let at = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let mode = Mode::from_bits_truncate((st.st_mode & 0o7777) | 0o700);
+        nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            at.as_str(),
+            mode,
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )?;
+    }
+    empty(open_dir(dir, c".")?)
 }
 
 /// Remove everything inside the directory `root` (not `root` itself).

@@ -197,16 +197,18 @@ fn cell_main(
 }
 
 /// Each capped scratch's root, as the cell init sent it, read back: a tmpfs of the cap's size
-/// (a faked mount would leave the wipes the host dir beneath it, not the cap).
+/// and inodes (a faked mount would leave the wipes the host dir beneath it, not the cap).
 fn capped_roots(scratch: &[Scratch], roots: Vec<OwnedFd>) -> Result<Vec<(Role, OwnedFd)>> {
     let mut held = Vec::with_capacity(roots.len());
     for (s, root) in scratch.iter().zip(roots) {
         let fs = nix::sys::statfs::fstatfs(&root).map_err(|e| Error::errno("fstatfs a capped scratch", e))?;
         let size = fs.blocks() * fs.block_size() as u64;
-        if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC || size != s.mb << 20 {
+        let inodes = crate::sandbox::table::scratch_tmpfs_inodes(s.mb);
+        if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC || size != s.mb << 20 || fs.files() != inodes {
             return Err(Error::Unsupported {
                 what: format!(
-                    "the cell's capped scratch of the {} role is not a tmpfs of {} MiB as the kernel shows it",
+                    "the cell's capped scratch of the {} role is not a tmpfs of {} MiB and {inodes} inodes as the \
+                     kernel shows it",
                     s.role, s.mb
                 ),
                 fix: "a seccomp filter above sealnode fakes mount: allow it (`sealnode doctor` tries it)".into(),
@@ -308,7 +310,7 @@ fn scratch_mounts(scratch: &[Scratch]) -> std::result::Result<(OwnedFd, Vec<Owne
         // SAFETY: walk_no_symlinks returns an fd we own.
         let dir = unsafe { OwnedFd::from_raw_fd(sys::walk_no_symlinks(&s.path)?) };
         let at = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let opts = format!("size={}m,nr_inodes=1048576,mode=0700,uid={},gid={}", s.mb, s.uid, s.gid);
+        let opts = crate::sandbox::table::scratch_tmpfs_options(s.mb, s.uid, s.gid);
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
         mount(Some("tmpfs"), at.as_str(), Some("tmpfs"), flags, Some(opts.as_str()))?;
         // The walk again, which now ends on the tmpfs's root (the supervisor reads it back).
@@ -672,7 +674,7 @@ impl Cell {
 
     fn wipe_child(&self, dir: std::os::fd::BorrowedFd, ids: Ids) -> std::result::Result<(), WipeFailed> {
         self.become_role_in_cell(ids).map_err(WipeFailed::Entering)?;
-        open_dir_at(dir).and_then(crate::os::wipe::empty).map_err(WipeFailed::Errno)
+        crate::os::wipe::empty_dir(dir).map_err(WipeFailed::Errno)
     }
 
     /// Join the cell as the role: its user namespace, the role's own ids, no capability left.
@@ -738,11 +740,6 @@ pub fn wipe_result(ws: nix::sys::wait::WaitStatus) -> std::result::Result<(), Wi
         nix::sys::wait::WaitStatus::Signaled(_, s, _) => Err(WipeFailed::Killed(s as i32)),
         _ => Err(WipeFailed::Errno(Errno::ECHILD)),
     }
-}
-
-/// A readable descriptor of the directory `fd` refers to (O_PATH or not).
-fn open_dir_at(fd: std::os::fd::BorrowedFd) -> std::result::Result<OwnedFd, Errno> {
-    nix::fcntl::openat(fd, c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
 }
 
 /// Makes TCP sockets in the engine's network namespace, through the cell init.

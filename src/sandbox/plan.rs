@@ -397,7 +397,7 @@ impl Plan {
     pub fn fresh_capped_scratch(&mut self) -> Result<()> {
         for m in &mut self.mounts {
             if let Mount::Bind { dst, check: Check::Tmpfs(bytes), attrs, .. } = m {
-                let opts = format!("size={}m,mode=0700,uid={},gid={}", *bytes >> 20, self.ids.uid, self.ids.gid);
+                let opts = crate::sandbox::table::scratch_tmpfs_options(*bytes >> 20, self.ids.uid, self.ids.gid);
                 *m = Mount::Tmpfs { dst: dst.clone(), opts: cstr(&opts)?, attrs: *attrs };
             }
         }

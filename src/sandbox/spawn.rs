@@ -603,6 +603,14 @@ fn setup_error(plan: &Plan, f: Failure<Stage>) -> Error {
     if stage == Stage::OpenSources && f.errno == Errno::ESTALE {
         detail.push_str(" (it was replaced since it was checked before this start: the start is refused; start again)");
     }
+    // `canary` and `exec` do not run `check`'s access check first (found by review: a capped
+    // scratch under a root-only dir was told by its errno alone).
+    if stage == Stage::OpenSources && f.errno == Errno::EACCES {
+        detail.push_str(
+            " (the role's ids cannot reach it: a directory on the way is not searchable by them; `sealnode check` names \
+             the field)",
+        );
+    }
     Error::Setup {
         step: stage.name(),
         // Trimmed: a detail may be only a parenthesis pushed above (no double space).
@@ -632,10 +640,14 @@ pub fn wait_exit(sb: Sandbox) -> i32 {
 /// init. A terminating signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) is a stop, as `run`'s: if the
 /// sandbox has not exited `grace` after the first, or at a second, its init is killed, and with
 /// it the sandbox's whole pid namespace, so a workload that ignores or blocks signals, or hangs,
-/// never holds `exec` (`timeout`, a unit's stop, a second Ctrl-C). Returns the workload's exit
-/// code (128+N if killed by signal N).
+/// never holds `exec` (`timeout`, a unit's stop, a second Ctrl-C). A signal that was ignored
+/// when this process started (`nohup`, a shell's background job) stays ignored: neither passed
+/// on nor a stop (found by review: `nohup sealnode exec` was killed at a hangup). Returns the
+/// workload's exit code (128+N if killed by signal N).
 pub fn run_to_exit(sb: Sandbox, grace: std::time::Duration) -> i32 {
     let set = launcher_sigset();
+    // Blocked, an ignored signal is queued rather than dropped: taken here and let go.
+    let ignored: Vec<Signal> = FORWARDED.into_iter().filter(|s| sys::is_ignored(*s)).collect();
     let mut kill_at: Option<std::time::Instant> = None;
     loop {
         let left = kill_at.map(|t| t.saturating_duration_since(std::time::Instant::now()));
@@ -647,6 +659,7 @@ pub fn run_to_exit(sb: Sandbox, grace: std::time::Duration) -> i32 {
                 Err(Errno::EINTR) => continue,
                 Err(_) => return 128 + libc::SIGKILL,
             },
+            Ok(Some(sig)) if ignored.contains(&sig) => {}
             // The stop's grace is over, or a second stop came: no more asking.
             Ok(None) => {
                 kill_at = None;

@@ -8,6 +8,20 @@ use std::ffi::CString;
 /// The host's /tmp is only overmounted in the child's own mount namespace.
 pub const NEWROOT: &str = "/tmp";
 
+/// The options of a capped scratch's tmpfs of `mb` MiB, the role's (`uid`, `gid`): the cell's
+/// (sandbox::cell) or a standalone sandbox's fresh one (`Plan::fresh_capped_scratch`). Its
+/// inodes are bounded with its size, one per 4 KiB page and at least 4096: inode memory
+/// (about 1 KiB each, in the kernel's slab) is not counted in `size=`, and 1048576 inodes let a
+/// 1 MiB cap hold about 1 GiB of it (found by review).
+pub fn scratch_tmpfs_options(mb: u64, uid: u32, gid: u32) -> String {
+    format!("size={mb}m,nr_inodes={},mode=0700,uid={uid},gid={gid}", scratch_tmpfs_inodes(mb))
+}
+
+/// The inodes of a capped scratch's tmpfs of `mb` MiB ([`scratch_tmpfs_options`]).
+pub fn scratch_tmpfs_inodes(mb: u64) -> u64 {
+    mb.saturating_mul(256).max(4096)
+}
+
 /// One step of building the root, in order.
 #[derive(Debug, Clone)]
 pub enum Mount {

@@ -103,19 +103,7 @@ impl Supervisor {
     /// A role's scratch could not be wiped before a start: why, and what to do about it.
     fn say_wipe_failed(&self, role: Role, e: &WipeFailed) {
         let dir = self.base.cfg.role(role).scratch.display().to_string();
-        let hint = match e {
-            WipeFailed::Errno(Errno::EACCES | Errno::EPERM) => {
-                " (it holds files the role cannot have left there: another host user's; remove them by hand)"
-            }
-            WipeFailed::Errno(Errno::EBUSY) => " (a mount point inside it: unmount it)",
-            WipeFailed::Killed(libc::SIGSYS) => {
-                " (killed by a seccomp filter above sealnode: `sealnode doctor` names the call it kills)"
-            }
-            WipeFailed::Entering(_) => {
-                " (a seccomp filter or LSM above sealnode refuses setns, setgroups or the change of ids: `sealnode doctor` names it)"
-            }
-            _ => "",
-        };
+        let hint = wipe_hint(e, self.base.cfg.role(role).scratch_max_mb.is_some());
         tracing::error!(role = %role, dir, error = %e, "cannot wipe the role's scratch; not starting{hint}");
         crate::logging::log::say(&format!("cannot wipe {role}.scratch {dir}: {e}{hint}"));
     }
@@ -176,5 +164,46 @@ impl Supervisor {
                 }
             }
         }
+    }
+}
+
+/// What to do about a wipe that failed with `e`; `capped`: the role's scratch is the cell's tmpfs.
+fn wipe_hint(e: &WipeFailed, capped: bool) -> &'static str {
+    match e {
+        // The cell's tmpfs, which nothing but the role writes, and which goes with the cell
+        // (found by review: it was told as another host user's files, to remove by hand from a
+        // host dir that is empty).
+        WipeFailed::Errno(_) if capped => {
+            " (the cell's tmpfs over that dir, which only the role writes: nothing to remove by hand; it goes with the cell)"
+        }
+        WipeFailed::Errno(Errno::EACCES | Errno::EPERM) => {
+            " (it holds files the role cannot have left there: another host user's; remove them by hand)"
+        }
+        WipeFailed::Errno(Errno::EBUSY) => " (a mount point inside it: unmount it)",
+        WipeFailed::Killed(libc::SIGSYS) => {
+            " (killed by a seccomp filter above sealnode: `sealnode doctor` names the call it kills)"
+        }
+        WipeFailed::Entering(_) => {
+            " (a seccomp filter or LSM above sealnode refuses setns, setgroups or the change of ids: `sealnode doctor` names it)"
+        }
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A capped scratch's wipe is never told as another host user's files to remove by hand:
+    /// only the role writes the cell's tmpfs, and it goes with the cell.
+    #[test]
+    fn a_capped_scratch_is_never_told_as_a_host_users_files() {
+        for e in [Errno::EACCES, Errno::EPERM, Errno::EBUSY] {
+            let hint = wipe_hint(&WipeFailed::Errno(e), true);
+            assert!(hint.contains("only the role writes") && !hint.contains("another host user"), "{e}: {hint}");
+        }
+        assert!(wipe_hint(&WipeFailed::Errno(Errno::EACCES), false).contains("another host user's"));
+        assert!(wipe_hint(&WipeFailed::Errno(Errno::EBUSY), false).contains("unmount it"));
+        assert!(wipe_hint(&WipeFailed::Entering(Errno::EPERM), true).contains("doctor"));
     }
 }
