@@ -927,30 +927,39 @@ fn a_capped_scratch_stops_at_the_cap_and_survives_a_role_restart() {
     }
 }
 
-/// A role that takes its own rights on its scratch dir (`chmod 0 /scratch`, which the Ollama
-/// profile's filter allows) cannot make the wipe fail: the wipe gives them back, and a recycle
-/// starts the role again on an empty scratch, capped or not (found by review: the wipe failed
-/// with EACCES and the recycle stopped the cell, exit 125, whenever the role liked).
+/// A role that changes its own scratch dir's mode (which the Ollama profile's filter allows)
+/// cannot make the wipe fail or the next start refuse: `chmod 0` (no rights left: the wipe
+/// failed, EACCES) or `chmod 0777` (open to the host's users: the start refused it, 125, then
+/// every later start). The wipe gives the dir its mode back, and a recycle starts the role again
+/// on an empty 0700 scratch, capped or not (found by review: the cell stopped, exit 125,
+/// whenever the role liked).
 #[test]
-fn a_role_that_locks_its_own_scratch_dir_is_still_wiped() {
-    let engine_sh = "/usr/bin/python3 -c 'import os; os.fchmod(os.open(\"/scratch\", os.O_RDONLY), 0)' \
-         && echo engine-locked-scratch; exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models";
+fn a_role_that_changes_its_scratch_dirs_mode_is_still_wiped_and_started() {
+    use std::os::unix::fs::PermissionsExt;
     for mode in modes() {
-        for capped in [false, true] {
-            let ctx = format!("{mode:?}, capped: {capped}");
+        for (capped, chmod) in [(false, 0), (true, 0), (false, 0o777), (true, 0o1777)] {
+            let ctx = format!("{mode:?}, capped: {capped}, chmod {chmod:o}");
+            let engine_sh = format!(
+                "/usr/bin/python3 -c 'import os; fd = os.open(\"/scratch\", os.O_RDONLY); \
+                 print(\"scratch mode\", oct(os.fstat(fd).st_mode & 0o7777), flush=True); os.fchmod(fd, {chmod})' \
+                 && exec /usr/bin/busybox httpd -f -p 127.0.0.1:18080 -h /models"
+            );
             let extra_engine = if capped { "scratch_max_mb = 4" } else { "" };
-            let mut f = cell(mode, "lockedscratch", engine_sh, "exec sleep 1000", "", extra_engine, "");
+            let mut f = cell(mode, "chmodscratch", &engine_sh, "exec sleep 1000", "", extra_engine, "");
             f.engine_policy = "engine-ollama".into();
             f.write_config();
             let run = start(&f, &[]);
-            run.line(30, |l| l.ends_with("engine-locked-scratch"));
+            assert_eq!(run.line(30, |l| l.contains("scratch mode")), "scratch mode 0o700", "{ctx}");
             let cfg = f.config.display().to_string();
             let o = f.command(&["ctl", "--config", &cfg, "recycle"]).output_within(COMMAND_LIMIT);
             assert!(o.status.success(), "{ctx}: recycle: {}\n{}", String::from_utf8_lossy(&o.stderr), run.stderr());
-            run.line(60, |l| l.ends_with("engine-locked-scratch"));
+            assert_eq!(run.line(60, |l| l.contains("scratch mode")), "scratch mode 0o700", "{ctx}: after the wipe");
             let (code, _, err) = run.stop();
             assert_eq!(code, Some(0), "{ctx}: {err}");
             assert!(!err.contains("cannot wipe"), "{ctx}: {err}");
+            // The stop's wipe too: the host dir is the role's 0700 again for the next run.
+            let host = std::fs::metadata(f.p("engine-scratch")).expect("scratch").permissions().mode() & 0o7777;
+            assert_eq!(host, 0o700, "{ctx}: the host dir after the stop");
         }
     }
 }

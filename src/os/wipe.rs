@@ -49,18 +49,21 @@ fn writable(dir: &OwnedFd) -> Result<(), Errno> {
 }
 
 /// Remove everything inside the directory `dir` refers to (any descriptor of it, O_PATH
-/// included; not the dir itself). The role may have taken its owner's rights on the dir itself
-/// (`chmod 0 /scratch`): they are given back first, through the descriptor's magic link, as
-/// [`writable`] does for the dirs inside (found by review: the wipe failed, EACCES, and a
-/// recycle or reload stopped the cell, whenever the role liked).
+/// included; not the dir itself), and give the dir back a scratch dir's mode, 0700: the role
+/// may have changed it (a role whose filter allows chmod), and the next generation starts on
+/// what a fresh one has. Found by review: `chmod 0 /scratch` failed the wipe (EACCES) and a
+/// recycle or reload stopped the cell whenever the role liked; `chmod 0777` made the next start
+/// refuse the dir (writable by others), and every later one, and opened it to the host's users
+/// meanwhile. Through the descriptor's magic link, as the role's ids (its owner).
 pub fn empty_dir(dir: BorrowedFd) -> Result<(), Errno> {
     let st = fstat(dir)?;
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
         return Err(Errno::ENOTDIR);
     }
-    if st.st_mode & 0o700 != 0o700 {
+    let want = 0o700;
+    if st.st_mode & 0o7777 != want {
         let at = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let mode = Mode::from_bits_truncate((st.st_mode & 0o7777) | 0o700);
+        let mode = Mode::from_bits_truncate(want);
         nix::sys::stat::fchmodat(
             nix::fcntl::AT_FDCWD,
             at.as_str(),
@@ -183,5 +186,23 @@ mod tests {
         assert_eq!(std::fs::read_dir(&scratch).expect("read").count(), 0);
         assert_eq!(std::fs::read_to_string(&outside).expect("outside"), "keep");
         assert!(d.path().exists());
+    }
+
+    /// The dir itself gets a scratch dir's mode back, whatever the role made of it, through any
+    /// descriptor of it (O_PATH: what the cell holds of a capped scratch).
+    #[test]
+    fn the_dir_itself_gets_its_mode_back() {
+        let d = tempfile::tempdir().expect("tmp");
+        for mode in [0o000, 0o777, 0o1777, 0o500] {
+            let scratch = d.path().join(format!("s{mode:o}"));
+            std::fs::create_dir(&scratch).expect("mkdir");
+            std::fs::write(scratch.join("left"), "x").expect("write");
+            std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let fd = crate::os::sys::open_path_no_symlinks(&scratch).expect("O_PATH");
+            empty_dir(fd.as_fd()).expect("empty");
+            let now = std::fs::metadata(&scratch).expect("stat").permissions().mode() & 0o7777;
+            assert_eq!(now, 0o700, "{mode:o}");
+            assert_eq!(std::fs::read_dir(&scratch).expect("read").count(), 0, "{mode:o}");
+        }
     }
 }
