@@ -129,3 +129,22 @@ for x in r:
     print(f"| {x['command']} | {x['median']*1000:.1f} ms | {x['min']*1000:.1f} ms | {x['max']*1000:.1f} ms | {x['median']/base:.3f}x |")
 PY
 }
+
+# Time the commands of the array `cmds` (name, command, name, command, ...) in $ROUNDS rounds of
+# $RUNS runs each, pinned to $CPU, the order rotated every round (so none always runs first or
+# after the same one), then print report.py's table against the anchor.
+# $1 = the JSON files' prefix under $out, $2 = warm-up runs, $3 = the anchor's name.
+rotating_rounds() {
+  local prefix=$1 warmup=$2 anchor=$3 files=() r k i n args
+  for r in $(seq 1 "$ROUNDS"); do
+    args=()
+    n=$(( ${#cmds[@]} / 2 ))
+    for k in $(seq 0 $((n - 1))); do
+      i=$(( (k + r) % n ))   # rotate the order every round
+      args+=(-n "${cmds[$((2 * i))]}" "${cmds[$((2 * i + 1))]}")
+    done
+    taskset -c "$CPU" hyperfine -N -w "$warmup" -r "$RUNS" --style none --export-json "$out/$prefix-$r.json" "${args[@]}" >/dev/null
+    files+=("$out/$prefix-$r.json")
+  done
+  python3 "$REPO/bench/report.py" "$anchor" "${files[@]}"
+}

@@ -23,18 +23,7 @@ for mode in rootful rootless; do
   if [ -n "${SEALNODE_BENCH_BASE:-}" ]; then
     cmds+=("sealnode, base" "sh -c 'exec $as $SEALNODE_BENCH_BASE exec --config $BENCH/$mode/c.toml --role node -- /bin/true'")
   fi
-  files=()
-  for r in $(seq 1 "$ROUNDS"); do
-    args=()
-    n=$(( ${#cmds[@]} / 2 ))
-    for k in $(seq 0 $((n - 1))); do
-      i=$(( (k + r) % n ))   # rotate the order every round
-      args+=(-n "${cmds[$((2 * i))]}" "${cmds[$((2 * i + 1))]}")
-    done
-    taskset -c "$CPU" hyperfine -N -w 20 -r "$RUNS" --style none --export-json "$out/launch-$mode-$r.json" "${args[@]}" >/dev/null
-    files+=("$out/launch-$mode-$r.json")
-  done
   echo "### launch, $mode ($ROUNDS rounds x $RUNS runs, CPU $CPU)"
-  python3 "$(dirname "$0")/report.py" "bwrap + libseccomp allowlist" "${files[@]}"
+  rotating_rounds "launch-$mode" 20 "bwrap + libseccomp allowlist"
   echo
 done

@@ -24,18 +24,7 @@ for mode in rootful rootless; do
       "base: exec --role node -- /bin/true" "sh -c 'exec $as $SEALNODE_BENCH_BASE exec --config $c --role node -- /bin/true'"
     )
   fi
-  files=()
-  for r in $(seq 1 "$ROUNDS"); do
-    args=()
-    n=$(( ${#cmds[@]} / 2 ))
-    for k in $(seq 0 $((n - 1))); do
-      i=$(( (k + r) % n ))   # rotate the order every round
-      args+=(-n "${cmds[$((2 * i))]}" "${cmds[$((2 * i + 1))]}")
-    done
-    taskset -c "$CPU" hyperfine -N -w 5 -r "$RUNS" --style none --export-json "$out/start-$mode-$r.json" "${args[@]}" >/dev/null
-    files+=("$out/start-$mode-$r.json")
-  done
   echo "### a role's start in a cell, $mode ($ROUNDS rounds x $RUNS runs, CPU $CPU)"
-  python3 "$(dirname "$0")/report.py" "exec --role node -- /bin/true (no cell)" "${files[@]}"
+  rotating_rounds "start-$mode" 5 "exec --role node -- /bin/true (no cell)"
   echo
 done
