@@ -10,16 +10,17 @@ pub const NEWROOT: &str = "/tmp";
 
 /// The options of a capped scratch's tmpfs of `mb` MiB, the role's (`uid`, `gid`): the cell's
 /// (sandbox::cell) or a standalone sandbox's fresh one (`Plan::fresh_capped_scratch`). Its
-/// inodes are bounded with its size, one per 4 KiB page and at least 4096: inode memory
-/// (about 1 KiB each, in the kernel's slab) is not counted in `size=`, and 1048576 inodes let a
-/// 1 MiB cap hold about 1 GiB of it (found by review).
+/// inodes are bounded with its size, one per 4 KiB page, at least 4096 and at most 1048576:
+/// inode memory (about 1 KiB each, in the kernel's slab) is not counted in `size=`, and 1048576
+/// inodes let a 1 MiB cap hold about 1 GiB of it (found by review); the top keeps a large cap's
+/// to about that (found by the re-review: a 1 TiB cap allowed 268 million).
 pub fn scratch_tmpfs_options(mb: u64, uid: u32, gid: u32) -> String {
     format!("size={mb}m,nr_inodes={},mode=0700,uid={uid},gid={gid}", scratch_tmpfs_inodes(mb))
 }
 
 /// The inodes of a capped scratch's tmpfs of `mb` MiB ([`scratch_tmpfs_options`]).
 pub fn scratch_tmpfs_inodes(mb: u64) -> u64 {
-    mb.saturating_mul(256).max(4096)
+    mb.saturating_mul(256).clamp(4096, 1 << 20)
 }
 
 /// One step of building the root, in order.
@@ -94,5 +95,15 @@ impl Mount {
             Mount::Sysctl { dst, .. } => format!("sysctl {}", s(dst)),
             Mount::SealedProgram { dst, .. } => format!("sealed copy of the program -> {}", s(dst)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// One inode per 4 KiB of the cap, within 4096 and 1048576.
+    #[test]
+    fn a_capped_scratch_has_an_inode_per_page_within_bounds() {
+        let n = super::scratch_tmpfs_inodes;
+        assert_eq!((n(1), n(16), n(17), n(64), n(4096), n(1 << 20)), (4096, 4096, 4352, 16384, 1 << 20, 1 << 20));
     }
 }
